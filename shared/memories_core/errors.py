@@ -1,0 +1,74 @@
+"""Typed exceptions raised by the core.
+
+Every error the package raises on purpose derives from :class:`MemoriesError`, so a caller can
+catch one class. Input errors also derive from :class:`ValueError`.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BackendError",
+    "ConfigurationError",
+    "EmbedderMismatchError",
+    "InvalidInputError",
+    "LLMError",
+    "MemoriesError",
+    "MissingExtraError",
+    "MissingUserError",
+    "ParseError",
+]
+
+
+class MemoriesError(Exception):
+    """Base class of every error raised on purpose by llm-memories."""
+
+
+class InvalidInputError(MemoriesError, ValueError):
+    """Input that cannot be stored: empty or whitespace text, wrong types, oversize text."""
+
+
+class MissingUserError(InvalidInputError):
+    """A read or write came without a ``user_id``; every operation must be scoped."""
+
+
+class ConfigurationError(MemoriesError, ValueError):
+    """Contradictory or impossible constructor arguments."""
+
+
+class EmbedderMismatchError(ConfigurationError):
+    """The embedder does not match the one an existing store was built with.
+
+    Open the store with the original embedder, or call ``reindex()`` after opening it with
+    ``allow_embedder_change=True`` to re-embed every record with the new one.
+    """
+
+
+class BackendError(MemoriesError):
+    """A storage backend failed (SQLite, Chroma, ...)."""
+
+
+class LLMError(MemoriesError):
+    """An LLM call failed (network, server, or the model raised)."""
+
+
+class ParseError(MemoriesError, ValueError):
+    """Model output could not be parsed into the expected structure.
+
+    Attributes:
+        raw: The text that failed to parse.
+    """
+
+    def __init__(self, message: str, raw: str = "") -> None:
+        super().__init__(message)
+        self.raw = raw
+
+
+class MissingExtraError(MemoriesError, ImportError):
+    """An optional dependency is missing; the message names the extra to install."""
+
+    def __init__(self, package: str, extra: str) -> None:
+        super().__init__(
+            f"{package} is not installed; install it with: pip install 'llm-memories[{extra}]'"
+        )
+        self.package = package
+        self.extra = extra

@@ -1,0 +1,87 @@
+"""Cost counters: every LLM and embedder call is counted (DESIGN.md, "Cost is visible")."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+__all__ = ["Usage", "UsageCounter", "estimate_tokens"]
+
+
+def estimate_tokens(text: str) -> int:
+    """Rough token count (about four characters a token) for backends that report none."""
+    return max(1, (len(text) + 3) // 4) if text else 0
+
+
+@dataclass(frozen=True)
+class Usage:
+    """A snapshot of what a model has cost so far.
+
+    Attributes:
+        calls: Successful calls.
+        failures: Calls that raised.
+        prompt_tokens: Tokens sent (for embedders: tokens embedded, estimated).
+        completion_tokens: Tokens generated (always 0 for embedders).
+        items: Texts embedded (embedders only).
+    """
+
+    calls: int = 0
+    failures: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    items: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        """Prompt plus completion tokens."""
+        return self.prompt_tokens + self.completion_tokens
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            calls=self.calls + other.calls,
+            failures=self.failures + other.failures,
+            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            completion_tokens=self.completion_tokens + other.completion_tokens,
+            items=self.items + other.items,
+        )
+
+    def __sub__(self, other: Usage) -> Usage:
+        return Usage(
+            calls=self.calls - other.calls,
+            failures=self.failures - other.failures,
+            prompt_tokens=self.prompt_tokens - other.prompt_tokens,
+            completion_tokens=self.completion_tokens - other.completion_tokens,
+            items=self.items - other.items,
+        )
+
+
+@dataclass
+class UsageCounter:
+    """A thread-safe, mutable counter; ``snapshot()`` returns an immutable :class:`Usage`."""
+
+    _usage: Usage = field(default_factory=Usage)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def record(
+        self,
+        *,
+        calls: int = 0,
+        failures: int = 0,
+        prompt_tokens: int = 0,
+        completion_tokens: int = 0,
+        items: int = 0,
+    ) -> None:
+        """Add to the counters."""
+        delta = Usage(calls, failures, prompt_tokens, completion_tokens, items)
+        with self._lock:
+            self._usage = self._usage + delta
+
+    def snapshot(self) -> Usage:
+        """Return the counts so far."""
+        with self._lock:
+            return self._usage
+
+    def reset(self) -> None:
+        """Set every counter back to zero."""
+        with self._lock:
+            self._usage = Usage()
