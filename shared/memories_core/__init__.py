@@ -1,1 +1,68 @@
-"""Package."""
+"""llm-memories core: long-term memory mechanisms with no framework dependency.
+
+Importing this package is cheap: chromadb, sentence-transformers and torch load only when a
+memory first needs them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from memories_core.clock import FixedClock, SystemClock
+from memories_core.errors import (
+    BackendError,
+    ConfigurationError,
+    EmbedderMismatchError,
+    InvalidInputError,
+    LLMError,
+    MemoriesError,
+    MissingExtraError,
+    MissingUserError,
+    ParseError,
+)
+from memories_core.types import ChatMessage, MemoryRecord, Recall, Scope, ScoredRecord, Turn
+from memories_core.usage import MemoryUsage, Usage
+
+if TYPE_CHECKING:
+    from memories_core.mechanisms import HistoryMemory, MemoryBase, SummaryMemory
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BackendError",
+    "ChatMessage",
+    "ConfigurationError",
+    "EmbedderMismatchError",
+    "FixedClock",
+    "HistoryMemory",
+    "InvalidInputError",
+    "LLMError",
+    "MemoriesError",
+    "MemoryBase",
+    "MemoryRecord",
+    "MemoryUsage",
+    "MissingExtraError",
+    "MissingUserError",
+    "ParseError",
+    "Recall",
+    "Scope",
+    "ScoredRecord",
+    "SummaryMemory",
+    "SystemClock",
+    "Turn",
+    "Usage",
+]
+
+_LAZY = {
+    "HistoryMemory": "memories_core.mechanisms",
+    "MemoryBase": "memories_core.mechanisms",
+    "SummaryMemory": "memories_core.mechanisms",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'memories_core' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -3,8 +3,9 @@
 Semantics that every implementation keeps:
 
 * **Scores**: higher means more similar / more relevant, for every index and every search.
-* **Ids**: the record store owns ids; mechanisms create them with :func:`~memories_core.types.new_id`
-  and vector indexes store vectors under the same id as their record.
+* **Ids**: the record store owns ids; mechanisms create them with
+  :func:`~memories_core.types.new_id`, and vector indexes store vectors under the same id as
+  their record.
 * **Scope**: every read and write takes a ``user_id`` (directly or through a
   :class:`~memories_core.types.Scope`), and implementations apply it inside their own query,
   never as a relevance hint after the fact.
@@ -13,6 +14,7 @@ Semantics that every implementation keeps:
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
@@ -160,13 +162,13 @@ class RecordStore(Protocol):
         since: datetime | None = None,
         until: datetime | None = None,
         limit: int | None = None,
-    ) -> list[MemoryRecord]:
+    ) -> builtins.list[MemoryRecord]:
         """Return ``user_id``'s records matching ``where``, oldest first."""
         ...
 
     def search_text(
         self, query: str, *, user_id: str, k: int, where: Filter | None = None
-    ) -> list[tuple[str, float]]:
+    ) -> builtins.list[tuple[str, float]]:
         """Lexical (BM25) search; returns ``(id, score)`` pairs, higher is better."""
         ...
 
@@ -178,11 +180,11 @@ class RecordStore(Protocol):
         """Delete every record and state entry of ``user_id``."""
         ...
 
-    def users(self) -> list[str]:
+    def users(self) -> builtins.list[str]:
         """Every user id with at least one record."""
         ...
 
-    def pending_index(self, limit: int | None = None) -> list[MemoryRecord]:
+    def pending_index(self, limit: int | None = None) -> builtins.list[MemoryRecord]:
         """Records marked for the vector index whose vectors are not confirmed yet."""
         ...
 

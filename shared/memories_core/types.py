@@ -64,9 +64,7 @@ def clean_text(text: str, *, what: str = "text") -> str:
     if not text.strip():
         raise InvalidInputError(f"{what} is empty or only whitespace")
     if len(text) > MAX_TURN_CHARS:
-        raise InvalidInputError(
-            f"{what} has {len(text)} characters; the limit is {MAX_TURN_CHARS}"
-        )
+        raise InvalidInputError(f"{what} has {len(text)} characters; the limit is {MAX_TURN_CHARS}")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-__all__ = ["Usage", "UsageCounter", "estimate_tokens"]
+__all__ = ["MemoryUsage", "Usage", "UsageCounter", "estimate_tokens"]
 
 
 def estimate_tokens(text: str) -> int:
@@ -85,3 +85,19 @@ class UsageCounter:
         """Set every counter back to zero."""
         with self._lock:
             self._usage = Usage()
+
+
+@dataclass(frozen=True)
+class MemoryUsage:
+    """What a memory object has cost so far, and what failed.
+
+    Attributes:
+        llm: Usage of the memory's LLM (``None`` for mechanisms without one).
+        embedder: Usage of the memory's embedder.
+        failures: Failed derivations by name (e.g. ``{"summary": 1, "index": 0}``); the raw
+            turns behind a failure are always stored and the derivation is retried later.
+    """
+
+    llm: Usage | None
+    embedder: Usage
+    failures: dict[str, int] = field(default_factory=dict)

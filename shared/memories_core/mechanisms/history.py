@@ -1,0 +1,41 @@
+"""History-based memory (Yuan et al., §3.1 "History-Based Memory", Table 1).
+
+Every utterance is stored verbatim as one record, ``"role: content"`` (or
+``"speaker: content"`` for dialogues between named people), and the top-k records most
+relevant to the query are recalled. The paper retrieves k=3 history records (§5, Figure 6).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from memories_core.mechanisms.base import MemoryBase
+
+__all__ = ["HistoryMemory"]
+
+
+class HistoryMemory(MemoryBase):
+    """Store every turn as-is; recall the most relevant turns.
+
+    No LLM is involved: saving costs one embedding per turn, recalling one query embedding
+    plus a BM25 lookup.
+
+    Example:
+        >>> from memories_core import HistoryMemory, Scope, Turn
+        >>> from memories_core.embedders import HashingEmbedder
+        >>> memory = HistoryMemory(embedder=HashingEmbedder())
+        >>> memory.save([Turn("user", "I am allergic to peanuts")], Scope("alice"))
+        >>> memory.recall("which allergies do I have?", Scope("alice")).context
+        'user: I am allergic to peanuts'
+
+    Args:
+        k: Turns recalled by default (paper: 3).
+        **kwargs: Storage and model options of :class:`~memories_core.mechanisms.base.MemoryBase`
+            (``path``, ``embedder``, ``store``, ``index``, ``fusion``, ``clock``, ...).
+    """
+
+    recall_kinds: ClassVar[tuple[str, ...]] = ("turn",)
+    index_turns: ClassVar[bool] = True
+
+    def __init__(self, *, k: int = 3, **kwargs: Any) -> None:
+        super().__init__(k=k, **kwargs)
