@@ -1,1 +1,32 @@
-"""Package."""
+"""LangChain adapters for llm-memories: long-term memory for agents, chains and retrievers.
+
+* :class:`MemoryMiddleware`: memory for ``langchain.agents.create_agent`` agents.
+* :class:`MemoryRetriever`: a retriever over one user's memories (LCEL chains, RAG).
+* :class:`LegacyChainMemory`: ``memory=`` for legacy ``ConversationChain`` / ``LLMChain``.
+* :class:`LangChainLLM`, :class:`LangChainEmbedder`: LangChain models as core models.
+* :class:`CoreEmbeddings`: a core embedder as LangChain ``Embeddings``.
+"""
+
+try:
+    import langchain.agents  # noqa: F401
+    import langchain_classic  # noqa: F401
+    import langchain_core  # noqa: F401
+except ImportError as exc:
+    from memories_core.errors import MissingExtraError
+
+    missing = (exc.name or "langchain").split(".")[0].replace("_", "-")
+    raise MissingExtraError(missing, "langchain") from exc
+
+from langchain_memories.bridges import CoreEmbeddings, LangChainEmbedder, LangChainLLM
+from langchain_memories.legacy import LegacyChainMemory
+from langchain_memories.middleware import MemoryMiddleware
+from langchain_memories.retriever import MemoryRetriever
+
+__all__ = [
+    "CoreEmbeddings",
+    "LangChainEmbedder",
+    "LangChainLLM",
+    "LegacyChainMemory",
+    "MemoryMiddleware",
+    "MemoryRetriever",
+]

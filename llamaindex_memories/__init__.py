@@ -1,1 +1,26 @@
-"""Package."""
+"""LlamaIndex adapters for llm-memories: long-term memory for chat engines, agents and queries.
+
+* :class:`MemoryBlock`: a block for ``llama_index.core.memory.Memory`` (chat engines, agents).
+* :class:`MemoryRetriever`: a retriever over one user's memories (query engines, RAG).
+* :class:`LlamaIndexLLM`, :class:`LlamaIndexEmbedder`: LlamaIndex models as core models.
+* :class:`CoreEmbedding`: a core embedder as a LlamaIndex embedding model.
+"""
+
+try:
+    import llama_index.core  # noqa: F401
+except ImportError as exc:
+    from memories_core.errors import MissingExtraError
+
+    raise MissingExtraError("llama-index-core", "llamaindex") from exc
+
+from llamaindex_memories.bridges import CoreEmbedding, LlamaIndexEmbedder, LlamaIndexLLM
+from llamaindex_memories.memory_block import MemoryBlock
+from llamaindex_memories.retriever import MemoryRetriever
+
+__all__ = [
+    "CoreEmbedding",
+    "LlamaIndexEmbedder",
+    "LlamaIndexLLM",
+    "MemoryBlock",
+    "MemoryRetriever",
+]

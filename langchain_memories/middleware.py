@@ -1,0 +1,228 @@
+"""Agent middleware that gives a ``create_agent`` agent long-term memory."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+from langchain.agents.middleware import AgentMiddleware, AgentState, ModelRequest, ModelResponse
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage
+from langgraph.config import get_config
+from langgraph.runtime import Runtime
+
+from memories_core.errors import ConfigurationError, MissingUserError
+from memories_core.interfaces import Mechanism
+from memories_core.types import Recall, Scope, Turn
+
+__all__ = ["MemoryMiddleware"]
+
+#: How the recalled context is introduced in the system message; ``{context}`` is replaced.
+DEFAULT_TEMPLATE = "Relevant long-term memories of this user:\n{context}"
+
+
+def _run_value(runtime: Runtime[Any] | None, key: str) -> str | None:
+    """Read ``key`` from the run's context (mapping or object), then ``configurable``."""
+    context = runtime.context if runtime is not None else None
+    value = context.get(key) if isinstance(context, Mapping) else getattr(context, key, None)
+    if value is None:
+        try:
+            value = get_config().get("configurable", {}).get(key)
+        except RuntimeError:  # not inside a runnable context
+            value = None
+    return value if isinstance(value, str) and value else None
+
+
+def _last_human_index(messages: Sequence[AnyMessage]) -> int | None:
+    for i in range(len(messages) - 1, -1, -1):
+        if isinstance(messages[i], HumanMessage):
+            return i
+    return None
+
+
+def _with_context(system: SystemMessage | None, context: str) -> SystemMessage:
+    """Return a new system message: the agent's own prompt, then ``context``."""
+    if system is None:
+        return SystemMessage(content=context)
+    if isinstance(system.content, str):
+        content: Any = f"{system.content}\n\n{context}" if system.content else context
+    else:
+        content = [*system.content, {"type": "text", "text": context}]
+    return system.model_copy(update={"content": content})
+
+
+class MemoryMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
+    """Long-term memory for agents built with ``langchain.agents.create_agent``.
+
+    Before every model call it recalls memories for the latest human message (one recall
+    per model call) and appends the mechanism's rendered context to the system message of
+    that model request only: the agent state and the caller's messages are left untouched,
+    so memories never pile up in the conversation. After the agent finishes a run it saves
+    the last human message and the final AI answer as two turns. Empty or whitespace-only
+    messages are skipped rather than raised on, so a memory never breaks a running agent.
+
+    The user is fixed at construction (``user_id=``) or read per run from the runtime
+    context (``context={"user_id": ...}`` or any object with a ``user_id`` attribute) or from
+    ``config={"configurable": {"user_id": ...}}``. The session works the same way through
+    ``session_id`` and falls back to the ``thread_id`` of the run's config.
+
+    Setup:
+        ```bash
+        pip install "llm-memories[langchain]"
+        ```
+
+    Key init args:
+        memory: Mechanism
+            The core memory (``HistoryMemory``, ``SummaryMemory``, ...).
+        user_id: str | None
+            A fixed user; ``None`` reads it from each run (see above).
+        session_id: str | None
+            A fixed session; ``None`` reads it from each run.
+        k: int | None
+            Memories recalled per model call; ``None`` uses the mechanism default.
+        template: str
+            How the memories are introduced; ``{context}`` is replaced by the mechanism's
+            rendered context (default: :data:`DEFAULT_TEMPLATE`).
+
+    Instantiate:
+        ```python
+        from memories_core import HistoryMemory
+        from memories_core.embedders import HashingEmbedder
+        from langchain_memories import MemoryMiddleware
+
+        memory = HistoryMemory(embedder=HashingEmbedder(), path="./.memories")
+        middleware = MemoryMiddleware(memory, k=3)  # user_id read from each run
+        ```
+
+    Invoke:
+        ```python
+        from langchain.agents import create_agent
+
+        agent = create_agent(model=llm, tools=[], middleware=[middleware])
+        agent.invoke(
+            {"messages": [{"role": "user", "content": "I love Thai food"}]},
+            context={"user_id": "alice"},
+        )
+        ```
+
+    Async:
+        ```python
+        await agent.ainvoke(
+            {"messages": [{"role": "user", "content": "What should I cook?"}]},
+            config={"configurable": {"user_id": "alice"}},
+        )
+        ```
+
+    Use in a chain/agent:
+        ```python
+        agent = create_agent(
+            model=llm,
+            tools=[search],
+            system_prompt="You are a helpful assistant.",
+            middleware=[MemoryMiddleware(memory, user_id="alice")],
+        )
+        ```
+
+    Raises:
+        ConfigurationError: if ``template`` lacks ``{context}``.
+        MissingUserError: at construction if ``user_id`` is empty; at run time when no
+            user id is fixed nor given by the run.
+    """
+
+    def __init__(
+        self,
+        memory: Mechanism,
+        *,
+        user_id: str | None = None,
+        session_id: str | None = None,
+        k: int | None = None,
+        template: str = DEFAULT_TEMPLATE,
+    ) -> None:
+        super().__init__()
+        if user_id is not None:
+            Scope(user_id)  # reject an empty user id up front
+        if "{context}" not in template:
+            raise ConfigurationError("template must contain the placeholder {context}")
+        self.template = template
+        self.memory = memory
+        self.user_id = user_id
+        self.session_id = session_id
+        self.k = k
+
+    def _scope(self, runtime: Runtime[Any] | None) -> Scope:
+        user_id = self.user_id or _run_value(runtime, "user_id")
+        if user_id is None:
+            raise MissingUserError(
+                "MemoryMiddleware needs a user id: pass MemoryMiddleware(..., user_id=...), or "
+                "invoke the agent with context={'user_id': ...} or "
+                "config={'configurable': {'user_id': ...}}"
+            )
+        session_id = (
+            self.session_id or _run_value(runtime, "session_id") or _run_value(None, "thread_id")
+        )
+        return Scope(user_id, session_id=session_id)
+
+    @staticmethod
+    def _query(request: ModelRequest[Any]) -> str | None:
+        index = _last_human_index(request.messages)
+        text = request.messages[index].text if index is not None else ""
+        return text if text.strip() else None
+
+    @staticmethod
+    def _turns(state: AgentState[Any]) -> list[Turn]:
+        messages = state["messages"]
+        index = _last_human_index(messages)
+        if index is None:
+            return []
+        # The final answer is the last AI message that calls no tool (intermediate steps are not).
+        answers = [
+            m for m in messages[index + 1 :] if isinstance(m, AIMessage) and not m.tool_calls
+        ]
+        texts = [("user", messages[index].text), ("assistant", answers[-1].text if answers else "")]
+        return [Turn(role, text) for role, text in texts if text.strip()]
+
+    def _with_recall(self, request: ModelRequest[Any], recall: Recall) -> ModelRequest[Any]:
+        """A new request whose system message carries the recall (the input is not changed)."""
+        if not recall.context.strip():
+            return request
+        context = self.template.replace("{context}", recall.context)
+        return request.override(system_message=_with_context(request.system_message, context))
+
+    def wrap_model_call(
+        self,
+        request: ModelRequest[Any],
+        handler: Callable[[ModelRequest[Any]], ModelResponse[Any]],
+    ) -> ModelResponse[Any]:
+        """Recall for the latest human message and add the memories to this request."""
+        query = self._query(request)
+        if query is None:
+            return handler(request)
+        recall = self.memory.recall(query, self._scope(request.runtime), k=self.k)
+        return handler(self._with_recall(request, recall))
+
+    async def awrap_model_call(
+        self,
+        request: ModelRequest[Any],
+        handler: Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]],
+    ) -> ModelResponse[Any]:
+        """Async twin of :meth:`wrap_model_call` (uses ``memory.arecall``)."""
+        query = self._query(request)
+        if query is None:
+            return await handler(request)
+        recall = await self.memory.arecall(query, self._scope(request.runtime), k=self.k)
+        return await handler(self._with_recall(request, recall))
+
+    def after_agent(self, state: AgentState[Any], runtime: Runtime[Any]) -> dict[str, Any] | None:
+        """Save the run's last human message and final answer."""
+        turns = self._turns(state)
+        if turns:
+            self.memory.save(turns, self._scope(runtime))
+        return None
+
+    async def aafter_agent(
+        self, state: AgentState[Any], runtime: Runtime[Any]
+    ) -> dict[str, Any] | None:
+        """Async twin of :meth:`after_agent` (uses ``memory.asave``)."""
+        turns = self._turns(state)
+        if turns:
+            await self.memory.asave(turns, self._scope(runtime))
+        return None

@@ -1,0 +1,126 @@
+"""A LlamaIndex retriever over any llm-memories mechanism."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.callbacks import CallbackManager
+from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
+
+from memories_core.interfaces import Mechanism
+from memories_core.types import Recall, Scope, ScoredRecord
+
+__all__ = ["MemoryRetriever"]
+
+#: Bookkeeping metadata keys kept on each node but hidden from the LLM and the embedder.
+_HIDDEN_KEYS = ["record_id", "user_id", "session_id", "source_ids"]
+
+
+def record_to_node(hit: ScoredRecord) -> NodeWithScore:
+    """Convert a recalled record to a scored LlamaIndex node (node id = record id).
+
+    The node's metadata holds the record's own metadata plus ``record_id``, ``kind``,
+    ``user_id``, ``session_id``, ``created_at`` (ISO 8601, UTC) and ``source_ids``.
+    """
+    record = hit.record
+    metadata: dict[str, Any] = {
+        **record.metadata,
+        "record_id": record.id,
+        "kind": record.kind,
+        "user_id": record.user_id,
+        "session_id": record.session_id,
+        "created_at": record.created_at.isoformat(),
+        "source_ids": list(record.source_ids),
+    }
+    node = TextNode(
+        id_=record.id,
+        text=record.text,
+        metadata=metadata,
+        excluded_llm_metadata_keys=list(_HIDDEN_KEYS),
+        excluded_embed_metadata_keys=list(_HIDDEN_KEYS),
+    )
+    return NodeWithScore(node=node, score=hit.score)
+
+
+class MemoryRetriever(BaseRetriever):
+    """Retrieve one user's memories as ``NodeWithScore``s, best first.
+
+    Works wherever LlamaIndex takes a retriever: ``RetrieverQueryEngine``,
+    ``ContextChatEngine``, ``CondensePlusContextChatEngine``, a ``QueryFusionRetriever``, ...
+    Every query is scoped to ``user_id``; another user's memories are never returned.
+
+    Setup:
+        ``pip install 'llm-memories[llamaindex]'``
+
+    Key init args:
+        memory: Any mechanism (``HistoryMemory``, ``SummaryMemory``, ...).
+        user_id: Whose memories to search.
+        session_id: Current session, passed to the mechanism (which may ignore it).
+        similarity_top_k: Nodes per query; default: the mechanism's own ``k``.
+
+    Instantiate and use in a query engine:
+        .. code-block:: python
+
+            from llama_index.core.query_engine import RetrieverQueryEngine
+            from memories_core import HistoryMemory
+            from llamaindex_memories import MemoryRetriever
+
+            retriever = MemoryRetriever(HistoryMemory(path="./memories"), "alice")
+            nodes = retriever.retrieve("what food do I like?")
+            engine = RetrieverQueryEngine.from_args(retriever, llm=llm)
+            print(engine.query("What food do I like?"))
+
+    Async:
+        ``await retriever.aretrieve(...)`` uses the mechanism's ``arecall``.
+
+    Raises:
+        MissingUserError: if ``user_id`` is empty.
+        ValueError: if ``similarity_top_k`` is not a positive int.
+        InvalidInputError: from ``retrieve`` on an empty query (raised by the mechanism).
+    """
+
+    def __init__(
+        self,
+        memory: Mechanism,
+        user_id: str,
+        *,
+        session_id: str | None = None,
+        similarity_top_k: int | None = None,
+        callback_manager: CallbackManager | None = None,
+        verbose: bool = False,
+    ) -> None:
+        if similarity_top_k is not None and (
+            isinstance(similarity_top_k, bool)
+            or not isinstance(similarity_top_k, int)
+            or similarity_top_k < 1
+        ):
+            raise ValueError(f"similarity_top_k must be a positive int, got {similarity_top_k!r}")
+        self._memory = memory
+        self._scope = Scope(user_id, session_id=session_id)
+        self._similarity_top_k = similarity_top_k
+        super().__init__(callback_manager=callback_manager, verbose=verbose)
+
+    @classmethod
+    def class_name(cls) -> str:
+        """Name of the component, as LlamaIndex components report it."""
+        return "MemoryRetriever"
+
+    @property
+    def similarity_top_k(self) -> int | None:
+        """Nodes returned per query (``None``: the mechanism's default)."""
+        return self._similarity_top_k
+
+    @staticmethod
+    def _nodes(recall: Recall) -> list[NodeWithScore]:
+        return [record_to_node(hit) for hit in recall.records]
+
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        recall = self._memory.recall(query_bundle.query_str, self._scope, k=self._similarity_top_k)
+        return self._nodes(recall)
+
+    async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        recall = await self._memory.arecall(
+            query_bundle.query_str, self._scope, k=self._similarity_top_k
+        )
+        return self._nodes(recall)
