@@ -245,3 +245,7 @@ class Mechanism(Protocol):
     ) -> Recall:
         """Async twin of :meth:`recall`."""
         ...
+
+    async def aclear(self, scope: Scope) -> None:
+        """Async twin of :meth:`clear`."""
+        ...

@@ -1,1 +1,17 @@
-"""Package."""
+"""Storage backends: the SQLite record store and the vector indexes.
+
+* :class:`SQLiteRecordStore`: the record of truth, with BM25 full-text search (FTS5).
+* :class:`NumpyIndex`: exact in-memory vector index (tests, notebooks, small memories).
+* :class:`ChromaIndex`: Chroma vector index, embedded on disk, ephemeral, or a server.
+
+Importing this package does not import ``chromadb``; a :class:`ChromaIndex` imports it when
+it is built.
+"""
+
+from __future__ import annotations
+
+from memories_core.backends.chroma_index import ChromaIndex
+from memories_core.backends.numpy_index import NumpyIndex
+from memories_core.backends.sqlite_store import SQLiteRecordStore
+
+__all__ = ["ChromaIndex", "NumpyIndex", "SQLiteRecordStore"]

@@ -1,0 +1,326 @@
+"""In-memory vector index on numpy: exact cosine search, partitioned by user.
+
+Each user owns one contiguous ``float32`` matrix, so a search multiplies only that user's rows
+and another user's vectors are never even read. The index is derived state: it lives in memory
+and is rebuilt from the record store (``reindex``) when a process starts.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from memories_core.errors import EmbedderMismatchError, InvalidInputError, MissingUserError
+from memories_core.interfaces import Filter
+
+__all__ = ["NumpyIndex", "check_metadata", "matches_filter"]
+
+Metadata = Mapping[str, str | int | float | bool]
+
+_INITIAL_CAPACITY = 64
+
+
+def matches_filter(metadata: Metadata, where: Filter | None) -> bool:
+    """Whether ``metadata`` satisfies the equality filter ``where``.
+
+    Booleans only equal booleans (``True`` does not match ``1``), numbers compare by value
+    (``1`` matches ``1.0``), strings only equal strings: the same rules as the SQLite store.
+    """
+    if not where:
+        return True
+    for key, wanted in where.items():
+        if key not in metadata:
+            return False
+        got = metadata[key]
+        if isinstance(wanted, bool) or isinstance(got, bool):
+            if not (isinstance(wanted, bool) and isinstance(got, bool) and wanted == got):
+                return False
+        elif isinstance(wanted, str) or isinstance(got, str):
+            if not (isinstance(wanted, str) and isinstance(got, str) and wanted == got):
+                return False
+        elif got != wanted:
+            return False
+    return True
+
+
+def check_metadata(metadata: Metadata) -> dict[str, str | int | float | bool]:
+    """Validate one vector's metadata and return a plain copy.
+
+    Raises:
+        MissingUserError: if ``user_id`` is missing or empty.
+        InvalidInputError: if ``kind`` is missing or a value is not a scalar.
+    """
+    user_id = metadata.get("user_id")
+    if not isinstance(user_id, str) or not user_id.strip():
+        raise MissingUserError("every vector's metadata needs a non-empty string user_id")
+    if not isinstance(metadata.get("kind"), str):
+        raise InvalidInputError("every vector's metadata needs a string kind")
+    out: dict[str, str | int | float | bool] = {}
+    for key, value in metadata.items():
+        if not isinstance(key, str):
+            raise InvalidInputError(f"metadata keys must be strings, got {key!r}")
+        if not isinstance(value, (str, int, float, bool)):
+            raise InvalidInputError(
+                f"metadata value for {key!r} must be str, int, float or bool, "
+                f"got {type(value).__name__}"
+            )
+        out[key] = value
+    return out
+
+
+def check_filter(where: Filter | None) -> None:
+    """Reject filters that no backend can apply the same way.
+
+    Raises:
+        InvalidInputError: on a ``user_id`` key (it is an argument) or a non-scalar value.
+    """
+    for key, value in (where or {}).items():
+        if key == "user_id":
+            raise InvalidInputError("filter on user_id: pass it as the user_id argument")
+        if not isinstance(value, (str, int, float, bool)):
+            raise InvalidInputError(f"filter value for {key!r} must be str, int, float or bool")
+
+
+def as_matrix(vectors: npt.ArrayLike, rows: int) -> npt.NDArray[np.float32]:
+    """Return ``vectors`` as a finite C-contiguous ``(rows, d)`` float32 matrix.
+
+    Raises:
+        InvalidInputError: on a wrong shape or non-finite values.
+    """
+    matrix = np.ascontiguousarray(vectors, dtype=np.float32)
+    if matrix.ndim != 2 or matrix.shape[0] != rows:
+        raise InvalidInputError(
+            f"expected {rows} vectors as a 2-d array, got shape {np.shape(vectors)}"
+        )
+    if matrix.shape[1] == 0:
+        raise InvalidInputError("vectors have dimension 0")
+    if not np.isfinite(matrix).all():
+        raise InvalidInputError("vectors contain NaN or infinite values")
+    return matrix
+
+
+def as_query(vector: npt.ArrayLike) -> npt.NDArray[np.float32]:
+    """Return a query as a finite 1-d float32 vector (a ``(1, d)`` array is accepted).
+
+    Raises:
+        InvalidInputError: on a wrong shape or non-finite values.
+    """
+    query = np.asarray(vector, dtype=np.float32)
+    if query.ndim == 2 and query.shape[0] == 1:
+        query = query[0]
+    if query.ndim != 1 or query.shape[0] == 0:
+        raise InvalidInputError(f"expected one query vector, got shape {np.shape(vector)}")
+    if not np.isfinite(query).all():
+        raise InvalidInputError("query vector contains NaN or infinite values")
+    return query
+
+
+@dataclass
+class _Partition:
+    """One user's vectors: rows ``[0, size)`` of ``matrix`` are live."""
+
+    matrix: npt.NDArray[np.float32]
+    size: int = 0
+    ids: list[str] = field(default_factory=list)
+    rows: dict[str, int] = field(default_factory=dict)
+    metadatas: list[dict[str, str | int | float | bool]] = field(default_factory=list)
+
+    def put(
+        self, vid: str, vector: npt.NDArray[np.float32], meta: dict[str, str | int | float | bool]
+    ) -> None:
+        row = self.rows.get(vid)
+        if row is None:
+            if self.size == self.matrix.shape[0]:
+                # Capacity doubling keeps appends amortised O(1) and the matrix contiguous.
+                grown = np.empty((self.matrix.shape[0] * 2, self.matrix.shape[1]), np.float32)
+                grown[: self.size] = self.matrix[: self.size]
+                self.matrix = grown
+            row = self.size
+            self.size += 1
+            self.rows[vid] = row
+            self.ids.append(vid)
+            self.metadatas.append(meta)
+        else:
+            self.metadatas[row] = meta
+        self.matrix[row] = vector
+
+    def remove(self, vid: str) -> bool:
+        row = self.rows.pop(vid, None)
+        if row is None:
+            return False
+        last = self.size - 1
+        if row != last:
+            # Move the last row into the hole so live rows stay a prefix of the matrix.
+            moved = self.ids[last]
+            self.matrix[row] = self.matrix[last]
+            self.ids[row] = moved
+            self.metadatas[row] = self.metadatas[last]
+            self.rows[moved] = row
+        self.ids.pop()
+        self.metadatas.pop()
+        self.size = last
+        return True
+
+
+class NumpyIndex:
+    """Exact in-memory :class:`~memories_core.interfaces.VectorIndex` on numpy.
+
+    Vectors are expected L2-normalised (as every embedder of this package returns them), so
+    the cosine similarity is a dot product. Search is exact (no approximation), which suits
+    tests, notebooks and memories up to some hundred thousand vectors per user.
+
+    Instantiate:
+        .. code-block:: python
+
+            from memories_core.backends import NumpyIndex
+
+            index = NumpyIndex()
+            index.add(["r1"], vectors, [{"user_id": "alice", "kind": "turn"}])
+            index.search(query_vector, user_id="alice", k=5)   # [("r1", 0.83)]
+
+    The dimension is fixed by the first :meth:`add` (and forgotten by :meth:`reset`); a vector
+    of another length raises :class:`~memories_core.errors.EmbedderMismatchError`.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._parts: dict[str, _Partition] = {}
+        self._owner: dict[str, str] = {}
+        self._dimension: int | None = None
+
+    def __repr__(self) -> str:
+        return f"NumpyIndex(vectors={self.count()}, dimension={self._dimension})"
+
+    @property
+    def dimension(self) -> int | None:
+        """Length of the stored vectors, or ``None`` while the index is empty."""
+        return self._dimension
+
+    def _check_dimension(self, dimension: int) -> None:
+        if self._dimension is not None and dimension != self._dimension:
+            raise EmbedderMismatchError(
+                f"vectors have dimension {dimension} but this index holds dimension "
+                f"{self._dimension}; use the original embedder or reindex"
+            )
+
+    def add(
+        self,
+        ids: Sequence[str],
+        vectors: npt.NDArray[np.float32],
+        metadatas: Sequence[Mapping[str, str | int | float | bool]],
+    ) -> None:
+        """Add or replace vectors (an id given again replaces its vector and metadata).
+
+        Raises:
+            InvalidInputError: on mismatched lengths, bad shapes or non-scalar metadata.
+            MissingUserError: if a metadata has no ``user_id``.
+            EmbedderMismatchError: if the dimension differs from the stored vectors'.
+        """
+        if len(ids) != len(metadatas):
+            raise InvalidInputError(f"{len(ids)} ids but {len(metadatas)} metadatas")
+        if not ids:
+            return
+        matrix = as_matrix(vectors, len(ids))
+        metas = [check_metadata(meta) for meta in metadatas]
+        with self._lock:
+            self._check_dimension(matrix.shape[1])
+            self._dimension = matrix.shape[1]
+            for vid, vector, meta in zip(ids, matrix, metas, strict=True):
+                user_id = str(meta["user_id"])
+                previous = self._owner.get(vid)
+                if previous is not None and previous != user_id:
+                    self._remove(vid, previous)
+                part = self._parts.get(user_id)
+                if part is None:
+                    part = _Partition(np.empty((_INITIAL_CAPACITY, matrix.shape[1]), np.float32))
+                    self._parts[user_id] = part
+                part.put(vid, vector, meta)
+                self._owner[vid] = user_id
+
+    def search(
+        self, vector: npt.NDArray[np.float32], *, user_id: str, k: int, where: Filter | None = None
+    ) -> list[tuple[str, float]]:
+        """Return up to ``k`` ``(id, cosine)`` pairs of ``user_id``'s vectors, best first.
+
+        Raises:
+            InvalidInputError: if ``k < 1``, the vector is malformed or the filter invalid.
+            EmbedderMismatchError: if the query's dimension differs from the index's.
+        """
+        if not isinstance(user_id, str) or not user_id.strip():
+            raise MissingUserError("user_id is required")
+        if k < 1:
+            raise InvalidInputError("k must be >= 1")
+        check_filter(where)
+        query = as_query(vector)
+        with self._lock:
+            part = self._parts.get(user_id)
+            if part is None or part.size == 0:
+                return []
+            self._check_dimension(query.shape[0])
+            scores = part.matrix[: part.size] @ query
+            order = self._filtered_top(part, scores, k, where) if where else _top(scores, k)
+            return [(part.ids[row], float(scores[row])) for row in order]
+
+    @staticmethod
+    def _filtered_top(
+        part: _Partition, scores: npt.NDArray[np.float32], k: int, where: Filter
+    ) -> list[int]:
+        # Over-fetch the best rows and filter them; only if too few pass, fall back to the
+        # full ranking. Filters are usually loose (a kind), so the first round suffices.
+        fetch = min(part.size, max(4 * k, 64))
+        while True:
+            candidates = _top(scores, fetch)
+            kept = [row for row in candidates if matches_filter(part.metadatas[row], where)]
+            if len(kept) >= k or fetch >= part.size:
+                return kept[:k]
+            fetch = min(part.size, fetch * 4)
+
+    def delete(self, ids: Sequence[str], *, user_id: str) -> None:
+        """Delete vectors by id; ids of other users are left alone."""
+        with self._lock:
+            for vid in ids:
+                if self._owner.get(vid) == user_id:
+                    self._remove(vid, user_id)
+
+    def _remove(self, vid: str, user_id: str) -> None:
+        part = self._parts[user_id]
+        part.remove(vid)
+        del self._owner[vid]
+        if part.size == 0:
+            del self._parts[user_id]
+
+    def delete_user(self, user_id: str) -> None:
+        """Delete every vector of ``user_id``."""
+        with self._lock:
+            part = self._parts.pop(user_id, None)
+            if part is not None:
+                for vid in part.ids:
+                    del self._owner[vid]
+
+    def count(self, user_id: str | None = None) -> int:
+        """Number of vectors, of one user or of all."""
+        with self._lock:
+            if user_id is None:
+                return len(self._owner)
+            part = self._parts.get(user_id)
+            return 0 if part is None else part.size
+
+    def reset(self) -> None:
+        """Delete every vector of every user and forget the dimension."""
+        with self._lock:
+            self._parts.clear()
+            self._owner.clear()
+            self._dimension = None
+
+
+def _top(scores: npt.NDArray[np.float32], k: int) -> list[int]:
+    """Indices of the ``k`` largest scores, best first (ties broken by row)."""
+    n = scores.shape[0]
+    if k >= n:
+        return [int(i) for i in np.argsort(-scores, kind="stable")]
+    part = np.argpartition(-scores, k - 1)[:k]
+    return [int(i) for i in part[np.argsort(-scores[part], kind="stable")]]

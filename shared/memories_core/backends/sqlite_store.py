@@ -1,0 +1,723 @@
+"""SQLite record store: the record of truth, with BM25 full-text search.
+
+Every memory record lives here first; vector indexes are derived from it and can be rebuilt
+(:meth:`SQLiteRecordStore.mark_all_pending`). The store implements
+:class:`memories_core.interfaces.RecordStore`.
+
+Schema (one file, ``records.sqlite3`` in a memory's directory):
+
+* ``records``: one row per record; ``id`` is the record's unique key. ``seq`` is an integer
+  alias of the rowid (so the FTS table can point at it and it survives ``VACUUM``), taken from
+  a range of rowids that belongs to the record's user (table ``users``), so that a full-text
+  query can be restricted to one user inside FTS5 itself. ``created_at`` is stored as integer
+  microseconds since the Unix epoch (exact round trip, sortable). ``index_state`` is 0 (not
+  for the vector index), 1 (pending) or 2 (indexed).
+* ``state``: JSON values per ``(user_id, key)``; ``''`` is the global scope.
+* ``records_fts``: an FTS5 external-content table over ``records.text`` (tokenizer
+  ``porter unicode61``), kept in sync by triggers inside the writing transaction.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import re
+import sqlite3
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+from memories_core.errors import BackendError, InvalidInputError, MissingUserError
+from memories_core.interfaces import Filter
+from memories_core.types import MemoryRecord, ensure_utc
+
+__all__ = ["ENGLISH_STOPWORDS", "SQLiteRecordStore", "query_terms"]
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_MICROSECOND = timedelta(microseconds=1)
+
+_NOT_INDEXED, _PENDING, _INDEXED = 0, 1, 2
+
+#: English function words dropped from lexical queries. They carry no topic, and in an OR
+#: query they would match nearly every record and drown the informative terms.
+ENGLISH_STOPWORDS: frozenset[str] = frozenset(
+    """
+    a about above after again against all am an and any are aren as at be because been
+    before being below between both but by can cannot could couldn did didn do does doesn
+    doing don down during each few for from further had hadn has hasn have haven having he
+    her here hers herself him himself his how if in into is isn it its itself just let ll me
+    might more most must my myself no nor not now of off on once only or other ought our ours
+    ourselves out over own re same shall she should shouldn so some such than that the their
+    theirs them themselves then there these they this those through to too under until up
+    upon us ve very was wasn we were weren what when where which while who whom whose why
+    will with won would wouldn you your yours yourself yourselves
+    """.split()  # noqa: SIM905 - a word list reads better than 150 quoted strings
+)
+
+# FTS5's unicode61 tokenizer keeps letters, digits and private-use characters and splits on
+# everything else (underscore included); this pattern mirrors it so that query terms line up
+# with indexed tokens.
+_WORD = re.compile(r"[^\W_]+", re.UNICODE)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS users (
+    user_id TEXT PRIMARY KEY,
+    slot INTEGER NOT NULL UNIQUE,
+    next_seq INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS records (
+    seq INTEGER PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    user_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    text TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    session_id TEXT,
+    metadata TEXT NOT NULL DEFAULT '{}',
+    source_ids TEXT NOT NULL DEFAULT '[]',
+    index_state INTEGER NOT NULL DEFAULT 1
+);
+CREATE INDEX IF NOT EXISTS records_user_kind_time ON records (user_id, kind, created_at);
+CREATE INDEX IF NOT EXISTS records_user_time ON records (user_id, created_at);
+CREATE INDEX IF NOT EXISTS records_session_order
+    ON records (user_id, session_id, kind, created_at);
+CREATE INDEX IF NOT EXISTS records_pending ON records (index_state) WHERE index_state = 1;
+CREATE TABLE IF NOT EXISTS state (
+    user_id TEXT NOT NULL,
+    key TEXT NOT NULL,
+    value TEXT NOT NULL,
+    PRIMARY KEY (user_id, key)
+);
+CREATE VIRTUAL TABLE IF NOT EXISTS records_fts USING fts5(
+    text, content = 'records', content_rowid = 'seq', tokenize = 'porter unicode61'
+);
+CREATE TRIGGER IF NOT EXISTS records_fts_insert AFTER INSERT ON records BEGIN
+    INSERT INTO records_fts (rowid, text) VALUES (new.seq, new.text);
+END;
+CREATE TRIGGER IF NOT EXISTS records_fts_delete AFTER DELETE ON records BEGIN
+    INSERT INTO records_fts (records_fts, rowid, text) VALUES ('delete', old.seq, old.text);
+END;
+CREATE TRIGGER IF NOT EXISTS records_fts_update AFTER UPDATE OF text ON records BEGIN
+    INSERT INTO records_fts (records_fts, rowid, text) VALUES ('delete', old.seq, old.text);
+    INSERT INTO records_fts (rowid, text) VALUES (new.seq, new.text);
+END;
+"""
+
+_SCHEMA_VERSION = 1
+
+_COLUMNS = "id, user_id, kind, text, created_at, session_id, metadata, source_ids"
+_FIELD_COLUMNS = {"kind", "session_id"}
+
+
+def query_terms(text: str, stopwords: frozenset[str] = ENGLISH_STOPWORDS) -> list[str]:
+    """Split a query into lexical search terms.
+
+    Lower-cases, splits like FTS5's ``unicode61`` tokenizer, and drops stopwords, one-character
+    tokens and repeats (first occurrence kept).
+
+    Args:
+        text: The query.
+        stopwords: Words to drop.
+
+    Returns:
+        The terms in query order.
+    """
+    seen: dict[str, None] = {}
+    for token in _WORD.findall(text.lower()):
+        if len(token) > 1 and token not in stopwords:
+            seen.setdefault(token, None)
+    return list(seen)
+
+
+# Each user owns one range of rowids, [slot * _SLOT_SIZE, (slot + 1) * _SLOT_SIZE): room for
+# 2**32 records per user and 2**31 users within SQLite's signed 64-bit rowid. Partitioning the
+# rowid lets the FTS5 query skip other users' postings (see search_text).
+_SLOT_SIZE = 1 << 32
+_MAX_SLOTS = 1 << 31
+
+
+def _to_micros(value: datetime) -> int:
+    return (ensure_utc(value) - _EPOCH) // _MICROSECOND
+
+
+def _from_micros(value: int) -> datetime:
+    return _EPOCH + timedelta(microseconds=value)
+
+
+def _check_user(user_id: Any) -> str:
+    if not isinstance(user_id, str) or not user_id.strip():
+        raise MissingUserError("user_id is required and must be a non-empty string")
+    return user_id
+
+
+def _json_path(key: str) -> str:
+    if not isinstance(key, str) or not key or '"' in key:
+        raise InvalidInputError(f"invalid filter key {key!r}")
+    return f'$."{key}"'
+
+
+def _filter_sql(where: Filter | None, alias: str = "") -> tuple[str, list[Any]]:
+    """Translate an equality filter into SQL conditions (joined by AND) and parameters."""
+    if not where:
+        return "", []
+    clauses: list[str] = []
+    params: list[Any] = []
+    for key, value in where.items():
+        if key == "user_id":
+            raise InvalidInputError("filter on user_id: pass it as the user_id argument")
+        if not isinstance(value, (str, int, float, bool)):
+            raise InvalidInputError(f"filter value for {key!r} must be str, int, float or bool")
+        if key in _FIELD_COLUMNS:
+            clauses.append(f"{alias}{key} = ?")
+            params.append(value)
+            continue
+        path = _json_path(key)
+        # json_extract maps JSON true/false to 1/0, so the JSON type is checked as well:
+        # a filter True must not match a metadata value 1, nor "1" match 1.
+        if isinstance(value, bool):
+            clauses.append(f"json_type({alias}metadata, ?) = ?")
+            params += [path, "true" if value else "false"]
+        elif isinstance(value, str):
+            clauses.append(f"json_type({alias}metadata, ?) = 'text'")
+            clauses.append(f"json_extract({alias}metadata, ?) = ?")
+            params += [path, path, value]
+        else:
+            clauses.append(f"json_type({alias}metadata, ?) IN ('integer', 'real')")
+            clauses.append(f"json_extract({alias}metadata, ?) = ?")
+            params += [path, path, value]
+    return " AND " + " AND ".join(clauses), params
+
+
+class SQLiteRecordStore:
+    """The default :class:`~memories_core.interfaces.RecordStore`, on SQLite with FTS5.
+
+    Setup:
+        Nothing beyond the standard library; SQLite must have FTS5 (CPython's does).
+
+    Key init args:
+        path: File of the database (parent folders are created), or ``None`` for an
+            in-memory store that vanishes when closed.
+
+    Instantiate:
+        .. code-block:: python
+
+            from memories_core.backends import SQLiteRecordStore
+
+            store = SQLiteRecordStore("memory/records.sqlite3")
+
+    Write and search:
+        .. code-block:: python
+
+            from datetime import datetime, timezone
+            from memories_core.types import MemoryRecord, new_id
+
+            store.add([MemoryRecord(new_id(), "alice", "turn", "I adopted a puppy",
+                                    datetime.now(timezone.utc))])
+            store.search_text("puppy", user_id="alice", k=5)   # [(id, bm25 score)]
+
+    Durability and concurrency:
+        The file runs in WAL mode with ``synchronous=FULL``: a committed write survives a
+        power cut, not only a process crash. Writes happen once per exchange (not in hot
+        loops), so the extra fsync is cheap next to the model call, and "a turn is never lost"
+        is the package's first promise. Each write is one ``BEGIN IMMEDIATE`` transaction,
+        so a read-then-write sequence is atomic even when another process shares the file.
+        One connection is shared by all threads behind a lock; async callers use threads.
+    """
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        self._lock = threading.RLock()
+        self._closed = False
+        if path is None:
+            target = ":memory:"
+        else:
+            file = Path(path)
+            try:
+                file.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise BackendError(f"cannot create folder for {file}: {exc}") from exc
+            target = str(file)
+        self.path: Path | None = None if path is None else Path(path)
+        try:
+            # isolation_level=None: transactions are opened explicitly (see _write), instead
+            # of the sqlite3 module's implicit BEGIN that only precedes DML statements.
+            self._conn = sqlite3.connect(target, check_same_thread=False, isolation_level=None)
+            self._conn.execute("PRAGMA busy_timeout = 5000")
+            if path is not None:
+                self._conn.execute("PRAGMA journal_mode = WAL")
+            self._conn.execute("PRAGMA synchronous = FULL")
+            # Up to 64 MiB of page cache (the default is 2 MiB): full-text ranking reads many
+            # pages per query, and measured queries at 110k records ran ~25% faster.
+            self._conn.execute("PRAGMA cache_size = -65536")
+            self._conn.execute("PRAGMA foreign_keys = ON")
+            self._conn.executescript(_SCHEMA)
+            version = self._conn.execute("PRAGMA user_version").fetchone()[0]
+            if version == 0:
+                self._conn.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
+            elif version > _SCHEMA_VERSION:
+                raise BackendError(
+                    f"{target} has schema version {version}; this version of llm-memories "
+                    f"reads up to {_SCHEMA_VERSION}"
+                )
+        except sqlite3.Error as exc:
+            raise BackendError(f"cannot open SQLite store at {target}: {exc}") from exc
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def __repr__(self) -> str:
+        return f"SQLiteRecordStore(path={str(self.path) if self.path else None!r})"
+
+    def _ensure_open(self) -> None:
+        # Checked up front too, so calls that would return early (no ids, no query terms)
+        # still fail on a closed store, as the protocol promises.
+        if self._closed:
+            raise BackendError("the record store is closed")
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            if self._closed:
+                raise BackendError("the record store is closed")
+            try:
+                yield self._conn
+            except sqlite3.Error as exc:
+                raise BackendError(f"SQLite read failed: {exc}") from exc
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            if self._closed:
+                raise BackendError("the record store is closed")
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise BackendError(f"SQLite write failed to start: {exc}") from exc
+            try:
+                yield self._conn
+            except BaseException as exc:
+                # The original error is the one worth reporting, not a failed rollback.
+                with suppress(sqlite3.Error):
+                    self._conn.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.Error):
+                    raise BackendError(f"SQLite write failed: {exc}") from exc
+                raise
+            else:
+                try:
+                    self._conn.execute("COMMIT")
+                except sqlite3.Error as exc:
+                    self._conn.execute("ROLLBACK")
+                    raise BackendError(f"SQLite commit failed: {exc}") from exc
+
+    @staticmethod
+    def _row_to_record(row: Sequence[Any]) -> MemoryRecord:
+        rid, user_id, kind, text, created, session_id, metadata, source_ids = row
+        return MemoryRecord(
+            id=rid,
+            user_id=user_id,
+            kind=kind,
+            text=text,
+            created_at=_from_micros(created),
+            session_id=session_id,
+            metadata=json.loads(metadata),
+            source_ids=tuple(json.loads(source_ids)),
+        )
+
+    # -- records ----------------------------------------------------------------------------
+
+    def add(self, records: Sequence[MemoryRecord], *, indexed: bool = True) -> None:
+        """Insert records atomically (all or none).
+
+        A record whose id exists already replaces it (same user only) and, if ``indexed``,
+        becomes pending for the vector index again.
+
+        Args:
+            records: The records.
+            indexed: Whether the records belong in the vector index (marked pending).
+
+        Raises:
+            InvalidInputError: if metadata is not JSON-serialisable, or an id belongs to
+                another user.
+            BackendError: if SQLite fails; nothing is written.
+        """
+        self._ensure_open()
+        rows: builtins.list[tuple[Any, ...]] = []
+        for record in records:
+            if not isinstance(record, MemoryRecord):
+                raise InvalidInputError(f"expected MemoryRecord, got {type(record).__name__}")
+            _check_user(record.user_id)
+            try:
+                metadata = json.dumps(dict(record.metadata), ensure_ascii=False)
+            except (TypeError, ValueError) as exc:
+                raise InvalidInputError(
+                    f"metadata of record {record.id!r} is not JSON-serialisable: {exc}"
+                ) from exc
+            rows.append(
+                (
+                    record.kind,
+                    record.text,
+                    _to_micros(record.created_at),
+                    record.session_id,
+                    metadata,
+                    json.dumps(list(record.source_ids), ensure_ascii=False),
+                    _PENDING if indexed else _NOT_INDEXED,
+                    record.id,
+                    record.user_id,
+                )
+            )
+        if not rows:
+            return
+        with self._write() as conn:
+            owners: dict[str, str] = dict(
+                conn.execute(
+                    "SELECT id, user_id FROM records WHERE id IN (SELECT value FROM json_each(?))",
+                    (json.dumps([row[7] for row in rows]),),
+                ).fetchall()
+            )
+            inserts: builtins.list[tuple[Any, ...]] = []
+            updates: builtins.list[tuple[Any, ...]] = []
+            new_per_user: dict[str, int] = {}
+            for row in rows:
+                rid, user_id = row[7], row[8]
+                owner = owners.get(rid)
+                if owner is None:
+                    owners[rid] = user_id
+                    new_per_user[user_id] = new_per_user.get(user_id, 0) + 1
+                    inserts.append(row)
+                elif owner == user_id:
+                    # Also catches an id repeated within this batch: the last one wins.
+                    updates.append(row)
+                else:
+                    raise InvalidInputError(f"record id {rid!r} belongs to another user")
+            next_seq = {user: self._allocate(conn, user, n) for user, n in new_per_user.items()}
+            numbered = []
+            for row in inserts:
+                seq = next_seq[row[8]]
+                next_seq[row[8]] = seq + 1
+                numbered.append((seq, *row))
+            conn.executemany(
+                """
+                INSERT INTO records (seq, kind, text, created_at, session_id, metadata,
+                                     source_ids, index_state, id, user_id)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                """,
+                numbered,
+            )
+            conn.executemany(
+                """
+                UPDATE records SET kind = ?, text = ?, created_at = ?, session_id = ?,
+                                   metadata = ?, source_ids = ?, index_state = ?
+                WHERE id = ? AND user_id = ?
+                """,
+                updates,
+            )
+
+    @staticmethod
+    def _allocate(conn: sqlite3.Connection, user_id: str, count: int) -> int:
+        """Reserve ``count`` rowids in ``user_id``'s range; returns the first one."""
+        row = conn.execute(
+            "SELECT slot, next_seq FROM users WHERE user_id = ?", (user_id,)
+        ).fetchone()
+        if row is None:
+            slot = conn.execute("SELECT coalesce(max(slot) + 1, 0) FROM users").fetchone()[0]
+            if slot >= _MAX_SLOTS:
+                raise BackendError("the store has no room for another user")
+            conn.execute(
+                "INSERT INTO users (user_id, slot, next_seq) VALUES (?, ?, 0)", (user_id, slot)
+            )
+            row = (slot, 0)
+        slot, offset = row
+        if offset + count > _SLOT_SIZE:
+            raise BackendError(f"user {user_id!r} has used up its {_SLOT_SIZE} record ids")
+        conn.execute("UPDATE users SET next_seq = ? WHERE user_id = ?", (offset + count, user_id))
+        return int(slot * _SLOT_SIZE + offset)
+
+    def get(self, ids: Sequence[str], *, user_id: str) -> list[MemoryRecord]:
+        """Return the records with these ids that belong to ``user_id``, in the given order.
+
+        Missing ids and other users' ids are skipped silently.
+        """
+        self._ensure_open()
+        _check_user(user_id)
+        if not ids:
+            return []
+        with self._read() as conn:
+            rows = conn.execute(
+                # "+user_id" keeps the planner on the id index: the batch of ids is small,
+                # a user's records may be many.
+                f"SELECT {_COLUMNS} FROM records WHERE +user_id = ? "
+                "AND id IN (SELECT value FROM json_each(?))",
+                (user_id, json.dumps(list(ids))),
+            ).fetchall()
+        by_id = {row[0]: self._row_to_record(row) for row in rows}
+        result: list[MemoryRecord] = []
+        seen: set[str] = set()
+        for rid in ids:
+            if rid in by_id and rid not in seen:
+                seen.add(rid)
+                result.append(by_id[rid])
+        return result
+
+    def list(
+        self,
+        *,
+        user_id: str,
+        where: Filter | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        limit: int | None = None,
+    ) -> list[MemoryRecord]:
+        """Return ``user_id``'s records matching ``where``, oldest first.
+
+        Args:
+            user_id: Owner.
+            where: Equality filter (``kind``, ``session_id`` or metadata keys).
+            since: Keep records created at or after this time.
+            until: Keep records created strictly before this time.
+            limit: At most this many records (the oldest ones).
+        """
+        _check_user(user_id)
+        sql = f"SELECT {_COLUMNS} FROM records WHERE user_id = ?"
+        params: list[Any] = [user_id]
+        if since is not None:
+            sql += " AND created_at >= ?"
+            params.append(_to_micros(since))
+        if until is not None:
+            sql += " AND created_at < ?"
+            params.append(_to_micros(until))
+        clause, extra = _filter_sql(where)
+        sql += clause + " ORDER BY created_at, seq"
+        params += extra
+        if limit is not None:
+            if limit < 0:
+                raise InvalidInputError("limit must be >= 0")
+            sql += " LIMIT ?"
+            params.append(limit)
+        with self._read() as conn:
+            return [self._row_to_record(row) for row in conn.execute(sql, params)]
+
+    def search_text(
+        self, query: str, *, user_id: str, k: int, where: Filter | None = None
+    ) -> builtins.list[tuple[str, float]]:
+        """Lexical BM25 search over ``user_id``'s records.
+
+        The query is split into terms with :func:`query_terms`; each term is quoted (so any
+        input is valid FTS5 syntax) and the terms are OR-ed, so a record needs only one of
+        them. Both the user and ``where`` restrictions run inside the SQL query.
+
+        Args:
+            query: Free text.
+            user_id: Owner.
+            k: Number of results.
+            where: Equality filter (``kind``, ``session_id`` or metadata keys).
+
+        Returns:
+            Up to ``k`` ``(id, score)`` pairs, best first; the score is the negated FTS5
+            ``bm25()`` value, so higher is better. ``[]`` if the query has no terms.
+        """
+        self._ensure_open()
+        _check_user(user_id)
+        if k < 1:
+            raise InvalidInputError("k must be >= 1")
+        terms = query_terms(query)
+        if not terms:
+            return []
+        any_term = " OR ".join(f'"{term}"' for term in terms)
+        clause, params = _filter_sql(where, alias="r.")
+        with self._read() as conn:
+            slot = conn.execute("SELECT slot FROM users WHERE user_id = ?", (user_id,)).fetchone()
+            if slot is None:
+                return []
+            low = slot[0] * _SLOT_SIZE
+            # The rowid range goes into FTS5 itself, which then skips other users' postings
+            # instead of scoring them; r.user_id = ? keeps the result exact regardless.
+            sql = (
+                "SELECT r.id, -bm25(records_fts) AS score "
+                "FROM records_fts JOIN records AS r ON r.seq = records_fts.rowid "
+                "WHERE records_fts MATCH ? AND records_fts.rowid BETWEEN ? AND ? "
+                f"AND r.user_id = ?{clause} "
+                "ORDER BY bm25(records_fts) LIMIT ?"
+            )
+            cursor = conn.execute(sql, [any_term, low, low + _SLOT_SIZE - 1, user_id, *params, k])
+            return [(rid, float(score)) for rid, score in cursor]
+
+    def adjacent(
+        self, ids: Sequence[str], *, user_id: str
+    ) -> dict[str, tuple[str | None, str | None]]:
+        """Each record's neighbours in its conversation: ``{id: (previous id, next id)}``.
+
+        Neighbours are the records of the same user, ``session_id`` and ``kind`` just
+        before and after it in ``created_at`` order (insertion order among equal times).
+        Records without a session, missing ids and other users' ids are left out. Used by
+        :class:`~memories_core.retrieval.HybridRetriever` for conversation context.
+        """
+        self._ensure_open()
+        _check_user(user_id)
+        if not ids:
+            return {}
+        # Row-value comparisons walk the (user_id, session_id, kind, created_at) index, whose
+        # entries end with the rowid: one index seek per neighbour.
+        sql = """
+            SELECT c.id,
+                (SELECT p.id FROM records AS p
+                 WHERE p.user_id = c.user_id AND p.session_id = c.session_id
+                   AND p.kind = c.kind AND (p.created_at, p.seq) < (c.created_at, c.seq)
+                 ORDER BY p.created_at DESC, p.seq DESC LIMIT 1),
+                (SELECT n.id FROM records AS n
+                 WHERE n.user_id = c.user_id AND n.session_id = c.session_id
+                   AND n.kind = c.kind AND (n.created_at, n.seq) > (c.created_at, c.seq)
+                 ORDER BY n.created_at, n.seq LIMIT 1)
+            FROM records AS c
+            WHERE +c.user_id = ? AND c.session_id IS NOT NULL
+              AND c.id IN (SELECT value FROM json_each(?))
+        """
+        with self._read() as conn:
+            rows = conn.execute(sql, (user_id, json.dumps(list(ids)))).fetchall()
+        return {rid: (prev_id, next_id) for rid, prev_id, next_id in rows}
+
+    def delete(self, ids: Sequence[str], *, user_id: str) -> None:
+        """Delete records by id (only those of ``user_id``; other ids are ignored)."""
+        self._ensure_open()
+        _check_user(user_id)
+        if not ids:
+            return
+        with self._write() as conn:
+            conn.execute(
+                "DELETE FROM records WHERE +user_id = ? AND id IN (SELECT value FROM json_each(?))",
+                (user_id, json.dumps(list(ids))),
+            )
+
+    def delete_user(self, user_id: str) -> None:
+        """Delete every record, full-text entry and state entry of ``user_id``."""
+        _check_user(user_id)
+        with self._write() as conn:
+            conn.execute("DELETE FROM records WHERE user_id = ?", (user_id,))
+            conn.execute("DELETE FROM state WHERE user_id = ?", (user_id,))
+            # The user id itself is personal data, so its row goes too; a later user may get
+            # the same rowid range, which is empty now.
+            conn.execute("DELETE FROM users WHERE user_id = ?", (user_id,))
+
+    def users(self) -> builtins.list[str]:
+        """Every user id with at least one record, sorted."""
+        with self._read() as conn:
+            rows = conn.execute("SELECT DISTINCT user_id FROM records ORDER BY user_id")
+            return [row[0] for row in rows]
+
+    def count(self, user_id: str | None = None) -> int:
+        """Number of records, of one user or of all."""
+        with self._read() as conn:
+            if user_id is None:
+                return int(conn.execute("SELECT count(*) FROM records").fetchone()[0])
+            _check_user(user_id)
+            return int(
+                conn.execute(
+                    "SELECT count(*) FROM records WHERE user_id = ?", (user_id,)
+                ).fetchone()[0]
+            )
+
+    # -- vector index bookkeeping -----------------------------------------------------------
+
+    def pending_index(self, limit: int | None = None) -> builtins.list[MemoryRecord]:
+        """Records marked for the vector index whose vectors are not confirmed yet.
+
+        Returned in insertion order, all users together (the indexer scopes each vector by
+        the record's own ``user_id``).
+        """
+        sql = f"SELECT {_COLUMNS} FROM records WHERE index_state = {_PENDING} ORDER BY seq"
+        params: list[Any] = []
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(limit)
+        with self._read() as conn:
+            return [self._row_to_record(row) for row in conn.execute(sql, params)]
+
+    def pending_count(self) -> int:
+        """Number of records waiting for the vector index (for progress bars)."""
+        with self._read() as conn:
+            row = conn.execute(
+                f"SELECT count(*) FROM records WHERE index_state = {_PENDING}"
+            ).fetchone()
+            return int(row[0])
+
+    def mark_indexed(self, ids: Iterable[str]) -> None:
+        """Confirm that these records' vectors are in the vector index."""
+        self._ensure_open()
+        id_list = list(ids)
+        if not id_list:
+            return
+        with self._write() as conn:
+            conn.execute(
+                # "+index_state": look rows up by id, not by scanning every pending row.
+                f"UPDATE records SET index_state = {_INDEXED} WHERE +index_state = {_PENDING} "
+                "AND id IN (SELECT value FROM json_each(?))",
+                (json.dumps(id_list),),
+            )
+
+    def mark_all_pending(self) -> int:
+        """Mark every indexed record pending again (for ``reindex``).
+
+        Returns:
+            How many records went from indexed to pending.
+        """
+        with self._write() as conn:
+            cursor = conn.execute(
+                f"UPDATE records SET index_state = {_PENDING} WHERE index_state = {_INDEXED}"
+            )
+            return cursor.rowcount
+
+    # -- state ------------------------------------------------------------------------------
+
+    def get_state(self, key: str, *, user_id: str | None = None) -> Any:
+        """Read a JSON value from the per-user (or global, ``user_id=None``) state table.
+
+        Returns:
+            The value, or ``None`` if the key is not set.
+        """
+        scope = "" if user_id is None else _check_user(user_id)
+        with self._read() as conn:
+            row = conn.execute(
+                "SELECT value FROM state WHERE user_id = ? AND key = ?", (scope, key)
+            ).fetchone()
+        return None if row is None else json.loads(row[0])
+
+    def set_state(self, key: str, value: Any, *, user_id: str | None = None) -> None:
+        """Write a JSON value into the state table (``None`` deletes the key).
+
+        Raises:
+            InvalidInputError: if ``value`` is not JSON-serialisable.
+        """
+        scope = "" if user_id is None else _check_user(user_id)
+        if not isinstance(key, str) or not key:
+            raise InvalidInputError("state key must be a non-empty string")
+        if value is None:
+            with self._write() as conn:
+                conn.execute("DELETE FROM state WHERE user_id = ? AND key = ?", (scope, key))
+            return
+        try:
+            encoded = json.dumps(value, ensure_ascii=False)
+        except (TypeError, ValueError) as exc:
+            raise InvalidInputError(f"state value for {key!r} is not JSON-serialisable") from exc
+        with self._write() as conn:
+            conn.execute(
+                "INSERT INTO state (user_id, key, value) VALUES (?, ?, ?) "
+                "ON CONFLICT (user_id, key) DO UPDATE SET value = excluded.value",
+                (scope, key, encoded),
+            )
+
+    def close(self) -> None:
+        """Close the store; further calls raise :class:`BackendError`. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self._conn.close()
+            except sqlite3.Error as exc:
+                raise BackendError(f"closing the SQLite store failed: {exc}") from exc
+
+    def __enter__(self) -> SQLiteRecordStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

@@ -1,0 +1,257 @@
+"""The chat-model template: validation, error wrapping and usage counting live here once.
+
+Subclasses implement the hook :meth:`BaseLLM._generate` (and may override
+:meth:`BaseLLM._agenerate` when their backend is natively async). The public
+:meth:`BaseLLM.generate` / :meth:`BaseLLM.agenerate` check the messages, call the hook,
+count calls, failures and tokens, and turn any backend exception into
+:class:`~memories_core.errors.LLMError`, so callers catch one error type whatever the backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from memories_core.errors import InvalidInputError, LLMError
+from memories_core.types import ChatMessage
+from memories_core.usage import Usage, UsageCounter, estimate_tokens
+
+__all__ = ["BaseLLM", "LLMResult", "truncate_at_stop"]
+
+
+@dataclass(frozen=True)
+class LLMResult:
+    """What a backend hook returns.
+
+    Attributes:
+        text: The generated reply.
+        prompt_tokens: Tokens the backend counted in the prompt, or ``None`` if it reports
+            none (the base class then estimates them).
+        completion_tokens: Tokens generated, or ``None`` if unknown (estimated likewise).
+    """
+
+    text: str
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+def truncate_at_stop(text: str, stop: Sequence[str] | None) -> str:
+    """Cut ``text`` at the earliest occurrence of any stop string (the stop is not kept).
+
+    Args:
+        text: Generated text.
+        stop: Stop strings; empty strings are ignored.
+
+    Returns:
+        The text before the first stop string, or ``text`` unchanged.
+    """
+    if not stop:
+        return text
+    cut = len(text)
+    for s in stop:
+        if s:
+            i = text.find(s)
+            if i != -1:
+                cut = min(cut, i)
+    return text[:cut]
+
+
+def _check_messages(messages: Sequence[ChatMessage]) -> tuple[ChatMessage, ...]:
+    """Return ``messages`` as a tuple (a private copy), or raise InvalidInputError."""
+    if isinstance(messages, (str, bytes, ChatMessage)):
+        raise InvalidInputError("messages must be a sequence of ChatMessage, not a single value")
+    try:
+        items = tuple(messages)
+    except TypeError as exc:
+        raise InvalidInputError(
+            f"messages must be a sequence of ChatMessage, got {type(messages).__name__}"
+        ) from exc
+    if not items:
+        raise InvalidInputError("messages must not be empty")
+    for i, message in enumerate(items):
+        if not isinstance(message, ChatMessage):
+            raise InvalidInputError(
+                f"messages[{i}] must be a ChatMessage, got {type(message).__name__}"
+            )
+        if not isinstance(message.role, str) or not isinstance(message.content, str):
+            raise InvalidInputError(f"messages[{i}] must have str role and content")
+    return items
+
+
+def _check_options(
+    max_tokens: int | None, temperature: float, stop: Sequence[str] | None
+) -> tuple[str, ...] | None:
+    """Validate the sampling options; return ``stop`` as a tuple (``None`` if not given)."""
+    if max_tokens is not None and (
+        isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
+    ):
+        raise InvalidInputError(f"max_tokens must be a positive int or None, got {max_tokens!r}")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise InvalidInputError(f"temperature must be a number, got {temperature!r}")
+    if temperature < 0:
+        raise InvalidInputError(f"temperature must be >= 0, got {temperature!r}")
+    if stop is None:
+        return None
+    # A lone string is accepted as one stop string: splitting it into characters would stop
+    # at the first of any of its letters, which nobody means.
+    stops = (stop,) if isinstance(stop, str) else tuple(stop)
+    for s in stops:
+        if not isinstance(s, str):
+            raise InvalidInputError(f"stop strings must be str, got {type(s).__name__}")
+    return stops
+
+
+class BaseLLM(ABC):
+    """Base class of every chat model: subclasses implement :meth:`_generate` only.
+
+    Rules shared by every backend:
+
+    * ``messages`` must be a non-empty sequence of :class:`~memories_core.types.ChatMessage`;
+      it is copied, never mutated.
+    * Every call is counted in :attr:`usage`: a success adds one call and its prompt and
+      completion tokens (as reported by the backend, else estimated from the text); a
+      failure adds one failure.
+    * Any exception from the backend that is not already an
+      :class:`~memories_core.errors.LLMError` is re-raised as one, chained with ``from``.
+
+    Example:
+        >>> from memories_core.llms import ScriptedLLM
+        >>> from memories_core.types import ChatMessage
+        >>> llm = ScriptedLLM(["hi"])
+        >>> llm.generate([ChatMessage("user", "hello")])
+        'hi'
+        >>> llm.usage.calls
+        1
+    """
+
+    def __init__(self) -> None:
+        self._usage = UsageCounter()
+
+    @property
+    @abstractmethod
+    def name(self) -> str:
+        """Identity of the model (e.g. ``"openai:gpt-4o-mini"``), for logs and reports."""
+
+    @property
+    def usage(self) -> Usage:
+        """Calls, failures and tokens so far."""
+        return self._usage.snapshot()
+
+    def reset_usage(self) -> None:
+        """Set the usage counters back to zero."""
+        self._usage.reset()
+
+    @abstractmethod
+    def _generate(
+        self,
+        messages: tuple[ChatMessage, ...],
+        *,
+        max_tokens: int | None,
+        temperature: float,
+        stop: tuple[str, ...] | None,
+    ) -> LLMResult:
+        """Backend hook: return the reply to validated ``messages``.
+
+        Implementations should honour ``stop`` (drop the stop string and what follows) and may
+        raise any exception; the caller wraps it in ``LLMError``.
+        """
+
+    async def _agenerate(
+        self,
+        messages: tuple[ChatMessage, ...],
+        *,
+        max_tokens: int | None,
+        temperature: float,
+        stop: tuple[str, ...] | None,
+    ) -> LLMResult:
+        """Async backend hook; defaults to :meth:`_generate` in a worker thread."""
+        return await asyncio.to_thread(
+            self._generate, messages, max_tokens=max_tokens, temperature=temperature, stop=stop
+        )
+
+    def generate(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        max_tokens: int | None = None,
+        temperature: float = 0.0,
+        stop: Sequence[str] | None = None,
+    ) -> str:
+        """Return the model's reply to ``messages``.
+
+        Args:
+            messages: The conversation, oldest first.
+            max_tokens: Upper bound on generated tokens (``None``: the backend's default).
+            temperature: Sampling temperature; 0 asks for greedy, deterministic decoding.
+            stop: Strings at which generation stops; the stop string is not returned.
+
+        Returns:
+            The reply text.
+
+        Raises:
+            InvalidInputError: if the messages or options are malformed (not counted).
+            LLMError: if the backend fails (counted as a failure).
+        """
+        msgs = _check_messages(messages)
+        stops = _check_options(max_tokens, temperature, stop)
+        try:
+            result = self._generate(
+                msgs, max_tokens=max_tokens, temperature=float(temperature), stop=stops
+            )
+        except BaseException as exc:
+            wrapped = self._failure(exc)
+            if wrapped is exc:
+                raise
+            raise wrapped from exc
+        return self._success(msgs, result)
+
+    async def agenerate(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        max_tokens: int | None = None,
+        temperature: float = 0.0,
+        stop: Sequence[str] | None = None,
+    ) -> str:
+        """Async twin of :meth:`generate` (same arguments, rules and errors)."""
+        msgs = _check_messages(messages)
+        stops = _check_options(max_tokens, temperature, stop)
+        try:
+            result = await self._agenerate(
+                msgs, max_tokens=max_tokens, temperature=float(temperature), stop=stops
+            )
+        except BaseException as exc:
+            wrapped = self._failure(exc)
+            if wrapped is exc:
+                raise
+            raise wrapped from exc
+        return self._success(msgs, result)
+
+    def _failure(self, exc: BaseException) -> BaseException:
+        """Count a failed call and return the exception to raise."""
+        self._usage.record(failures=1)
+        if isinstance(exc, LLMError) or not isinstance(exc, Exception):
+            # LLMError is already the public type; KeyboardInterrupt, SystemExit and
+            # cancellation must propagate untouched.
+            return exc
+        return LLMError(f"{self.name} failed: {type(exc).__name__}: {exc}")
+
+    def _success(self, messages: tuple[ChatMessage, ...], result: LLMResult) -> str:
+        """Check the hook's result, count the call and return the text."""
+        if not isinstance(result, LLMResult) or not isinstance(result.text, str):
+            self._usage.record(failures=1)
+            raise LLMError(f"{self.name} returned {type(result).__name__}, expected LLMResult")
+        prompt = result.prompt_tokens
+        if prompt is None:
+            # Count role labels too: chat templates send them to the model.
+            prompt = sum(estimate_tokens(f"{m.role}: {m.content}") for m in messages)
+        completion = result.completion_tokens
+        if completion is None:
+            completion = estimate_tokens(result.text)
+        self._usage.record(calls=1, prompt_tokens=prompt, completion_tokens=completion)
+        return result.text
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r})"

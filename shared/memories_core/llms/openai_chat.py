@@ -1,0 +1,230 @@
+"""Chat model over any OpenAI-compatible server: OpenAI, Ollama, vLLM, llama.cpp server, ..."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from memories_core.errors import ConfigurationError, LLMError, MissingExtraError
+from memories_core.llms.base import BaseLLM, LLMResult, truncate_at_stop
+from memories_core.types import ChatMessage
+
+if TYPE_CHECKING:
+    import openai
+
+__all__ = ["OpenAIChatLLM"]
+
+# Local OpenAI-compatible servers (Ollama, vLLM, llama.cpp) accept any key, but the openai
+# client refuses to start without one.
+_PLACEHOLDER_KEY = "not-needed"
+
+
+def _import_openai() -> Any:
+    try:
+        import openai
+    except ImportError as exc:
+        error = MissingExtraError("openai", "default")
+        message = "openai is not installed; it is a dependency of llm-memories: pip install openai"
+        # ImportError renders `msg`, BaseException renders `args`: set both.
+        error.msg = message
+        error.args = (message,)
+        raise error from exc
+    return openai
+
+
+class OpenAIChatLLM(BaseLLM):
+    """Chat completions from OpenAI or any OpenAI-compatible server.
+
+    Setup:
+        For OpenAI, set ``OPENAI_API_KEY``. For a local server give its ``base_url`` (or set
+        ``OPENAI_BASE_URL``); no key is needed then. The environment is read when the object
+        is built, never at import.
+
+    Key init args:
+        model: Model name as the server knows it (``"gpt-4o-mini"``, ``"llama3.2"``, ...).
+        base_url: Server URL ending in ``/v1``; ``None`` uses ``OPENAI_BASE_URL`` or OpenAI.
+        api_key: ``None`` uses ``OPENAI_API_KEY``.
+        client: A ready ``openai.OpenAI`` client instead of ``base_url``/``api_key``.
+        async_client: A ready ``openai.AsyncOpenAI`` for native async calls. Without it, async
+            calls build one from ``base_url``/``api_key``, or, when ``client`` was injected,
+            run the sync client in a worker thread (so an injected client's transport is used
+            for both).
+        timeout: Seconds per request.
+        max_retries: Retries of the openai client on connection errors, 429 and 5xx.
+        extra_body: Extra JSON fields sent with every request (e.g. ``{"num_ctx": 8192}``
+            for Ollama, ``{"top_k": 20}`` for vLLM).
+
+    Instantiate:
+        .. code-block:: python
+
+            llm = OpenAIChatLLM("gpt-4o-mini")
+            ollama = OpenAIChatLLM("llama3.2", base_url="http://localhost:11434/v1")
+
+    Invoke:
+        .. code-block:: python
+
+            from memories_core.types import ChatMessage
+
+            text = llm.generate([ChatMessage("user", "Say hi")], max_tokens=20)
+            print(llm.usage.total_tokens)   # from the server's usage report
+
+    Async:
+        .. code-block:: python
+
+            text = await llm.agenerate([ChatMessage("user", "Say hi")])
+
+    Raises:
+        ConfigurationError: if ``client`` is given together with ``base_url`` or ``api_key``,
+            if no API key can be found for OpenAI itself, or if an option is out of range.
+    """
+
+    def __init__(
+        self,
+        model: str = "gpt-4o-mini",
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        client: openai.OpenAI | None = None,
+        async_client: openai.AsyncOpenAI | None = None,
+        timeout: float = 60,
+        max_retries: int = 2,
+        extra_body: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(model, str) or not model.strip():
+            raise ConfigurationError("model must be a non-empty string")
+        if client is not None and (base_url is not None or api_key is not None):
+            raise ConfigurationError(
+                "pass either client= or base_url=/api_key=, not both: the client already "
+                "holds its URL and key"
+            )
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+            raise ConfigurationError(f"timeout must be a positive number, got {timeout!r}")
+        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+            raise ConfigurationError(f"max_retries must be an int >= 0, got {max_retries!r}")
+        self._model = model
+        self._timeout = float(timeout)
+        self._max_retries = max_retries
+        # Copied so a caller mutating its dict later cannot change our requests.
+        self._extra_body = dict(extra_body) if extra_body else None
+        self._async_client = async_client
+        self._async_lock = threading.Lock()
+        self._injected = client is not None
+        if client is not None:
+            self._client = client
+            self._base_url: str | None = None
+            self._api_key: str | None = None
+            return
+        self._base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
+        key = api_key or os.environ.get("OPENAI_API_KEY") or None
+        if key is None:
+            if self._base_url is None:
+                raise ConfigurationError(
+                    "no API key: pass api_key=, set OPENAI_API_KEY, or give the base_url of "
+                    "a local OpenAI-compatible server"
+                )
+            key = _PLACEHOLDER_KEY
+        self._api_key = key
+        openai_module = _import_openai()
+        # Building the client opens no connection; requests start on the first call.
+        self._client = openai_module.OpenAI(
+            api_key=key, base_url=self._base_url, timeout=self._timeout, max_retries=max_retries
+        )
+
+    @property
+    def name(self) -> str:
+        """``openai:<model>``."""
+        return f"openai:{self._model}"
+
+    @property
+    def model(self) -> str:
+        """Model name sent to the server."""
+        return self._model
+
+    def _request(
+        self,
+        messages: tuple[ChatMessage, ...],
+        max_tokens: int | None,
+        temperature: float,
+        stop: tuple[str, ...] | None,
+    ) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {
+            "model": self._model,
+            "messages": [m.to_dict() for m in messages],
+            "temperature": temperature,
+        }
+        if max_tokens is not None:
+            # max_tokens, not max_completion_tokens: every compatible server understands it.
+            kwargs["max_tokens"] = max_tokens
+        if stop:
+            kwargs["stop"] = list(stop)
+        if self._extra_body:
+            kwargs["extra_body"] = dict(self._extra_body)
+        return kwargs
+
+    def _result(self, response: Any, stop: tuple[str, ...] | None) -> LLMResult:
+        choices = getattr(response, "choices", None)
+        if not choices:
+            raise LLMError(f"{self.name} returned no choices")
+        message = choices[0].message
+        content = message.content
+        if content is None:
+            refusal = getattr(message, "refusal", None)
+            if refusal:
+                raise LLMError(f"{self.name} refused: {refusal}")
+            content = ""
+        usage = getattr(response, "usage", None)
+        prompt = getattr(usage, "prompt_tokens", None) if usage is not None else None
+        completion = getattr(usage, "completion_tokens", None) if usage is not None else None
+        # Some servers ignore `stop`; cutting again locally keeps the contract everywhere.
+        return LLMResult(
+            truncate_at_stop(content, stop),
+            prompt_tokens=prompt if isinstance(prompt, int) else None,
+            completion_tokens=completion if isinstance(completion, int) else None,
+        )
+
+    def _generate(
+        self,
+        messages: tuple[ChatMessage, ...],
+        *,
+        max_tokens: int | None,
+        temperature: float,
+        stop: tuple[str, ...] | None,
+    ) -> LLMResult:
+        kwargs = self._request(messages, max_tokens, temperature, stop)
+        response = self._client.chat.completions.create(**kwargs)
+        return self._result(response, stop)
+
+    def _get_async_client(self) -> openai.AsyncOpenAI | None:
+        """The async client, built on first use; ``None`` when only a sync client was given."""
+        if self._async_client is not None or self._injected:
+            return self._async_client
+        with self._async_lock:
+            if self._async_client is None:
+                openai_module = _import_openai()
+                self._async_client = openai_module.AsyncOpenAI(
+                    api_key=self._api_key,
+                    base_url=self._base_url,
+                    timeout=self._timeout,
+                    max_retries=self._max_retries,
+                )
+            return self._async_client
+
+    async def _agenerate(
+        self,
+        messages: tuple[ChatMessage, ...],
+        *,
+        max_tokens: int | None,
+        temperature: float,
+        stop: tuple[str, ...] | None,
+    ) -> LLMResult:
+        client = self._get_async_client()
+        if client is None:
+            return await super()._agenerate(
+                messages, max_tokens=max_tokens, temperature=temperature, stop=stop
+            )
+        kwargs = self._request(messages, max_tokens, temperature, stop)
+        response = await client.chat.completions.create(**kwargs)
+        return self._result(response, stop)

