@@ -25,13 +25,24 @@ from memories_core.types import ChatMessage, MemoryRecord, Recall, Scope, Scored
 from memories_core.usage import MemoryUsage, Usage
 
 if TYPE_CHECKING:
-    from memories_core.mechanisms import HistoryMemory, MemoryBase, SummaryMemory
+    from memories_core.mechanisms import (
+        ConditionalMemory,
+        ConditionalReply,
+        HistoryMemory,
+        MemoryBase,
+        MultiViewMemory,
+        SelfReflectiveMemory,
+        SelfReflectiveRetrieval,
+        SummaryMemory,
+    )
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BackendError",
     "ChatMessage",
+    "ConditionalMemory",
+    "ConditionalReply",
     "ConfigurationError",
     "EmbedderMismatchError",
     "FixedClock",
@@ -44,10 +55,13 @@ __all__ = [
     "MemoryUsage",
     "MissingExtraError",
     "MissingUserError",
+    "MultiViewMemory",
     "ParseError",
     "Recall",
     "Scope",
     "ScoredRecord",
+    "SelfReflectiveMemory",
+    "SelfReflectiveRetrieval",
     "SummaryMemory",
     "SystemClock",
     "Turn",
@@ -55,9 +69,17 @@ __all__ = [
 ]
 
 _LAZY = {
-    "HistoryMemory": "memories_core.mechanisms",
-    "MemoryBase": "memories_core.mechanisms",
-    "SummaryMemory": "memories_core.mechanisms",
+    name: "memories_core.mechanisms"
+    for name in (
+        "ConditionalMemory",
+        "ConditionalReply",
+        "HistoryMemory",
+        "MemoryBase",
+        "MultiViewMemory",
+        "SelfReflectiveMemory",
+        "SelfReflectiveRetrieval",
+        "SummaryMemory",
+    )
 }
 
 

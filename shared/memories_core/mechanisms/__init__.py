@@ -1,7 +1,24 @@
 """Memory mechanisms: one module per published mechanism."""
 
 from memories_core.mechanisms.base import MemoryBase
+from memories_core.mechanisms.conditional import ConditionalMemory, ConditionalReply
 from memories_core.mechanisms.history import HistoryMemory
+from memories_core.mechanisms.multiview import MultiViewMemory
+from memories_core.mechanisms.reflection import (
+    ReflectionResult,
+    SelfReflectiveMemory,
+    SelfReflectiveRetrieval,
+)
 from memories_core.mechanisms.summary import SummaryMemory
 
-__all__ = ["HistoryMemory", "MemoryBase", "SummaryMemory"]
+__all__ = [
+    "ConditionalMemory",
+    "ConditionalReply",
+    "HistoryMemory",
+    "MemoryBase",
+    "MultiViewMemory",
+    "ReflectionResult",
+    "SelfReflectiveMemory",
+    "SelfReflectiveRetrieval",
+    "SummaryMemory",
+]

@@ -175,6 +175,19 @@ class MemoryBase:
             self.index.delete(ids, user_id=scope.user_id)
             self.store.delete(ids, user_id=scope.user_id)
 
+    def end_session(self, scope: Scope) -> None:
+        """Mark the end of a dialogue session (hook; a no-op unless the mechanism summarises).
+
+        Adapters call it when a conversation is over (e.g. LlamaIndex ``MemoryBlock.flush``),
+        so that mechanisms such as :class:`~memories_core.mechanisms.summary.SummaryMemory`
+        can derive their session-level records without waiting for the next session.
+        """
+        _check_scope(scope)
+
+    async def aend_session(self, scope: Scope) -> None:
+        """Async twin of :meth:`end_session`."""
+        await asyncio.to_thread(self.end_session, scope)
+
     def delete_user(self, user_id: str) -> None:
         """Remove everything of ``user_id``: records, vectors and mechanism state."""
         scope = _check_scope(Scope(user_id))

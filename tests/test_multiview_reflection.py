@@ -1,0 +1,124 @@
+from __future__ import annotations
+
+import pytest
+
+from memories_core import ConfigurationError, HistoryMemory, Scope, Turn
+from memories_core.embedders import HashingEmbedder
+from memories_core.llms import ScriptedLLM
+from memories_core.llms.rule_following import rule_following_reply
+from memories_core.mechanisms.multiview import MultiViewMemory
+from memories_core.mechanisms.reflection import SelfReflectiveMemory, SelfReflectiveRetrieval
+from memories_core.prompts.reflection import build_reflection_messages, parse_reflection
+
+S = Scope("vi", session_id="s1")
+
+
+def test_multiview_renders_labelled_sections_with_per_view_k() -> None:
+    llm = ScriptedLLM(default=rule_following_reply)
+    memory = MultiViewMemory.from_defaults(
+        llm=llm, embedder=HashingEmbedder(), views=("conditional", "summary", "history")
+    )
+    assert memory.k == {"conditional": 3, "summary": 1, "history": 3}
+    memory.save([Turn("user", "I keep two cats, Tom and Ada"), Turn("assistant", "Lovely")], S)
+    memory.save([Turn("user", "Cats need their vaccines in May"), Turn("assistant", "Ok")], S)
+    memory.views["summary"].end_session(S)  # type: ignore[attr-defined]
+    recall = memory.recall("my cats", Scope("vi"))
+    sections = recall.context.split("\n\n")
+    assert sections[0].startswith("## Conditional memory (context and knowledge)\n")
+    assert sections[1].startswith("## Summary memory (earlier sessions)\n")
+    assert sections[2].startswith("## History memory (earlier utterances)\n")
+    kinds = [h.record.kind for h in recall.records]
+    assert kinds.count("summary") == 1 and kinds.count("conditional") == 2
+    assert kinds.count("turn") == 3
+
+
+def test_multiview_rejects_bad_configuration() -> None:
+    with pytest.raises(ConfigurationError):
+        MultiViewMemory({})
+    history = HistoryMemory(embedder=HashingEmbedder())
+    with pytest.raises(ConfigurationError):
+        MultiViewMemory({"history": history}, k={"summary": 1})
+
+
+def test_reflection_prompt_snapshot_and_parser() -> None:
+    messages = build_reflection_messages("my cat's name?", ["user: my cat is Tom"])
+    assert messages[1].content == (
+        "<candidate_memory>\n- user: my cat is Tom\n</candidate_memory>\n\n"
+        "<user_input>\nmy cat's name?\n</user_input>"
+    )
+    assert parse_reflection("<Memory>: my cat is Tom", "q").memory == "my cat is Tom"
+    verdict = parse_reflection("Not enough.\n<query>: vet, vaccine , May.", "q")
+    assert verdict.keywords == ("vet", "vaccine", "May")
+    assert not verdict.sufficient
+
+
+def seeded_history() -> HistoryMemory:
+    memory = HistoryMemory(embedder=HashingEmbedder())
+    memory.save(
+        [
+            Turn("user", "My cat Tom needs a vaccine appointment"),
+            Turn("user", "The vet clinic on Elm Street opens at 8"),
+            Turn("user", "I bought a new bicycle"),
+        ],
+        S,
+    )
+    return memory
+
+
+def test_sufficient_candidates_are_selected_in_one_call() -> None:
+    llm = ScriptedLLM(["<Memory>: My cat Tom needs a vaccine appointment"])
+    memory = SelfReflectiveMemory(seeded_history(), llm)
+    recall = memory.recall("what does Tom need?", S, k=3)
+    assert recall.context == "My cat Tom needs a vaccine appointment"
+    assert [h.record.text for h in recall.records] == [
+        "user: My cat Tom needs a vaccine appointment"
+    ]
+    assert memory.last_result is not None
+    assert (memory.last_result.rounds, memory.last_result.llm_calls) == (1, 1)
+
+
+def test_insufficient_candidates_extend_the_query_once() -> None:
+    llm = ScriptedLLM(["<Query>: vet clinic, opening hours"])
+    memory = SelfReflectiveMemory(seeded_history(), llm)
+    recall = memory.recall("when can I take Tom", S, k=1)
+    assert memory.last_result is not None
+    assert memory.last_result.queries == [
+        "when can I take Tom",
+        "when can I take Tom vet clinic opening hours",
+    ]
+    assert memory.last_result.llm_calls == 1
+    assert memory.last_result.keywords == ("vet clinic", "opening hours")
+    assert "Elm Street" in recall.context
+
+
+def test_garbled_reflection_falls_back_to_the_candidates() -> None:
+    llm = ScriptedLLM(["???", "no idea"])
+    memory = SelfReflectiveMemory(seeded_history(), llm)
+    recall = memory.recall("bicycle", S, k=1)
+    assert "bicycle" in recall.context
+    assert memory.last_result is not None and memory.last_result.failed
+    assert memory.reflection.failures.snapshot().failures == 1
+
+
+def test_more_rounds_are_bounded() -> None:
+    llm = ScriptedLLM(default="<Query>: more")
+    searched: list[str] = []
+
+    def search(q: str) -> list[str]:
+        searched.append(q)
+        return ["x"]
+
+    result = SelfReflectiveRetrieval(llm, max_rounds=3).run("start", search, str)
+    assert llm.usage.calls == 3 and len(searched) == 4
+    assert result.rounds == 4
+
+
+async def test_async_reflection_passes_scope_through() -> None:
+    llm = ScriptedLLM(["<Memory>: The vet clinic on Elm Street opens at 8"])
+    memory = SelfReflectiveMemory(seeded_history(), llm)
+    recall = await memory.arecall("vet opening", S)
+    assert all(h.record.user_id == "vi" for h in recall.records)
+    other = await SelfReflectiveMemory(seeded_history(), ScriptedLLM(default="<Query>: x")).arecall(
+        "vet", Scope("nobody")
+    )
+    assert other.records == ()
