@@ -3,6 +3,8 @@
 * :class:`MemoryMiddleware`: memory for ``langchain.agents.create_agent`` agents.
 * :class:`MemoryRetriever`: a retriever over one user's memories (LCEL chains, RAG).
 * :class:`LegacyChainMemory`: ``memory=`` for legacy ``ConversationChain`` / ``LLMChain``.
+* :class:`ConditionalMemoryChat`: conditional memory's single-call mode as a chat model.
+* :class:`SelfReflectiveRetriever`: self-reflection around any LangChain retriever.
 * :class:`LangChainLLM`, :class:`LangChainEmbedder`: LangChain models as core models.
 * :class:`CoreEmbeddings`: a core embedder as LangChain ``Embeddings``.
 """
@@ -18,15 +20,19 @@ except ImportError as exc:
     raise MissingExtraError(missing, "langchain") from exc
 
 from langchain_memories.bridges import CoreEmbeddings, LangChainEmbedder, LangChainLLM
+from langchain_memories.conditional import ConditionalMemoryChat
 from langchain_memories.legacy import LegacyChainMemory
 from langchain_memories.middleware import MemoryMiddleware
+from langchain_memories.reflective import SelfReflectiveRetriever
 from langchain_memories.retriever import MemoryRetriever
 
 __all__ = [
+    "ConditionalMemoryChat",
     "CoreEmbeddings",
     "LangChainEmbedder",
     "LangChainLLM",
     "LegacyChainMemory",
     "MemoryMiddleware",
     "MemoryRetriever",
+    "SelfReflectiveRetriever",
 ]

@@ -2,6 +2,10 @@
 
 * :class:`MemoryBlock`: a block for ``llama_index.core.memory.Memory`` (chat engines, agents).
 * :class:`MemoryRetriever`: a retriever over one user's memories (query engines, RAG).
+* :class:`ConditionalMemoryLLM`: the app's LLM answering with conditional memory in one call.
+* :class:`ConditionalMemoryBlock`: a memory block for conditional memory (drop-in mode).
+* :class:`SelfReflectiveRetriever`, :class:`SelfReflectiveFilter`: self-reflection on what any
+  retriever finds, as a retriever or as a node postprocessor.
 * :class:`LlamaIndexLLM`, :class:`LlamaIndexEmbedder`: LlamaIndex models as core models.
 * :class:`CoreEmbedding`: a core embedder as a LlamaIndex embedding model.
 """
@@ -14,13 +18,19 @@ except ImportError as exc:
     raise MissingExtraError("llama-index-core", "llamaindex") from exc
 
 from llamaindex_memories.bridges import CoreEmbedding, LlamaIndexEmbedder, LlamaIndexLLM
+from llamaindex_memories.conditional import ConditionalMemoryBlock, ConditionalMemoryLLM
 from llamaindex_memories.memory_block import MemoryBlock
+from llamaindex_memories.reflective import SelfReflectiveFilter, SelfReflectiveRetriever
 from llamaindex_memories.retriever import MemoryRetriever
 
 __all__ = [
+    "ConditionalMemoryBlock",
+    "ConditionalMemoryLLM",
     "CoreEmbedding",
     "LlamaIndexEmbedder",
     "LlamaIndexLLM",
     "MemoryBlock",
     "MemoryRetriever",
+    "SelfReflectiveFilter",
+    "SelfReflectiveRetriever",
 ]

@@ -59,8 +59,8 @@ class MemoryBlock(BaseMemoryBlock[str]):
     only once the chat history exceeds ``token_limit * chat_history_token_ratio``. Those are
     saved as turns: user and assistant text only; system, tool and empty messages are skipped.
     So that the *next* session remembers a short one, call :meth:`flush` / :meth:`aflush` when a
-    session ends: it flushes what is still in short-term memory, as ``Memory`` would. (A
-    mechanism with its own session end, e.g. ``SummaryMemory.end_session``, still needs it.)
+    session ends: it flushes what is still in short-term memory, as ``Memory`` would, and ends
+    the session of the mechanisms (``end_session``: e.g. ``SummaryMemory`` summarises now).
 
     Setup:
         ``pip install 'llm-memories[llamaindex]'``
@@ -154,7 +154,10 @@ class MemoryBlock(BaseMemoryBlock[str]):
         ``Memory`` itself flushes only past its token limit; call this when a session ends so
         the next session can recall it. The messages go to every block of ``memory`` through
         the same ``aput`` call ``Memory`` uses, and are archived as ``Memory`` archives them,
-        so nothing is saved twice.
+        so nothing is saved twice. Then every :class:`MemoryBlock` of ``memory`` ends the
+        session in its mechanism (``aend_session``/``end_session`` when it has one), so that
+        e.g. a ``SummaryMemory`` writes the session's summary now. Ending a session again is
+        harmless, but a summarising mechanism then rewrites its summary (one more LLM call).
 
         Args:
             memory: The ``Memory`` this block belongs to.
@@ -168,18 +171,29 @@ class MemoryBlock(BaseMemoryBlock[str]):
         if not any(block is self for block in memory.memory_blocks):
             raise ValueError("this MemoryBlock is not one of memory.memory_blocks")
         active = await memory.aget_all(status=MessageStatus.ACTIVE)
-        if not active:
-            return 0
-        await asyncio.gather(
-            *(
-                block.aput(active, from_short_term_memory=True, session_id=memory.session_id)
-                for block in memory.memory_blocks
+        if active:
+            await asyncio.gather(
+                *(
+                    block.aput(active, from_short_term_memory=True, session_id=memory.session_id)
+                    for block in memory.memory_blocks
+                )
             )
-        )
-        # Archive only once every block has the messages: if a save fails they stay active,
-        # so a retry loses nothing (DESIGN.md: a turn is never lost).
-        await memory.sql_store.archive_oldest_messages(memory.session_id, n=len(active))
+            # Archive only once every block has the messages: if a save fails they stay
+            # active, so a retry loses nothing (DESIGN.md: a turn is never lost).
+            await memory.sql_store.archive_oldest_messages(memory.session_id, n=len(active))
+        for block in memory.memory_blocks:
+            if isinstance(block, MemoryBlock):
+                await block._aend_session(memory.session_id)
         return len(active)
+
+    async def _aend_session(self, session_id: str) -> None:
+        scope = self._scope(session_id)
+        aend = getattr(self.memory, "aend_session", None)
+        end = getattr(self.memory, "end_session", None)
+        if callable(aend):
+            await aend(scope)
+        elif callable(end):
+            await asyncio.to_thread(end, scope)
 
     def flush(self, memory: Memory) -> int:
         """Sync twin of :meth:`aflush`, for sync chat engines (runs it like ``Memory.put``)."""

@@ -9,12 +9,14 @@ import langchain_memories
 from memories_core import MissingExtraError
 
 EXPECTED_ALL = [
+    "ConditionalMemoryChat",
     "CoreEmbeddings",
     "LangChainEmbedder",
     "LangChainLLM",
     "LegacyChainMemory",
     "MemoryMiddleware",
     "MemoryRetriever",
+    "SelfReflectiveRetriever",
 ]
 
 

@@ -11,11 +11,15 @@ import llamaindex_memories
 from memories_core.errors import MissingExtraError
 
 EXPECTED_ALL = [
+    "ConditionalMemoryBlock",
+    "ConditionalMemoryLLM",
     "CoreEmbedding",
     "LlamaIndexEmbedder",
     "LlamaIndexLLM",
     "MemoryBlock",
     "MemoryRetriever",
+    "SelfReflectiveFilter",
+    "SelfReflectiveRetriever",
 ]
 
 

@@ -164,12 +164,35 @@ async def test_works_over_summary_memory() -> None:
     block = MemoryBlock(memory=summary, user_id="alice")
     memory = Memory.from_defaults(session_id="s1", memory_blocks=[block])
     await memory.aput_messages([user("I love spicy Thai food"), assistant("Noted!")])
-    await block.aflush(memory)
-    summary.end_session(Scope("alice", "s1"))  # mechanism-specific: write the summary now
+    await block.aflush(memory)  # ends the session: the summary is written now
     context = await block.aget([user("what food do I love?")])
     assert "Thai" in context
     assert llm.usage.calls == 1
     summary.close()
+
+
+class SessionEndingHistory(HistoryMemory):
+    """HistoryMemory that records the scopes whose session ended."""
+
+    def __init__(self) -> None:
+        super().__init__(embedder=HashingEmbedder())
+        self.ended: list[Scope] = []
+
+    def end_session(self, scope: Scope) -> None:
+        self.ended.append(scope)
+
+
+async def test_aflush_ends_the_session_of_every_block() -> None:
+    mechanism = SessionEndingHistory()
+    ours = MemoryBlock(memory=mechanism, user_id="alice")
+    fixed = MemoryBlock(name="team", memory=mechanism, user_id="team", session_id="fixed")
+    memory = Memory.from_defaults(session_id="s1", memory_blocks=[ours, fixed])
+    await memory.aput_messages([user("I love Thai food")])
+    assert await ours.aflush(memory) == 1
+    assert mechanism.ended == [Scope("alice", "s1"), Scope("team", "fixed")]
+    assert await ours.aflush(memory) == 0  # nothing left, but the session still ends
+    assert len(mechanism.ended) == 4
+    mechanism.close()
 
 
 @pytest.mark.parametrize("user_id", ["", "   "])

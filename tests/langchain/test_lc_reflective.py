@@ -1,0 +1,182 @@
+"""SelfReflectiveRetriever around a plain LangChain retriever and around MemoryRetriever."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+import pytest
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.documents import Document
+from langchain_core.prompts import ChatPromptTemplate
+from langchain_core.runnables import RunnablePassthrough
+from langchain_core.vectorstores import InMemoryVectorStore, VectorStoreRetriever
+from lc_fakes import RecordingRetriever, chat_model, history_memory, rule_following_chat_model
+from pydantic import ValidationError
+
+from langchain_memories import CoreEmbeddings, MemoryRetriever, SelfReflectiveRetriever
+from memories_core import Scope, Turn
+from memories_core.embedders import HashingEmbedder
+from memories_core.llms import ScriptedLLM
+from memories_core.llms.rule_following import rule_following_reply
+
+FACTS = [
+    "I am allergic to peanuts",
+    "My sister lives in Lisbon",
+    "I play the cello on weekends",
+    "My favourite hiking trail is in Norway",
+]
+
+
+class QueryLog(BaseCallbackHandler):
+    """Every retriever run: (query, run id, parent run id)."""
+
+    def __init__(self) -> None:
+        self.runs: list[tuple[str, UUID, UUID | None]] = []
+
+    def on_retriever_start(
+        self,
+        serialized: dict[str, Any],
+        query: str,
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.runs.append((query, run_id, parent_run_id))
+
+
+def vector_retriever(k: int = 2) -> VectorStoreRetriever:
+    store = InMemoryVectorStore(CoreEmbeddings(HashingEmbedder()))
+    store.add_texts(FACTS)
+    return store.as_retriever(search_kwargs={"k": k})
+
+
+def texts(docs: list[Document]) -> list[str]:
+    return [d.page_content for d in docs]
+
+
+def test_memory_verdict_returns_the_selected_documents_with_one_call() -> None:
+    llm = chat_model("<Memory>: I am allergic to peanuts")
+    retriever = SelfReflectiveRetriever(base_retriever=vector_retriever(), llm=llm)
+    query = "what am I allergic to?"
+
+    docs = retriever.invoke(query)
+    assert texts(docs) == ["I am allergic to peanuts"]
+    assert len(llm.prompts) == 1
+    assert "- I am allergic to peanuts" in llm.prompts[0][-1].text  # the candidates were shown
+    assert docs[0].metadata == {
+        "reflection_queries": [query],
+        "reflection_memory": "I am allergic to peanuts",
+        "reflection_failed": False,
+    }
+    assert retriever.reflection.llm.usage.calls == 1
+
+
+def test_query_verdict_searches_the_base_retriever_again() -> None:
+    llm = chat_model("<Query>: cello, weekends")
+    retriever = SelfReflectiveRetriever(base_retriever=vector_retriever(k=1), llm=llm)
+    log = QueryLog()
+
+    docs = retriever.invoke("what do I do on Saturdays?", config={"callbacks": [log]})
+    extended = "what do I do on Saturdays? cello weekends"
+    (outer, outer_id, _), *searches = log.runs
+    assert outer == "what do I do on Saturdays?"
+    # Both base searches ran as children of the reflective run, the second with the keywords.
+    assert [(q, parent) for q, _, parent in searches] == [(outer, outer_id), (extended, outer_id)]
+    assert len(llm.prompts) == 1  # max_rounds=1: the second candidates are used as they are
+    assert texts(docs) == ["I play the cello on weekends"]
+    assert docs[0].metadata["reflection_queries"] == [outer, extended]
+    assert docs[0].metadata["reflection_memory"] is None
+
+
+def test_garbled_reflection_falls_back_to_the_base_documents() -> None:
+    llm = chat_model("Hmm, hard to say.", "Still not sure.")  # answer, then the repair retry
+    base = vector_retriever()
+    retriever = SelfReflectiveRetriever(base_retriever=base, llm=llm)
+
+    docs = retriever.invoke("where does my sister live?")
+    assert texts(docs) == texts(base.invoke("where does my sister live?"))
+    assert all(d.metadata["reflection_failed"] for d in docs)
+    assert len(llm.prompts) == 2
+    assert retriever.reflection.failures.snapshot().failures == 1
+
+
+def test_base_documents_are_copied_not_mutated() -> None:
+    original = Document("I am allergic to peanuts", metadata={"source": "chat"}, id="d1")
+    base = RecordingRetriever(documents=[original])
+    retriever = SelfReflectiveRetriever(
+        base_retriever=base, llm=chat_model("<Memory>: I am allergic to peanuts")
+    )
+    (doc,) = retriever.invoke("allergies?")
+    assert doc is not original and doc.id == "d1"
+    assert doc.metadata["source"] == "chat" and doc.metadata["reflection_failed"] is False
+    assert original.metadata == {"source": "chat"}
+    assert base.queries == ["allergies?"]
+
+
+def test_max_rounds_zero_makes_no_call() -> None:
+    llm = chat_model()
+    retriever = SelfReflectiveRetriever(base_retriever=vector_retriever(), llm=llm, max_rounds=0)
+    assert len(retriever.invoke("sister")) == 2
+    assert llm.prompts == []
+
+
+def test_invalid_construction() -> None:
+    with pytest.raises(ValidationError):
+        SelfReflectiveRetriever(base_retriever=vector_retriever(), llm=chat_model(), max_rounds=-1)
+    with pytest.raises(ValidationError):
+        SelfReflectiveRetriever(base_retriever=vector_retriever(), llm="gpt-4o")
+
+
+async def test_async_query_then_memory() -> None:
+    llm = chat_model("<Query>: cello", "<Memory>: I play the cello on weekends")
+    retriever = SelfReflectiveRetriever(base_retriever=vector_retriever(k=1), llm=llm, max_rounds=2)
+    log = QueryLog()
+    docs = await retriever.ainvoke("my hobbies?", config={"callbacks": [log]})
+    assert [q for q, _, _ in log.runs] == ["my hobbies?", "my hobbies?", "my hobbies? cello"]
+    assert texts(docs) == ["I play the cello on weekends"]
+    assert docs[0].metadata["reflection_queries"] == ["my hobbies?", "my hobbies? cello"]
+    assert docs[0].metadata["reflection_memory"] == "I play the cello on weekends"
+    assert len(llm.prompts) == 2
+
+
+def test_around_memory_retriever_the_user_scope_passes_through() -> None:
+    memory = history_memory()
+    memory.save([Turn("user", fact) for fact in FACTS], Scope("alice"))
+    memory.save([Turn("user", "I am allergic to shellfish and cats")], Scope("bob"))
+    # A core LLM is accepted as well; this one follows the reflection prompt's rules.
+    llm = ScriptedLLM(["<Query>: allergic, shellfish, cats"], default=rule_following_reply)
+    base = MemoryRetriever(memory=memory, user_id="alice", k=2)
+    retriever = SelfReflectiveRetriever(base_retriever=base, llm=llm)
+
+    docs = retriever.invoke("am I allergic to shellfish?")
+    assert docs and {d.metadata["user_id"] for d in docs} == {"alice"}
+    assert all("shellfish" not in d.page_content for d in docs)
+    assert docs[0].metadata["reflection_queries"][-1] == "am I allergic to shellfish? cats"
+    assert docs[0].metadata["kind"] == "turn"  # MemoryRetriever's metadata is kept
+
+    # Extra invoke kwargs reach the base retriever (here MemoryRetriever's k).
+    assert len(retriever.invoke("cello", k=1)) == 1
+
+
+def test_in_an_lcel_chain() -> None:
+    model = rule_following_chat_model()
+    memory = history_memory()
+    memory.save([Turn("user", fact) for fact in FACTS], Scope("alice"))
+    reflective = SelfReflectiveRetriever(
+        base_retriever=MemoryRetriever(memory=memory, user_id="alice", k=3), llm=model
+    )
+    prompt = ChatPromptTemplate.from_template("Memories:\n{context}\n\nQuestion: {question}")
+    answerer = chat_model("You are allergic to peanuts.")
+
+    def format_docs(docs: list[Document]) -> str:
+        return "\n".join(d.page_content for d in docs)
+
+    chain = (
+        {"context": reflective | format_docs, "question": RunnablePassthrough()} | prompt | answerer
+    )
+    assert chain.invoke("which food allergy do I have? peanuts?").text.startswith("You are")
+    sent = answerer.prompts[-1][0].text
+    assert "user: I am allergic to peanuts" in sent
+    assert "Lisbon" not in sent  # the reflection dropped the irrelevant candidates
