@@ -26,8 +26,14 @@ _QUESTION_START = re.compile(
     re.I,
 )
 _FEEDBACK = re.compile(
-    r"\b(no,|not what|instead|actually|i meant|i prefer|please always|"
-    r"from now on|wrong|remember)\b",
+    r"(^\W*no\b|\bnot what\b|\binstead\b|\bactually\b|\bi meant\b|\bi prefer\b|\balways\b|"
+    r"\bnever\b|\bfrom now on\b|\bwrong\b|\bremember\b)",
+    re.I,
+)
+# A one-off task ("Capitalize these words: ...") is answered, not remembered.
+_TASK_START = re.compile(
+    r"^\W*(please\b|capitalize|translate|write|tell|give|show|list|summari[sz]e|explain|help|"
+    r"make|find|suggest|recommend|plan|convert|book|draft|fix)\b",
     re.I,
 )
 
@@ -35,15 +41,18 @@ _FEEDBACK = re.compile(
 def is_worth_remembering(text: str) -> bool:
     """Yuan et al.'s Table 17 rule, as heuristics.
 
-    Yes for requirements, feedback on earlier answers and knowledge; no for simple questions
-    and phatic talk. Feedback words win over the question shape ("No, I meant ALL caps?").
+    Yes for standing requirements, feedback on earlier answers and knowledge; no for simple
+    questions, one-off tasks and phatic talk. Feedback and requirement words ("no, ...",
+    "always", "I prefer", "from now on") win over the question or task shape.
     """
     stripped = text.strip()
     if _FEEDBACK.search(stripped):
         return True
     if _PHATIC.match(stripped) and len(stripped.split()) <= 6:
         return False
-    return not (stripped.endswith("?") or _QUESTION_START.match(stripped))
+    return not (
+        stripped.endswith("?") or _QUESTION_START.match(stripped) or _TASK_START.match(stripped)
+    )
 
 
 def _section(text: str, tag: str) -> str:
@@ -68,9 +77,10 @@ def rule_following_reply(messages: Sequence[ChatMessage]) -> str:
         text = _section(user, "user_input")
         lines = _section(user, "dialogue_context").splitlines()
         related = lines[-3:-1] if len(lines) > 1 else []
+        asked = [line.split(": ", 1)[-1] for line in related if line.startswith("user: ")]
         why = (
-            f"After '{related[-1]}', the user said this."
-            if related
+            f"The user reacted to the assistant's answer to '{asked[-1]}'."
+            if asked
             else "The user said this without earlier context."
         )
         return (
