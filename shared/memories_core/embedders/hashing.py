@@ -7,7 +7,7 @@ average) into ``dimension`` buckets:
 * stemmed lowercase words (weight 1.0; stop words 0.15, so "the" cannot make two texts look
   alike but a text made only of stop words still gets a vector),
 * word bigrams over the content words (weight 0.6), which reward shared phrases,
-* character trigrams of each content word with boundary marks (total weight 0.6 a word), which
+* character trigrams of each content word with boundary marks (L2 weight 0.6 a word), which
   match spelling variants and inflections the stemmer misses.
 
 Hashes come from :func:`hashlib.blake2b`, never Python's salted :func:`hash`, so vectors are
