@@ -17,7 +17,7 @@ import math
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 from memories_core.errors import ConfigurationError, InvalidInputError, MissingUserError
 from memories_core.interfaces import Embedder, Filter, RecordStore, VectorIndex
@@ -348,8 +348,7 @@ class HybridRetriever:
             seen: set[str] = set()
             try:
                 while True:
-                    # cast: see _load.
-                    batch = cast(Sequence[MemoryRecord], self.store.pending_index(limit=batch_size))
+                    batch = self.store.pending_index(limit=batch_size)
                     fresh = [record for record in batch if record.id not in seen]
                     if not fresh:
                         # Nothing pending, or the store keeps returning records it could
@@ -458,18 +457,19 @@ class HybridRetriever:
         if not ranked:
             return []
         scores = dict(ranked)
-        # Load every candidate, not just k: an index may hold stale vectors of deleted
-        # records, and those must not shrink the result below k.
-        # cast: interfaces.RecordStore.get's annotation is mis-resolved by mypy (its method
-        # named `list` shadows the builtin inside the Protocol), so the type is restated here.
-        records = cast(
-            Sequence[MemoryRecord], self.store.get([item for item, _ in ranked], user_id=user_id)
-        )
-        hits = [
-            ScoredRecord(record=record, score=float(scores[record.id]))
-            for record in records
-            if record.user_id == user_id and _matches(record, where)
-        ]
+        ids = [item for item, _ in ranked]
+        hits: list[ScoredRecord] = []
+        # Load in two steps: the best candidates usually suffice, but an index may hold
+        # stale vectors of deleted records, and those must not shrink the result below k.
+        first = max(2 * k, k + 10)
+        for chunk in (ids[:first], ids[first:]):
+            if len(hits) >= k or not chunk:
+                break
+            hits += [
+                ScoredRecord(record=record, score=float(scores[record.id]))
+                for record in self.store.get(chunk, user_id=user_id)
+                if record.user_id == user_id and _matches(record, where)
+            ]
         return hits[:k]
 
 
@@ -481,15 +481,12 @@ def _adjacent_via_list(
     Used for stores without an ``adjacent`` method; costs one ``list`` call per distinct
     ``(session_id, kind)`` among ``ids``.
     """
-    records = cast(Sequence[MemoryRecord], store.get(ids, user_id=user_id))
+    records = store.get(ids, user_id=user_id)
     groups = {(r.session_id, r.kind) for r in records if r.session_id is not None}
     position: dict[str, tuple[str | None, str | None]] = {}
     for session_id, kind in groups:
         assert session_id is not None  # filtered above; narrows the type
-        session = cast(
-            Sequence[MemoryRecord],
-            store.list(user_id=user_id, where={"session_id": session_id, "kind": kind}),
-        )
+        session = store.list(user_id=user_id, where={"session_id": session_id, "kind": kind})
         for i, record in enumerate(session):
             position[record.id] = (
                 session[i - 1].id if i > 0 else None,

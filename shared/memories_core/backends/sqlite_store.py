@@ -12,6 +12,7 @@ Schema (one file, ``records.sqlite3`` in a memory's directory):
   query can be restricted to one user inside FTS5 itself. ``created_at`` is stored as integer
   microseconds since the Unix epoch (exact round trip, sortable). ``index_state`` is 0 (not
   for the vector index), 1 (pending) or 2 (indexed).
+* ``users``: each user's rowid range (``slot``) and the next free rowid in it.
 * ``state``: JSON values per ``(user_id, key)``; ``''`` is the global scope.
 * ``records_fts``: an FTS5 external-content table over ``records.text`` (tokenizer
   ``porter unicode61``), kept in sync by triggers inside the writing transaction.
@@ -217,6 +218,11 @@ class SQLiteRecordStore:
             store.add([MemoryRecord(new_id(), "alice", "turn", "I adopted a puppy",
                                     datetime.now(timezone.utc))])
             store.search_text("puppy", user_id="alice", k=5)   # [(id, bm25 score)]
+
+    Beyond the protocol:
+        :meth:`adjacent` (a record's neighbours in its session, used for conversation
+        context by :class:`~memories_core.retrieval.HybridRetriever`), :meth:`count` and
+        :meth:`pending_count`.
 
     Durability and concurrency:
         The file runs in WAL mode with ``synchronous=FULL``: a committed write survives a
@@ -530,16 +536,32 @@ class SQLiteRecordStore:
             if slot is None:
                 return []
             low = slot[0] * _SLOT_SIZE
+            high = low + _SLOT_SIZE - 1
             # The rowid range goes into FTS5 itself, which then skips other users' postings
             # instead of scoring them; r.user_id = ? keeps the result exact regardless.
-            sql = (
-                "SELECT r.id, -bm25(records_fts) AS score "
-                "FROM records_fts JOIN records AS r ON r.seq = records_fts.rowid "
-                "WHERE records_fts MATCH ? AND records_fts.rowid BETWEEN ? AND ? "
-                f"AND r.user_id = ?{clause} "
-                "ORDER BY bm25(records_fts) LIMIT ?"
-            )
-            cursor = conn.execute(sql, [any_term, low, low + _SLOT_SIZE - 1, user_id, *params, k])
+            if clause:
+                # A filter must run before the LIMIT, so every match is joined to its row.
+                sql = (
+                    "SELECT r.id, -bm25(records_fts) AS score "
+                    "FROM records_fts JOIN records AS r ON r.seq = records_fts.rowid "
+                    "WHERE records_fts MATCH ? AND records_fts.rowid BETWEEN ? AND ? "
+                    f"AND r.user_id = ?{clause} "
+                    "ORDER BY bm25(records_fts) LIMIT ?"
+                )
+                args = [any_term, low, high, user_id, *params, k]
+            else:
+                # Without a filter, rank inside FTS5 and join only the top k (measured ~20%
+                # less CPU for a user with 99k records).
+                sql = (
+                    "SELECT r.id, -s.score FROM ("
+                    "  SELECT rowid, bm25(records_fts) AS score FROM records_fts"
+                    "  WHERE records_fts MATCH ? AND rowid BETWEEN ? AND ?"
+                    "  ORDER BY score LIMIT ?"
+                    ") AS s JOIN records AS r ON r.seq = s.rowid "
+                    "WHERE r.user_id = ? ORDER BY s.score"
+                )
+                args = [any_term, low, high, k, user_id]
+            cursor = conn.execute(sql, args)
             return [(rid, float(score)) for rid, score in cursor]
 
     def adjacent(
