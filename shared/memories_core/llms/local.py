@@ -303,7 +303,7 @@ class LocalLLM(BaseLLM):
         return _Runtime("llama_cpp", model)
 
     def _load_transformers(self) -> _Runtime:
-        for module in ("torch", "transformers", "gguf"):
+        for module in ("torch", "transformers", "gguf", "accelerate"):
             _require(module)
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
