@@ -72,8 +72,9 @@ def main() -> int:
     ):
         reply, _ = chat(text, Scope("sam", session_id="monday"))
         print(f"user: {text}\nassistant: {reply}\n")
+    summaries.end_session(Scope("sam", session_id="monday"))  # the conversation is over
 
-    print("== Session 2 (a new session: session 1 is summarised now)")
+    print("== Session 2 (days later)")
     question = "Can you suggest something I could cook for dinner tonight?"
     reply, recalled = chat(question, Scope("sam", session_id="friday"))
     print(f"recalled before answering:\n{recalled}\n")
@@ -94,7 +95,7 @@ def main() -> int:
     print(f"wall time: {time.perf_counter() - started:.1f} s")
     history.close()
     summaries.close()
-    if "vegetarian" not in recalled:
+    if "never suggest meat" not in recalled:
         print("ERROR: session 2 did not recall the preference from session 1", file=sys.stderr)
         return 1
     return 0

@@ -458,3 +458,50 @@ def test_load_locomo_handles_the_quirks(tmp_path: Path) -> None:
     assert (q1.answer, q1.evidence, q1.category_name) == ("2022", ("D1:2", "D2:1"), "temporal")
     assert (q2.answer, q2.evidence) == ("x", ("D1:1", "D2:1"))
     assert q3.evidence == ()
+
+
+def test_assistant_replies_keep_their_own_score() -> None:
+    ranking = [("question", 2.0), ("reply", 0.0), ("fact", 1.0)]
+    neighbours = {"question": (None, "reply"), "reply": ("question", "fact")}
+    spread = dict(spread_context(ranking, neighbours, previous_weight=0.4, next_weight=0.3))
+    assert spread["reply"] == pytest.approx(0.4 * 2.0 + 0.3 * 1.0)
+    kept = dict(
+        spread_context(
+            ranking,
+            neighbours,
+            previous_weight=0.4,
+            next_weight=0.3,
+            own_score_only=frozenset({"reply"}),
+        )
+    )
+    assert kept["reply"] == 0.0
+    assert kept["fact"] > kept["reply"]
+
+
+def test_a_chat_reply_does_not_push_the_users_statement_out() -> None:
+    from memories_core import HistoryMemory, Scope, Turn
+
+    memory = HistoryMemory(embedder=HashingEmbedder())
+    scope = Scope("sam", "monday")
+    reply = "I'm glad to help, but I'm not a vegetarian. I'm happy to help with any dietary needs."
+    memory.save(
+        [
+            Turn("user", "Hi, I'm Sam. I'm vegetarian, so please never suggest meat dishes."),
+            Turn("assistant", reply),
+        ],
+        scope,
+    )
+    memory.save(
+        [
+            Turn("user", "Also, I live in Lyon and I cook dinner for two most evenings."),
+            Turn("assistant", reply),
+        ],
+        scope,
+    )
+    for query in (
+        "Can you suggest something I could cook for dinner tonight?",
+        "What should I make for dinner tonight?",
+    ):
+        recall = memory.recall(query, Scope("sam"), k=3)
+        # Both user statements outrank the replies next to them.
+        assert [h.record.metadata["role"] for h in recall.records][:2] == ["user", "user"]

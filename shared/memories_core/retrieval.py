@@ -209,6 +209,7 @@ def spread_context(
     *,
     previous_weight: float,
     next_weight: float,
+    own_score_only: frozenset[str] = frozenset(),
 ) -> list[tuple[str, float]]:
     """Let records inherit a share of their neighbours' scores (conversation context).
 
@@ -223,6 +224,9 @@ def spread_context(
             previous.
         previous_weight: Share of the preceding record's score.
         next_weight: Share of the following record's score.
+        own_score_only: Ids that keep their own score and inherit nothing (the retriever
+            passes a chat assistant's replies: they restate, so they must match on their
+            own; otherwise a short chat memory floods with replies next to a good match).
 
     Returns:
         ``(id, score)`` pairs, best first; ties keep ranking order, then discovery order.
@@ -247,8 +251,12 @@ def spread_context(
         order.setdefault(item, len(order))
     scores = {
         item: base.get(item, 0.0)
-        + previous_weight * base.get(before.get(item, ""), 0.0)
-        + next_weight * base.get(after.get(item, ""), 0.0)
+        + (
+            0.0
+            if item in own_score_only
+            else previous_weight * base.get(before.get(item, ""), 0.0)
+            + next_weight * base.get(after.get(item, ""), 0.0)
+        )
         for item in order
     }
     return sorted(scores.items(), key=lambda pair: (-pair[1], order[pair[0]]))
@@ -443,11 +451,19 @@ class HybridRetriever:
             neighbours = adjacent(top, user_id=user_id)
         else:
             neighbours = _adjacent_via_list(self.store, top, user_id=user_id)
+        linked = {n for pair in neighbours.values() for n in pair if n is not None}
+        candidates = list(dict.fromkeys([*top, *linked]))
+        replies = frozenset(
+            record.id
+            for record in self.store.get(candidates, user_id=user_id)
+            if record.metadata.get("role") == "assistant"
+        )
         return spread_context(
             ranked,
             neighbours,
             previous_weight=self.fusion.previous_context_weight,
             next_weight=self.fusion.next_context_weight,
+            own_score_only=replies,
         )
 
     def _load(

@@ -155,9 +155,7 @@ class ConditionalMemory(MemoryBase):
         with self._lock:
             self._store_turns([Turn("assistant", parsed.respond)], scope)
             if parsed.decision is not None:
-                record = self._derive_one(
-                    scope.user_id, stored_user.id, parsed.decision, retries=0
-                )
+                record = self._derive_one(scope.user_id, stored_user.id, parsed.decision, retries=0)
         written = record if isinstance(record, MemoryRecord) else None
         return ConditionalReply(parsed.respond, parsed.decision, recall, written)
 
