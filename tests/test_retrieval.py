@@ -505,3 +505,40 @@ def test_a_chat_reply_does_not_push_the_users_statement_out() -> None:
         recall = memory.recall(query, Scope("sam"), k=3)
         # Both user statements outrank the replies next to them.
         assert [h.record.metadata["role"] for h in recall.records][:2] == ["user", "user"]
+
+
+def test_only_dialogue_turns_share_scores_with_neighbours() -> None:
+    from memories_core.backends import NumpyIndex, SQLiteRecordStore
+    from memories_core.retrieval import FusionConfig
+
+    store = SQLiteRecordStore(None)
+    start = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    texts = ["the boat is blue", "we sailed to the island of Hydra", "lunch was grilled fish"]
+    store.add(
+        [
+            MemoryRecord(
+                id=f"n{i}",
+                user_id="u",
+                kind="note",
+                text=text,
+                created_at=start + timedelta(minutes=i),
+                session_id="s1",
+            )
+            for i, text in enumerate(texts)
+        ]
+    )
+    index, embedder = NumpyIndex(), HashingEmbedder()
+
+    def scores(fusion: FusionConfig) -> dict[str, float]:
+        hits = HybridRetriever(store, index, embedder, fusion=fusion).search(
+            "sailing to Hydra island", user_id="u", k=3, where={"kind": "note"}
+        )
+        return {h.record.id: h.score for h in hits}
+
+    default = scores(FusionConfig())
+    boosted = scores(FusionConfig(context_kinds=("note",)))
+    assert boosted["n2"] > default["n2"]  # the neighbour of the match inherits only if allowed
+    plain = scores(FusionConfig(previous_context_weight=0, next_context_weight=0))
+    # Without the boost, notes keep their own scores (shifted by a constant) and order.
+    assert default["n2"] - default["n0"] == pytest.approx(plain["n2"] - plain["n0"])
+    assert sorted(default, key=default.__getitem__) == sorted(plain, key=plain.__getitem__)
