@@ -26,7 +26,11 @@ texts). Texts come from ~100 templates x prefixes x suffixes x vocabularies, see
 
     nice -n 10 python benchmarks/latency.py                       # 1k, 10k, 100k (slow)
     nice -n 10 python benchmarks/latency.py --sizes 1000,10000
+    nice -n 10 python benchmarks/latency.py --sizes 300 --queries 10 --name latency_dev  # trial
     python benchmarks/latency.py --report-only                    # redo md/png from JSON
+
+torch runs with 1 intra-op thread by default (``--torch-threads``): on a shared, busy 2-core
+machine 2 threads embedded about 2x slower and embedded queries about 5x slower.
 """
 
 from __future__ import annotations
@@ -49,13 +53,14 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
 
 from memories_core.embedders.base import BaseEmbedder
 from memories_core.interfaces import Embedder
+from memories_core.retrieval import SearchMode
 
 OUT = Path(__file__).resolve().parent / "out"
 SYSTEMS = ("ours-persistent", "ours-memory", "chroma-plain", "langchain-inmemory")
@@ -681,7 +686,7 @@ def worker_ours(args: argparse.Namespace, persistent: bool) -> dict[str, Any]:
     bar.close()
     rss_loaded = rss_mib()
 
-    def search(mode: str) -> Callable[[str], Any]:
+    def search(mode: SearchMode) -> Callable[[str], Any]:
         def run(query: str) -> Any:
             return memory.retriever.search(
                 query, user_id=TARGET, k=K, where={"kind": "turn"}, mode=mode
@@ -690,7 +695,7 @@ def worker_ours(args: argparse.Namespace, persistent: bool) -> dict[str, Any]:
         return run
 
     funcs: dict[str, Callable[[str], Any]] = {"hybrid": lambda q: memory.recall(q, scope, k=K)}
-    funcs.update({mode: search(mode) for mode in args.modes if mode != "hybrid"})
+    funcs.update({mode: search(cast(SearchMode, mode)) for mode in args.modes if mode != "hybrid"})
     if not persistent:
         funcs["embed_query"] = embedder.embed_query
 
@@ -772,7 +777,9 @@ def worker_chroma(args: argparse.Namespace) -> dict[str, Any]:
 
     def query(q: str) -> Any:
         return collection.query(
-            query_embeddings=[embedder.embed_query(q)], where={"user_id": TARGET}, n_results=K
+            query_embeddings=[embedder.embed_query(q)],  # type: ignore[arg-type]
+            where={"user_id": TARGET},
+            n_results=K,
         )
 
     leaks = 0
@@ -919,7 +926,7 @@ def overlap(a: list[list[str]], b: list[list[str]]) -> float | None:
 
 def orchestrate(args: argparse.Namespace) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
-    json_path = OUT / "latency.json"
+    json_path = OUT / f"{args.name}.json"
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     report: dict[str, Any] = {
@@ -993,7 +1000,7 @@ def orchestrate(args: argparse.Namespace) -> None:
     report["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     add_overlaps(report)
     json_path.write_text(json.dumps(report, indent=1))
-    write_outputs(report)
+    write_outputs(report, args.name)
 
 
 def add_overlaps(report: dict[str, Any]) -> None:
@@ -1107,19 +1114,19 @@ def targets(results: dict[str, Any]) -> list[str]:
                 f"- recall p50 <= {limit:.0f} ms at {n:,} records, {system}: "
                 f"{fmt(value)} ms: **{verdict}**"
             )
-    for n, by_system in results.items():
+    for size, by_system in results.items():
         save = by_system.get("ours-persistent", {}).get("save")
         if save:
             value = save["target_turns_per_s"]
             verdict = "met" if value >= 150 else "NOT met"
             lines.append(
-                f"- bulk save >= 150 turns/s (embedding included) at N = {int(n):,}: "
+                f"- bulk save >= 150 turns/s (embedding included) at N = {int(size):,}: "
                 f"{value:.1f} turns/s: **{verdict}**"
             )
     return lines
 
 
-def write_outputs(report: dict[str, Any]) -> None:
+def write_outputs(report: dict[str, Any], name: str) -> None:
     results = report["results"]
     m = report["machine"]
     loads = [
@@ -1134,7 +1141,8 @@ def write_outputs(report: dict[str, Any]) -> None:
         f"Machine: {m['nproc']} cores (`nproc`), {m['cpu']}, {m['ram_gib']} GiB RAM; "
         f"Python {m['python']}, SQLite {m['sqlite']}, "
         + ", ".join(f"{k} {v}" for k, v in m["versions"].items())
-        + f". torch threads: {report['settings']['torch_threads']}. "
+        + f". torch threads: {report['settings']['torch_threads']} (`--torch-threads`; on "
+        "this busy box 2 threads embedded about 2x slower than 1). "
         + (
             f"The machine was shared: 1-minute load average {min(loads):.1f}-{max(loads):.1f} "
             "during the run, so absolute numbers are pessimistic and noisy."
@@ -1147,10 +1155,15 @@ def write_outputs(report: dict[str, Any]) -> None:
         "One target user with N turns plus 10 other users with N/10 turns each (2N rows). "
         f"Recall: {report['settings']['queries']} queries after {report['settings']['warmup']} "
         f"warm-ups (fewer if a system exceeded the {report['settings']['budget_s']:.0f} s "
-        "budget), k = 5, query embedding included everywhere, systems timed interleaved per "
+        "budget), k = 5, query embedding included in every dense and hybrid row, systems timed "
+        "interleaved per "
         "query. Baselines reuse the vectors computed during our ingest (same embedder, same "
         "texts); queries are embedded by the real model in every system. Each system runs in "
-        "its own process; RSS growth = peak RSS minus RSS after loading the model and data.",
+        "its own process; RSS growth = peak RSS minus RSS after loading the model and data. "
+        '"dense" and "lexical" rows are `memory.retriever.search(..., mode=...)` (lexical '
+        'embeds no query). Compare rows with "embed_query alone" of the same N: the '
+        "difference is the memory's own cost; on a shared box the embedding share moves with "
+        "the load.",
         "",
         "### Recall latency",
         "",
@@ -1169,12 +1182,12 @@ def write_outputs(report: dict[str, Any]) -> None:
         "",
     ]
     text = "\n".join(md)
-    (OUT / "latency.md").write_text(text)
+    (OUT / f"{name}.md").write_text(text)
     print("\n" + text)
-    plot(report)
+    plot(report, name)
 
 
-def plot(report: dict[str, Any]) -> None:
+def plot(report: dict[str, Any], name: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -1202,26 +1215,27 @@ def plot(report: dict[str, Any]) -> None:
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("records of the target user (store holds 2N)")
-        ax.set_ylabel("ms (query embedding included)")
+        ax.set_ylabel("ms (query embedding included, except lexical)")
         ax.set_title(title)
         ax.grid(True, which="both", alpha=0.3)
     ax50.axhline(50, color="grey", lw=0.8, ls="--")
     ax50.axhline(150, color="grey", lw=0.8, ls="--")
     ax95.legend(fontsize=7, loc="upper left")
     width = 0.38
-    for offset, (system, key, name) in enumerate(
+    for offset, (system, key, legend) in enumerate(
         (
             ("ours-persistent", "target_turns_per_s", "path=, embedding included"),
             ("ours-memory", "target_turns_per_s", "in-memory, vectors known"),
         )
     ):
-        xs, ys = [], []
+        bar_x: list[float] = []
+        bar_y: list[float] = []
         for i, n in enumerate(sizes):
             save = results[str(n)].get(system, {}).get("save")
             if save:
-                xs.append(i + (offset - 0.5) * width)
-                ys.append(save[key])
-        axsave.bar(xs, ys, width, label=name)
+                bar_x.append(i + (offset - 0.5) * width)
+                bar_y.append(save[key])
+        axsave.bar(bar_x, bar_y, width, label=legend)
     axsave.set_xticks(range(len(sizes)), [f"{n:,}" for n in sizes])
     axsave.set_yscale("log")
     axsave.axhline(150, color="grey", lw=0.8, ls="--", label="target 150 turns/s")
@@ -1229,7 +1243,7 @@ def plot(report: dict[str, Any]) -> None:
     axsave.set_xlabel("N")
     axsave.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(OUT / "latency.png", dpi=120)
+    fig.savefig(OUT / f"{name}.png", dpi=120)
 
 
 # --------------------------------------------------------------------------- CLI
@@ -1254,6 +1268,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="torch intra-op threads (0 = torch default); 1 is faster on a busy shared box",
     )
     parser.add_argument("--seed", type=int, default=13)
+    parser.add_argument(
+        "--name",
+        default="latency",
+        help="output files benchmarks/out/<name>.{json,md,png}; e.g. latency_dev for trials",
+    )
     parser.add_argument("--report-only", action="store_true", help="redo md/png from the JSON")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--size", type=int, help=argparse.SUPPRESS)
@@ -1267,9 +1286,9 @@ def main() -> None:
     if args.worker:
         run_worker(args)
     elif args.report_only:
-        report = json.loads((OUT / "latency.json").read_text())
+        report = json.loads((OUT / f"{args.name}.json").read_text())
         add_overlaps(report)
-        write_outputs(report)
+        write_outputs(report, args.name)
     else:
         orchestrate(args)
 

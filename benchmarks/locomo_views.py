@@ -38,8 +38,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shlex
 import statistics
 import sys
@@ -66,6 +64,7 @@ from memories_core.types import MemoryRecord
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from locomo_retrieval import CachedEmbedder
+from machine_info import machine
 
 DEFAULT_DATA = Path("/work/shared/datasets/locomo/locomo_dev.json")
 OUT = Path(__file__).resolve().parent / "out"
@@ -184,9 +183,7 @@ def record_sets(conv: Conversation) -> dict[str, list[Item]]:
         sets["raw, dense key+obs"].append(
             Item(t.dia_id, shown, augmented, (t.dia_id,), t.session, i, lexical_key=shown)
         )
-    ordered = sorted(
-        enumerate(conv.observations), key=lambda p: (turn_position(p[1][2][0]), p[0])
-    )
+    ordered = sorted(enumerate(conv.observations), key=lambda p: (turn_position(p[1][2][0]), p[0]))
     for n, (_orig, (session, text, ids)) in enumerate(ordered):
         summary = conv.summaries.get(session, "")
         sets["obs"].append(Item(f"obs{n}", text, text, ids, session, n))
@@ -257,9 +254,7 @@ def evaluate(
     fusion: FusionConfig | None,
 ) -> dict[str, Any]:
     """Per row: recall@k and ids covered@k, overall and per category."""
-    rows: dict[str, dict[int, list[tuple[float, ...]]]] = {
-        r: defaultdict(list) for r in ROWS
-    }
+    rows: dict[str, dict[int, list[tuple[float, ...]]]] = {r: defaultdict(list) for r in ROWS}
     kmax = max(KS)
     for conv in convs:
         user = conv.base.sample_id
@@ -324,8 +319,7 @@ def ceiling(convs: Sequence[Conversation]) -> dict[str, Any]:
     return {
         "overall": statistics.fmean(v for vs in per_cat.values() for v in vs),
         "categories": {
-            CATEGORY_NAMES.get(c, str(c)): statistics.fmean(vs)
-            for c, vs in sorted(per_cat.items())
+            CATEGORY_NAMES.get(c, str(c)): statistics.fmean(vs) for c, vs in sorted(per_cat.items())
         },
     }
 
@@ -356,57 +350,15 @@ def truncation(convs: Sequence[Conversation]) -> dict[str, Any] | None:
 
 
 # --------------------------------------------------------------------------- report
-def machine() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    ram = "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal"):
-                ram = f"{int(line.split()[1]) / 1024 / 1024:.1f} GiB"
-                break
-    except OSError:
-        pass
-    return {
-        "nproc": os.cpu_count(),
-        "cpu": cpu,
-        "ram": ram,
-        "load_avg_1min_at_start": round(os.getloadavg()[0], 2),
-        "python": platform.python_version(),
-        "os": f"{platform.system()} {platform.release()}",
-        "code": repo_state(),
-    }
-
-
-def repo_state() -> str:
-    import subprocess
-
-    root = Path(__file__).resolve().parent.parent
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "shared"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-        ).stdout.split("\n")
-    except OSError:
-        return "unknown"
-    changed = [line[3:] for line in dirty if line.strip()]
-    return head + (f" + uncommitted changes in {', '.join(changed)}" if changed else "")
-
-
 def overall_table(results: dict[str, Any], mode: str, ceil: dict[str, Any]) -> str:
     lines = [
         f"**{mode}** (ids = mean distinct dia_ids covered by the first k records)",
         "",
-        "| record set | records | " + " | ".join(f"R@{k}" for k in KS) + " | "
-        + " | ".join(f"ids@{k}" for k in KS) + " |",
+        "| record set | records | "
+        + " | ".join(f"R@{k}" for k in KS)
+        + " | "
+        + " | ".join(f"ids@{k}" for k in KS)
+        + " |",
         "|" + " --- |" * (2 + 2 * len(KS)),
     ]
     for row in ROWS:
@@ -476,7 +428,10 @@ def plot(results: dict[str, Any], modes: Sequence[str], path: Path) -> None:
         o = results[modes[0]][row]["overall"]
         style = "--" if row in ("summaries", "obs+ctx (knowledge first)") else "-"
         ax.plot(
-            [o[f"ids@{k}"] for k in KS], [o[f"R@{k}"] for k in KS], style, marker="o",
+            [o[f"ids@{k}"] for k in KS],
+            [o[f"R@{k}"] for k in KS],
+            style,
+            marker="o",
             label=LABELS[row],
         )
     ax.set_xscale("log")
@@ -568,8 +523,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "results": results,
     }
     (args.out / f"{STEM}.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
-    plot(results, [m for m in ("hybrid", "dense", "lexical") if m in modes] or modes,
-         args.out / f"{STEM}.png")
+    plot(
+        results,
+        [m for m in ("hybrid", "dense", "lexical") if m in modes] or modes,
+        args.out / f"{STEM}.png",
+    )
     command = "python benchmarks/locomo_views.py " + " ".join(
         shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])
     )

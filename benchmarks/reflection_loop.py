@@ -31,8 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
-import platform
 import re
 import shlex
 import statistics
@@ -58,6 +56,7 @@ from memories_core.types import ChatMessage
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from locomo_retrieval import CachedEmbedder
+from machine_info import machine
 
 DEFAULT_DATA = Path("/work/shared/datasets/locomo/locomo_dev.json")
 OUT = Path(__file__).resolve().parent / "out"
@@ -147,51 +146,6 @@ def verdict_of(output: str, question: str) -> str:
     except ParseError:
         return "unparsable"
     return "memory" if v.memory is not None else "query"
-
-
-def machine() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    ram = "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal"):
-                ram = f"{int(line.split()[1]) / 1024 / 1024:.1f} GiB"
-                break
-    except OSError:
-        pass
-    return {
-        "nproc": os.cpu_count(),
-        "cpu": cpu,
-        "ram": ram,
-        "load_avg_1min_at_start": round(os.getloadavg()[0], 2),
-        "python": platform.python_version(),
-        "os": f"{platform.system()} {platform.release()}",
-        "code": repo_state(),
-    }
-
-
-def repo_state() -> str:
-    import subprocess
-
-    root = Path(__file__).resolve().parent.parent
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "shared"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-        ).stdout.split("\n")
-    except OSError:
-        return "unknown"
-    changed = [line[3:] for line in dirty if line.strip()]
-    return head + (f" + uncommitted changes in {', '.join(changed)}" if changed else "")
 
 
 def build_memory(conv: LocomoConversation, embedder: CachedEmbedder) -> HistoryMemory:

@@ -51,7 +51,8 @@ class ReflectionResult(Generic[T]):
             the reflection failed).
         queries: Every query that was searched, the original first.
         keywords: The keywords the model asked for, over all rounds.
-        llm_calls: Reflection calls made.
+        llm_calls: Reflection rounds that called the model (a repair retry inside a round is
+            not counted here; the model's own ``usage`` counts every call).
         failed: Whether a reflection call failed (the candidates are then used as they are).
     """
 

@@ -1,0 +1,67 @@
+"""Machine and code description written into every benchmark's Markdown snippet."""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+
+def machine() -> dict[str, Any]:
+    """nproc, CPU model, RAM and load, for the Markdown snippet."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    ram = "?"
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                ram = f"{int(line.split()[1]) / 1024 / 1024:.1f} GiB"
+                break
+    except OSError:
+        pass
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "ram": ram,
+        "load_avg_1min_at_start": round(load, 2),
+        "code": repo_state(),
+        "python": platform.python_version(),
+        "os": f"{platform.system()} {platform.release()}",
+    }
+
+
+def repo_state() -> str:
+    """HEAD commit and uncommitted library files: the tree is shared and moves."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            [
+                "git",
+                "status",
+                "--porcelain",
+                "--",
+                "shared",
+                "langchain_memories",
+                "llamaindex_memories",
+            ],
+            cwd=root,
+            capture_output=True,
+            text=True,
+        ).stdout.split("\n")
+    except OSError:
+        return "unknown"
+    changed = [line[3:] for line in dirty if line.strip()]
+    return f"{head}" + (f" + uncommitted changes in {', '.join(changed)}" if changed else "")
