@@ -239,9 +239,14 @@ def test_chroma_accepts_an_injected_client() -> None:
     index = ChromaIndex(client=client, collection="injected-test")
     index.add(["a"], np.stack([unit(0)]), [meta("u")])
     assert index.search(unit(0), user_id="u", k=1)[0][0] == "a"
+    # One collection per user, named from the base name and a hash of the user id.
+    names = [c.name for c in client.list_collections()]
+    assert index.user_collection_name("u") in names
+    assert index.user_collection_name("u").startswith("injected-test-")
     index.reset()
     assert index.count() == 0
-    client.delete_collection("injected-test")
+    # reset drops the per-user collections; nothing of this index is left in the client.
+    assert not [c.name for c in client.list_collections() if c.name.startswith("injected-test")]
 
 
 def test_two_ephemeral_chroma_indexes_are_separate() -> None:
@@ -337,3 +342,68 @@ def test_chroma_server_add_search_and_isolation(chroma_server: int) -> None:
     assert [h[0] for h in index.search(q, user_id="bob", k=5)] == ["b1"]
     index.delete_user("alice")
     assert index.count("alice") == 0 and index.count("bob") == 1
+
+
+def test_chroma_keeps_one_collection_per_user() -> None:
+    import hashlib
+
+    index = ChromaIndex()
+    index.add(
+        ["a", "b", "c"], np.stack([unit(0), unit(1), unit(2)]), [meta("u"), meta("v"), meta("u")]
+    )
+    expected = f"{index.collection_name}-{hashlib.sha1(b'u').hexdigest()[:16]}"
+    assert index.user_collection_name("u") == expected
+    names = {c.name for c in index._client.list_collections()}
+    assert {index.user_collection_name("u"), index.user_collection_name("v")} <= names
+    assert (index.count(), index.count("u"), index.count("v"), index.count("w")) == (3, 2, 1, 0)
+    index.delete_user("v")
+    index.delete_user("never-seen")  # absent collection is fine
+    assert index.user_collection_name("v") not in {c.name for c in index._client.list_collections()}
+    assert index.count() == 2
+    # A user's collection is created again on their next add.
+    index.add(["d"], np.stack([unit(3)]), [meta("v")])
+    assert index.search(unit(3), user_id="v", k=5) == [("d", pytest.approx(1.0, abs=1e-4))]
+    index.close()
+    assert not [
+        c.name for c in index._client.list_collections() if c.name.startswith(index.collection_name)
+    ]
+
+
+def test_chroma_dimension_is_checked_across_users() -> None:
+    index = ChromaIndex()
+    index.add(["a"], np.stack([unit(0)]), [meta("u")])
+    with pytest.raises(EmbedderMismatchError):
+        index.add(["b"], np.stack([unit(0, dim=DIM + 1)]), [meta("other")])
+    assert index.count("other") == 0
+    index.close()
+
+
+def test_chroma_filter_falls_back_when_over_fetch_is_not_enough() -> None:
+    index = ChromaIndex()
+    q = unit(0)
+    n = 200
+    # The notes are the farthest rows, beyond the over-fetch of 4 * k + 20 neighbours.
+    vectors = np.stack([near(q, 0.1, i) for i in range(n - 3)] + [-q, -q, -q])
+    metas = [meta("u", "turn")] * (n - 3) + [meta("u", "note", i=i) for i in range(3)]
+    index.add([f"r{i}" for i in range(n)], vectors, metas)
+    calls: list[dict[str, Any]] = []
+    collection = index._collections["u"]
+    original = collection.query
+
+    def spy(**kwargs: Any) -> Any:
+        calls.append(kwargs)
+        return original(**kwargs)
+
+    collection.query = spy
+    got = index.search(q, user_id="u", k=2, where={"kind": "note"})
+    assert len(got) == 2 and {rid for rid, _ in got} <= {f"r{n - 3}", f"r{n - 2}", f"r{n - 1}"}
+    assert [("where" in c) for c in calls] == [False, True]
+    calls.clear()
+    # Enough matches among the over-fetched rows: one query, no Chroma where.
+    assert len(index.search(q, user_id="u", k=5, where={"kind": "turn"})) == 5
+    assert [("where" in c) for c in calls] == [False]
+    calls.clear()
+    # Fewer rows than the over-fetch: the first query saw them all, no fallback.
+    assert index.search(q, user_id="u", k=60, where={"kind": "missing"}) == []
+    assert len(calls) == 1  # 4 * 60 + 20 > 200 rows: the first query saw every row
+    index.close()
