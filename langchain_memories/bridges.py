@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import numpy.typing as npt
 from langchain_core.embeddings import Embeddings
@@ -132,8 +130,7 @@ class LangChainEmbedder(BaseEmbedder):
         super().__init__()
         self.embeddings = embeddings
         self._name = name or _model_label(embeddings)
-        self._dimension = dimension
-        self._probe_lock = threading.Lock()
+        self._known_dimension = dimension
 
     @property
     def name(self) -> str:
@@ -143,10 +140,7 @@ class LangChainEmbedder(BaseEmbedder):
     @property
     def dimension(self) -> int:
         """Vector length (probed once when not given)."""
-        with self._probe_lock:
-            if self._dimension is None:
-                self._dimension = len(self.embeddings.embed_query("dimension probe"))
-            return self._dimension
+        return self._probe_dimension(lambda: self.embeddings.embed_query("dimension probe"))
 
     def _embed(self, texts: list[str]) -> npt.NDArray[np.float32]:
         return np.asarray(self.embeddings.embed_documents(texts), dtype=np.float32)

@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 from typing import Any
 
 import numpy as np
@@ -123,8 +122,7 @@ class LlamaIndexEmbedder(BaseEmbedder):
         if dimension is not None and (isinstance(dimension, bool) or dimension < 1):
             raise ValueError(f"dimension must be a positive int, got {dimension!r}")
         self._embed_model = embed_model
-        self._dimension = dimension
-        self._probe_lock = threading.Lock()
+        self._known_dimension = dimension
 
     @property
     def name(self) -> str:
@@ -134,10 +132,9 @@ class LlamaIndexEmbedder(BaseEmbedder):
     @property
     def dimension(self) -> int:
         """Vector length (measured with one probe embedding if not given)."""
-        with self._probe_lock:
-            if self._dimension is None:
-                self._dimension = len(self._embed_model.get_text_embedding("dimension probe"))
-            return self._dimension
+        return self._probe_dimension(
+            lambda: self._embed_model.get_text_embedding("dimension probe")
+        )
 
     def _embed(self, texts: list[str]) -> npt.NDArray[np.float32]:
         return np.asarray(self._embed_model.get_text_embedding_batch(texts), dtype=np.float32)

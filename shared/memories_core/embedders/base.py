@@ -9,8 +9,9 @@ same way.
 from __future__ import annotations
 
 import asyncio
+import threading
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence, Sized
 
 import numpy as np
 import numpy.typing as npt
@@ -65,6 +66,19 @@ class BaseEmbedder(ABC):
 
     def __init__(self) -> None:
         self._usage = UsageCounter()
+        self._known_dimension: int | None = None
+        self._dimension_lock = threading.Lock()
+
+    def _probe_dimension(self, probe: Callable[[], Sized]) -> int:
+        """Return the vector length, calling ``probe`` once (thread-safe) if it is unknown.
+
+        For wrappers of models whose dimension is only known by embedding something; set
+        ``self._known_dimension`` in the constructor when the caller gives it.
+        """
+        with self._dimension_lock:
+            if self._known_dimension is None:
+                self._known_dimension = len(probe())
+            return self._known_dimension
 
     @property
     @abstractmethod
