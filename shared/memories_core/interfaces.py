@@ -16,19 +16,32 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime
+from contextlib import AbstractContextManager
+from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
-from memories_core.types import ChatMessage, MemoryRecord, Recall, Scope, Turn
+from memories_core.types import (
+    ChatMessage,
+    GraphEdge,
+    GraphNode,
+    Job,
+    JobSpec,
+    MemoryRecord,
+    Recall,
+    Scope,
+    StateChange,
+    Turn,
+)
 from memories_core.usage import Usage
 
 __all__ = [
     "LLM",
     "Clock",
     "Embedder",
+    "EngineStore",
     "Filter",
     "Mechanism",
     "RecordStore",
@@ -206,6 +219,171 @@ class RecordStore(Protocol):
 
     def close(self) -> None:
         """Close the store; further calls raise."""
+        ...
+
+
+@runtime_checkable
+class EngineStore(RecordStore, Protocol):
+    """A record store that also keeps what the engine needs, all in one transaction scope.
+
+    Record state and its history, pending jobs, per-user graphs, the artifact registry and
+    deletion tombstones (the SQLite implementation documents the schema in
+    ``memories_core.backends.sqlite_tables``). A second backend (e.g. PostgreSQL) implements
+    this protocol; the engine needs nothing else from its store.
+    """
+
+    def transaction(self) -> AbstractContextManager[Any]:
+        """One transaction around several calls (all commit, or none); calls inside join it."""
+        ...
+
+    def update_state(
+        self,
+        user_id: str,
+        changes: Mapping[str, Mapping[str, Any]],
+        *,
+        at: datetime,
+        reason: str | None = None,
+    ) -> builtins.list[StateChange]:
+        """Change records' mutable state and append the update history."""
+        ...
+
+    def add_history(
+        self,
+        user_id: str,
+        record_id: str,
+        *,
+        old: Mapping[str, Any],
+        new: Mapping[str, Any],
+        at: datetime,
+        reason: str | None = None,
+    ) -> None:
+        """Append one history entry (text edits, deletions)."""
+        ...
+
+    def history(
+        self, user_id: str, *, record_id: str | None = None, limit: int | None = None
+    ) -> builtins.list[StateChange]:
+        """The user's update history, oldest first."""
+        ...
+
+    def edit_text(self, record_id: str, text: str, *, user_id: str) -> str | None:
+        """Replace a record's text (vector pending again); returns the old text or ``None``."""
+        ...
+
+    def add_jobs(self, user_id: str, specs: Sequence[JobSpec], *, now: datetime) -> int:
+        """Enqueue jobs, skipping duplicates by ``(mechanism, key)``; returns how many are new."""
+        ...
+
+    def jobs(
+        self,
+        *,
+        user_id: str | None = None,
+        mechanisms: Sequence[str] | None = None,
+        due_at: datetime | None = None,
+        key: str | None = None,
+        limit: int | None = None,
+    ) -> builtins.list[Job]:
+        """Stored jobs, oldest first."""
+        ...
+
+    def claim_job(self, job_id: str, *, now: datetime, lease: timedelta) -> bool:
+        """Claim a job for a lease; ``False`` if gone or claimed by a live worker."""
+        ...
+
+    def finish_job(self, job_id: str) -> bool:
+        """Delete a done job; ``False`` if it was gone (the caller rolls back)."""
+        ...
+
+    def fail_job(self, job_id: str, *, error: str, retry_at: datetime) -> None:
+        """Count a failed attempt and set the next attempt time."""
+        ...
+
+    def update_job(self, job_id: str, payload: Mapping[str, Any]) -> None:
+        """Replace a job's payload."""
+        ...
+
+    def put_graph(
+        self, user_id: str, *, nodes: Sequence[GraphNode] = (), edges: Sequence[GraphEdge] = ()
+    ) -> None:
+        """Insert or replace graph nodes and edges of one user."""
+        ...
+
+    def delete_graph(
+        self, user_id: str, *, node_ids: Sequence[str] = (), edge_ids: Sequence[str] = ()
+    ) -> None:
+        """Delete graph nodes (with their edges) and edges."""
+        ...
+
+    def graph_nodes(self, user_id: str, *, kind: str | None = None) -> builtins.list[GraphNode]:
+        """The user's graph nodes."""
+        ...
+
+    def graph_edges(
+        self, user_id: str, *, node_id: str | None = None, record_id: str | None = None
+    ) -> builtins.list[GraphEdge]:
+        """The user's graph edges."""
+        ...
+
+    def register_artifact(
+        self,
+        user_id: str,
+        name: str,
+        *,
+        folder: str,
+        size: int,
+        sha256: str,
+        at: datetime,
+        meta: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Record an artifact's registry entry."""
+        ...
+
+    def artifact_rows(self, user_id: str | None = None) -> builtins.list[dict[str, Any]]:
+        """Artifact registry entries."""
+        ...
+
+    def unregister_artifact(self, user_id: str, name: str) -> None:
+        """Remove an artifact's registry entry."""
+        ...
+
+    def mark_deleting(self, user_id: str, *, at: datetime) -> None:
+        """Write a deletion tombstone."""
+        ...
+
+    def deleting_users(self) -> builtins.list[str]:
+        """Users with an unfinished deletion."""
+        ...
+
+    def is_deleting(self, user_id: str) -> bool:
+        """Whether the user has an unfinished deletion."""
+        ...
+
+    def purge_user(self, user_id: str) -> None:
+        """Delete every row of the user in every table, and the tombstone."""
+        ...
+
+    def compact(self) -> None:
+        """Drop deleted content from indexes and logs (erasure after a purge)."""
+        ...
+
+    def vacuum(self) -> None:
+        """Rewrite the storage (on request)."""
+        ...
+
+    def mark_index_failed(self, ids: Iterable[str]) -> None:
+        """Set records the vector index refused aside."""
+        ...
+
+    def index_states(self, user_id: str) -> dict[str, str]:
+        """``{id: "pending" | "indexed" | "failed"}`` of the user's indexable records."""
+        ...
+
+    def mark_pending(self, ids: Iterable[str], *, user_id: str) -> None:
+        """Mark records pending for the vector index."""
+        ...
+
+    def include_in_index(self, *, user_id: str | None = None, kind: str) -> int:
+        """Mark unindexed records of a kind pending for the vector index."""
         ...
 
 

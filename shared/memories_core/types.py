@@ -7,6 +7,8 @@ given by a caller are taken to be UTC.
 
 from __future__ import annotations
 
+import json
+import math
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -17,12 +19,18 @@ from typing import Any
 from memories_core.errors import InvalidInputError, MissingUserError
 
 __all__ = [
+    "RECORD_FIELDS",
+    "RESERVED_METADATA_KEYS",
+    "STATE_FIELDS",
     "ChatMessage",
     "MemoryRecord",
     "Recall",
+    "RecordState",
     "Scope",
     "ScoredRecord",
     "Turn",
+    "check_metadata",
+    "check_user_id",
     "ensure_utc",
     "new_id",
     "utcnow",
@@ -30,6 +38,33 @@ __all__ = [
 
 #: Largest turn accepted, in characters. A 1 MB message fits; larger input raises.
 MAX_TURN_CHARS = 4_000_000
+
+#: Longest user id accepted, in characters.
+MAX_USER_ID_CHARS = 1024
+
+#: Immutable record fields a filter can name (``memories_core.filters``).
+RECORD_FIELDS: frozenset[str] = frozenset({"id", "kind", "session_id", "created_at"})
+
+#: Mutable record-state fields a filter can name; they live apart from the text and vector.
+STATE_FIELDS: frozenset[str] = frozenset(
+    {
+        "strength",
+        "recall_count",
+        "last_recalled_at",
+        "tier",
+        "valid_from",
+        "valid_until",
+        "archived",
+    }
+)
+
+#: Metadata keys a caller may not set: they name record fields, record state, or are written
+#: by the library itself (``role``, ``speaker`` and ``batch_id`` of turns).
+RESERVED_METADATA_KEYS: frozenset[str] = (
+    RECORD_FIELDS
+    | STATE_FIELDS
+    | frozenset({"user_id", "text", "source_ids", "state", "attrs", "role", "speaker", "batch_id"})
+)
 
 
 def utcnow() -> datetime:
@@ -72,6 +107,112 @@ def clean_text(text: str, *, what: str = "text") -> str:
     return text
 
 
+def check_user_id(user_id: Any) -> str:
+    """Validate a user id: a non-empty string of valid Unicode, at most 1,024 characters.
+
+    Raises:
+        MissingUserError: if ``user_id`` is not a string or is empty or only whitespace.
+        InvalidInputError: if it holds a lone surrogate (it could not be stored as UTF-8,
+            and silently replacing it would merge two users) or is too long.
+    """
+    if not isinstance(user_id, str) or not user_id.strip():
+        raise MissingUserError("user_id is required and must be a non-empty string")
+    if len(user_id) > MAX_USER_ID_CHARS:
+        raise InvalidInputError(f"user_id is longer than {MAX_USER_ID_CHARS} characters")
+    try:
+        user_id.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidInputError("user_id holds a lone surrogate and is not valid Unicode") from exc
+    if "\x00" in user_id:
+        raise InvalidInputError("user_id may not contain NUL characters")
+    return user_id
+
+
+def _check_meta_value(value: Any, path: str) -> Any:
+    if value is None or isinstance(value, (str, bool, int)):
+        if isinstance(value, str):
+            return clean_text(value, what=path) if value.strip() else value
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise InvalidInputError(f"metadata {path} is {value!r}; only finite numbers are stored")
+        return value
+    if isinstance(value, datetime):
+        return ensure_utc(value).isoformat()
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise InvalidInputError(f"metadata {path} has a non-string key {key!r}")
+            out[key] = _check_meta_value(item, f"{path}.{key}")
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_check_meta_value(item, f"{path}[{i}]") for i, item in enumerate(value)]
+    raise InvalidInputError(
+        f"metadata {path} has a {type(value).__name__}; use str, int, float, bool, None, "
+        "datetime, lists or dicts of those"
+    )
+
+
+def check_metadata(
+    metadata: Any, *, allow_reserved: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    """Validate caller metadata before anything is stored (defects 1 and 11 of the engine issue).
+
+    Keys must be non-empty strings without NUL, not start with ``$`` or ``chroma:`` (vector
+    backends reject or reinterpret those) and not be one of :data:`RESERVED_METADATA_KEYS`
+    (they would collide with record fields and filters). Values must be JSON-representable
+    with finite numbers; datetimes become ISO-8601 UTC strings.
+
+    Args:
+        metadata: The mapping to check.
+        allow_reserved: Reserved keys the library itself may write (e.g. ``role``).
+
+    Returns:
+        A plain, validated copy.
+
+    Raises:
+        InvalidInputError: on any violation; nothing is stored.
+    """
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, Mapping):
+        raise InvalidInputError(f"metadata must be a mapping, got {type(metadata).__name__}")
+    out: dict[str, Any] = {}
+    for key, value in metadata.items():
+        if not isinstance(key, str) or not key.strip():
+            raise InvalidInputError(f"metadata keys must be non-empty strings, got {key!r}")
+        if "\x00" in key or key.startswith(("$", "chroma:")) or key.startswith("attrs."):
+            raise InvalidInputError(f"metadata key {key!r} is not allowed")
+        if key in RESERVED_METADATA_KEYS and key not in allow_reserved:
+            raise InvalidInputError(
+                f"metadata key {key!r} is reserved (it names a record field or is written by "
+                "the library); rename it"
+            )
+        out[key] = _check_meta_value(value, repr(key))
+    try:
+        json.dumps(out, allow_nan=False)
+    except (TypeError, ValueError) as exc:  # pragma: no cover - guarded above
+        raise InvalidInputError(f"metadata is not JSON-serialisable: {exc}") from exc
+    return out
+
+
+def check_timestamp(value: Any, *, what: str = "timestamp") -> datetime | None:
+    """Validate an optional timestamp; naive datetimes are taken to be UTC.
+
+    Raises:
+        InvalidInputError: if ``value`` is neither ``None`` nor a ``datetime`` (a string or a
+            number is refused rather than guessed at).
+    """
+    if value is None:
+        return None
+    if not isinstance(value, datetime):
+        raise InvalidInputError(
+            f"{what} must be a datetime or None, got {type(value).__name__} {value!r}"
+        )
+    return ensure_utc(value)
+
+
 @dataclass(frozen=True)
 class ChatMessage:
     """One message of a prompt sent to an :class:`~memories_core.interfaces.LLM`.
@@ -112,10 +253,13 @@ class Turn:
     def __post_init__(self) -> None:
         if not isinstance(self.role, str) or not self.role.strip():
             raise InvalidInputError("Turn.role must be a non-empty string")
+        if self.speaker is not None and (not isinstance(self.speaker, str) or not self.speaker):
+            raise InvalidInputError("Turn.speaker must be a non-empty string or None")
         object.__setattr__(self, "content", clean_text(self.content, what="Turn.content"))
-        if self.timestamp is not None:
-            object.__setattr__(self, "timestamp", ensure_utc(self.timestamp))
-        object.__setattr__(self, "metadata", MappingProxyType(dict(self.metadata)))
+        object.__setattr__(
+            self, "timestamp", check_timestamp(self.timestamp, what="Turn.timestamp")
+        )
+        object.__setattr__(self, "metadata", MappingProxyType(check_metadata(self.metadata)))
 
     @property
     def label(self) -> str:
@@ -140,10 +284,71 @@ class Scope:
     session_id: str | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.user_id, str) or not self.user_id.strip():
-            raise MissingUserError("Scope.user_id is required and must be a non-empty string")
-        if self.session_id is not None and not isinstance(self.session_id, str):
-            raise InvalidInputError("Scope.session_id must be a string or None")
+        check_user_id(self.user_id)
+        if self.session_id is not None and (
+            not isinstance(self.session_id, str) or not self.session_id.strip()
+        ):
+            raise InvalidInputError("Scope.session_id must be a non-empty string or None")
+        if self.session_id is not None:
+            check_user_id(self.session_id)  # same rules: valid Unicode, bounded length
+
+
+@dataclass(frozen=True)
+class RecordState:
+    """The mutable part of a record: changed after it is written, never re-embedded.
+
+    Mechanisms write it through :meth:`~memories_core.engine.MemoryEngine.update_state`; each
+    change is kept in the user's update history with its reason.
+
+    Attributes:
+        strength: Memory strength S (MemoryBank §2.3: starts at 1, grows on recall).
+        recall_count: How often the record was recalled (and reinforced).
+        last_recalled_at: When it was last recalled (``None``: never).
+        tier: A mechanism's tier label (e.g. DPeM's ``"stm"`` / ``"ltm"``).
+        valid_from: Start of validity (``None``: since written).
+        valid_until: End of validity (EMG-RAG §4.2: an expired memory is not recalled).
+        archived: Forgotten or superseded: kept, listed, restorable, never recalled.
+        attrs: Mechanism-specific mutable values (JSON), e.g. a recurrence count.
+    """
+
+    strength: float = 1.0
+    recall_count: int = 0
+    last_recalled_at: datetime | None = None
+    tier: str | None = None
+    valid_from: datetime | None = None
+    valid_until: datetime | None = None
+    archived: bool = False
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("last_recalled_at", "valid_from", "valid_until"):
+            object.__setattr__(self, name, check_timestamp(getattr(self, name), what=name))
+        object.__setattr__(self, "attrs", MappingProxyType(dict(self.attrs)))
+
+    def is_live(self, now: datetime) -> bool:
+        """Whether the record may be recalled at ``now`` (not archived, inside its validity)."""
+        if self.archived:
+            return False
+        if self.valid_until is not None and self.valid_until <= now:
+            return False
+        return not (self.valid_from is not None and self.valid_from > now)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (datetimes as ISO strings), used by the update history."""
+        return {
+            "strength": self.strength,
+            "recall_count": self.recall_count,
+            "last_recalled_at": _iso(self.last_recalled_at),
+            "tier": self.tier,
+            "valid_from": _iso(self.valid_from),
+            "valid_until": _iso(self.valid_until),
+            "archived": self.archived,
+            "attrs": dict(self.attrs),
+        }
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
 
 
 @dataclass(frozen=True)
@@ -159,6 +364,7 @@ class MemoryRecord:
         session_id: Session the record came from, if any.
         metadata: Free JSON-serialisable metadata.
         source_ids: Ids of the records this one was derived from (e.g. a summary's turns).
+        state: The mutable state (strength, tier, validity, ...); see :class:`RecordState`.
     """
 
     id: str
@@ -169,10 +375,13 @@ class MemoryRecord:
     session_id: str | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
     source_ids: tuple[str, ...] = ()
+    state: RecordState = field(default_factory=RecordState)
 
     def __post_init__(self) -> None:
         if not self.user_id:
             raise MissingUserError("MemoryRecord.user_id is required")
+        if not isinstance(self.kind, str) or not self.kind:
+            raise InvalidInputError("MemoryRecord.kind must be a non-empty string")
         object.__setattr__(self, "created_at", ensure_utc(self.created_at))
         object.__setattr__(self, "metadata", MappingProxyType(dict(self.metadata)))
         object.__setattr__(self, "source_ids", tuple(self.source_ids))
@@ -202,3 +411,95 @@ class Recall:
 
     def __bool__(self) -> bool:
         return bool(self.records)
+
+
+@dataclass(frozen=True)
+class StateChange:
+    """One entry of a user's update history: what changed on a record, when and why.
+
+    Attributes:
+        seq: Position in the store's history (increasing).
+        user_id: Owner.
+        record_id: The record that changed.
+        at: When the change was made.
+        old: The changed fields before (JSON values; ``text`` for text edits).
+        new: The same fields after.
+        reason: Why, as given by the caller (``None`` if none was given).
+    """
+
+    seq: int
+    user_id: str
+    record_id: str
+    at: datetime
+    old: Mapping[str, Any]
+    new: Mapping[str, Any]
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A derivation to run later (pending work as data; engine issue item 5).
+
+    Attributes:
+        mechanism: Name of the mechanism whose handler runs it.
+        kind: What to derive (e.g. ``"decision"``, ``"summary"``); failures count under it.
+        key: Deduplication key, unique per user and mechanism (e.g. ``"turn:<id>"``): a job
+            enqueued twice exists once.
+        payload: JSON input of the handler.
+    """
+
+    mechanism: str
+    kind: str
+    key: str
+    payload: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Job:
+    """A stored pending derivation.
+
+    Attributes:
+        id: Job id.
+        user_id: Owner.
+        mechanism: Mechanism whose handler runs it.
+        kind: What it derives.
+        key: Deduplication key.
+        payload: JSON input (handlers may update it between attempts).
+        attempts: Failed attempts so far.
+        last_error: The last failure's message.
+        next_attempt_at: Not retried on a save before this time (backoff).
+        created_at: When it was enqueued.
+    """
+
+    id: str
+    user_id: str
+    mechanism: str
+    kind: str
+    key: str
+    payload: Mapping[str, Any]
+    attempts: int
+    last_error: str | None
+    next_attempt_at: datetime
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class GraphNode:
+    """A node of a user's graph (EMG-RAG §4.1 layers: user, type, subclass, entity)."""
+
+    id: str
+    kind: str
+    label: str
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GraphEdge:
+    """A directed edge of a user's graph, optionally tied to the memory record it came from."""
+
+    id: str
+    source: str
+    target: str
+    relation: str
+    record_id: str | None = None
+    data: Mapping[str, Any] = field(default_factory=dict)

@@ -31,6 +31,12 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+from memories_core.backends.sqlite_tables import (
+    ENGINE_SCHEMA,
+    STATE_COLUMNS,
+    EngineTablesMixin,
+    state_from_row,
+)
 from memories_core.errors import BackendError, InvalidInputError, MissingUserError
 from memories_core.interfaces import Filter
 from memories_core.types import MemoryRecord, ensure_utc
@@ -40,7 +46,8 @@ __all__ = ["ENGLISH_STOPWORDS", "SQLiteRecordStore", "query_terms"]
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _MICROSECOND = timedelta(microseconds=1)
 
-_NOT_INDEXED, _PENDING, _INDEXED = 0, 1, 2
+# 3: the index refused the record (counted; ``verify(repair=True)`` makes it pending again).
+_NOT_INDEXED, _PENDING, _INDEXED, _FAILED = 0, 1, 2, 3
 
 #: English function words dropped from lexical queries. They carry no topic, and in an OR
 #: query they would match nearly every record and drown the informative terms.
@@ -107,9 +114,16 @@ CREATE TRIGGER IF NOT EXISTS records_fts_update AFTER UPDATE OF text ON records 
 END;
 """
 
-_SCHEMA_VERSION = 1
+# Version 2 added the engine's tables (sqlite_tables.py); a version-1 file gains them on open.
+_SCHEMA_VERSION = 2
 
 _COLUMNS = "id, user_id, kind, text, created_at, session_id, metadata, source_ids"
+# Records with their mutable state (a record without a state row has the defaults).
+_STATEFUL = (
+    "SELECT r.id, r.user_id, r.kind, r.text, r.created_at, r.session_id, r.metadata, "
+    f"r.source_ids, {STATE_COLUMNS} FROM records AS r "
+    "LEFT JOIN record_state AS s ON s.seq = r.seq"
+)
 _FIELD_COLUMNS = {"kind", "session_id"}
 
 
@@ -192,7 +206,7 @@ def _filter_sql(where: Filter | None, alias: str = "") -> tuple[str, list[Any]]:
     return " AND " + " AND ".join(clauses), params
 
 
-class SQLiteRecordStore:
+class SQLiteRecordStore(EngineTablesMixin):
     """The default :class:`~memories_core.interfaces.RecordStore`, on SQLite with FTS5.
 
     Setup:
@@ -231,11 +245,19 @@ class SQLiteRecordStore:
         is the package's first promise. Each write is one ``BEGIN IMMEDIATE`` transaction,
         so a read-then-write sequence is atomic even when another process shares the file.
         One connection is shared by all threads behind a lock; async callers use threads.
+        :meth:`transaction` groups several calls into one transaction.
+
+    Erasure:
+        ``secure_delete`` is on, so deleted rows are overwritten, not left in free pages;
+        :meth:`compact` (called by the engine after ``delete_user``) merges the full-text
+        index so that no token of deleted text survives in its segments, and truncates the
+        WAL. :meth:`vacuum` rewrites the whole file on request.
     """
 
     def __init__(self, path: str | Path | None = None) -> None:
         self._lock = threading.RLock()
         self._closed = False
+        self._depth = 0  # nesting of _write() in the thread holding the lock
         if path is None:
             target = ":memory:"
         else:
@@ -258,11 +280,14 @@ class SQLiteRecordStore:
             # pages per query, and measured queries at 110k records ran ~25% faster.
             self._conn.execute("PRAGMA cache_size = -65536")
             self._conn.execute("PRAGMA foreign_keys = ON")
-            self._conn.executescript(_SCHEMA)
+            # Deleted content is overwritten with zeros: deletion must be erasure.
+            self._conn.execute("PRAGMA secure_delete = ON")
             version = self._conn.execute("PRAGMA user_version").fetchone()[0]
-            if version == 0:
-                self._conn.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
-            elif version > _SCHEMA_VERSION:
+            if version <= _SCHEMA_VERSION:
+                self._conn.executescript(_SCHEMA + ENGINE_SCHEMA)
+                if version < _SCHEMA_VERSION:
+                    self._conn.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
+            if version > _SCHEMA_VERSION:
                 raise BackendError(
                     f"{target} has schema version {version}; this version of llm-memories "
                     f"reads up to {_SCHEMA_VERSION}"
@@ -296,10 +321,21 @@ class SQLiteRecordStore:
         with self._lock:
             if self._closed:
                 raise BackendError("the record store is closed")
+            if self._depth:
+                # Inside transaction(): join it; the outermost block commits or rolls back.
+                self._depth += 1
+                try:
+                    yield self._conn
+                except sqlite3.Error as exc:
+                    raise BackendError(f"SQLite write failed: {exc}") from exc
+                finally:
+                    self._depth -= 1
+                return
             try:
                 self._conn.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
                 raise BackendError(f"SQLite write failed to start: {exc}") from exc
+            self._depth = 1
             try:
                 yield self._conn
             except BaseException as exc:
@@ -315,11 +351,13 @@ class SQLiteRecordStore:
                 except sqlite3.Error as exc:
                     self._conn.execute("ROLLBACK")
                     raise BackendError(f"SQLite commit failed: {exc}") from exc
+            finally:
+                self._depth = 0
 
     @staticmethod
     def _row_to_record(row: Sequence[Any]) -> MemoryRecord:
-        rid, user_id, kind, text, created, session_id, metadata, source_ids = row
-        return MemoryRecord(
+        rid, user_id, kind, text, created, session_id, metadata, source_ids = row[:8]
+        record = MemoryRecord(
             id=rid,
             user_id=user_id,
             kind=kind,
@@ -329,6 +367,9 @@ class SQLiteRecordStore:
             metadata=json.loads(metadata),
             source_ids=tuple(json.loads(source_ids)),
         )
+        if len(row) > 8:
+            object.__setattr__(record, "state", state_from_row(row[8:]))
+        return record
 
     # -- records ----------------------------------------------------------------------------
 
@@ -452,8 +493,7 @@ class SQLiteRecordStore:
             rows = conn.execute(
                 # "+user_id" keeps the planner on the id index: the batch of ids is small,
                 # a user's records may be many.
-                f"SELECT {_COLUMNS} FROM records WHERE +user_id = ? "
-                "AND id IN (SELECT value FROM json_each(?))",
+                f"{_STATEFUL} WHERE +r.user_id = ? AND r.id IN (SELECT value FROM json_each(?))",
                 (user_id, json.dumps(list(ids))),
             ).fetchall()
         by_id = {row[0]: self._row_to_record(row) for row in rows}
@@ -484,16 +524,16 @@ class SQLiteRecordStore:
             limit: At most this many records (the oldest ones).
         """
         _check_user(user_id)
-        sql = f"SELECT {_COLUMNS} FROM records WHERE user_id = ?"
+        sql = f"{_STATEFUL} WHERE r.user_id = ?"
         params: list[Any] = [user_id]
         if since is not None:
-            sql += " AND created_at >= ?"
+            sql += " AND r.created_at >= ?"
             params.append(_to_micros(since))
         if until is not None:
-            sql += " AND created_at < ?"
+            sql += " AND r.created_at < ?"
             params.append(_to_micros(until))
-        clause, extra = _filter_sql(where)
-        sql += clause + " ORDER BY created_at, seq"
+        clause, extra = _filter_sql(where, alias="r.")
+        sql += clause + " ORDER BY r.created_at, r.seq"
         params += extra
         if limit is not None:
             if limit < 0:
@@ -611,14 +651,52 @@ class SQLiteRecordStore:
             )
 
     def delete_user(self, user_id: str) -> None:
-        """Delete every record, full-text entry and state entry of ``user_id``."""
+        """Delete every row of ``user_id`` in every table, then :meth:`compact`.
+
+        The user id itself is personal data, so its rowid range goes too; a later user may get
+        the same range, which is empty now.
+        """
+        _check_user(user_id)
+        self.purge_user(user_id)
+        self.compact()
+
+    def edit_text(self, record_id: str, text: str, *, user_id: str) -> str | None:
+        """Replace a record's text (its vector becomes pending); returns the old text.
+
+        Returns:
+            The previous text, or ``None`` if ``user_id`` has no such record.
+        """
         _check_user(user_id)
         with self._write() as conn:
-            conn.execute("DELETE FROM records WHERE user_id = ?", (user_id,))
-            conn.execute("DELETE FROM state WHERE user_id = ?", (user_id,))
-            # The user id itself is personal data, so its row goes too; a later user may get
-            # the same rowid range, which is empty now.
-            conn.execute("DELETE FROM users WHERE user_id = ?", (user_id,))
+            row = conn.execute(
+                "SELECT text, index_state FROM records WHERE id = ? AND user_id = ?",
+                (record_id, user_id),
+            ).fetchone()
+            if row is None:
+                return None
+            state = _PENDING if row[1] != _NOT_INDEXED else _NOT_INDEXED
+            conn.execute(
+                "UPDATE records SET text = ?, index_state = ? WHERE id = ? AND user_id = ?",
+                (text, state, record_id, user_id),
+            )
+            return str(row[0])
+
+    def compact(self) -> None:
+        """Merge the full-text index (dropping deleted tokens) and truncate the WAL.
+
+        Its cost grows with the index (about a second per 100k records here); the engine runs
+        it after a ``delete_user``.
+        """
+        with self._write() as conn:
+            conn.execute("INSERT INTO records_fts (records_fts) VALUES ('optimize')")
+        with self._read() as conn:
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def vacuum(self) -> None:
+        """Rewrite the whole database file (reclaims space; run on request)."""
+        with self._read() as conn:
+            conn.execute("VACUUM")
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     def users(self) -> builtins.list[str]:
         """Every user id with at least one record, sorted."""
@@ -676,6 +754,60 @@ class SQLiteRecordStore:
                 (json.dumps(id_list),),
             )
 
+    def mark_index_failed(self, ids: Iterable[str]) -> None:
+        """Set records the vector index refused aside, so they cannot block other records."""
+        id_list = list(ids)
+        if not id_list:
+            return
+        with self._write() as conn:
+            conn.execute(
+                f"UPDATE records SET index_state = {_FAILED} WHERE +index_state = {_PENDING} "
+                "AND id IN (SELECT value FROM json_each(?))",
+                (json.dumps(id_list),),
+            )
+
+    def index_states(self, user_id: str) -> dict[str, str]:
+        """Index state of ``user_id``'s records that belong in the vector index.
+
+        Returns:
+            ``{record id: "pending" | "indexed" | "failed"}`` (used by ``verify``).
+        """
+        _check_user(user_id)
+        names = {_PENDING: "pending", _INDEXED: "indexed", _FAILED: "failed"}
+        with self._read() as conn:
+            rows = conn.execute(
+                "SELECT id, index_state FROM records WHERE user_id = ? AND index_state != 0",
+                (user_id,),
+            ).fetchall()
+        return {rid: names[state] for rid, state in rows}
+
+    def mark_pending(self, ids: Iterable[str], *, user_id: str) -> None:
+        """Mark records of ``user_id`` pending for the vector index (repair, reindex)."""
+        id_list = list(ids)
+        if not id_list:
+            return
+        with self._write() as conn:
+            conn.execute(
+                f"UPDATE records SET index_state = {_PENDING} WHERE +user_id = ? "
+                f"AND index_state != {_NOT_INDEXED} AND id IN (SELECT value FROM json_each(?))",
+                (user_id, json.dumps(id_list)),
+            )
+
+    def include_in_index(self, *, user_id: str | None = None, kind: str) -> int:
+        """Mark records of ``kind`` that were kept out of the vector index pending for it.
+
+        Used when a mechanism that recalls turns by vector joins a memory whose turns were
+        written without vectors. Returns how many records became pending.
+        """
+        sql = f"UPDATE records SET index_state = {_PENDING} WHERE index_state = {_NOT_INDEXED} "
+        sql += "AND kind = ?"
+        params: list[Any] = [kind]
+        if user_id is not None:
+            sql += " AND user_id = ?"
+            params.append(user_id)
+        with self._write() as conn:
+            return conn.execute(sql, params).rowcount
+
     def mark_all_pending(self) -> int:
         """Mark every indexed record pending again (for ``reindex``).
 
@@ -684,7 +816,8 @@ class SQLiteRecordStore:
         """
         with self._write() as conn:
             cursor = conn.execute(
-                f"UPDATE records SET index_state = {_PENDING} WHERE index_state = {_INDEXED}"
+                f"UPDATE records SET index_state = {_PENDING} "
+                f"WHERE index_state IN ({_INDEXED}, {_FAILED})"
             )
             return cursor.rowcount
 

@@ -1,95 +1,81 @@
-"""Plumbing shared by every mechanism: storage, indexing, scoping, cost and async twins.
+"""A thin convenience every mechanism builds on: the public contract over a :class:`MemoryEngine`.
 
-A mechanism subclasses :class:`MemoryBase` and writes only its own rules: what it derives
-from stored turns (:meth:`MemoryBase._derive`) and how it renders a recall
-(:meth:`MemoryBase._render`). The base class keeps the principles of DESIGN.md:
+A mechanism is written against an engine (DESIGN.md): it attaches with a name and hooks
+(:class:`~memories_core.engine.MechanismHooks`) and writes only its own rules: which jobs a
+save or a session end creates (:meth:`MemoryBase._turn_jobs`, :meth:`MemoryBase._session_jobs`),
+how one job runs (:meth:`MemoryBase._run_job`), which record kinds it recalls and how a recall
+is rendered (:meth:`MemoryBase._render`). Storage, indexing, scoping, pending work, sessions,
+deletion and cost accounting are the engine's.
 
-* the raw turns are written to the record store, in one transaction, before anything is
-  derived from them ("a turn is never lost");
-* the vector index is derived state: records are marked pending in the same transaction and
-  indexed afterwards, so a crash or an index failure heals on the next search, and
-  :meth:`MemoryBase.reindex` rebuilds the index from the records;
-* every read and write is scoped to one ``user_id``, enforced inside the backends.
+Give ``engine=`` to share one engine (and one copy of the raw turns) between mechanisms, or
+the storage options (``path``, ``embedder``, ...) to let the mechanism build its own.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import threading
-from collections import Counter
 from collections.abc import Iterable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from memories_core.clock import SystemClock
-from memories_core.errors import ConfigurationError, EmbedderMismatchError, InvalidInputError
-from memories_core.types import MemoryRecord, Recall, Scope, ScoredRecord, Turn, new_id
+from memories_core.engine import (
+    Derivation,
+    MechanismHooks,
+    MemoryEngine,
+    check_k,
+    check_scope,
+    check_turns,
+    turn_from_record,
+)
+from memories_core.errors import ConfigurationError
+from memories_core.types import Job, JobSpec, MemoryRecord, Recall, Scope, ScoredRecord, Turn
 
 if TYPE_CHECKING:
-    from memories_core.interfaces import LLM, Clock, Embedder, Filter, RecordStore, VectorIndex
+    from memories_core.interfaces import LLM, Clock, Embedder, RecordStore, VectorIndex
     from memories_core.retrieval import FusionConfig, HybridRetriever
     from memories_core.usage import MemoryUsage
 
 __all__ = ["MemoryBase", "turn_from_record"]
 
-logger = logging.getLogger(__name__)
-
-_EMBEDDER_STATE_KEY = "embedder"
-
-
-def turn_from_record(record: MemoryRecord) -> Turn:
-    """Rebuild the :class:`Turn` a ``"turn"`` record was stored from."""
-    meta = dict(record.metadata)
-    role = str(meta.pop("role", "user"))
-    speaker = meta.pop("speaker", None)
-    label = speaker or role
-    prefix = f"{label}: "
-    content = record.text[len(prefix) :] if record.text.startswith(prefix) else record.text
-    return Turn(
-        role=role,
-        content=content,
-        speaker=speaker,
-        timestamp=record.created_at,
-        metadata=meta,
-    )
+_UNSET: Any = object()
 
 
 class MemoryBase:
-    """Base class of every mechanism: see the module docstring.
+    """Base of the built-in mechanisms: see the module docstring.
 
     Args:
-        path: Directory that holds this memory (SQLite records in ``records.sqlite3`` and an
-            embedded Chroma index in ``chroma/``). ``None`` keeps everything in memory
-            (SQLite ``:memory:`` and a numpy index), which suits tests and notebooks.
-        embedder: Turns texts into vectors. Default: all-MiniLM-L6-v2, bundled and offline.
-        store: A record store to use instead of the one ``path`` would build.
-        index: A vector index to use instead of the one ``path`` would build (e.g. a
-            ``ChromaIndex(host=...)`` for a Chroma server).
-        fusion: How dense and lexical rankings are fused (default: the library's tuned default).
+        engine: The engine to attach to (shared with other mechanisms). Exclusive with the
+            storage options below.
+        path: Directory of this memory (SQLite records, embedded Chroma index, artifacts);
+            ``None`` keeps everything in memory.
+        embedder: Embeds records and queries. Default: all-MiniLM-L6-v2, bundled, offline.
+        store: A record store instead of the one ``path`` would build.
+        index: A vector index instead of the one ``path`` would build (e.g. a Chroma server).
+        fusion: How dense and lexical rankings are fused for this mechanism's recalls.
         k: Records a recall returns when the caller does not say.
-        clock: Source of "now" for turns without a timestamp.
-        allow_embedder_change: Accept an embedder that differs from the one the existing store
-            was built with, and rebuild the vector index with it. Otherwise such a change
-            raises :class:`~memories_core.errors.EmbedderMismatchError`.
+        clock: Source of "now".
+        llm: This mechanism's model (``engine.llm_for(scope)`` may serve a user another one).
+        session_gap: Idle gap that ends a session (engine option).
+        allow_embedder_change: Re-embed everything if ``embedder`` differs from the store's.
+        name: Name on the engine (default: the mechanism's :attr:`mechanism_name`).
 
     Raises:
-        ConfigurationError: on contradictory arguments (``path`` together with both ``store``
-            and ``index``, or ``k < 1``).
+        ConfigurationError: on contradictory arguments or ``k`` out of range.
         EmbedderMismatchError: if ``embedder`` differs from the store's.
     """
 
-    #: Record kinds this mechanism recalls.
+    #: Default name on the engine; pending jobs are stored under it.
+    mechanism_name: ClassVar[str] = "memory"
+    #: Record kinds this mechanism recalls (searched together, on one score scale).
     recall_kinds: ClassVar[tuple[str, ...]] = ()
-    #: Whether raw turn records go into the vector index.
+    #: Whether raw turn records need vectors.
     index_turns: ClassVar[bool] = False
-    #: Name of the LLM-derived product, for failure counts.
-    derivation: ClassVar[str] = ""
 
     def __init__(
         self,
         *,
+        engine: MemoryEngine | None = None,
         path: str | Path | None = None,
         embedder: Embedder | None = None,
         store: RecordStore | None = None,
@@ -98,102 +84,143 @@ class MemoryBase:
         k: int = 3,
         clock: Clock | None = None,
         llm: LLM | None = None,
+        session_gap: timedelta | None = _UNSET,
         allow_embedder_change: bool = False,
+        name: str | None = None,
     ) -> None:
-        if path is not None and store is not None and index is not None:
-            raise ConfigurationError("give either path= or both store= and index=, not all three")
-        if not isinstance(k, int) or k < 1:
-            raise ConfigurationError(f"k must be a positive int, got {k!r}")
-        self.path = Path(path) if path is not None else None
-        if self.path is not None:
-            self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            check_k(k)
+        except Exception as exc:
+            raise ConfigurationError(f"k must be a positive int, got {k!r}") from exc
+        own: dict[str, Any] = {
+            "path": path,
+            "embedder": embedder,
+            "store": store,
+            "index": index,
+            "clock": clock,
+        }
+        if engine is not None:
+            given = [key for key, value in own.items() if value is not None]
+            if given or allow_embedder_change or session_gap is not _UNSET:
+                raise ConfigurationError(
+                    f"give engine= or storage options ({', '.join(given) or 'session_gap'}), "
+                    "not both: the engine owns storage"
+                )
+        else:
+            options: dict[str, Any] = {"llm": llm, "allow_embedder_change": allow_embedder_change}
+            if session_gap is not _UNSET:
+                options["session_gap"] = session_gap
+            engine = MemoryEngine(**own, **options)
+            self._owns_engine = True
+        self.engine: MemoryEngine = engine
+        self._owns_engine = getattr(self, "_owns_engine", False)
         self.default_k = k
-        self.clock: Clock = clock or SystemClock()
+        self.fusion = fusion
         self.llm = llm
-        self.embedder: Embedder = embedder or _default_embedder()
-        self.store: RecordStore = store or _default_store(self.path)
-        self.index: VectorIndex = index or _default_index(self.path)
-        self._failures: Counter[str] = Counter()
-        self._lock = threading.RLock()
-        from memories_core.retrieval import HybridRetriever
-
-        self.retriever: HybridRetriever = HybridRetriever(
-            self.store, self.index, self.embedder, fusion=fusion
+        self.name = name or self.mechanism_name
+        engine.attach(
+            MechanismHooks(
+                name=self.name,
+                index_turns=self.index_turns,
+                on_turns=self._turn_jobs,
+                on_session_end=self._session_jobs,
+                run_job=self._run_job,
+                on_delete_user=self._on_delete_user,
+            )
         )
-        self._check_embedder(allow_embedder_change)
-        if self.index.count() == 0:
-            # A fresh or in-memory index over an existing store: rebuild it from the records.
-            self.store.mark_all_pending()
+
+    # ------------------------------------------------------------------ parts (read-only)
+    @property
+    def path(self) -> Path | None:
+        """The engine's directory (``None`` in memory)."""
+        return self.engine.path
+
+    @property
+    def store(self) -> Any:
+        """The engine's record store."""
+        return self.engine.store
+
+    @property
+    def index(self) -> VectorIndex:
+        """The engine's vector index."""
+        return self.engine.index
+
+    @property
+    def embedder(self) -> Embedder:
+        """The engine's embedder."""
+        return self.engine.embedder
+
+    @property
+    def clock(self) -> Clock:
+        """The engine's clock."""
+        return self.engine.clock
+
+    @property
+    def retriever(self) -> HybridRetriever:
+        """The engine's dense + lexical retriever."""
+        return self.engine.retriever
 
     # ------------------------------------------------------------------ public contract
     def save(self, turns: Sequence[Turn], scope: Scope) -> None:
-        """Store ``turns`` for ``scope``, then derive this mechanism's records from them.
+        """Store ``turns`` for ``scope``, then derive this memory's records from them.
 
-        The turns are written first, in one transaction; a failure of anything derived
-        afterwards (vector index, LLM summary, ...) is logged, counted in :attr:`usage` and
-        retried later, and never loses a turn.
+        The turns (and the jobs that derive from them) are written first, in one
+        transaction; a failure of anything derived afterwards (vector index, LLM) is
+        counted in :attr:`usage`, kept as pending work and retried, and never loses a turn.
 
         Raises:
             InvalidInputError: if ``turns`` is not a sequence of :class:`Turn` (nothing stored).
             MissingUserError: if ``scope`` has no user.
         """
-        scope = _check_scope(scope)
-        turns = _check_turns(turns)
-        if not turns:
-            return
-        with self._lock:
-            records = self._store_turns(turns, scope)
-            self._index_now()
-            self._derive(records, scope)
+        self.engine.save(turns, scope)
 
     def recall(
         self, query: str, scope: Scope, *, k: int | None = None, now: datetime | None = None
     ) -> Recall:
         """Return the ``k`` records most relevant to ``query`` for ``scope.user_id``.
 
+        Args:
+            query: Free text.
+            scope: Whose memories.
+            k: Records wanted (default: this memory's ``k``).
+            now: The time of the recall (validity, decay); default: the clock's.
+
         Raises:
-            InvalidInputError: on an empty query or ``k < 1``.
+            InvalidInputError: on an empty query or a bad ``k``.
             MissingUserError: if ``scope`` has no user.
         """
-        scope = _check_scope(scope)
-        hits = self._search(query, scope, k=self.default_k if k is None else k)
+        scope = check_scope(scope)
+        hits = self._search(query, scope, k=self.default_k if k is None else k, now=now)
         return Recall(query=query, records=tuple(hits), context=self._render(hits))
 
     def clear(self, scope: Scope) -> None:
         """Forget ``scope.user_id``'s memories: one session's if ``scope.session_id`` is set."""
-        scope = _check_scope(scope)
-        with self._lock:
-            if scope.session_id is None:
-                self.delete_user(scope.user_id)
-                return
-            ids = [
-                r.id
-                for r in self.store.list(
-                    user_id=scope.user_id, where={"session_id": scope.session_id}
-                )
-            ]
-            self.index.delete(ids, user_id=scope.user_id)
-            self.store.delete(ids, user_id=scope.user_id)
+        self.engine.clear(scope)
 
     def end_session(self, scope: Scope) -> None:
-        """Mark the end of a dialogue session (hook; a no-op unless the mechanism summarises).
+        """End the user's session: mechanisms that summarise sessions derive their records now.
 
-        Adapters call it when a conversation is over (e.g. LlamaIndex ``MemoryBlock.flush``),
-        so that mechanisms such as :class:`~memories_core.mechanisms.summary.SummaryMemory`
-        can derive their session-level records without waiting for the next session.
+        Adapters call it when a conversation is over (e.g. LlamaIndex ``MemoryBlock.flush``).
         """
-        _check_scope(scope)
-
-    async def aend_session(self, scope: Scope) -> None:
-        """Async twin of :meth:`end_session`."""
-        await asyncio.to_thread(self.end_session, scope)
+        self.engine.end_session(scope)
 
     def delete_user(self, user_id: str) -> None:
-        """Remove everything of ``user_id``: records, vectors and mechanism state."""
-        scope = _check_scope(Scope(user_id))
-        with self._lock:
-            self.index.delete_user(scope.user_id)
-            self.store.delete_user(scope.user_id)
+        """Erase everything of ``user_id`` (see :meth:`MemoryEngine.delete_user`)."""
+        self.engine.delete_user(user_id)
+
+    def retry_pending(self, user_id: str | None = None) -> int:
+        """Retry this memory's pending derivations now, ignoring backoff.
+
+        Returns:
+            How many remain pending.
+        """
+        if user_id is not None:
+            check_scope(Scope(user_id))
+        return self.engine.run_pending(user_id, force=True, mechanism=self.name)
+
+    def pending(self, user_id: str) -> list[Job]:
+        """This memory's pending jobs for ``user_id``."""
+        return self.engine.pending(user_id, mechanism=self.name)
 
     async def asave(self, turns: Sequence[Turn], scope: Scope) -> None:
         """Async twin of :meth:`save` (runs in a worker thread)."""
@@ -209,38 +236,54 @@ class MemoryBase:
         """Async twin of :meth:`clear`."""
         await asyncio.to_thread(self.clear, scope)
 
+    async def aend_session(self, scope: Scope) -> None:
+        """Async twin of :meth:`end_session`."""
+        await asyncio.to_thread(self.end_session, scope)
+
+    async def adelete_user(self, user_id: str) -> None:
+        """Async twin of :meth:`delete_user`."""
+        await asyncio.to_thread(self.delete_user, user_id)
+
     def turns(self, scope: Scope) -> list[Turn]:
         """Every stored turn of ``scope.user_id`` (of one session if set), oldest first."""
-        scope = _check_scope(scope)
+        scope = check_scope(scope)
         where: dict[str, str] = {"kind": "turn"}
         if scope.session_id is not None:
             where["session_id"] = scope.session_id
-        return [turn_from_record(r) for r in self.store.list(user_id=scope.user_id, where=where)]
+        return [turn_from_record(r) for r in self.engine.records(scope.user_id, where=where)]
+
+    def records(self, scope: Scope, *, kind: str | None = None) -> list[MemoryRecord]:
+        """``scope.user_id``'s records of this memory's kinds (or ``kind``), oldest first."""
+        scope = check_scope(scope)
+        kinds = [kind] if kind is not None else list(self.recall_kinds)
+        out: list[MemoryRecord] = []
+        for name in kinds:
+            where: dict[str, str] = {"kind": name}
+            if scope.session_id is not None:
+                where["session_id"] = scope.session_id
+            out += self.engine.records(scope.user_id, where=where)
+        return sorted(out, key=lambda r: r.created_at)
 
     def reindex(self, *, progress: bool = True) -> int:
         """Rebuild the vector index from the record store; returns the records indexed."""
-        with self._lock:
-            count = self.retriever.reindex(progress=progress)
-            self.store.set_state(_EMBEDDER_STATE_KEY, self._embedder_identity())
-            return count
+        return self.engine.reindex(progress=progress)
 
     @property
     def usage(self) -> MemoryUsage:
         """LLM and embedder usage, and failed derivations, of this memory so far."""
         from memories_core.usage import MemoryUsage
 
+        llm = self.llm if self.llm is not None else self.engine.llm
         return MemoryUsage(
-            llm=self.llm.usage if self.llm is not None else None,
+            llm=llm.usage if llm is not None else None,
             embedder=self.embedder.usage,
-            failures=dict(self._failures),
+            failures=self.engine.failures,
         )
 
     def close(self) -> None:
-        """Close the record store (and the index, if it has ``close``)."""
-        self.store.close()
-        close = getattr(self.index, "close", None)
-        if callable(close):
-            close()
+        """Close the engine (if this memory built it)."""
+        if self._owns_engine:
+            self.engine.close()
 
     def __enter__(self) -> MemoryBase:
         return self
@@ -249,127 +292,46 @@ class MemoryBase:
         self.close()
 
     # ------------------------------------------------------------------ hooks
-    def _derive(self, records: list[MemoryRecord], scope: Scope) -> None:
-        """Derive this mechanism's records from freshly stored turn records (hook)."""
+    def _turn_jobs(self, records: Sequence[MemoryRecord]) -> Iterable[JobSpec]:
+        """Jobs for freshly written turns (hook; inside the write transaction, no model calls)."""
+        return ()
+
+    def _session_jobs(self, user_id: str, session_id: str) -> Iterable[JobSpec]:
+        """Jobs for an ended session (hook; inside the transaction, no model calls)."""
+        return ()
+
+    def _run_job(self, job: Job) -> Derivation | None:
+        """Run one of this memory's jobs (hook; model calls happen here)."""
+        return None
+
+    def _on_delete_user(self, user_id: str) -> None:
+        """Remove what this memory keeps of ``user_id`` outside the engine (hook)."""
 
     def _render(self, hits: Sequence[ScoredRecord]) -> str:
         """Render recalled records as one prompt block (hook); one record a line."""
         return "\n".join(hit.record.text for hit in hits)
 
+    def _llm(self, scope: Scope) -> LLM:
+        """The model serving ``scope`` (``engine.llm_for`` hook, else this memory's)."""
+        llm = self.engine.llm_for(scope, self.llm)
+        if llm is None:
+            raise ConfigurationError(f"{type(self).__name__} needs an llm")
+        return llm
+
     # ------------------------------------------------------------------ helpers
     def _search(
-        self, query: str, scope: Scope, *, k: int, where: Filter | None = None
+        self, query: str, scope: Scope, *, k: int, now: datetime | None = None
     ) -> list[ScoredRecord]:
-        if not isinstance(query, str) or not query.strip():
-            raise InvalidInputError("query is empty or only whitespace")
-        hits: list[ScoredRecord] = []
-        for kind in self.recall_kinds:
-            hits.extend(
-                self.retriever.search(
-                    query, user_id=scope.user_id, k=k, where={**(where or {}), "kind": kind}
-                )
-            )
-        hits.sort(key=lambda h: h.score, reverse=True)
-        return hits[:k]
-
-    def _store_turns(self, turns: Sequence[Turn], scope: Scope) -> list[MemoryRecord]:
-        now = self.clock.now()
-        records = [
-            MemoryRecord(
-                id=new_id(),
-                user_id=scope.user_id,
-                kind="turn",
-                text=turn.render(),
-                created_at=turn.timestamp or now,
-                session_id=scope.session_id,
-                metadata=_turn_metadata(turn),
-            )
-            for turn in turns
-        ]
-        self.store.add(records, indexed=self.index_turns)
-        return records
-
-    def _add_derived(self, records: Sequence[MemoryRecord]) -> None:
-        """Store LLM-derived records (after their sources) and index them."""
-        self.store.add(records, indexed=True)
-        self._index_now()
-
-    def _index_now(self) -> None:
-        # Documented fallback: an index failure leaves the records pending; the next search
-        # indexes them. The records themselves are already committed.
-        try:
-            self.retriever.index_pending()
-        except Exception:
-            self._failures["index"] += 1
-            logger.warning("vector indexing failed; records stay pending", exc_info=True)
-
-    def _count_failure(self, name: str) -> None:
-        self._failures[name] += 1
-
-    def _embedder_identity(self) -> dict[str, Any]:
-        return {"name": self.embedder.name, "dimension": self.embedder.dimension}
-
-    def _check_embedder(self, allow_change: bool) -> None:
-        stored = self.store.get_state(_EMBEDDER_STATE_KEY)
-        current = self._embedder_identity()
-        if stored is None:
-            self.store.set_state(_EMBEDDER_STATE_KEY, current)
-            return
-        if stored == current:
-            return
-        if not allow_change:
-            raise EmbedderMismatchError(
-                f"this memory was built with embedder {stored['name']!r} "
-                f"(dimension {stored['dimension']}), not {current['name']!r} "
-                f"(dimension {current['dimension']}); open it with the original embedder, or "
-                "pass allow_embedder_change=True to re-embed every record"
-            )
-        self.reindex(progress=False)
+        return self.engine.search(
+            query,
+            scope.user_id,
+            k=k,
+            kinds=self.recall_kinds or None,
+            now=now,
+            fusion=self.fusion,
+        )
 
 
-def _check_scope(scope: Scope) -> Scope:
-    if not isinstance(scope, Scope):
-        raise InvalidInputError(f"scope must be a Scope, got {type(scope).__name__}")
-    return scope
-
-
-def _check_turns(turns: Iterable[Turn]) -> list[Turn]:
-    if isinstance(turns, Turn):
-        return [turns]
-    if isinstance(turns, (str, bytes)):
-        raise InvalidInputError("turns must be a sequence of Turn, not a string")
-    out = list(turns)
-    for turn in out:
-        if not isinstance(turn, Turn):
-            raise InvalidInputError(f"turns must be Turn objects, got {type(turn).__name__}")
-    return out
-
-
-def _turn_metadata(turn: Turn) -> dict[str, Any]:
-    meta: dict[str, Any] = dict(turn.metadata)
-    meta["role"] = turn.role
-    if turn.speaker:
-        meta["speaker"] = turn.speaker
-    return meta
-
-
-def _default_embedder() -> Embedder:
-    from memories_core.embedders import SentenceTransformerEmbedder
-
-    return SentenceTransformerEmbedder()
-
-
-def _default_store(path: Path | None) -> RecordStore:
-    from memories_core.backends import SQLiteRecordStore
-
-    return SQLiteRecordStore(path / "records.sqlite3" if path is not None else None)
-
-
-def _default_index(path: Path | None) -> VectorIndex:
-    if path is None:
-        from memories_core.backends import NumpyIndex
-
-        return NumpyIndex()
-    from memories_core.backends import ChromaIndex
-
-    return ChromaIndex(path=path / "chroma")
+# Kept for callers of the 0.1 helpers.
+_check_scope = check_scope
+_check_turns = check_turns

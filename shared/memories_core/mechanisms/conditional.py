@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from memories_core.engine import Derivation, JobFailed, check_scope
 from memories_core.errors import LLMError, ParseError
 from memories_core.interfaces import LLM
-from memories_core.mechanisms.base import MemoryBase, _check_scope
+from memories_core.mechanisms.base import MemoryBase, turn_from_record
 from memories_core.parsing import generate_parsed
 from memories_core.prompts.conditional import (
     build_decision_messages,
@@ -40,13 +42,13 @@ from memories_core.prompts.conditional import (
     parse_respond_and_decision,
     render_record,
 )
-from memories_core.types import MemoryRecord, Recall, Scope, Turn, new_id
+from memories_core.types import Job, JobSpec, MemoryRecord, Recall, Scope, Turn, new_id
 
 __all__ = ["ConditionalMemory", "ConditionalReply"]
 
 logger = logging.getLogger(__name__)
 
-_PENDING = "conditional.pending"
+_LEGACY_PENDING = "conditional.pending"
 
 
 @dataclass(frozen=True)
@@ -92,19 +94,32 @@ class ConditionalMemory(MemoryBase):
         **kwargs: Storage options of :class:`~memories_core.mechanisms.base.MemoryBase`.
     """
 
+    mechanism_name: ClassVar[str] = "conditional"
     recall_kinds: ClassVar[tuple[str, ...]] = ("conditional",)
     index_turns: ClassVar[bool] = False
 
     def __init__(
         self, *, llm: LLM | None = None, k: int = 3, context_turns: int = 6, **kwargs: Any
     ) -> None:
-        if llm is None:
+        engine = kwargs.get("engine")
+        if llm is None and (engine is None or engine.llm is None):
             from memories_core.llms import LocalLLM
 
             llm = LocalLLM()
         super().__init__(k=k, llm=llm, **kwargs)
-        self.writer: LLM = llm
         self.context_turns = context_turns
+        self._adopt_legacy_pending()
+
+    @property
+    def writer(self) -> LLM:
+        """The model that decides and writes records."""
+        llm = self.llm if self.llm is not None else self.engine.llm
+        assert llm is not None  # ensured in __init__
+        return llm
+
+    @writer.setter
+    def writer(self, llm: LLM) -> None:
+        self.llm = llm
 
     # ------------------------------------------------------------------ mode (b)
     def respond(
@@ -119,11 +134,11 @@ class ConditionalMemory(MemoryBase):
     ) -> ConditionalReply:
         """Answer ``user_input`` and remember it if it matters, in at most two LLM calls.
 
-        The user turn is stored first (pending a decision). The first call (Table 17) writes
-        the response and the hidden decision; the response is stored; only on "yes" a second
-        call writes the record. No repair retries happen here, to keep the bound: a garbled
-        record, or an answer without a readable decision, leaves the turn pending for
-        :meth:`retry_pending` (or the next :meth:`save`).
+        The user turn is stored first, with its pending decision job. The first call
+        (Table 17) writes the response and the hidden decision; the response is stored; only
+        on "yes" a second call writes the record. No repair retries happen here, to keep the
+        bound: a garbled record, or an answer without a readable decision, leaves the job
+        pending for :meth:`retry_pending` (or a later save).
 
         Args:
             user_input: The user's message.
@@ -139,25 +154,33 @@ class ConditionalMemory(MemoryBase):
                 pending for a decision.
             ParseError: if the answer holds no response text at all (the user turn is kept).
         """
-        scope = _check_scope(scope)
+        scope = check_scope(scope)
         user_turn = Turn("user", user_input)
         recall = self.recall(user_turn.content, scope, k=k)
         history = [r.text for r in self._session_turns(scope, limit=self.context_turns)]
-        with self._lock:
-            (stored_user,) = self._store_turns([user_turn], scope)
-            self._queue(scope.user_id, stored_user.id, None)
+        (stored_user,) = self.engine.write_turns([user_turn], scope)
         messages = build_respond_and_decide_messages(
             user_turn.content, memory=recall.context, history=history, instructions=instructions
         )
-        answer = (llm or self.writer).generate(messages, max_tokens=max_tokens)
+        answer = (llm or self._llm(scope)).generate(messages, max_tokens=max_tokens)
         parsed = parse_respond_and_decision(answer, user_turn.content)
-        record: MemoryRecord | bool | None = None
-        with self._lock:
-            self._store_turns([Turn("assistant", parsed.respond)], scope)
-            if parsed.decision is not None:
-                record = self._derive_one(scope.user_id, stored_user.id, parsed.decision, retries=0)
-        written = record if isinstance(record, MemoryRecord) else None
-        return ConditionalReply(parsed.respond, parsed.decision, recall, written)
+        self.engine.write_turns([Turn("assistant", parsed.respond)], scope)
+        record: MemoryRecord | None = None
+        job = self._job_of(scope.user_id, stored_user.id)
+        if parsed.decision is not None and job is not None:
+            self.engine.update_job(
+                job, {"turn_id": stored_user.id, "decision": parsed.decision, "retries": 0}
+            )
+            self.engine.run_pending(scope.user_id, first=[job.id], budget=0)
+            record = next(
+                iter(
+                    self.engine.records(
+                        scope.user_id, where={"kind": "conditional", "turn_id": stored_user.id}
+                    )
+                ),
+                None,
+            )
+        return ConditionalReply(parsed.respond, parsed.decision, recall, record)
 
     async def arespond(
         self,
@@ -180,52 +203,33 @@ class ConditionalMemory(MemoryBase):
             instructions=instructions,
         )
 
-    # ------------------------------------------------------------------ mode (a)
-    def _derive(self, records: list[MemoryRecord], scope: Scope) -> None:
-        for record in records:
-            if record.metadata.get("role") == "user":
-                self._queue(scope.user_id, record.id, None)
-        self._process_pending(scope.user_id)
-
-    def retry_pending(self, user_id: str | None = None) -> int:
-        """Retry every pending decision/record (of one user, or all); returns how many remain."""
-        users = [_check_scope(Scope(user_id)).user_id] if user_id else self.store.users()
-        with self._lock:
-            return sum(self._process_pending(user) for user in users)
-
     def pending_turns(self, user_id: str) -> list[str]:
         """Ids of ``user_id``'s user turns whose decision or record is still to be derived."""
-        user = _check_scope(Scope(user_id)).user_id
-        return [item["turn_id"] for item in self.store.get_state(_PENDING, user_id=user) or []]
+        return [str(job.payload["turn_id"]) for job in self.pending(user_id)]
 
-    # ------------------------------------------------------------------ internals
-    def _queue(self, user_id: str, turn_id: str, decision: bool | None) -> None:
-        pending = list(self.store.get_state(_PENDING, user_id=user_id) or [])
-        pending.append({"turn_id": turn_id, "decision": decision})
-        self.store.set_state(_PENDING, pending, user_id=user_id)
-
-    def _process_pending(self, user_id: str) -> int:
-        pending = list(self.store.get_state(_PENDING, user_id=user_id) or [])
-        remaining = [
-            item
-            for item in pending
-            if self._derive_one(user_id, item["turn_id"], item["decision"]) is False
+    # ------------------------------------------------------------------ engine hooks
+    def _turn_jobs(self, records: Sequence[MemoryRecord]) -> Iterable[JobSpec]:
+        return [
+            JobSpec(self.name, "decision", f"turn:{r.id}", {"turn_id": r.id, "decision": None})
+            for r in records
+            if r.metadata.get("role") == "user"
         ]
-        return len(remaining)
 
-    def _derive_one(
-        self, user_id: str, turn_id: str, decision: bool | None, *, retries: int = 1
-    ) -> MemoryRecord | bool | None:
-        """Decide and write one turn's record; update the pending list.
-
-        Returns the new record, ``None`` when nothing is to be remembered, or ``False`` when
-        a call failed and the turn stays pending.
-        """
-        found = self.store.get([turn_id], user_id=user_id)
+    def _run_job(self, job: Job) -> Derivation | None:
+        """Decide (Table 17, step 2) and, on "yes", write the record (Table 18)."""
+        user_id = job.user_id
+        turn_id = str(job.payload["turn_id"])
+        decision = job.payload.get("decision")
+        retries = int(job.payload.get("retries", 1))
+        if retries == 0:
+            # The no-repair budget applies to the respond() call only, not to later retries.
+            self.engine.update_job(job, {"turn_id": turn_id, "decision": decision})
+        found = self.engine.get(user_id, [turn_id])
         if not found:
-            self._unqueue(user_id, turn_id, None)
             return None
         turn = found[0]
+        scope = Scope(user_id, turn.session_id)
+        writer = self._llm(scope)
         context = self._context_before(turn)
         content = _content(turn)
         if decision is None:
@@ -234,28 +238,29 @@ class ConditionalMemory(MemoryBase):
             )
             try:
                 decision = generate_parsed(
-                    self.writer,
+                    writer,
                     build_decision_messages(
                         content, previous_reply=_content(previous) if previous else None
                     ),
                     lambda out: parse_decision(out, content),
                     retries=retries,
                 )
-            except (LLMError, ParseError):
-                return self._fail("decision", user_id, turn_id, None)
+            except (LLMError, ParseError) as exc:
+                raise JobFailed("decision", f"decision for turn {turn_id} failed: {exc}") from exc
+            if decision:
+                self.engine.update_job(job, {"turn_id": turn_id, "decision": True})
         if not decision:
-            self._unqueue(user_id, turn_id, None)
             return None
         dialogue = [r.text for r in context] + [turn.text]
         try:
             note = generate_parsed(
-                self.writer,
+                writer,
                 build_record_messages(dialogue, content),
                 lambda out: parse_record(out, content),
                 retries=retries,
             )
-        except (LLMError, ParseError):
-            return self._fail("record", user_id, turn_id, True)
+        except (LLMError, ParseError) as exc:
+            raise JobFailed("record", f"record for turn {turn_id} failed: {exc}") from exc
         record = MemoryRecord(
             id=new_id(),
             user_id=user_id,
@@ -266,30 +271,21 @@ class ConditionalMemory(MemoryBase):
             metadata={"context": note.summary, "knowledge": note.note, "turn_id": turn.id},
             source_ids=(turn.id, *(r.id for r in context)),
         )
-        self._add_derived([record])
-        self._unqueue(user_id, turn_id, None)
-        return record
+        return Derivation(add=[record])
 
-    def _fail(self, what: str, user_id: str, turn_id: str, decision: bool | None) -> bool:
-        self._count_failure(what)
-        logger.warning(
-            "conditional %s call failed for turn %s; it stays pending", what, turn_id, exc_info=True
+    # ------------------------------------------------------------------ internals
+    def _job_of(self, user_id: str, turn_id: str) -> Job | None:
+        jobs = self.engine.store.jobs(
+            user_id=user_id, mechanisms=[self.name], key=f"turn:{turn_id}"
         )
-        self._unqueue(user_id, turn_id, {"turn_id": turn_id, "decision": decision})
-        return False
-
-    def _unqueue(self, user_id: str, turn_id: str, replacement: dict[str, Any] | None) -> None:
-        pending = list(self.store.get_state(_PENDING, user_id=user_id) or [])
-        kept = [item for item in pending if item["turn_id"] != turn_id]
-        if replacement is not None:
-            kept.append(replacement)
-        self.store.set_state(_PENDING, kept or None, user_id=user_id)
+        return jobs[0] if jobs else None
 
     def _session_turns(self, scope: Scope, *, limit: int) -> list[MemoryRecord]:
         where: dict[str, str] = {"kind": "turn"}
-        if scope.session_id is not None:
-            where["session_id"] = scope.session_id
-        turns = self.store.list(user_id=scope.user_id, where=where)
+        session_id = scope.session_id or self.engine.open_session(scope.user_id)
+        if session_id is not None:
+            where["session_id"] = session_id
+        turns = self.engine.records(scope.user_id, where=where)
         return turns[-limit:] if limit > 0 else []
 
     def _context_before(self, turn: MemoryRecord) -> list[MemoryRecord]:
@@ -299,13 +295,29 @@ class ConditionalMemory(MemoryBase):
         where: dict[str, str] = {"kind": "turn"}
         if turn.session_id is not None:
             where["session_id"] = turn.session_id
-        session = self.store.list(user_id=turn.user_id, where=where, until=turn.created_at)
+        session = self.engine.records(turn.user_id, where=where)
         ids = [r.id for r in session]
         position = ids.index(turn.id) if turn.id in ids else len(session)
         return session[max(0, position - (self.context_turns - 1)) : position]
 
+    def _adopt_legacy_pending(self) -> None:
+        """Turn the 0.1 release's pending list (a state key) into jobs."""
+        for user_id in self.engine.users():
+            legacy = self.store.get_state(_LEGACY_PENDING, user_id=user_id)
+            if legacy:
+                specs = [
+                    JobSpec(
+                        self.name,
+                        "decision",
+                        f"turn:{item['turn_id']}",
+                        {"turn_id": item["turn_id"], "decision": item.get("decision")},
+                    )
+                    for item in legacy
+                ]
+                with self.engine.transaction():
+                    self.engine.enqueue(user_id, specs)
+                    self.store.set_state(_LEGACY_PENDING, None, user_id=user_id)
+
 
 def _content(record: MemoryRecord) -> str:
-    from memories_core.mechanisms.base import turn_from_record
-
     return turn_from_record(record).content

@@ -34,6 +34,7 @@ class HistoryMemory(MemoryBase):
             (``path``, ``embedder``, ``store``, ``index``, ``fusion``, ``clock``, ...).
     """
 
+    mechanism_name: ClassVar[str] = "history"
     recall_kinds: ClassVar[tuple[str, ...]] = ("turn",)
     index_turns: ClassVar[bool] = True
 

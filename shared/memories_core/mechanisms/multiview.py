@@ -14,6 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from memories_core.engine import MemoryEngine
 from memories_core.errors import ConfigurationError
 from memories_core.interfaces import LLM, Embedder, Mechanism
 from memories_core.types import Recall, Scope, ScoredRecord, Turn
@@ -36,8 +37,11 @@ _LABELS = {
 class MultiViewMemory:
     """Combine mechanisms as views; recall each with its own k, render labelled sections.
 
-    Each view stores what it needs (its own copy of the raw turns included), so any
-    mechanism can be a view and a failure in one view's derivation leaves the others intact.
+    Views built on one :class:`~memories_core.engine.MemoryEngine` (as
+    :meth:`from_defaults` builds them) share one copy of the raw turns: a save writes the
+    turns once and each view derives its own records as engine jobs, so a failure in one
+    view's derivation leaves the others intact. Any other mechanism can be a view too; it
+    then stores what it needs itself.
 
     Args:
         views: Name -> mechanism, in the order the sections are rendered.
@@ -65,6 +69,22 @@ class MultiViewMemory:
         if any(v < 1 for v in self.k.values()):
             raise ConfigurationError("every view's k must be >= 1")
         self.labels = {name: (labels or {}).get(name, _LABELS.get(name, name)) for name in views}
+        self._owned: list[MemoryEngine] = []
+
+    def _targets(self) -> list[Any]:
+        """One object per distinct engine (its first view), plus every engine-less view."""
+        seen: set[int] = set()
+        out: list[Any] = []
+        for view in self.views.values():
+            engine = getattr(view, "engine", None)
+            if isinstance(engine, MemoryEngine):
+                if id(engine) in seen:
+                    continue
+                seen.add(id(engine))
+                out.append(engine)
+            else:
+                out.append(view)
+        return out
 
     @classmethod
     def from_defaults(
@@ -79,14 +99,18 @@ class MultiViewMemory:
     ) -> MultiViewMemory:
         """Build the named views over one LLM and embedder, each under ``path/<view>``.
 
+        The views share one engine under ``path``: one copy of the raw turns, one index.
+
         Args:
             llm: Shared by the views that need one (default: the bundled local model).
             embedder: Shared by every view (default: the bundled MiniLM).
-            path: Parent directory; ``None`` keeps every view in memory.
+            path: Directory of the shared engine; ``None`` keeps everything in memory.
             views: Any of ``"conditional"``, ``"summary"``, ``"history"`` (paper's best
                 combination: conditional + summary).
             k: Per-view k (default :data:`DEFAULT_VIEW_K`).
-            **kwargs: Passed to every view's constructor (e.g. ``clock``, ``fusion``).
+            **kwargs: Engine options (``clock``, ``store``, ``index``, ``session_gap``,
+                ``allow_embedder_change``) go to the shared engine; the rest (e.g.
+                ``fusion``) to every view's constructor.
         """
         from memories_core.mechanisms.conditional import ConditionalMemory
         from memories_core.mechanisms.history import HistoryMemory
@@ -100,10 +124,12 @@ class MultiViewMemory:
             from memories_core.llms import LocalLLM
 
             llm = LocalLLM()
+        engine_keys = ("clock", "store", "index", "session_gap", "allow_embedder_change")
+        engine_options = {key: kwargs.pop(key) for key in engine_keys if key in kwargs}
+        engine = MemoryEngine(path=path, embedder=embedder, llm=llm, **engine_options)
         built: dict[str, Mechanism] = {}
         for name in views:
-            where = Path(path) / name if path is not None else None
-            common: dict[str, Any] = {"path": where, "embedder": embedder, **kwargs}
+            common: dict[str, Any] = {"engine": engine, **kwargs}
             if name == "conditional":
                 built[name] = ConditionalMemory(llm=llm, **common)
             elif name == "summary":
@@ -111,13 +137,16 @@ class MultiViewMemory:
             elif name == "history":
                 built[name] = HistoryMemory(**common)
             else:
+                engine.close()
                 raise ConfigurationError(f"unknown view {name!r}")
-        return cls(built, k=k)
+        memory = cls(built, k=k)
+        memory._owned.append(engine)
+        return memory
 
     def save(self, turns: Sequence[Turn], scope: Scope) -> None:
-        """Save the turns into every view."""
-        for view in self.views.values():
-            view.save(turns, scope)
+        """Save the turns once per engine (every view on it derives its records)."""
+        for target in self._targets():
+            target.save(turns, scope)
 
     def recall(
         self, query: str, scope: Scope, *, k: int | None = None, now: datetime | None = None
@@ -131,15 +160,33 @@ class MultiViewMemory:
 
     def clear(self, scope: Scope) -> None:
         """Clear every view."""
-        for view in self.views.values():
-            view.clear(scope)
+        for target in self._targets():
+            target.clear(scope)
 
     def end_session(self, scope: Scope) -> None:
         """End the session in every view (summary views write their summary now)."""
-        for view in self.views.values():
-            end = getattr(view, "end_session", None)
+        for target in self._targets():
+            end = getattr(target, "end_session", None)
             if callable(end):
                 end(scope)
+
+    def delete_user(self, user_id: str) -> None:
+        """Erase ``user_id`` from every view."""
+        for target in self._targets():
+            target.delete_user(user_id)
+
+    async def adelete_user(self, user_id: str) -> None:
+        """Async twin of :meth:`delete_user`."""
+        await asyncio.to_thread(self.delete_user, user_id)
+
+    def retry_pending(self, user_id: str | None = None) -> int:
+        """Retry every view's pending derivations; returns how many remain."""
+        remaining = 0
+        for view in self.views.values():
+            retry = getattr(view, "retry_pending", None)
+            if callable(retry):
+                remaining += int(retry(user_id))
+        return remaining
 
     async def aend_session(self, scope: Scope) -> None:
         """Async twin of :meth:`end_session`."""
@@ -147,13 +194,11 @@ class MultiViewMemory:
 
     async def aclear(self, scope: Scope) -> None:
         """Async twin of :meth:`clear`."""
-        for view in self.views.values():
-            await view.aclear(scope)
+        await asyncio.to_thread(self.clear, scope)
 
     async def asave(self, turns: Sequence[Turn], scope: Scope) -> None:
-        """Async twin of :meth:`save` (views run one after another, as in :meth:`save`)."""
-        for view in self.views.values():
-            await view.asave(turns, scope)
+        """Async twin of :meth:`save`."""
+        await asyncio.to_thread(self.save, turns, scope)
 
     async def arecall(
         self, query: str, scope: Scope, *, k: int | None = None, now: datetime | None = None
@@ -166,16 +211,49 @@ class MultiViewMemory:
         return self._combine(query, dict(zip(names, recalls, strict=True)))
 
     @property
-    def usage(self) -> dict[str, MemoryUsage]:
-        """Each view's usage, by view name."""
-        return {name: view.usage for name, view in self.views.items() if hasattr(view, "usage")}
+    def usage(self) -> MemoryUsage:
+        """What the views cost together (the same type as every mechanism's ``usage``).
+
+        A model or embedder shared by several views is counted once; failures add up.
+        """
+        from memories_core.usage import MemoryUsage, Usage
+
+        llms: dict[int, Usage] = {}
+        embedders: dict[int, Usage] = {}
+        failures: dict[str, int] = {}
+        engines: set[int] = set()
+        for view in self.views.values():
+            usage = getattr(view, "usage", None)
+            if usage is None:
+                continue
+            for part in ("llm", "writer", "summarizer"):
+                model = getattr(view, part, None)
+                if model is not None and hasattr(model, "usage"):
+                    llms[id(model)] = model.usage
+                    break
+            embedder = getattr(view, "embedder", None)
+            embedders[id(embedder)] = usage.embedder
+            engine = getattr(view, "engine", None)
+            if engine is not None and id(engine) in engines:
+                continue  # the engine's failures were counted with its first view
+            if engine is not None:
+                engines.add(id(engine))
+            for name, count in usage.failures.items():
+                failures[name] = failures.get(name, 0) + count
+        return MemoryUsage(
+            llm=sum(llms.values(), Usage()) if llms else None,
+            embedder=sum(embedders.values(), Usage()),
+            failures=failures,
+        )
 
     def close(self) -> None:
-        """Close every view that can be closed."""
+        """Close every view that can be closed, and the engine :meth:`from_defaults` built."""
         for view in self.views.values():
             close = getattr(view, "close", None)
             if callable(close):
                 close()
+        for engine in self._owned:
+            engine.close()
 
     def _combine(self, query: str, parts: Mapping[str, Recall]) -> Recall:
         records: list[ScoredRecord] = []

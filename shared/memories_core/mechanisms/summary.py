@@ -14,26 +14,26 @@ the next save, on :meth:`SummaryMemory.end_session` or on :meth:`SummaryMemory.r
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from datetime import datetime, timedelta
+from collections.abc import Iterable, Sequence
+from datetime import timedelta
 from typing import Any, ClassVar
 
+from memories_core.engine import Derivation, JobFailed
 from memories_core.errors import LLMError, ParseError
 from memories_core.interfaces import LLM
-from memories_core.mechanisms.base import MemoryBase, _check_scope, _check_turns
+from memories_core.mechanisms.base import MemoryBase
 from memories_core.parsing import generate_parsed
 from memories_core.prompts.summary import (
     build_session_summary_messages,
     parse_session_summary,
 )
-from memories_core.types import MemoryRecord, Scope, ScoredRecord, Turn, new_id
+from memories_core.types import Job, JobSpec, MemoryRecord, Scope, ScoredRecord, new_id
 
 __all__ = ["SummaryMemory"]
 
 logger = logging.getLogger(__name__)
 
-_OPEN = "summary.open"
-_PENDING = "summary.pending"
+_LEGACY_PENDING = "summary.pending"
 
 
 class SummaryMemory(MemoryBase):
@@ -50,16 +50,23 @@ class SummaryMemory(MemoryBase):
         >>> memory.recall("what does bo eat?", Scope("bo")).context
         '[...] The user is vegetarian and asked for dinner ideas.'
 
+    Sessions are the engine's (explicit end, a new ``session_id``, or an idle gap). A session
+    end creates a ``summary`` job in the same transaction; the job writes the summary and
+    replaces an older summary of the same session in one transaction.
+
     Args:
-        llm: Writes the summaries. Default: the bundled offline model (extra ``local``).
+        llm: Writes the summaries. Default: the engine's model, else the bundled offline model
+            (extra ``local``).
         k: Summaries recalled by default (paper: 1).
         idle_gap: A gap longer than this between two turns of a user ends the session
-            (``None``: sessions end only explicitly or on a new ``session_id``).
+            (``None``: sessions end only explicitly or on a new ``session_id``). An engine
+            option: give it only when this memory builds its own engine.
         max_dialogue_chars: Longest dialogue sent to the LLM; longer sessions keep their
             most recent part (each turn is cut to 2,000 characters first).
-        **kwargs: Storage options of :class:`~memories_core.mechanisms.base.MemoryBase`.
+        **kwargs: Engine or storage options of :class:`~memories_core.mechanisms.base.MemoryBase`.
     """
 
+    mechanism_name: ClassVar[str] = "summary"
     recall_kinds: ClassVar[tuple[str, ...]] = ("summary",)
     index_turns: ClassVar[bool] = False
 
@@ -68,110 +75,57 @@ class SummaryMemory(MemoryBase):
         *,
         llm: LLM | None = None,
         k: int = 1,
-        idle_gap: timedelta | None = timedelta(minutes=30),
+        idle_gap: timedelta | Any | None = ...,
         max_dialogue_chars: int = 12_000,
         **kwargs: Any,
     ) -> None:
-        if llm is None:
+        engine = kwargs.get("engine")
+        if llm is None and (engine is None or engine.llm is None):
             from memories_core.llms import LocalLLM
 
             llm = LocalLLM()
+        if idle_gap is not ...:
+            kwargs["session_gap"] = idle_gap
         super().__init__(k=k, llm=llm, **kwargs)
-        self.summarizer: LLM = llm
-        self.idle_gap = idle_gap
         self.max_dialogue_chars = max_dialogue_chars
+        self._adopt_legacy_pending()
 
-    def save(self, turns: Sequence[Turn], scope: Scope) -> None:
-        """Store ``turns`` in the user's current session; summarise sessions that ended.
+    @property
+    def summarizer(self) -> LLM:
+        """The model writing summaries."""
+        llm = self.llm if self.llm is not None else self.engine.llm
+        assert llm is not None  # ensured in __init__
+        return llm
 
-        A new ``scope.session_id`` or an idle gap closes the open session first. Turns saved
-        without a ``session_id`` join the open session (or start an automatic one).
-        """
-        scope = _check_scope(scope)
-        checked = _check_turns(turns)
-        if not checked:
-            return
-        with self._lock:
-            start = checked[0].timestamp or self.clock.now()
-            session_id = self._route(scope, start)
-            records = self._store_turns(checked, Scope(scope.user_id, session_id))
-            last = max(r.created_at for r in records)
-            self.store.set_state(
-                _OPEN,
-                {"session_id": session_id, "last_at": last.isoformat()},
-                user_id=scope.user_id,
-            )
-            self._summarize_pending(scope.user_id)
-
-    def end_session(self, scope: Scope) -> None:
-        """End the user's open session (or ``scope.session_id``) and summarise it now."""
-        scope = _check_scope(scope)
-        with self._lock:
-            opened = self.store.get_state(_OPEN, user_id=scope.user_id)
-            if opened and scope.session_id in (None, opened["session_id"]):
-                self._mark_pending(scope.user_id, opened["session_id"])
-                self.store.set_state(_OPEN, None, user_id=scope.user_id)
-            elif scope.session_id is not None:
-                self._mark_pending(scope.user_id, scope.session_id)
-            self._summarize_pending(scope.user_id)
-
-    def retry_pending(self, user_id: str | None = None) -> int:
-        """Retry every pending summary (of one user, or of all); returns how many remain."""
-        users = [_check_scope(Scope(user_id)).user_id] if user_id else self.store.users()
-        with self._lock:
-            return sum(self._summarize_pending(user) for user in users)
+    @summarizer.setter
+    def summarizer(self, llm: LLM) -> None:
+        self.llm = llm
 
     def pending_sessions(self, user_id: str) -> list[str]:
         """Sessions of ``user_id`` that ended but have no summary yet."""
-        return list(
-            self.store.get_state(_PENDING, user_id=_check_scope(Scope(user_id)).user_id) or []
-        )
+        return [str(job.payload["session_id"]) for job in self.pending(user_id)]
 
-    # ------------------------------------------------------------------ internals
-    def _route(self, scope: Scope, at: datetime) -> str:
-        """Return the session the new turns belong to, closing the open one if it ended."""
-        opened = self.store.get_state(_OPEN, user_id=scope.user_id)
-        if opened:
-            last_at = datetime.fromisoformat(opened["last_at"])
-            same_id = scope.session_id in (None, opened["session_id"])
-            idle = self.idle_gap is not None and at - last_at > self.idle_gap
-            if same_id and not idle:
-                return str(opened["session_id"])
-            self._mark_pending(scope.user_id, opened["session_id"])
-            self.store.set_state(_OPEN, None, user_id=scope.user_id)
-        return scope.session_id or f"auto-{new_id()[:12]}"
+    # ------------------------------------------------------------------ engine hooks
+    def _session_jobs(self, user_id: str, session_id: str) -> Iterable[JobSpec]:
+        return [JobSpec(self.name, "summary", f"session:{session_id}", {"session_id": session_id})]
 
-    def _mark_pending(self, user_id: str, session_id: str) -> None:
-        pending = list(self.store.get_state(_PENDING, user_id=user_id) or [])
-        if session_id not in pending:
-            pending.append(session_id)
-            self.store.set_state(_PENDING, pending, user_id=user_id)
-
-    def _summarize_pending(self, user_id: str) -> int:
-        pending = list(self.store.get_state(_PENDING, user_id=user_id) or [])
-        remaining = [sid for sid in pending if not self._summarize(user_id, sid)]
-        self.store.set_state(_PENDING, remaining or None, user_id=user_id)
-        return len(remaining)
-
-    def _summarize(self, user_id: str, session_id: str) -> bool:
-        turns = self.store.list(user_id=user_id, where={"kind": "turn", "session_id": session_id})
+    def _run_job(self, job: Job) -> Derivation | None:
+        user_id = job.user_id
+        session_id = str(job.payload["session_id"])
+        turns = self.engine.records(user_id, where={"kind": "turn", "session_id": session_id})
         if not turns:
-            return True
+            return None
         dialogue = _fit([r.text[:2000] for r in turns], self.max_dialogue_chars)
         messages = build_session_summary_messages(dialogue)
         try:
             text = generate_parsed(
-                self.summarizer, messages, lambda out: parse_session_summary(out, dialogue)
+                self._llm(Scope(user_id, session_id)),
+                messages,
+                lambda out: parse_session_summary(out, dialogue),
             )
-        except (LLMError, ParseError):
-            self._count_failure("summary")
-            logger.warning(
-                "summary of session %s failed; its turns are kept and it stays pending",
-                session_id,
-                exc_info=True,
-            )
-            return False
-        old = self.store.list(user_id=user_id, where={"kind": "summary", "session_id": session_id})
+        except (LLMError, ParseError) as exc:
+            raise JobFailed("summary", f"summary of session {session_id} failed: {exc}") from exc
+        old = self.engine.records(user_id, where={"kind": "summary", "session_id": session_id})
         summary = MemoryRecord(
             id=new_id(),
             user_id=user_id,
@@ -182,12 +136,18 @@ class SummaryMemory(MemoryBase):
             metadata={"turn_count": len(turns), "started_at": turns[0].created_at.isoformat()},
             source_ids=tuple(r.id for r in turns),
         )
-        self._add_derived([summary])
-        if old:
-            ids = [r.id for r in old]
-            self.index.delete(ids, user_id=user_id)
-            self.store.delete(ids, user_id=user_id)
-        return True
+        return Derivation(add=[summary], replace=[r.id for r in old])
+
+    def _adopt_legacy_pending(self) -> None:
+        """Turn the 0.1 release's pending-summary lists (a state key) into jobs."""
+        for user_id in self.engine.users():
+            legacy = self.store.get_state(_LEGACY_PENDING, user_id=user_id)
+            if legacy:
+                with self.engine.transaction():
+                    self.engine.enqueue(
+                        user_id, [s for sid in legacy for s in self._session_jobs(user_id, sid)]
+                    )
+                    self.store.set_state(_LEGACY_PENDING, None, user_id=user_id)
 
     def _render(self, hits: Sequence[ScoredRecord]) -> str:
         return "\n".join(f"[{hit.record.created_at:%Y-%m-%d}] {hit.record.text}" for hit in hits)
