@@ -361,8 +361,8 @@ class NumpyIndex:
         """The ids among ``ids`` that a search with their own stored vector does not return.
 
         An id counts as reachable when a ``k``-neighbour search with its stored vector
-        returns it, or when at least ``k`` other vectors score as high as it does (exact
-        duplicates, which may legitimately crowd it out). Ids this index does not hold for
+        returns it, or when ``k`` other vectors tie with its own score (exact duplicates,
+        which may legitimately crowd it out). Ids this index does not hold for
         ``user_id`` are ignored (compare :meth:`ids` with the record store to find them).
         Exact search always finds a stored row, so here the set is empty unless the index
         is corrupt; :class:`~memories_core.backends.ChromaIndex` can lose HNSW links.
@@ -383,8 +383,9 @@ class NumpyIndex:
                     top = _top(own, k)
                     if row in top:
                         continue
-                    # Not returned: reachable only if k others score at least as high.
-                    if not (len(top) >= k and own[top[-1]] >= own[row] - _TIE):
+                    # Not returned: reachable only if k others tie with its own score (a
+                    # unit vector scores highest with itself; beaten means a corrupt row).
+                    if not (len(top) >= k and abs(own[top[-1]] - own[row]) <= _TIE):
                         lost.add(part.ids[row])
             return lost
 
