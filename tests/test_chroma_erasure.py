@@ -248,3 +248,28 @@ def test_probe_finds_a_vector_hnsw_cannot_reach(tmp_path: Path) -> None:
         """
     )
     assert out.split() == [str(n), f"r{target}"]
+
+
+def test_erasure_resumes_after_a_crash_and_with_an_injected_client(tmp_path: Path) -> None:
+    import chromadb
+    from chromadb.config import Settings
+
+    path = tmp_path / "chroma"
+    client = chromadb.PersistentClient(
+        path=str(path), settings=Settings(anonymized_telemetry=False)
+    )
+    index = ChromaIndex(client=client)
+    secret = vectors(1100, 6)
+    ids = [f"Rs8-{i}" for i in range(1100)]
+    index.add(ids, secret, [{"user_id": "user-Rs8", "kind": "turn", "note": "MARKER-Rs8"}] * 1100)
+    index.add(["b"], np.stack([unit(1)]), [{"user_id": "bob", "kind": "turn"}])
+    # A crash right after Chroma dropped the collection: nothing was erased yet.
+    index._drop_collection(index.user_collection_name("user-Rs8"))
+    needles = secrets_of("user-Rs8", ids, "MARKER-Rs8", secret)
+    assert grep(path, needles)
+    index.delete_user("user-Rs8")  # the repeated call finishes the erasure
+    assert index.users() == {"bob"}
+    close_all(index)
+    del client
+    gc.collect()
+    assert grep(path, needles) == []

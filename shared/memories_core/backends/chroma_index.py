@@ -98,6 +98,20 @@ class ChromaIndex:
         are returned as cosine similarity (``1 - distance``). Chroma's HNSW search is
         approximate; :class:`~memories_core.backends.NumpyIndex` is exact.
 
+    Deletion and erasure:
+        On an embedded persistent store (``path=``, or a caller's ``PersistentClient``),
+        :meth:`delete_user` and :meth:`reset` also erase the dropped data from the files
+        (:meth:`erase_deleted`: segment folders, leftover rows, ``VACUUM``), so no id,
+        metadata value or vector of a deleted user is readable in any file under the path.
+        :meth:`delete` leaves deleted vectors in Chroma's files (HNSW only marks them
+        deleted) unless ``erase=True``. A Chroma server erases nothing through this class.
+
+    Several processes:
+        Collections another process drops or recreates on the same path are re-resolved:
+        a call that meets a stale cached collection drops it from the cache and retries
+        once. :meth:`ids`, :meth:`users` and :meth:`probe` let a caller compare the index
+        with the record store and find vectors HNSW cannot reach.
+
     Layout:
         Vectors written by the former single-collection layout (one collection named
         ``collection``) are neither read nor counted, so such an index looks empty and
@@ -632,7 +646,12 @@ class ChromaIndex:
     # -- erasure ----------------------------------------------------------------------------
 
     def _rebuild_user(self, user_id: str) -> None:
-        """Rewrite ``user_id``'s collection from its live vectors (drops HNSW tombstones)."""
+        """Rewrite ``user_id``'s collection from its live vectors (drops HNSW tombstones).
+
+        Not atomic: after a crash between the drop and the re-add the user's vectors are
+        missing, which ``ids`` against the record store shows (re-add them as pending).
+        """
+        self._collections.pop(user_id, None)  # resolve afresh, never a stale object
         collection = self._collection_for(user_id, create=False)
         if collection is None:
             return
