@@ -407,3 +407,71 @@ def test_chroma_filter_falls_back_when_over_fetch_is_not_enough() -> None:
     assert index.search(q, user_id="u", k=60, where={"kind": "missing"}) == []
     assert len(calls) == 1  # 4 * 60 + 20 > 200 rows: the first query saw every row
     index.close()
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"": 1},
+        {"$and": 1},
+        {"$or": "x"},
+        {"chroma:document": "x"},
+        {"chroma:x": 1},
+        {"#document": "x"},
+        {"#embedding": "x"},
+        {"a\x00b": 1},
+        {"x": float("nan")},
+        {"x": float("inf")},
+        {"x": 2**63},
+        {"x": None},
+    ],
+)
+def test_rejected_metadata_writes_nothing(index: VectorIndex, extra: dict[str, Any]) -> None:
+    v = np.stack([unit(0), unit(1)])
+    with pytest.raises(InvalidInputError):
+        index.add(["ok", "bad"], v, [meta("alice"), {**meta("alice"), **extra}])
+    assert index.count() == 0
+    assert index.search(unit(0), user_id="alice", k=5) == []
+    # The index stays usable for everyone.
+    index.add(["a"], v[:1], [meta("alice", n=-(2**63), f=1.5, s="a\x00b")])
+    assert index.search(unit(0), user_id="alice", k=1)[0][0] == "a"
+
+
+def test_ids_users_and_probe(index: Any) -> None:
+    q = unit(0)
+    index.add(
+        ["a1", "a2", "b1"],
+        np.stack([q, near(q, 0.5, 1), unit(2)]),
+        [meta("alice"), meta("alice"), meta("bob")],
+    )
+    assert index.ids("alice") == {"a1", "a2"} and index.ids("bob") == {"b1"}
+    assert index.ids("carol") == set()
+    assert index.users() == {"alice", "bob"}
+    assert index.probe(["a1", "a2", "b1", "missing"], user_id="alice") == set()
+    assert index.probe([], user_id="alice") == set()
+    assert index.probe(["a1"], user_id="carol") == set()
+    index.delete(["b1"], user_id="bob")
+    assert index.users() == {"alice"} and index.ids("bob") == set()
+    index.delete_user("alice")
+    assert index.users() == set() and index.ids("alice") == set()
+    with pytest.raises(InvalidInputError):
+        index.probe(["a1"], user_id="alice", k=0)
+
+
+def test_probe_counts_exact_duplicates_as_reachable(index: Any) -> None:
+    n = 25  # more copies than the probe depth: they tie and may crowd each other out
+    q = unit(0)
+    index.add([f"d{i}" for i in range(n)], np.stack([q] * n), [meta("u")] * n)
+    index.add(["other"], np.stack([unit(1)]), [meta("u")])
+    assert index.probe([f"d{i}" for i in range(n)] + ["other"], user_id="u", k=3) == set()
+    assert len(index.ids("u")) == n + 1
+
+
+def test_numpy_probe_reports_a_row_its_search_cannot_return() -> None:
+    index = NumpyIndex()
+    index.add(["a", "b"], np.stack([unit(0), unit(1)]), [meta("u"), meta("u")])
+    # Corrupt the stored row of "a" (as if its vector were lost): its own vector is now
+    # beaten by "b" and a 1-neighbour search no longer returns it.
+    part = index._parts["u"]
+    part.matrix[part.rows["a"]] = 0.1 * unit(1)
+    assert index.probe(["a", "b"], user_id="u", k=1) == {"a"}

@@ -8,17 +8,20 @@ from __future__ import annotations
 
 import hashlib
 import re
+import shutil
+import sqlite3
 import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import suppress
+from contextlib import closing, suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 from memories_core.backends.numpy_index import (
+    PROBE_DEPTH,
     as_matrix,
     as_query,
     check_filter,
@@ -36,6 +39,8 @@ from memories_core.interfaces import Filter
 
 __all__ = ["ChromaIndex"]
 
+_T = TypeVar("_T")
+
 # Chroma caps how many items one call may write; used when the client cannot tell us.
 _FALLBACK_BATCH = 5000
 
@@ -44,6 +49,16 @@ _USER_SUFFIX_LEN = 16
 # Chroma names: 3-512 characters of [a-zA-Z0-9._-], starting and ending alphanumeric, no "..".
 _BASE_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9._-]*")
 _MAX_BASE_LEN = 512 - 1 - _USER_SUFFIX_LEN
+# Chroma's embedded store: one SQLite file plus one folder (named by segment UUID) per HNSW
+# vector segment.
+_SQLITE_FILE = "chroma.sqlite3"
+_SEGMENT_DIR = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+# How long erasure waits for other connections (other processes) to release the SQLite file.
+_ERASE_BUSY_TIMEOUT_MS = 60_000
+# Cosine distance up to which a neighbour ties with a probed vector's own distance (0).
+_PROBE_TIE = 1e-5
+# How many ids one ``get`` of ``ids``/``probe`` reads.
+_READ_BATCH = 1000
 
 
 class ChromaIndex:
@@ -82,6 +97,20 @@ class ChromaIndex:
         passes the filter to Chroma as ``where``. Collections use cosine space and scores
         are returned as cosine similarity (``1 - distance``). Chroma's HNSW search is
         approximate; :class:`~memories_core.backends.NumpyIndex` is exact.
+
+    Deletion and erasure:
+        On an embedded persistent store (``path=``, or a caller's ``PersistentClient``),
+        :meth:`delete_user` and :meth:`reset` also erase the dropped data from the files
+        (:meth:`erase_deleted`: segment folders, leftover rows, ``VACUUM``), so no id,
+        metadata value or vector of a deleted user is readable in any file under the path.
+        :meth:`delete` leaves deleted vectors in Chroma's files (HNSW only marks them
+        deleted) unless ``erase=True``. A Chroma server erases nothing through this class.
+
+    Several processes:
+        Collections another process drops or recreates on the same path are re-resolved:
+        a call that meets a stale cached collection drops it from the cache and retries
+        once. :meth:`ids`, :meth:`users` and :meth:`probe` let a caller compare the index
+        with the record store and find vectors HNSW cannot reach.
 
     Layout:
         Vectors written by the former single-collection layout (one collection named
@@ -138,6 +167,8 @@ class ChromaIndex:
             if client is not None
             else self._build_client(path=path, host=host, port=port, ssl=ssl, headers=headers)
         )
+        # The folder of an embedded persistent store, whose files erasure cleans.
+        self._folder: Path | None = Path(path) if path is not None else _local_folder(client)
         self._dimension: int | None = None
         # user_id -> that user's Chroma collection, filled as collections are opened.
         self._collections: dict[str, Any] = {}
@@ -210,6 +241,36 @@ class ChromaIndex:
         self._collections[user_id] = collection
         return collection
 
+    def _on_collection(self, user_id: str, create: bool, op: Callable[[Any], _T], absent: _T) -> _T:
+        """Run ``op`` on ``user_id``'s collection; ``absent`` if it does not exist.
+
+        Another process on the same path may drop (``delete_user``, ``reset``) or drop and
+        recreate a collection this process has cached; the cached object then fails with
+        "does not exist". The cache entry is dropped and the collection resolved once more,
+        so a stale collection never outlives one call and never touches other users.
+        """
+        for attempt in range(2):
+            collection = self._collection_for(user_id, create=create)
+            if collection is None:
+                return absent
+            try:
+                return op(collection)
+            except BackendError as exc:
+                if attempt or not _is_stale(exc):
+                    raise
+                if self._collections.get(user_id) is collection:
+                    del self._collections[user_id]
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _open_by_name(self, name: str) -> Any | None:
+        """A collection by name, or ``None`` if it was dropped meanwhile."""
+        try:
+            return self._client.get_collection(name, embedding_function=None)
+        except Exception as exc:
+            if _is_not_found(exc):
+                return None
+            raise BackendError(f"cannot open Chroma collection {name!r}: {exc}") from exc
+
     def _own_collection_names(self) -> list[str]:
         """Names of every per-user collection of this index present in the client."""
         listed = self._guard(self._client.list_collections)
@@ -256,8 +317,15 @@ class ChromaIndex:
                 self._dimension = _dimension_of(first)
             if self._dimension is None:
                 for name in self._own_collection_names():
-                    collection = self._client.get_collection(name, embedding_function=None)
-                    self._dimension = _dimension_of(collection)
+                    collection = self._open_by_name(name)
+                    if collection is None:
+                        continue
+                    try:
+                        self._dimension = _dimension_of(collection)
+                    except Exception as exc:
+                        if _is_not_found(exc):  # dropped meanwhile
+                            continue
+                        raise
                     if self._dimension is not None:
                         break
         return self._dimension
@@ -280,8 +348,13 @@ class ChromaIndex:
     ) -> None:
         """Add or replace vectors (Chroma ``upsert``) in each user's collection, in batches.
 
+        Every input is validated before anything is written (the metadata rules of
+        :func:`~memories_core.backends.numpy_index.check_metadata`, shared with
+        ``NumpyIndex``), so a key Chroma would reject never leaves a half-written batch.
+
         Raises:
-            InvalidInputError: on mismatched lengths, bad shapes or non-scalar metadata.
+            InvalidInputError: on mismatched lengths, bad shapes, a reserved metadata key
+                (empty, ``$...``, ``#...``, ``chroma:...``, NUL) or a non-scalar value.
             MissingUserError: if a metadata has no ``user_id``.
             EmbedderMismatchError: if the dimension differs from the stored vectors'.
             BackendError: if Chroma fails (earlier batches may already be written; the
@@ -297,10 +370,10 @@ class ChromaIndex:
         rows_of: dict[str, list[int]] = {}
         for row, meta in enumerate(metas):
             rows_of.setdefault(str(meta["user_id"]), []).append(row)
-        with self._lock:
-            self._guard(self._check_dimension, matrix.shape[1])
-            for user_id, rows in rows_of.items():
-                collection: Any = self._collection_for(user_id, create=True)
+
+        def upsert_rows(rows: list[int]) -> Callable[[Any], None]:
+            def run(collection: Any) -> None:
+                # Upserts are idempotent: a retry on a re-resolved collection rewrites all.
                 for start in range(0, len(rows), self._batch):
                     chunk = rows[start : start + self._batch]
                     self._guard(
@@ -309,6 +382,13 @@ class ChromaIndex:
                         embeddings=matrix[chunk],
                         metadatas=[metas[row] for row in chunk],
                     )
+
+            return run
+
+        with self._lock:
+            self._guard(self._check_dimension, matrix.shape[1])
+            for user_id, rows in rows_of.items():
+                self._on_collection(user_id, True, upsert_rows(rows), None)
                 self._dimension = matrix.shape[1]
 
     def search(
@@ -328,80 +408,112 @@ class ChromaIndex:
         check_filter(where)
         query = as_query(vector)
         with self._lock:
-            collection = self._collection_for(user_id, create=False)
-            if collection is None:
-                return []
-            self._guard(self._check_dimension, query.shape[0], collection)
-            if not where:
-                result = self._guard(
-                    collection.query,
-                    query_embeddings=[query],
-                    n_results=k,
-                    include=["distances"],
-                )
-                return _pairs(result)[:k]
-            # Over-fetch without a Chroma pre-filter (its cost grows with the rows it
-            # matches) and filter in Python; Chroma returns fewer rows if it holds fewer.
-            fetch = 4 * k + 20
-            result = self._guard(
-                collection.query,
-                query_embeddings=[query],
-                n_results=fetch,
-                include=["distances", "metadatas"],
+            return self._on_collection(
+                user_id, False, lambda c: self._search_in(c, query, k, where), []
             )
-            pairs = _pairs(result)
-            metas = result["metadatas"][0] if result.get("metadatas") else []
-            kept = [
-                pair
-                for pair, meta in zip(pairs, metas, strict=True)
-                if meta is not None and matches_filter(meta, where)
-            ]
-            if len(kept) >= k or len(pairs) < fetch:
-                return kept[:k]
-            # Too few passed and there may be more rows: let Chroma apply the filter.
-            clauses = [{key: value} for key, value in where.items()]
+
+    def _search_in(
+        self, collection: Any, query: npt.NDArray[np.float32], k: int, where: Filter | None
+    ) -> list[tuple[str, float]]:
+        self._guard(self._check_dimension, query.shape[0], collection)
+        if not where:
             result = self._guard(
                 collection.query,
                 query_embeddings=[query],
                 n_results=k,
-                where=clauses[0] if len(clauses) == 1 else {"$and": clauses},
                 include=["distances"],
             )
             return _pairs(result)[:k]
+        # Over-fetch without a Chroma pre-filter (its cost grows with the rows it
+        # matches) and filter in Python; Chroma returns fewer rows if it holds fewer.
+        fetch = 4 * k + 20
+        result = self._guard(
+            collection.query,
+            query_embeddings=[query],
+            n_results=fetch,
+            include=["distances", "metadatas"],
+        )
+        pairs = _pairs(result)
+        metas = result["metadatas"][0] if result.get("metadatas") else []
+        kept = [
+            pair
+            for pair, meta in zip(pairs, metas, strict=True)
+            if meta is not None and matches_filter(meta, where)
+        ]
+        if len(kept) >= k or len(pairs) < fetch:
+            return kept[:k]
+        # Too few passed and there may be more rows: let Chroma apply the filter.
+        clauses = [{key: value} for key, value in where.items()]
+        result = self._guard(
+            collection.query,
+            query_embeddings=[query],
+            n_results=k,
+            where=clauses[0] if len(clauses) == 1 else {"$and": clauses},
+            include=["distances"],
+        )
+        return _pairs(result)[:k]
 
-    def delete(self, ids: Sequence[str], *, user_id: str) -> None:
-        """Delete vectors by id from ``user_id``'s collection; other users' are left alone."""
-        if not ids:
-            return
+    def delete(self, ids: Sequence[str], *, user_id: str, erase: bool = False) -> None:
+        """Delete vectors by id from ``user_id``'s collection; other users' are left alone.
+
+        Args:
+            ids: Ids to delete; unknown ids are ignored.
+            user_id: Owner of the vectors.
+            erase: Also make the deleted ids, metadata and vectors unrecoverable from the
+                raw files (embedded persistent store only): the user's collection is rebuilt
+                from its remaining vectors (HNSW only marks deleted vectors, it keeps them
+                in its files) and Chroma's SQLite file is vacuumed. This costs a rewrite of
+                the user's vectors and of the whole SQLite file, so batch deletions and
+                erase once (or call :meth:`erase_deleted` after several deletes).
+        """
         id_list = [str(i) for i in ids]
         with self._lock:
-            collection = self._collection_for(user_id, create=False)
-            if collection is None:
-                return
-            for start in range(0, len(id_list), self._batch):
-                self._guard(collection.delete, ids=id_list[start : start + self._batch])
+            if id_list:
+
+                def run(collection: Any) -> None:
+                    for start in range(0, len(id_list), self._batch):
+                        self._guard(collection.delete, ids=id_list[start : start + self._batch])
+
+                self._on_collection(user_id, False, run, None)
+            if erase:
+                self._rebuild_user(user_id)
+                self.erase_deleted()
 
     def delete_user(self, user_id: str) -> None:
-        """Delete every vector of ``user_id`` (drops the user's collection)."""
+        """Delete every vector of ``user_id`` and erase them from the files.
+
+        Drops the user's collection. On an embedded persistent store the dropped data is
+        then erased from the files under the path (see :meth:`erase_deleted`): the user's
+        HNSW segment folder is removed, rows Chroma left behind are purged and the SQLite
+        file is vacuumed, so neither the ids, the metadata (``user_id`` included) nor the
+        vectors can be read back from the raw files. Safe to repeat: a call after a crash
+        finishes the erasure of an earlier one.
+
+        Raises:
+            BackendError: if Chroma fails, or the SQLite file stays locked by another
+                process for longer than a minute (the vectors are gone but not yet erased;
+                call again).
+        """
         with self._lock:
             self._collections.pop(user_id, None)
             self._drop_collection(self._user_collection_name(user_id))
+            self.erase_deleted()
 
     def count(self, user_id: str | None = None) -> int:
         """Number of vectors, of one user or of all."""
         with self._lock:
             if user_id is not None:
-                collection = self._collection_for(user_id, create=False)
-                return 0 if collection is None else int(self._guard(collection.count))
+                return self._on_collection(user_id, False, lambda c: int(self._guard(c.count)), 0)
             total = 0
             for name in self._own_collection_names():
+                collection = self._open_by_name(name)
+                if collection is None:
+                    continue
                 try:
-                    collection = self._client.get_collection(name, embedding_function=None)
-                except Exception as exc:
-                    if _is_not_found(exc):  # dropped meanwhile
-                        continue
-                    raise BackendError(f"cannot open Chroma collection {name!r}: {exc}") from exc
-                total += int(self._guard(collection.count))
+                    total += int(self._guard(collection.count))
+                except BackendError as exc:
+                    if not _is_stale(exc):  # else dropped meanwhile
+                        raise
             return total
 
     def reset(self) -> None:
@@ -411,6 +523,7 @@ class ChromaIndex:
             self._dimension = None
             for name in self._own_collection_names():
                 self._drop_collection(name)
+            self.erase_deleted()
 
     def close(self) -> None:
         """Release the index; an ephemeral index also drops its collections."""
@@ -421,6 +534,208 @@ class ChromaIndex:
                 with suppress(Exception):
                     for name in self._own_collection_names():
                         self._drop_collection(name)
+
+    # -- verification (compare with the record store; repair stale or lost vectors) --------
+
+    def ids(self, user_id: str) -> set[str]:
+        """Every id of ``user_id``'s vectors (empty if the user has none), read in pages."""
+        with self._lock:
+            return self._on_collection(user_id, False, self._all_ids, set())
+
+    def _all_ids(self, collection: Any) -> set[str]:
+        found: set[str] = set()
+        offset = 0
+        while True:
+            got = self._guard(collection.get, include=[], limit=_READ_BATCH, offset=offset)
+            page = [str(vid) for vid in got.get("ids") or []]
+            found.update(page)
+            if len(page) < _READ_BATCH:
+                return found
+            offset += len(page)
+
+    def users(self) -> set[str]:
+        """Every user with at least one vector.
+
+        Collection names hold only a hash of the user id, so each collection's first
+        metadata is read (one small ``get`` per collection).
+        """
+        found: set[str] = set()
+        with self._lock:
+            for name in self._own_collection_names():
+                collection = self._open_by_name(name)
+                if collection is None:
+                    continue
+                try:
+                    got = self._guard(collection.get, limit=1, include=["metadatas"])
+                except BackendError as exc:
+                    if _is_stale(exc):  # dropped meanwhile
+                        continue
+                    raise
+                metas = got.get("metadatas") or []
+                if metas and metas[0] and isinstance(metas[0].get("user_id"), str):
+                    found.add(str(metas[0]["user_id"]))
+        return found
+
+    def probe(self, ids: Sequence[str], *, user_id: str, k: int = PROBE_DEPTH) -> set[str]:
+        """The ids among ``ids`` that a search with their own stored vector does not return.
+
+        Each id's vector is read back from Chroma (``get(include=["embeddings"])``) and the
+        vectors are queried in batches for ``k`` neighbours. An id counts as reachable when
+        it is returned, or when ``k`` neighbours tie with its own distance (exact duplicates
+        may crowd it out: such ids are queried again, deeper, until decided). Ids Chroma
+        does not hold for ``user_id`` are ignored (compare :meth:`ids` with the record
+        store to find them). HNSW is approximate, and a crash can leave a stored vector
+        without links, so a returned id should be deleted and re-added.
+
+        Raises:
+            InvalidInputError: if ``k < 1``.
+            BackendError: if Chroma fails.
+        """
+        if k < 1:
+            raise InvalidInputError("k must be >= 1")
+        wanted = list(dict.fromkeys(str(i) for i in ids))
+        if not wanted:
+            return set()
+        with self._lock:
+            return self._on_collection(
+                user_id, False, lambda c: self._probe_in(c, wanted, k), set()
+            )
+
+    def _probe_in(self, collection: Any, wanted: list[str], k: int) -> set[str]:
+        total = int(self._guard(collection.count))
+        lost: set[str] = set()
+        for start in range(0, len(wanted), _READ_BATCH):
+            got = self._guard(
+                collection.get, ids=wanted[start : start + _READ_BATCH], include=["embeddings"]
+            )
+            held = [str(vid) for vid in got.get("ids") or []]
+            if not held:
+                continue
+            vectors = np.asarray(got["embeddings"], dtype=np.float32)
+            depth = min(k, total)
+            result = self._guard(
+                collection.query,
+                query_embeddings=vectors,
+                n_results=depth,
+                include=["distances"],
+            )
+            for row, vid in enumerate(held):
+                found = [str(x) for x in result["ids"][row]]
+                dists = [float(d) for d in result["distances"][row]]
+                if vid in found:
+                    continue
+                deeper = depth
+                # Neighbours that all tie with the probe's own distance (0) may crowd the
+                # id out legitimately: look deeper until it shows or a worse one does.
+                while len(found) >= deeper and dists and dists[-1] <= _PROBE_TIE and deeper < total:
+                    deeper = min(total, deeper * 4)
+                    again = self._guard(
+                        collection.query,
+                        query_embeddings=vectors[row : row + 1],
+                        n_results=deeper,
+                        include=["distances"],
+                    )
+                    found = [str(x) for x in again["ids"][0]]
+                    dists = [float(d) for d in again["distances"][0]]
+                    if vid in found:
+                        break
+                if vid not in found:
+                    lost.add(vid)
+        return lost
+
+    # -- erasure ----------------------------------------------------------------------------
+
+    def _rebuild_user(self, user_id: str) -> None:
+        """Rewrite ``user_id``'s collection from its live vectors (drops HNSW tombstones).
+
+        Not atomic: after a crash between the drop and the re-add the user's vectors are
+        missing, which ``ids`` against the record store shows (re-add them as pending).
+        """
+        self._collections.pop(user_id, None)  # resolve afresh, never a stale object
+        collection = self._collection_for(user_id, create=False)
+        if collection is None:
+            return
+        name = self._user_collection_name(user_id)
+        ids = sorted(self._all_ids(collection))
+        rows: list[tuple[list[str], Any, list[Any]]] = []
+        for start in range(0, len(ids), _READ_BATCH):
+            got = self._guard(
+                collection.get,
+                ids=ids[start : start + _READ_BATCH],
+                include=["embeddings", "metadatas"],
+            )
+            rows.append(
+                (
+                    [str(v) for v in got["ids"]],
+                    np.asarray(got["embeddings"], dtype=np.float32),
+                    list(got["metadatas"]),
+                )
+            )
+        self._collections.pop(user_id, None)
+        self._drop_collection(name)
+        fresh: Any = self._collection_for(user_id, create=True)
+        for chunk_ids, vectors, metas in rows:
+            for start in range(0, len(chunk_ids), self._batch):
+                stop = start + self._batch
+                self._guard(
+                    fresh.upsert,
+                    ids=chunk_ids[start:stop],
+                    embeddings=vectors[start:stop],
+                    metadatas=metas[start:stop],
+                )
+
+    def erase_deleted(self) -> None:
+        """Erase dropped collections' data from the files of an embedded persistent store.
+
+        Chroma's deletes leave data readable: the SQLite file keeps deleted rows in free
+        space of its pages (Chroma's connection runs without ``secure_delete``), and a
+        dropped collection's HNSW segment folder stays on disk. This removes every segment
+        folder no segment row refers to, purges rows Chroma left behind for dropped
+        segments and collections (``embeddings``, ``embedding_metadata``, the full-text
+        table, ``max_seq_id``, ``embeddings_queue``), optimises the full-text index, runs
+        ``VACUUM`` (rewrites the file without free space) and truncates a WAL, through a
+        separate ``sqlite3`` connection with ``secure_delete`` on. Live collections are
+        untouched. Costs one rewrite of the SQLite file (about its size in I/O); a no-op for
+        ephemeral, server and non-local clients.
+
+        Raises:
+            BackendError: if the SQLite file stays locked longer than a minute, or cannot
+                be rewritten.
+        """
+        folder = self._folder
+        if folder is None or not (folder / _SQLITE_FILE).is_file():
+            return
+        with self._lock:
+            # Folders are listed before segment rows are read: Chroma writes a segment's row
+            # (when the collection is created) before its folder, so a folder seen here whose
+            # row is absent below belongs to a dropped segment, never to one being created.
+            listed = [
+                entry
+                for entry in folder.iterdir()
+                if entry.is_dir() and _SEGMENT_DIR.fullmatch(entry.name)
+            ]
+            try:
+                with closing(
+                    sqlite3.connect(
+                        folder / _SQLITE_FILE,
+                        timeout=_ERASE_BUSY_TIMEOUT_MS / 1000,
+                        isolation_level=None,
+                    )
+                ) as conn:
+                    conn.execute(f"PRAGMA busy_timeout = {_ERASE_BUSY_TIMEOUT_MS}")
+                    conn.execute("PRAGMA secure_delete = ON")
+                    live = {str(row[0]) for row in conn.execute("SELECT id FROM segments")}
+                    for entry in listed:
+                        if entry.name not in live:
+                            shutil.rmtree(entry, ignore_errors=True)
+                    _purge_orphan_rows(conn)
+                    conn.execute("VACUUM")
+                    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error as exc:
+                raise BackendError(f"cannot erase deleted Chroma data: {exc}") from exc
+            for entry in listed:
+                if entry.name not in live and entry.exists():
+                    raise BackendError(f"cannot remove the dropped Chroma segment {entry}")
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -474,3 +789,63 @@ def _is_not_found(exc: Exception) -> bool:
     if any(cls.__name__ == "NotFoundError" for cls in type(exc).__mro__):
         return True
     return "does not exist" in str(exc).lower()
+
+
+def _is_stale(exc: BaseException) -> bool:
+    """Whether a wrapped Chroma error says the collection no longer exists."""
+    cause = exc.__cause__
+    return isinstance(cause, Exception) and _is_not_found(cause)
+
+
+def _local_folder(client: Any | None) -> Path | None:
+    """The folder of a caller's embedded persistent client, else ``None``."""
+    if client is None:
+        return None
+    try:
+        settings = client.get_settings()
+    except Exception:
+        return None
+    impl = str(getattr(settings, "chroma_api_impl", "")).lower()
+    directory = getattr(settings, "persist_directory", None)
+    if not getattr(settings, "is_persistent", False) or not directory or "fastapi" in impl:
+        return None
+    return Path(directory)
+
+
+def _purge_orphan_rows(conn: sqlite3.Connection) -> None:
+    """Delete rows of Chroma's SQLite file that belong to no live segment or collection."""
+    tables = {str(row[0]) for row in conn.execute("SELECT name FROM sqlite_master")}
+    orphan = "SELECT id FROM embeddings WHERE segment_id NOT IN (SELECT id FROM segments)"
+    statements = [
+        (
+            "embedding_fulltext_search",
+            f"DELETE FROM embedding_fulltext_search WHERE rowid IN ({orphan})",
+        ),
+        (
+            "embedding_metadata_array",
+            f"DELETE FROM embedding_metadata_array WHERE id IN ({orphan})",
+        ),
+        ("embedding_metadata", f"DELETE FROM embedding_metadata WHERE id IN ({orphan})"),
+        ("embeddings", "DELETE FROM embeddings WHERE segment_id NOT IN (SELECT id FROM segments)"),
+        ("max_seq_id", "DELETE FROM max_seq_id WHERE segment_id NOT IN (SELECT id FROM segments)"),
+        (
+            "embeddings_queue",
+            # Topics are "<scheme>://<tenant>/<database>/<collection id>".
+            "DELETE FROM embeddings_queue WHERE substr(topic, -36) NOT IN "
+            "(SELECT id FROM collections)",
+        ),
+    ]
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for table, statement in statements:
+            if table in tables:
+                conn.execute(statement)
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    if "embedding_fulltext_search" in tables:
+        # FTS5 keeps deleted terms in its segments until they are merged.
+        conn.execute(
+            "INSERT INTO embedding_fulltext_search(embedding_fulltext_search) VALUES('optimize')"
+        )

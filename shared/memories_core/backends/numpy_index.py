@@ -7,6 +7,7 @@ and is rebuilt from the record store (``reindex``) when a process starts.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,6 +23,12 @@ __all__ = ["NumpyIndex", "check_metadata", "matches_filter"]
 Metadata = Mapping[str, str | int | float | bool]
 
 _INITIAL_CAPACITY = 64
+
+# Default search depth of ``probe``, how many probe vectors go in one batch, and how much lower
+# a score may be and still count as a tie with a probed vector's own score.
+PROBE_DEPTH = 10
+_PROBE_BATCH = 256
+_TIE = 1e-5
 
 
 def matches_filter(metadata: Metadata, where: Filter | None) -> bool:
@@ -47,13 +54,28 @@ def matches_filter(metadata: Metadata, where: Filter | None) -> bool:
     return True
 
 
+# Chroma reserves these key prefixes (``#document``, ``$and``, ``chroma:document``); a key it
+# rejects or silently drops would make a record unindexable, so every index rejects them.
+_RESERVED_KEY_PREFIXES = ("$", "#", "chroma:")
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
 def check_metadata(metadata: Metadata) -> dict[str, str | int | float | bool]:
     """Validate one vector's metadata and return a plain copy.
 
+    The rules are the same for every index, so a metadata one index accepts every index
+    stores unchanged: keys are non-empty strings without NUL that do not start with ``$``,
+    ``#`` or ``chroma:`` (Chroma rejects or silently drops those keys); values are ``str``,
+    ``bool``, 64-bit ``int`` or finite ``float`` (Chroma drops NaN/inf and turns larger ints
+    into floats). Nothing is written when this raises.
+
     Raises:
         MissingUserError: if ``user_id`` is missing or empty.
-        InvalidInputError: if ``kind`` is missing or a value is not a scalar.
+        InvalidInputError: if ``kind`` is missing, a key is reserved or malformed, or a value
+            is not an allowed scalar.
     """
+    if not isinstance(metadata, Mapping):
+        raise InvalidInputError(f"metadata must be a mapping, got {type(metadata).__name__}")
     user_id = metadata.get("user_id")
     if not isinstance(user_id, str) or not user_id.strip():
         raise MissingUserError("every vector's metadata needs a non-empty string user_id")
@@ -63,11 +85,24 @@ def check_metadata(metadata: Metadata) -> dict[str, str | int | float | bool]:
     for key, value in metadata.items():
         if not isinstance(key, str):
             raise InvalidInputError(f"metadata keys must be strings, got {key!r}")
+        if not key or "\x00" in key or key.startswith(_RESERVED_KEY_PREFIXES):
+            raise InvalidInputError(
+                f"metadata key {key!r} is reserved: keys must be non-empty, without NUL, and "
+                "not start with '$', '#' or 'chroma:'"
+            )
         if not isinstance(value, (str, int, float, bool)):
             raise InvalidInputError(
                 f"metadata value for {key!r} must be str, int, float or bool, "
                 f"got {type(value).__name__}"
             )
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InvalidInputError(f"metadata value for {key!r} is not finite: {value!r}")
+        if (
+            isinstance(value, int)
+            and not isinstance(value, bool)
+            and not _INT64_MIN <= value <= _INT64_MAX
+        ):
+            raise InvalidInputError(f"metadata value for {key!r} does not fit in 64 bits")
         out[key] = value
     return out
 
@@ -308,6 +343,51 @@ class NumpyIndex:
                 return len(self._owner)
             part = self._parts.get(user_id)
             return 0 if part is None else part.size
+
+    # -- verification (compare with the record store; repair stale or lost vectors) --------
+
+    def ids(self, user_id: str) -> set[str]:
+        """Every id of ``user_id``'s vectors (empty if the user has none)."""
+        with self._lock:
+            part = self._parts.get(user_id)
+            return set() if part is None else set(part.ids[: part.size])
+
+    def users(self) -> set[str]:
+        """Every user with at least one vector."""
+        with self._lock:
+            return {user for user, part in self._parts.items() if part.size}
+
+    def probe(self, ids: Sequence[str], *, user_id: str, k: int = PROBE_DEPTH) -> set[str]:
+        """The ids among ``ids`` that a search with their own stored vector does not return.
+
+        An id counts as reachable when a ``k``-neighbour search with its stored vector
+        returns it, or when ``k`` other vectors tie with its own score (exact duplicates,
+        which may legitimately crowd it out). Ids this index does not hold for
+        ``user_id`` are ignored (compare :meth:`ids` with the record store to find them).
+        Exact search always finds a stored row, so here the set is empty unless the index
+        is corrupt; :class:`~memories_core.backends.ChromaIndex` can lose HNSW links.
+        """
+        if k < 1:
+            raise InvalidInputError("k must be >= 1")
+        with self._lock:
+            part = self._parts.get(user_id)
+            if part is None:
+                return set()
+            rows = [part.rows[vid] for vid in dict.fromkeys(ids) if vid in part.rows]
+            lost: set[str] = set()
+            for start in range(0, len(rows), _PROBE_BATCH):
+                chunk = rows[start : start + _PROBE_BATCH]
+                scores = part.matrix[chunk] @ part.matrix[: part.size].T
+                for offset, row in enumerate(chunk):
+                    own = scores[offset]
+                    top = _top(own, k)
+                    if row in top:
+                        continue
+                    # Not returned: reachable only if k others tie with its own score (a
+                    # unit vector scores highest with itself; beaten means a corrupt row).
+                    if not (len(top) >= k and abs(own[top[-1]] - own[row]) <= _TIE):
+                        lost.add(part.ids[row])
+            return lost
 
     def reset(self) -> None:
         """Delete every vector of every user and forget the dimension."""
