@@ -549,24 +549,37 @@ class EngineTablesMixin:
             (user_id, e.id, e.source, e.target, e.relation, e.record_id, _dumps(dict(e.data)))
             for e in edges
         ]
-        try:
-            with self._write() as conn:
-                conn.executemany(
-                    "INSERT INTO graph_nodes (user_id, id, kind, label, data) "
-                    "VALUES (?, ?, ?, ?, ?) ON CONFLICT (user_id, id) DO UPDATE SET "
-                    "kind = excluded.kind, label = excluded.label, data = excluded.data",
-                    node_rows,
-                )
-                conn.executemany(
-                    "INSERT INTO graph_edges (user_id, id, source, target, relation, record_id, "
-                    "data) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (user_id, id) DO UPDATE SET "
-                    "source = excluded.source, target = excluded.target, "
-                    "relation = excluded.relation, record_id = excluded.record_id, "
-                    "data = excluded.data",
-                    edge_rows,
-                )
-        except sqlite3.IntegrityError as exc:
-            raise InvalidInputError(f"an edge names a node this user does not have: {exc}") from exc
+        with self._write() as conn:
+            conn.executemany(
+                "INSERT INTO graph_nodes (user_id, id, kind, label, data) "
+                "VALUES (?, ?, ?, ?, ?) ON CONFLICT (user_id, id) DO UPDATE SET "
+                "kind = excluded.kind, label = excluded.label, data = excluded.data",
+                node_rows,
+            )
+            ends = sorted({e.source for e in edges} | {e.target for e in edges})
+            if ends:
+                known = {
+                    row[0]
+                    for row in conn.execute(
+                        "SELECT id FROM graph_nodes WHERE user_id = ? "
+                        "AND id IN (SELECT value FROM json_each(?))",
+                        (user_id, json.dumps(ends)),
+                    )
+                }
+                unknown = [end for end in ends if end not in known]
+                if unknown:
+                    # Raising inside the transaction rolls the nodes above back too.
+                    raise InvalidInputError(
+                        f"edges name nodes this user does not have: {unknown[:5]}"
+                    )
+            conn.executemany(
+                "INSERT INTO graph_edges (user_id, id, source, target, relation, record_id, "
+                "data) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (user_id, id) DO UPDATE SET "
+                "source = excluded.source, target = excluded.target, "
+                "relation = excluded.relation, record_id = excluded.record_id, "
+                "data = excluded.data",
+                edge_rows,
+            )
 
     def delete_graph(
         self,
