@@ -7,7 +7,6 @@ from typing import Any
 
 from langchain_core.caches import BaseCache
 from langchain_core.callbacks import (
-    AsyncCallbackManagerForLLMRun,
     CallbackManagerForLLMRun,
 )
 from langchain_core.language_models import BaseChatModel
@@ -181,18 +180,8 @@ class ConditionalMemoryChat(BaseChatModel):
         )
         return _result(reply)
 
-    async def _agenerate(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: AsyncCallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> ChatResult:
-        text = self._user_input(messages, stop)
-        reply = await self.memory.arespond(
-            text, self._scope(), llm=self._answerer, k=self.k, instructions=_system(messages)
-        )
-        return _result(reply)
+    # No _agenerate: BaseChatModel runs _generate in a worker thread for ainvoke, which is
+    # exactly what ConditionalMemory.arespond would do (one implementation, not two).
 
 
 def _system(messages: Sequence[BaseMessage]) -> str | None:

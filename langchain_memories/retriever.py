@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from langchain_core.callbacks import (
     AsyncCallbackManagerForRetrieverRun,
     CallbackManagerForRetrieverRun,
@@ -19,24 +17,14 @@ __all__ = ["MemoryRetriever", "record_to_document"]
 
 
 def record_to_document(scored: ScoredRecord) -> Document:
-    """Convert one recalled record into a LangChain ``Document``.
+    """Convert one recalled record into a LangChain ``Document`` (id = record id).
 
-    The record's own metadata comes first; the reserved keys (``id``, ``kind``, ``score``,
-    ``created_at``, ``session_id``, ``user_id``, ``source_ids``) are written last, so free
-    metadata can never spoof them.
+    Metadata: :meth:`~memories_core.types.ScoredRecord.to_metadata` (the record's own, then
+    ``record_id``, ``kind``, ``score``, timestamps, state), the same keys as LlamaIndex nodes.
     """
-    record = scored.record
-    metadata: dict[str, Any] = dict(record.metadata)
-    metadata.update(
-        id=record.id,
-        kind=record.kind,
-        score=scored.score,
-        created_at=record.created_at.isoformat(),
-        session_id=record.session_id,
-        user_id=record.user_id,
-        source_ids=list(record.source_ids),
+    return Document(
+        page_content=scored.record.text, metadata=scored.to_metadata(), id=scored.record.id
     )
-    return Document(page_content=record.text, metadata=metadata, id=record.id)
 
 
 def _to_documents(recall: Recall) -> list[Document]:

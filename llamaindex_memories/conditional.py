@@ -13,6 +13,7 @@ Prompts, parsing, decisions and storage live in
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -155,10 +156,15 @@ class ConditionalMemoryLLM(LLM):
             text, self._scope(), llm=self._answerer, k=self.k, instructions=instructions
         )
 
-    async def _arespond(self, text: str, instructions: str | None = None) -> ConditionalReply:
-        return await self.memory.arespond(
-            text, self._scope(), llm=self._answerer, k=self.k, instructions=instructions
-        )
+    def _reply_to(self, messages: Sequence[ChatMessage]) -> ConditionalReply:
+        return self._respond(self._user_text(messages), _system(messages))
+
+    async def _areply_to(self, messages: Sequence[ChatMessage]) -> ConditionalReply:
+        # The one implementation, in a worker thread (as the core's async twins do).
+        return await asyncio.to_thread(self._reply_to, messages)
+
+    async def _arespond(self, prompt: str) -> ConditionalReply:
+        return await asyncio.to_thread(self._respond, prompt)
 
     @staticmethod
     def _chat(reply: ConditionalReply, *, stream: bool = False) -> ChatResponse:
@@ -181,12 +187,12 @@ class ConditionalMemoryLLM(LLM):
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         """Answer the latest user message; only the answer is in the message."""
-        return self._chat(self._respond(self._user_text(messages), _system(messages)))
+        return self._chat(self._reply_to(messages))
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         """Async twin of :meth:`chat`."""
-        return self._chat(await self._arespond(self._user_text(messages), _system(messages)))
+        return self._chat(await self._areply_to(messages))
 
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
@@ -203,9 +209,7 @@ class ConditionalMemoryLLM(LLM):
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
         """:meth:`chat`, yielded once (the answer is parsed out of the whole output)."""
-        response = self._chat(
-            self._respond(self._user_text(messages), _system(messages)), stream=True
-        )
+        response = self._chat(self._reply_to(messages), stream=True)
 
         def gen() -> ChatResponseGen:
             yield response
@@ -217,9 +221,7 @@ class ConditionalMemoryLLM(LLM):
         self, messages: Sequence[ChatMessage], **kwargs: Any
     ) -> ChatResponseAsyncGen:
         """Async twin of :meth:`stream_chat`."""
-        response = self._chat(
-            await self._arespond(self._user_text(messages), _system(messages)), stream=True
-        )
+        response = self._chat(await self._areply_to(messages), stream=True)
 
         async def gen() -> ChatResponseAsyncGen:
             yield response

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.callbacks import CallbackManager
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
@@ -14,25 +12,28 @@ from memories_core.types import Recall, Scope, ScoredRecord
 __all__ = ["MemoryRetriever"]
 
 #: Bookkeeping metadata keys kept on each node but hidden from the LLM and the embedder.
-_HIDDEN_KEYS = ["record_id", "user_id", "session_id", "source_ids"]
+_HIDDEN_KEYS = [
+    "record_id",
+    "user_id",
+    "session_id",
+    "source_ids",
+    "score",
+    "strength",
+    "recall_count",
+    "last_recalled_at",
+    "valid_until",
+]
 
 
 def record_to_node(hit: ScoredRecord) -> NodeWithScore:
     """Convert a recalled record to a scored LlamaIndex node (node id = record id).
 
-    The node's metadata holds the record's own metadata plus ``record_id``, ``kind``,
-    ``user_id``, ``session_id``, ``created_at`` (ISO 8601, UTC) and ``source_ids``.
+    Metadata: :meth:`~memories_core.types.ScoredRecord.to_metadata` (the record's own, then
+    ``record_id``, ``kind``, ``score``, timestamps, state), the same keys as LangChain
+    documents; bookkeeping keys are hidden from the LLM and the embedder.
     """
     record = hit.record
-    metadata: dict[str, Any] = {
-        **record.metadata,
-        "record_id": record.id,
-        "kind": record.kind,
-        "user_id": record.user_id,
-        "session_id": record.session_id,
-        "created_at": record.created_at.isoformat(),
-        "source_ids": list(record.source_ids),
-    }
+    metadata = hit.to_metadata()
     node = TextNode(
         id_=record.id,
         text=record.text,

@@ -256,7 +256,7 @@ def test_delete_and_delete_user(store: SQLiteRecordStore) -> None:
     assert store.users() == ["bob"]
     assert store.count("alice") == 0
     # The FTS index is consistent with the table after all of that.
-    store._conn.execute("INSERT INTO records_fts(records_fts) VALUES ('integrity-check')")
+    assert store.check_integrity() == []
     # A deleted user can come back with fresh records.
     store.add([rec("a3", "apple crumble")])
     assert [i for i, _ in store.search_text("apple", user_id="alice", k=5)] == ["a3"]
@@ -327,8 +327,8 @@ def test_file_store_persists_in_wal_mode(tmp_path: Path) -> None:
     with SQLiteRecordStore(path) as store:
         store.add([rec("a", "persistent puppy", session="s")])
         store.set_state("v", 1)
-        mode = store._conn.execute("PRAGMA journal_mode").fetchone()[0]
-        assert mode == "wal"
+        with sqlite3.connect(path) as raw:
+            assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     with SQLiteRecordStore(path) as again:
         assert again.get(["a"], user_id="alice")[0].text == "persistent puppy"
         assert [i for i, _ in again.search_text("puppy", user_id="alice", k=1)] == ["a"]
@@ -344,10 +344,11 @@ def test_unopenable_path_is_a_backend_error(tmp_path: Path) -> None:
         SQLiteRecordStore(tmp_path / "junk.sqlite3")
 
 
-def test_sqlite_errors_are_wrapped(
-    store: SQLiteRecordStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    store._conn.execute("DROP TABLE state")
+def test_sqlite_errors_are_wrapped(tmp_path: Path) -> None:
+    path = tmp_path / "r.sqlite3"
+    store = SQLiteRecordStore(path)
+    with sqlite3.connect(path) as raw:  # damage the file from outside, as another tool might
+        raw.execute("DROP TABLE state")
     with pytest.raises(BackendError):
         store.get_state("k")
     with pytest.raises(BackendError):

@@ -347,26 +347,30 @@ def test_chroma_server_add_search_and_isolation(chroma_server: int) -> None:
 def test_chroma_keeps_one_collection_per_user() -> None:
     import hashlib
 
-    index = ChromaIndex()
+    import chromadb
+
+    client = chromadb.EphemeralClient()
+    index = ChromaIndex(client=client, collection="percoll")
     index.add(
         ["a", "b", "c"], np.stack([unit(0), unit(1), unit(2)]), [meta("u"), meta("v"), meta("u")]
     )
     expected = f"{index.collection_name}-{hashlib.sha1(b'u').hexdigest()[:16]}"
     assert index.user_collection_name("u") == expected
-    names = {c.name for c in index._client.list_collections()}
+    names = {c.name for c in client.list_collections()}
     assert {index.user_collection_name("u"), index.user_collection_name("v")} <= names
     assert (index.count(), index.count("u"), index.count("v"), index.count("w")) == (3, 2, 1, 0)
     index.delete_user("v")
     index.delete_user("never-seen")  # absent collection is fine
-    assert index.user_collection_name("v") not in {c.name for c in index._client.list_collections()}
+    assert index.user_collection_name("v") not in {c.name for c in client.list_collections()}
     assert index.count() == 2
     # A user's collection is created again on their next add.
     index.add(["d"], np.stack([unit(3)]), [meta("v")])
     assert index.search(unit(3), user_id="v", k=5) == [("d", pytest.approx(1.0, abs=1e-4))]
     index.close()
-    assert not [
-        c.name for c in index._client.list_collections() if c.name.startswith(index.collection_name)
-    ]
+    # The client was the caller's: closing the index leaves the caller's collections alone.
+    assert {index.user_collection_name("u"), index.user_collection_name("v")} <= {
+        c.name for c in client.list_collections()
+    }
 
 
 def test_chroma_dimension_is_checked_across_users() -> None:

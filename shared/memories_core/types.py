@@ -394,6 +394,32 @@ class ScoredRecord:
     record: MemoryRecord
     score: float
 
+    def to_metadata(self) -> dict[str, Any]:
+        """The metadata an adapter attaches to a document or node, the same in every adapter.
+
+        The record's own metadata comes first; the library's keys are written last, so free
+        metadata can never spoof them: ``record_id``, ``kind``, ``score``, ``created_at``
+        (ISO 8601, UTC), ``session_id``, ``user_id``, ``source_ids``, and the state fields
+        ``strength``, ``recall_count``, ``last_recalled_at``, ``valid_until``.
+        """
+        record = self.record
+        state = record.state
+        metadata: dict[str, Any] = dict(record.metadata)
+        metadata.update(
+            record_id=record.id,
+            kind=record.kind,
+            score=self.score,
+            created_at=record.created_at.isoformat(),
+            session_id=record.session_id,
+            user_id=record.user_id,
+            source_ids=list(record.source_ids),
+            strength=state.strength,
+            recall_count=state.recall_count,
+            last_recalled_at=_iso(state.last_recalled_at),
+            valid_until=_iso(state.valid_until),
+        )
+        return metadata
+
 
 @dataclass(frozen=True)
 class Recall:

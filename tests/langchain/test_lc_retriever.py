@@ -43,7 +43,7 @@ def test_documents_carry_record_metadata(memory: HistoryMemory) -> None:
     assert meta["kind"] == "turn"
     assert meta["session_id"] == "s1"
     assert meta["topic"] == "food"  # the turn's own metadata is kept
-    assert meta["id"] == doc.id
+    assert meta["record_id"] == doc.id
     assert isinstance(meta["score"], float)
     assert isinstance(meta["source_ids"], list)
     assert datetime.fromisoformat(meta["created_at"]).tzinfo is not None

@@ -39,7 +39,7 @@ from memories_core.backends.sqlite_tables import (
 )
 from memories_core.errors import BackendError, InvalidInputError, MissingUserError
 from memories_core.interfaces import Filter
-from memories_core.types import MemoryRecord, ensure_utc
+from memories_core.types import MemoryRecord, check_user_id, ensure_utc
 
 __all__ = ["ENGLISH_STOPWORDS", "SQLiteRecordStore", "query_terms"]
 
@@ -162,10 +162,7 @@ def _from_micros(value: int) -> datetime:
     return _EPOCH + timedelta(microseconds=value)
 
 
-def _check_user(user_id: Any) -> str:
-    if not isinstance(user_id, str) or not user_id.strip():
-        raise MissingUserError("user_id is required and must be a non-empty string")
-    return user_id
+_check_user = check_user_id
 
 
 def _json_path(key: str) -> str:
@@ -691,6 +688,22 @@ class SQLiteRecordStore(EngineTablesMixin):
             conn.execute("INSERT INTO records_fts (records_fts) VALUES ('optimize')")
         with self._read() as conn:
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def check_integrity(self) -> list[str]:
+        """Run SQLite's and FTS5's integrity checks.
+
+        Returns:
+            Problems found (``[]`` when the file and the full-text index are consistent).
+        """
+        problems: list[str] = []
+        with self._read() as conn:
+            rows = [row[0] for row in conn.execute("PRAGMA integrity_check")]
+            problems += [row for row in rows if row != "ok"]
+            try:
+                conn.execute("INSERT INTO records_fts (records_fts) VALUES ('integrity-check')")
+            except sqlite3.DatabaseError as exc:
+                problems.append(f"full-text index: {exc}")
+        return problems
 
     def vacuum(self) -> None:
         """Rewrite the whole database file (reclaims space; run on request)."""
