@@ -48,9 +48,11 @@ __all__ = [
     "VectorIndex",
 ]
 
-#: Equality filter on record fields and metadata, e.g. ``{"kind": "turn", "topic": "food"}``.
-#: Keys ``kind`` and ``session_id`` refer to record fields; any other key to ``metadata``.
-Filter = Mapping[str, str | int | float | bool]
+#: A filter in the one filter language of :mod:`memories_core.filters`, e.g.
+#: ``{"kind": "turn", "created_at": {"$gte": since}, "topic": {"$in": ["food", "travel"]}}``:
+#: record and state fields, ``attrs.<name>`` and metadata keys; equality, ``$ne``, ``$in``,
+#: ``$nin``, ``$gt``/``$gte``/``$lt``/``$lte``, ``$exists``, ``$and``/``$or``.
+Filter = Mapping[str, Any]
 
 Vector = npt.NDArray[np.float32]
 

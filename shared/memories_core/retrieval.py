@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from memories_core.errors import ConfigurationError, InvalidInputError, MissingUserError
+from memories_core.filters import compile_filter, record_getter
 from memories_core.interfaces import Embedder, Filter, RecordStore, VectorIndex
 from memories_core.types import MemoryRecord, ScoredRecord
 
@@ -520,15 +521,9 @@ def _adjacent_via_list(
 
 
 def _matches(record: MemoryRecord, where: Filter | None) -> bool:
-    """Whether a loaded record satisfies ``where`` (re-checked: the index may be stale)."""
-    if not where:
-        return True
-    fields: Mapping[str, Any] = {"kind": record.kind, "session_id": record.session_id}
-    for key, wanted in where.items():
-        got = fields[key] if key in fields else record.metadata.get(key, _MISSING)
-        if got is _MISSING or got != wanted or isinstance(got, bool) != isinstance(wanted, bool):
-            return False
-    return True
+    """Whether a loaded record satisfies the full ``where``.
 
-
-_MISSING = object()
+    Re-checked here because an index may be stale and pre-filters only on the keys it holds.
+    """
+    expr = compile_filter(where)
+    return expr is None or expr.matches(record_getter(record))

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from memories_core.errors import EmbedderMismatchError, InvalidInputError, MissingUserError
+from memories_core.filters import MISSING, FilterExpr, compile_filter, index_prefilter
 from memories_core.interfaces import Filter
 
 __all__ = ["NumpyIndex", "check_metadata", "matches_filter"]
@@ -31,27 +33,30 @@ _PROBE_BATCH = 256
 _TIE = 1e-5
 
 
-def matches_filter(metadata: Metadata, where: Filter | None) -> bool:
-    """Whether ``metadata`` satisfies the equality filter ``where``.
+def matches_filter(metadata: Metadata, where: Filter | FilterExpr | None) -> bool:
+    """Whether a vector's ``metadata`` satisfies the part of ``where`` an index can check.
 
-    Booleans only equal booleans (``True`` does not match ``1``), numbers compare by value
-    (``1`` matches ``1.0``), strings only equal strings: the same rules as the SQLite store.
+    The filter language and its typing rules live in :mod:`memories_core.filters`. Only the
+    conjuncts a vector's metadata can answer (:func:`~memories_core.filters.index_prefilter`:
+    ``kind``, ``session_id``, scalar metadata) are checked, so the result is a superset of
+    the full filter's matches; the caller re-checks the full filter on the loaded records.
+
+    Raises:
+        InvalidInputError: if ``where`` is not a valid filter.
     """
-    if not where:
-        return True
-    for key, wanted in where.items():
-        if key not in metadata:
-            return False
-        got = metadata[key]
-        if isinstance(wanted, bool) or isinstance(got, bool):
-            if not (isinstance(wanted, bool) and isinstance(got, bool) and wanted == got):
-                return False
-        elif isinstance(wanted, str) or isinstance(got, str):
-            if not (isinstance(wanted, str) and isinstance(got, str) and wanted == got):
-                return False
-        elif got != wanted:
-            return False
-    return True
+    usable = index_prefilter(where)
+    return usable is None or usable.matches(_metadata_getter(metadata))
+
+
+def _metadata_getter(metadata: Metadata, vid: str | None = None) -> Callable[[str], Any]:
+    """Value getter over index metadata (plus the vector's id when known)."""
+
+    def get(key: str) -> Any:
+        if key == "id" and vid is not None:
+            return vid
+        return metadata.get(key, MISSING)
+
+    return get
 
 
 # Chroma reserves these key prefixes (``#document``, ``$and``, ``chroma:document``); a key it
@@ -107,17 +112,13 @@ def check_metadata(metadata: Metadata) -> dict[str, str | int | float | bool]:
     return out
 
 
-def check_filter(where: Filter | None) -> None:
-    """Reject filters that no backend can apply the same way.
+def check_filter(where: Filter | FilterExpr | None) -> FilterExpr | None:
+    """Validate ``where`` (see :func:`memories_core.filters.compile_filter`) and compile it.
 
     Raises:
-        InvalidInputError: on a ``user_id`` key (it is an argument) or a non-scalar value.
+        InvalidInputError: on an invalid filter, e.g. a ``user_id`` key (it is an argument).
     """
-    for key, value in (where or {}).items():
-        if key == "user_id":
-            raise InvalidInputError("filter on user_id: pass it as the user_id argument")
-        if not isinstance(value, (str, int, float, bool)):
-            raise InvalidInputError(f"filter value for {key!r} must be str, int, float or bool")
+    return compile_filter(where)
 
 
 def as_matrix(vectors: npt.ArrayLike, rows: int) -> npt.NDArray[np.float32]:
@@ -281,6 +282,13 @@ class NumpyIndex:
     ) -> list[tuple[str, float]]:
         """Return up to ``k`` ``(id, cosine)`` pairs of ``user_id``'s vectors, best first.
 
+        ``where`` is any filter of :mod:`memories_core.filters`. Its top-level conjuncts on
+        ``id``, ``kind``, ``session_id`` and metadata are applied exactly; conjuncts on keys
+        the index does not hold (``created_at``, state, ``attrs.*``) or testing
+        ``$exists: True`` on metadata (lists and ``None`` are not indexed) are skipped
+        (:func:`~memories_core.filters.index_prefilter`), so the caller must re-check the
+        full filter on the loaded records.
+
         Raises:
             InvalidInputError: if ``k < 1``, the vector is malformed or the filter invalid.
             EmbedderMismatchError: if the query's dimension differs from the index's.
@@ -289,7 +297,8 @@ class NumpyIndex:
             raise MissingUserError("user_id is required")
         if k < 1:
             raise InvalidInputError("k must be >= 1")
-        check_filter(where)
+        # Keys the index does not hold (state, created_at) are left to the caller's re-check.
+        usable = index_prefilter(check_filter(where), with_id=True)
         query = as_query(vector)
         with self._lock:
             part = self._parts.get(user_id)
@@ -297,19 +306,25 @@ class NumpyIndex:
                 return []
             self._check_dimension(query.shape[0])
             scores = part.matrix[: part.size] @ query
-            order = self._filtered_top(part, scores, k, where) if where else _top(scores, k)
+            order = (
+                _top(scores, k) if usable is None else self._filtered_top(part, scores, k, usable)
+            )
             return [(part.ids[row], float(scores[row])) for row in order]
 
     @staticmethod
     def _filtered_top(
-        part: _Partition, scores: npt.NDArray[np.float32], k: int, where: Filter
+        part: _Partition, scores: npt.NDArray[np.float32], k: int, where: FilterExpr
     ) -> list[int]:
         # Over-fetch the best rows and filter them; only if too few pass, fall back to the
         # full ranking. Filters are usually loose (a kind), so the first round suffices.
         fetch = min(part.size, max(4 * k, 64))
         while True:
             candidates = _top(scores, fetch)
-            kept = [row for row in candidates if matches_filter(part.metadatas[row], where)]
+            kept = [
+                row
+                for row in candidates
+                if where.matches(_metadata_getter(part.metadatas[row], part.ids[row]))
+            ]
             if len(kept) >= k or fetch >= part.size:
                 return kept[:k]
             fetch = min(part.size, fetch * 4)

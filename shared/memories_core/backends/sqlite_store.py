@@ -25,7 +25,7 @@ import json
 import re
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -38,6 +38,7 @@ from memories_core.backends.sqlite_tables import (
     state_from_row,
 )
 from memories_core.errors import BackendError, InvalidInputError, MissingUserError
+from memories_core.filters import ColumnType, compile_filter
 from memories_core.interfaces import Filter
 from memories_core.types import MemoryRecord, check_user_id, ensure_utc
 
@@ -165,42 +166,48 @@ def _from_micros(value: int) -> datetime:
 _check_user = check_user_id
 
 
-def _json_path(key: str) -> str:
-    if not isinstance(key, str) or not key or '"' in key:
-        raise InvalidInputError(f"invalid filter key {key!r}")
-    return f'$."{key}"'
+#: Filter fields of the ``records`` table (see :meth:`FilterExpr.to_sql`); other keys are
+#: metadata. State fields join here once the state table exists.
+_RECORD_FILTER_COLUMNS: Mapping[str, tuple[str, ColumnType]] = {
+    "id": ("id", "text"),
+    "kind": ("kind", "text"),
+    "session_id": ("session_id", "text"),
+    "created_at": ("created_at", "datetime"),
+}
 
 
-def _filter_sql(where: Filter | None, alias: str = "") -> tuple[str, list[Any]]:
-    """Translate an equality filter into SQL conditions (joined by AND) and parameters."""
-    if not where:
+def _filter_sql(
+    where: Filter | None,
+    alias: str = "",
+    *,
+    columns: Mapping[str, tuple[str, ColumnType]] | None = None,
+    attrs_column: str | None = None,
+) -> tuple[str, list[Any]]:
+    """Translate a filter (:mod:`memories_core.filters`) into ``" AND (...)"`` and parameters.
+
+    Args:
+        where: The filter; ``None`` or ``{}`` gives ``("", [])``.
+        alias: Table alias prefix (``"r."``) of the records table, for the default columns
+            and the metadata column.
+        columns: Field -> ``(sql expression, type)``; defaults to the records table's
+            columns (:data:`_RECORD_FILTER_COLUMNS`) qualified by ``alias``. Expressions given
+            here are used verbatim (qualify them yourself).
+        attrs_column: SQL expression of the state ``attrs`` JSON, when the query joins it.
+
+    Raises:
+        InvalidInputError: on an invalid filter, or a field this query does not provide.
+    """
+    expr = compile_filter(where)
+    if expr is None:
         return "", []
-    clauses: list[str] = []
-    params: list[Any] = []
-    for key, value in where.items():
-        if key == "user_id":
-            raise InvalidInputError("filter on user_id: pass it as the user_id argument")
-        if not isinstance(value, (str, int, float, bool)):
-            raise InvalidInputError(f"filter value for {key!r} must be str, int, float or bool")
-        if key in _FIELD_COLUMNS:
-            clauses.append(f"{alias}{key} = ?")
-            params.append(value)
-            continue
-        path = _json_path(key)
-        # json_extract maps JSON true/false to 1/0, so the JSON type is checked as well:
-        # a filter True must not match a metadata value 1, nor "1" match 1.
-        if isinstance(value, bool):
-            clauses.append(f"json_type({alias}metadata, ?) = ?")
-            params += [path, "true" if value else "false"]
-        elif isinstance(value, str):
-            clauses.append(f"json_type({alias}metadata, ?) = 'text'")
-            clauses.append(f"json_extract({alias}metadata, ?) = ?")
-            params += [path, path, value]
-        else:
-            clauses.append(f"json_type({alias}metadata, ?) IN ('integer', 'real')")
-            clauses.append(f"json_extract({alias}metadata, ?) = ?")
-            params += [path, path, value]
-    return " AND " + " AND ".join(clauses), params
+    if columns is None:
+        columns = {
+            name: (alias + sql, kind) for name, (sql, kind) in _RECORD_FILTER_COLUMNS.items()
+        }
+    sql, params = expr.to_sql(
+        columns, metadata_column=f"{alias}metadata", attrs_column=attrs_column
+    )
+    return f" AND {sql}", params
 
 
 class SQLiteRecordStore(EngineTablesMixin):

@@ -1,0 +1,740 @@
+"""The one filter language of the package: parsed once, evaluated in Python, translated to SQL.
+
+A filter is a mapping, e.g.::
+
+    {"kind": "turn", "created_at": {"$gte": since}, "$or": [{"topic": "food"}, {"n": {"$gt": 2}}]}
+
+:func:`compile_filter` validates it and returns a small immutable tree (:class:`FilterExpr`)
+that every backend uses: :meth:`FilterExpr.matches` evaluates it against any record-like
+value source, :meth:`FilterExpr.to_sql` translates it for SQLite, and :meth:`FilterExpr.split`
+keeps the part a partial backend (a vector index) can pre-filter on.
+
+Keys (the field namespace of ``ENGINE_SPEC.md``):
+
+* record fields ``id``, ``kind``, ``session_id`` (text) and ``created_at`` (datetime);
+* state fields ``strength``, ``recall_count`` (numbers), ``last_recalled_at``, ``valid_from``,
+  ``valid_until`` (datetimes), ``tier`` (text), ``archived`` (bool);
+* ``attrs.<name>``: a key of the state's ``attrs`` JSON;
+* any other key: a key of the record's ``metadata`` JSON.
+
+Operators: equality shorthand ``{"k": v}``, ``$eq``, ``$ne``, ``$in`` / ``$nin`` (lists),
+``$gt`` / ``$gte`` / ``$lt`` / ``$lte`` (numbers or datetimes), ``$exists`` (bool), and
+``$and`` / ``$or`` (non-empty lists of filters). Several keys, or several operators on one
+key, are AND-ed.
+
+Semantics, identical in every backend:
+
+* A missing key, ``None``, JSON ``null`` and SQL ``NULL`` match nothing except
+  ``$exists: False``; in particular ``$ne`` and ``$nin`` do not match missing keys.
+* Comparison operators (``$ne`` and ``$nin`` included) only ever match scalar values;
+  a JSON list or object is present (for ``$exists``) but never compares.
+* ``True`` never equals ``1`` and a string never equals a number; ``int`` and ``float``
+  compare numerically.
+* A datetime compares with datetime fields; on a metadata (or ``attrs``) key it compares
+  with the ISO-8601 UTC string of :func:`to_iso` (how metadata stores datetimes).
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any, Final, Literal
+
+from memories_core.errors import InvalidInputError
+
+__all__ = [
+    "ATTRS_PREFIX",
+    "FIELD_TYPES",
+    "MISSING",
+    "RECORD_FIELDS",
+    "STATE_FIELDS",
+    "AllOf",
+    "AnyOf",
+    "ColumnType",
+    "Condition",
+    "FilterExpr",
+    "SQLiteTranslator",
+    "compile_filter",
+    "from_micros",
+    "index_prefilter",
+    "is_index_field",
+    "record_getter",
+    "to_iso",
+    "to_micros",
+]
+
+ColumnType = Literal["text", "int", "real", "bool", "datetime"]
+Scalar = str | int | float | bool | datetime
+ValueGetter = Callable[[str], Any]
+
+
+class _Missing:
+    """Type of :data:`MISSING`."""
+
+    _instance: _Missing | None = None
+
+    def __new__(cls) -> _Missing:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+#: Returned by a value getter for a key the record does not have.
+MISSING: Final = _Missing()
+
+#: Immutable record fields and their types.
+RECORD_FIELDS: Final[Mapping[str, ColumnType]] = {
+    "id": "text",
+    "kind": "text",
+    "session_id": "text",
+    "created_at": "datetime",
+}
+#: Mutable state fields (table ``record_state``) and their types.
+STATE_FIELDS: Final[Mapping[str, ColumnType]] = {
+    "strength": "real",
+    "recall_count": "int",
+    "last_recalled_at": "datetime",
+    "tier": "text",
+    "valid_from": "datetime",
+    "valid_until": "datetime",
+    "archived": "bool",
+}
+FIELD_TYPES: Final[Mapping[str, ColumnType]] = {**RECORD_FIELDS, **STATE_FIELDS}
+ATTRS_PREFIX: Final = "attrs."
+
+# Keys that may not appear in a filter at all, with the reason.
+_FORBIDDEN_KEYS = {
+    "user_id": "user_id may not appear in a filter: pass it as the user_id argument",
+    "text": "text is not a filterable field (use a text search)",
+    "source_ids": "source_ids is not a filterable field",
+}
+_COMPARISONS = {"$eq": "eq", "$ne": "ne", "$gt": "gt", "$gte": "gte", "$lt": "lt", "$lte": "lte"}
+_OPERATORS = {**_COMPARISONS, "$in": "in", "$nin": "nin", "$exists": "exists"}
+_RANGES = frozenset({"gt", "gte", "lt", "lte"})
+_INT64 = (-(2**63), 2**63 - 1)
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+# -- values ---------------------------------------------------------------------------------
+
+
+def _utc(value: datetime) -> datetime:
+    """``value`` as an aware UTC datetime (a naive value is taken to be UTC)."""
+    if value.tzinfo is None:
+        return value.replace(tzinfo=timezone.utc)
+    return value.astimezone(timezone.utc)
+
+
+def to_micros(value: datetime) -> int:
+    """Integer microseconds since the Unix epoch (UTC): how SQLite stores datetime fields.
+
+    A naive datetime is taken to be UTC.
+    """
+    return (_utc(value) - _EPOCH) // _MICROSECOND
+
+
+def from_micros(value: int) -> datetime:
+    """Inverse of :func:`to_micros`: an aware UTC datetime."""
+    return _EPOCH + timedelta(microseconds=value)
+
+
+def to_iso(value: datetime) -> str:
+    """ISO-8601 UTC string of ``value``: how metadata stores datetimes.
+
+    ``datetime.isoformat`` of a UTC datetime, e.g. ``2024-05-01T12:00:00+00:00`` or
+    ``2024-05-01T12:00:00.250000+00:00``. These strings sort like the instants they name
+    (``+`` sorts before ``.``), so string comparison is time comparison.
+    """
+    return _utc(value).isoformat()
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_scalar(value: object) -> bool:
+    return isinstance(value, (str, int, float, bool, datetime))
+
+
+def _equal(got: Any, want: Scalar) -> bool:
+    """Typed equality: bool only equals bool, str only str, numbers by value."""
+    if isinstance(want, bool):
+        return isinstance(got, bool) and got == want
+    if isinstance(want, (int, float)):
+        return _is_number(got) and got == want
+    if isinstance(want, str):
+        return isinstance(got, str) and got == want
+    if isinstance(got, datetime):
+        return _utc(got) == want
+    return isinstance(got, str) and got == to_iso(want)
+
+
+def _order(got: Any, want: Scalar) -> int | None:
+    """Sign of ``got - want`` for numbers and datetimes, ``None`` when not comparable."""
+    left: Any
+    right: Any
+    if _is_number(want) and _is_number(got):
+        left, right = got, want
+    elif isinstance(want, datetime) and isinstance(got, datetime):
+        left, right = _utc(got), want
+    elif isinstance(want, datetime) and isinstance(got, str):
+        left, right = got, to_iso(want)
+    else:
+        return None
+    return (left > right) - (left < right)
+
+
+# -- the expression tree --------------------------------------------------------------------
+
+
+class FilterExpr(ABC):
+    """A compiled filter: an immutable tree of :class:`Condition`, :class:`AllOf`, :class:`AnyOf`.
+
+    Build one with :func:`compile_filter`; never from user input directly.
+    """
+
+    __slots__ = ()
+
+    @abstractmethod
+    def matches(self, get: ValueGetter) -> bool:
+        """Evaluate the filter in Python.
+
+        Args:
+            get: Returns the value of a key (a field, ``attrs.<name>`` or metadata key), or
+                :data:`MISSING` (``None`` counts as missing too). Datetime fields are
+                ``datetime`` objects; see :func:`record_getter` for a record.
+        """
+
+    @abstractmethod
+    def fields(self) -> frozenset[str]:
+        """Every key the filter references."""
+
+    def conjuncts(self) -> tuple[FilterExpr, ...]:
+        """The parts of the top-level AND (just ``(self,)`` unless this is an :class:`AllOf`)."""
+        return (self,)
+
+    def split(self, available: Callable[[str], bool]) -> FilterExpr | None:
+        """The part of the top-level AND that uses only keys ``available`` accepts.
+
+        Used by backends that know only some fields (a vector index knows ``kind``,
+        ``session_id`` and scalar metadata, not state): they pre-filter with the result,
+        which matches a superset of the full filter, and the caller re-checks the full
+        filter afterwards.
+
+        Returns:
+            The kept conjuncts, or ``None`` if none is usable (no pre-filter).
+        """
+        kept = tuple(
+            part for part in self.conjuncts() if all(available(key) for key in part.fields())
+        )
+        if not kept:
+            return None
+        return kept[0] if len(kept) == 1 else AllOf(kept)
+
+    def to_sql(
+        self,
+        columns: Mapping[str, tuple[str, ColumnType]],
+        *,
+        metadata_column: str,
+        attrs_column: str | None = None,
+        dialect: str = "sqlite",
+    ) -> tuple[str, list[Any]]:
+        """Translate the filter into one SQL condition and its parameters.
+
+        Args:
+            columns: Field name -> ``(sql expression, type)``; types are ``"text"``,
+                ``"int"``, ``"real"``, ``"bool"`` (stored 0/1) and ``"datetime"`` (stored as
+                integer microseconds since the epoch, :func:`to_micros`). ``NULL`` means
+                missing, so give defaults with ``COALESCE`` where the Python side has them.
+            metadata_column: SQL expression of the metadata JSON (keys not in ``columns``).
+            attrs_column: SQL expression of the state ``attrs`` JSON, if the query has it.
+            dialect: Only ``"sqlite"`` for now (see :class:`SQLiteTranslator`).
+
+        Returns:
+            ``(condition, params)`` with ``?`` placeholders, ready to AND into a ``WHERE``.
+
+        Raises:
+            InvalidInputError: if the filter names a field the query does not provide
+                (e.g. a state field when ``columns`` maps only the records table).
+        """
+        translator = _TRANSLATORS.get(dialect)
+        if translator is None:
+            raise InvalidInputError(f"no SQL translation for dialect {dialect!r}")
+        return translator(columns, metadata_column, attrs_column).translate(self)
+
+
+@dataclass(frozen=True)
+class Condition(FilterExpr):
+    """One operator on one key.
+
+    Attributes:
+        key: Field, ``attrs.<name>`` or metadata key.
+        op: ``eq``, ``ne``, ``gt``, ``gte``, ``lt``, ``lte``, ``in``, ``nin`` or ``exists``.
+        value: A scalar (datetimes in UTC), a tuple of scalars (``in``/``nin``) or a bool
+            (``exists``).
+    """
+
+    key: str
+    op: str
+    value: Any
+
+    def matches(self, get: ValueGetter) -> bool:  # noqa: D102
+        got = get(self.key)
+        present = got is not MISSING and got is not None
+        if self.op == "exists":
+            return present is self.value
+        if not present or not _is_scalar(got):
+            return False
+        if self.op == "eq":
+            return _equal(got, self.value)
+        if self.op == "ne":
+            return not _equal(got, self.value)
+        if self.op == "in":
+            return any(_equal(got, want) for want in self.value)
+        if self.op == "nin":
+            return not any(_equal(got, want) for want in self.value)
+        sign = _order(got, self.value)
+        if sign is None:
+            return False
+        return {"gt": sign > 0, "gte": sign >= 0, "lt": sign < 0, "lte": sign <= 0}[self.op]
+
+    def fields(self) -> frozenset[str]:  # noqa: D102
+        return frozenset((self.key,))
+
+
+@dataclass(frozen=True)
+class AllOf(FilterExpr):
+    """Every part matches (``$and``, several keys, several operators on one key)."""
+
+    parts: tuple[FilterExpr, ...]
+
+    def matches(self, get: ValueGetter) -> bool:  # noqa: D102
+        return all(part.matches(get) for part in self.parts)
+
+    def fields(self) -> frozenset[str]:  # noqa: D102
+        return frozenset().union(*(part.fields() for part in self.parts))
+
+    def conjuncts(self) -> tuple[FilterExpr, ...]:  # noqa: D102
+        return self.parts
+
+
+@dataclass(frozen=True)
+class AnyOf(FilterExpr):
+    """At least one part matches (``$or``)."""
+
+    parts: tuple[FilterExpr, ...]
+
+    def matches(self, get: ValueGetter) -> bool:  # noqa: D102
+        return any(part.matches(get) for part in self.parts)
+
+    def fields(self) -> frozenset[str]:  # noqa: D102
+        return frozenset().union(*(part.fields() for part in self.parts))
+
+
+# -- parsing and validation -----------------------------------------------------------------
+
+
+def compile_filter(where: Mapping[str, Any] | FilterExpr | None) -> FilterExpr | None:
+    """Validate a filter mapping and compile it.
+
+    Args:
+        where: The filter (see the module docstring); ``None`` or ``{}`` means no filter.
+            An already compiled :class:`FilterExpr` is returned as is.
+
+    Returns:
+        The compiled filter, or ``None`` when there is nothing to filter on.
+
+    Raises:
+        InvalidInputError: on a ``user_id`` key, an unknown ``$`` operator, a range operator
+            on a string or bool, a non-list ``$in``/``$nin``, a NaN or infinite number, an
+            empty ``$and``/``$or``, or a value of the wrong type for a known field.
+    """
+    if where is None or isinstance(where, FilterExpr):
+        return where
+    if not isinstance(where, Mapping):
+        raise InvalidInputError(f"a filter must be a mapping, got {type(where).__name__}")
+    if not where:
+        return None
+    return _compile_mapping(where)
+
+
+def _combine(parts: Sequence[FilterExpr]) -> FilterExpr:
+    flat: list[FilterExpr] = []
+    for part in parts:
+        flat.extend(part.conjuncts())
+    return flat[0] if len(flat) == 1 else AllOf(tuple(flat))
+
+
+def _compile_mapping(where: Mapping[str, Any]) -> FilterExpr:
+    parts: list[FilterExpr] = []
+    for key, value in where.items():
+        if key in ("$and", "$or"):
+            parts.append(_compile_logical(key, value))
+        else:
+            _check_key(key)
+            parts.append(_compile_field(key, value))
+    return _combine(parts)
+
+
+def _compile_logical(op: str, value: Any) -> FilterExpr:
+    if not isinstance(value, (list, tuple)):
+        raise InvalidInputError(f"{op} takes a list of filters, got {type(value).__name__}")
+    if not value:
+        raise InvalidInputError(f"{op} needs at least one filter")
+    subs: list[FilterExpr] = []
+    for item in value:
+        if not isinstance(item, Mapping) or not item:
+            raise InvalidInputError(f"each item of {op} must be a non-empty filter, got {item!r}")
+        subs.append(_compile_mapping(item))
+    if op == "$and":
+        return _combine(subs)
+    return subs[0] if len(subs) == 1 else AnyOf(tuple(subs))
+
+
+def _check_key(key: Any) -> None:
+    if not isinstance(key, str) or not key:
+        raise InvalidInputError(f"filter keys must be non-empty strings, got {key!r}")
+    if key in _FORBIDDEN_KEYS:
+        raise InvalidInputError(_FORBIDDEN_KEYS[key])
+    if key.startswith("$"):
+        raise InvalidInputError(f"unknown filter operator {key!r} (top-level operators: $and, $or)")
+    if key == ATTRS_PREFIX:
+        raise InvalidInputError("a filter on attrs needs a name: 'attrs.<name>'")
+    # SQLite JSON paths quote keys as $."key" with no escapes, and match the raw (escaped)
+    # JSON text, so these characters could not be looked up the same way in every backend.
+    if any(ch in key for ch in '"\\') or any(ord(ch) < 0x20 for ch in key):
+        raise InvalidInputError(
+            f"filter key {key!r} may not contain quotes, backslashes or control characters"
+        )
+
+
+def _compile_field(key: str, value: Any) -> FilterExpr:
+    if isinstance(value, Mapping):
+        if not value:
+            raise InvalidInputError(f"empty operator mapping for {key!r}")
+        parts = [_compile_operator(key, op, operand) for op, operand in value.items()]
+        return _combine(parts)
+    return Condition(key, "eq", _check_value(key, "$eq", value))
+
+
+def _compile_operator(key: str, op: Any, operand: Any) -> FilterExpr:
+    name = _OPERATORS.get(op) if isinstance(op, str) else None
+    if name is None:
+        raise InvalidInputError(
+            f"unknown filter operator {op!r} on {key!r} (known: {', '.join(_OPERATORS)})"
+        )
+    if name == "exists":
+        if not isinstance(operand, bool):
+            raise InvalidInputError(f"$exists on {key!r} takes True or False, got {operand!r}")
+        return Condition(key, name, operand)
+    if name in ("in", "nin"):
+        if not isinstance(operand, (list, tuple)):
+            raise InvalidInputError(f"{op} on {key!r} takes a list, got {type(operand).__name__}")
+        return Condition(key, name, tuple(_check_value(key, op, item) for item in operand))
+    checked = _check_value(key, op, operand)
+    if name in _RANGES and not (_is_number(checked) or isinstance(checked, datetime)):
+        raise InvalidInputError(
+            f"{op} on {key!r} needs a number or a datetime, got {type(operand).__name__}"
+        )
+    return Condition(key, name, checked)
+
+
+def _check_value(key: str, op: str, value: Any) -> Scalar:
+    """Validate one operand; return it normalised (datetimes in UTC)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidInputError(f"{op} on {key!r}: NaN and infinite numbers cannot be filtered")
+    if _is_number(value) and isinstance(value, int) and not _INT64[0] <= value <= _INT64[1]:
+        raise InvalidInputError(f"{op} on {key!r}: integer {value} is out of 64-bit range")
+    if not _is_scalar(value):
+        raise InvalidInputError(
+            f"{op} on {key!r} takes a str, int, float, bool or datetime, got {type(value).__name__}"
+        )
+    expected = FIELD_TYPES.get(key)
+    if expected is not None and not _fits(value, expected):
+        raise InvalidInputError(
+            f"{key!r} is a {_TYPE_NAMES[expected]} field; {op} got {type(value).__name__}"
+        )
+    return _utc(value) if isinstance(value, datetime) else value
+
+
+_TYPE_NAMES = {
+    "text": "string",
+    "int": "number",
+    "real": "number",
+    "bool": "bool",
+    "datetime": "datetime",
+}
+
+
+def _fits(value: Scalar, kind: ColumnType) -> bool:
+    if kind == "text":
+        return isinstance(value, str)
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "datetime":
+        return isinstance(value, datetime)
+    return _is_number(value)
+
+
+# -- value sources --------------------------------------------------------------------------
+
+
+def is_index_field(key: str) -> bool:
+    """Whether a vector index's metadata can answer ``key``: ``kind``, ``session_id``, metadata.
+
+    Index metadata holds the record's scalar metadata plus ``kind`` and ``session_id``
+    (:func:`memories_core.retrieval.index_metadata`), never state, ``attrs`` or ``created_at``.
+    Pass it to :meth:`FilterExpr.split`.
+    """
+    if key in FIELD_TYPES:
+        return key in ("kind", "session_id")
+    return not key.startswith(ATTRS_PREFIX)
+
+
+def index_prefilter(
+    where: Mapping[str, Any] | FilterExpr | None, *, with_id: bool = False
+) -> FilterExpr | None:
+    """The part of ``where`` a vector index can apply without losing any match.
+
+    The conjuncts on :func:`is_index_field` keys (and ``id`` with ``with_id``), minus those
+    that test ``$exists: True`` on a metadata key: index metadata leaves out lists, dicts and
+    ``None``, so a key present in the record may be absent from its vector. What remains
+    matches a superset of ``where``; the caller re-checks the full filter.
+
+    Raises:
+        InvalidInputError: if ``where`` is not a valid filter.
+    """
+    expr = compile_filter(where)
+    if expr is None:
+        return None
+
+    def usable(key: str) -> bool:
+        return (with_id and key == "id") or is_index_field(key)
+
+    kept = tuple(
+        part
+        for part in (expr.split(usable) or AllOf(())).conjuncts()
+        if not any(
+            cond.op == "exists" and cond.value and cond.key not in FIELD_TYPES
+            for cond in _conditions(part)
+        )
+    )
+    if not kept:
+        return None
+    return kept[0] if len(kept) == 1 else AllOf(kept)
+
+
+def _conditions(expr: FilterExpr) -> Iterator[Condition]:
+    if isinstance(expr, Condition):
+        yield expr
+    elif isinstance(expr, (AllOf, AnyOf)):
+        for part in expr.parts:
+            yield from _conditions(part)
+
+
+def record_getter(record: Any) -> ValueGetter:
+    """A value getter over a :class:`~memories_core.types.MemoryRecord` for :meth:`matches`.
+
+    Record fields come from the record, state fields and ``attrs.<name>`` from
+    ``record.state`` (missing when the record carries no state), other keys from metadata.
+    """
+    state = getattr(record, "state", None)
+
+    def get(key: str) -> Any:
+        if key in RECORD_FIELDS:
+            return getattr(record, key)
+        if key in STATE_FIELDS:
+            return MISSING if state is None else getattr(state, key, MISSING)
+        if key.startswith(ATTRS_PREFIX):
+            attrs = getattr(state, "attrs", None) if state is not None else None
+            return MISSING if attrs is None else attrs.get(key[len(ATTRS_PREFIX) :], MISSING)
+        return record.metadata.get(key, MISSING)
+
+    return get
+
+
+# -- SQL ------------------------------------------------------------------------------------
+
+
+class SQLiteTranslator:
+    """Translates a :class:`FilterExpr` into a SQLite condition.
+
+    Column fields compare their SQL values directly (datetimes as microseconds, bools as
+    0/1). JSON keys use ``json_type`` to keep the typing of the Python evaluator
+    (``json_extract`` alone maps ``true`` to 1) and ``json_extract`` for the value.
+
+    Another dialect (e.g. Postgres with ``jsonb_typeof`` / ``->>``) subclasses this and
+    overrides the JSON hooks (:meth:`json_type`, :meth:`json_value`, the type-name
+    attributes) and :attr:`placeholder`; the operator logic is shared.
+    """
+
+    placeholder = "?"
+    #: ``json_type`` results for JSON numbers, text, true, false, and every scalar.
+    number_types: tuple[str, ...] = ("integer", "real")
+    text_types: tuple[str, ...] = ("text",)
+    true_types: tuple[str, ...] = ("true",)
+    false_types: tuple[str, ...] = ("false",)
+    null_type = "null"
+
+    def __init__(
+        self,
+        columns: Mapping[str, tuple[str, ColumnType]],
+        metadata_column: str,
+        attrs_column: str | None = None,
+    ) -> None:
+        self.columns = columns
+        self.metadata_column = metadata_column
+        self.attrs_column = attrs_column
+
+    # -- dialect hooks ----------------------------------------------------------------------
+
+    def json_path(self, key: str) -> str:
+        """The JSON path parameter that addresses the top-level ``key``."""
+        return f'$."{key}"'
+
+    def json_type(self, column: str, key: str) -> tuple[str, list[Any]]:
+        """SQL for the JSON type name of ``column[key]`` (``NULL`` when absent)."""
+        return f"json_type({column}, {self.placeholder})", [self.json_path(key)]
+
+    def json_value(self, column: str, key: str) -> tuple[str, list[Any]]:
+        """SQL for the SQL value of the scalar ``column[key]``."""
+        return f"json_extract({column}, {self.placeholder})", [self.json_path(key)]
+
+    # -- translation ------------------------------------------------------------------------
+
+    def translate(self, expr: FilterExpr) -> tuple[str, list[Any]]:
+        """``(condition, params)`` for ``expr``."""
+        if isinstance(expr, (AllOf, AnyOf)):
+            joiner = " AND " if isinstance(expr, AllOf) else " OR "
+            sqls: list[str] = []
+            params: list[Any] = []
+            for part in expr.parts:
+                sql, more = self.translate(part)
+                sqls.append(sql)
+                params += more
+            return "(" + joiner.join(sqls) + ")", params
+        assert isinstance(expr, Condition)
+        column = self.columns.get(expr.key)
+        if column is not None:
+            return self._column_condition(expr, *column)
+        if expr.key in FIELD_TYPES:
+            raise InvalidInputError(f"this store cannot filter on {expr.key!r}")
+        if expr.key.startswith(ATTRS_PREFIX):
+            if self.attrs_column is None:
+                raise InvalidInputError(f"this store cannot filter on {expr.key!r}")
+            return self._json_condition(expr, self.attrs_column, expr.key[len(ATTRS_PREFIX) :])
+        return self._json_condition(expr, self.metadata_column, expr.key)
+
+    def _column_condition(
+        self, cond: Condition, sql: str, kind: ColumnType
+    ) -> tuple[str, list[Any]]:
+        p = self.placeholder
+        present = f"{sql} IS NOT NULL"
+        if cond.op == "exists":
+            return (present if cond.value else f"{sql} IS NULL"), []
+        if cond.op in ("in", "nin"):
+            values = [v for v in (self._column_param(w, kind) for w in cond.value) if v is not None]
+            if cond.op == "in":
+                if not values:
+                    return "0", []
+                return f"{sql} IN ({', '.join(p for _ in values)})", values
+            if not values:
+                return present, []
+            return f"({present} AND {sql} NOT IN ({', '.join(p for _ in values)}))", values
+        value = self._column_param(cond.value, kind)
+        if cond.op == "ne":
+            return (present, []) if value is None else (f"({present} AND {sql} <> {p})", [value])
+        if value is None or (cond.op in _RANGES and kind in ("text", "bool")):
+            return "0", []  # a value of another type never compares
+        symbol = {"eq": "=", "gt": ">", "gte": ">=", "lt": "<", "lte": "<="}[cond.op]
+        return f"{sql} {symbol} {p}", [value]
+
+    @staticmethod
+    def _column_param(value: Scalar, kind: ColumnType) -> Any:
+        """The SQL parameter for ``value`` in a column of ``kind``, ``None`` if never equal."""
+        if kind == "text":
+            return value if isinstance(value, str) else None
+        if kind == "bool":
+            return int(value) if isinstance(value, bool) else None
+        if kind == "datetime":
+            return to_micros(value) if isinstance(value, datetime) else None
+        return value if _is_number(value) else None
+
+    def _json_condition(self, cond: Condition, column: str, key: str) -> tuple[str, list[Any]]:
+        type_sql, type_params = self.json_type(column, key)
+        if cond.op == "exists":
+            symbol = "<>" if cond.value else "="
+            return f"COALESCE({type_sql}, '{self.null_type}') {symbol} '{self.null_type}'", [
+                *type_params
+            ]
+        if cond.op in ("eq", "in"):
+            values = (cond.value,) if cond.op == "eq" else cond.value
+            return self._json_in(values, column, key)
+        if cond.op in ("ne", "nin"):
+            values = (cond.value,) if cond.op == "ne" else cond.value
+            sql, params = self._json_in(values, column, key)
+            scalars = self._types(
+                self.number_types + self.text_types + self.true_types + self.false_types
+            )
+            # On a present scalar, the IN condition is never NULL, so NOT is exact.
+            return f"({type_sql} IN {scalars} AND NOT {sql})", [*type_params, *params]
+        value_sql, value_params = self.json_value(column, key)
+        symbol = {"gt": ">", "gte": ">=", "lt": "<", "lte": "<="}[cond.op]
+        if isinstance(cond.value, datetime):
+            types, param = self.text_types, to_iso(cond.value)
+        else:
+            types, param = self.number_types, cond.value
+        return (
+            f"({type_sql} IN {self._types(types)} AND {value_sql} {symbol} {self.placeholder})",
+            [*type_params, *value_params, param],
+        )
+
+    def _json_in(self, values: Sequence[Scalar], column: str, key: str) -> tuple[str, list[Any]]:
+        """Condition: ``column[key]`` equals one of ``values`` (typed), never NULL."""
+        type_sql, type_params = self.json_type(column, key)
+        value_sql, value_params = self.json_value(column, key)
+        bool_types = tuple(
+            dict.fromkeys(
+                t
+                for v in values
+                if isinstance(v, bool)
+                for t in (self.true_types if v else self.false_types)
+            )
+        )
+        numbers = [v for v in values if _is_number(v)]
+        texts = [to_iso(v) if isinstance(v, datetime) else v for v in values if _is_text(v)]
+        clauses: list[str] = []
+        params: list[Any] = []
+        if bool_types:
+            clauses.append(f"{type_sql} IN {self._types(bool_types)}")
+            params += type_params
+        for types, group in ((self.number_types, numbers), (self.text_types, texts)):
+            if group:
+                marks = ", ".join(self.placeholder for _ in group)
+                clauses.append(f"({type_sql} IN {self._types(types)} AND {value_sql} IN ({marks}))")
+                params += [*type_params, *value_params, *group]
+        if not clauses:
+            return "0", []
+        # COALESCE: json_type is NULL for an absent key, and this may sit under a NOT.
+        return "COALESCE(" + " OR ".join(clauses) + ", 0)", params
+
+    @staticmethod
+    def _types(names: Sequence[str]) -> str:
+        return "(" + ", ".join(f"'{name}'" for name in names) + ")"
+
+
+def _is_text(value: Scalar) -> bool:
+    return isinstance(value, (str, datetime))
+
+
+_TRANSLATORS: dict[str, type[SQLiteTranslator]] = {"sqlite": SQLiteTranslator}
