@@ -338,11 +338,32 @@ def test_matches_filter_wrapper_keeps_equality_rules() -> None:
         matches_filter(meta, {"user_id": USER})
 
 
-def test_store_reports_fields_it_cannot_filter_on() -> None:
+def test_store_filters_state_fields_like_the_evaluator() -> None:
     store = SQLiteRecordStore()
-    for where in ({"strength": {"$gt": 0.5}}, {"attrs.x": 1}, {"$or": [{"archived": True}]}):
-        with pytest.raises(InvalidInputError, match="cannot filter"):
-            store.list(user_id=USER, where=where)
+    store.add(list(RECORDS))
+    first, second = RECORDS[0], RECORDS[1]
+    store.update_state(
+        USER,
+        {
+            first.id: {"strength": 3.0, "tier": "ltm", "attrs": {"x": 1}},
+            second.id: {"archived": True, "valid_until": T0},
+        },
+        at=T0,
+    )
+    stored = store.list(user_id=USER)
+    for where in (
+        {"strength": {"$gt": 0.5}},
+        {"strength": {"$gt": 1.5}},
+        {"attrs.x": 1},
+        {"$or": [{"archived": True}, {"tier": "ltm"}]},
+        {"archived": False},
+        {"valid_until": {"$exists": False}},
+        {"recall_count": 0},
+    ):
+        expr = compile_filter(where)
+        assert expr is not None
+        expected = [r.id for r in stored if expr.matches(record_getter(r))]
+        assert [r.id for r in store.list(user_id=USER, where=where)] == expected, where
 
 
 def test_record_getter_reads_fields_state_and_metadata() -> None:

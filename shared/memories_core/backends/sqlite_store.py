@@ -37,7 +37,7 @@ from memories_core.backends.sqlite_tables import (
     EngineTablesMixin,
     state_from_row,
 )
-from memories_core.errors import BackendError, InvalidInputError, MissingUserError
+from memories_core.errors import BackendError, InvalidInputError
 from memories_core.filters import ColumnType, compile_filter
 from memories_core.interfaces import Filter
 from memories_core.types import MemoryRecord, check_user_id, ensure_utc
@@ -125,7 +125,6 @@ _STATEFUL = (
     f"r.source_ids, {STATE_COLUMNS} FROM records AS r "
     "LEFT JOIN record_state AS s ON s.seq = r.seq"
 )
-_FIELD_COLUMNS = {"kind", "session_id"}
 
 
 def query_terms(text: str, stopwords: frozenset[str] = ENGLISH_STOPWORDS) -> list[str]:
@@ -208,6 +207,27 @@ def _filter_sql(
         columns, metadata_column=f"{alias}metadata", attrs_column=attrs_column
     )
     return f" AND {sql}", params
+
+
+#: Filter fields of a query that joins ``records AS r`` with ``record_state AS s``; state
+#: fields with defaults are COALESCEd so that a record without a state row matches them.
+_STATE_FILTER_COLUMNS: dict[str, tuple[str, ColumnType]] = {
+    "id": ("r.id", "text"),
+    "kind": ("r.kind", "text"),
+    "session_id": ("r.session_id", "text"),
+    "created_at": ("r.created_at", "datetime"),
+    "strength": ("COALESCE(s.strength, 1.0)", "real"),
+    "recall_count": ("COALESCE(s.recall_count, 0)", "int"),
+    "last_recalled_at": ("s.last_recalled_at", "datetime"),
+    "tier": ("s.tier", "text"),
+    "valid_from": ("s.valid_from", "datetime"),
+    "valid_until": ("s.valid_until", "datetime"),
+    "archived": ("COALESCE(s.archived, 0)", "bool"),
+}
+
+
+def _stateful_filter_sql(where: Filter | None) -> tuple[str, list[Any]]:
+    return _filter_sql(where, "r.", columns=_STATE_FILTER_COLUMNS, attrs_column="s.attrs")
 
 
 class SQLiteRecordStore(EngineTablesMixin):
@@ -536,7 +556,7 @@ class SQLiteRecordStore(EngineTablesMixin):
         if until is not None:
             sql += " AND r.created_at < ?"
             params.append(_to_micros(until))
-        clause, extra = _filter_sql(where, alias="r.")
+        clause, extra = _stateful_filter_sql(where)
         sql += clause + " ORDER BY r.created_at, r.seq"
         params += extra
         if limit is not None:
@@ -574,7 +594,7 @@ class SQLiteRecordStore(EngineTablesMixin):
         if not terms:
             return []
         any_term = " OR ".join(f'"{term}"' for term in terms)
-        clause, params = _filter_sql(where, alias="r.")
+        clause, params = _stateful_filter_sql(where)
         with self._read() as conn:
             slot = conn.execute("SELECT slot FROM users WHERE user_id = ?", (user_id,)).fetchone()
             if slot is None:
@@ -588,6 +608,7 @@ class SQLiteRecordStore(EngineTablesMixin):
                 sql = (
                     "SELECT r.id, -bm25(records_fts) AS score "
                     "FROM records_fts JOIN records AS r ON r.seq = records_fts.rowid "
+                    "LEFT JOIN record_state AS s ON s.seq = r.seq "
                     "WHERE records_fts MATCH ? AND records_fts.rowid BETWEEN ? AND ? "
                     f"AND r.user_id = ?{clause} "
                     "ORDER BY bm25(records_fts) LIMIT ?"
