@@ -717,7 +717,7 @@ class SQLiteRecordStore(EngineTablesMixin):
         with self._read() as conn:
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
-    def check_integrity(self) -> list[str]:
+    def check_integrity(self) -> builtins.list[str]:
         """Run SQLite's and FTS5's integrity checks.
 
         Returns:
