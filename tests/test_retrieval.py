@@ -71,11 +71,13 @@ def test_zscore_fuse_by_hand() -> None:
     fused = dict(zscore_fuse((dense, lexical), (1.0, 2.0)))
     std = math.sqrt(0.32 / 3)
     za, zb, zc = 0.4 / std, 0.0, -0.4 / std
-    # Items missing from a ranking take that ranking's lowest z-score.
-    assert fused["a"] == pytest.approx(za + 2 * -1.0)
+    # Items missing from a ranking sit one standard deviation below its weakest candidate.
+    assert fused["a"] == pytest.approx(za + 2 * -2.0)
     assert fused["b"] == pytest.approx(zb + 2 * 1.0)
-    assert fused["c"] == pytest.approx(zc + 2 * -1.0)
-    assert fused["d"] == pytest.approx(zc + 2 * -1.0)
+    assert fused["c"] == pytest.approx(zc + 2 * -2.0)
+    assert fused["d"] == pytest.approx(zc - 1 + 2 * -1.0)
+    half = dict(zscore_fuse((dense, lexical), (1.0, 2.0), missing_margin=0.5))
+    assert half["a"] == pytest.approx(za + 2 * -1.5)
     assert [i for i, _ in zscore_fuse((dense, lexical), (1.0, 2.0))][:2] == ["b", "a"]
 
 
@@ -83,10 +85,16 @@ def test_zscore_fuse_edge_cases() -> None:
     assert zscore_fuse(([], []), (1, 1)) == []
     # One empty side: the other decides alone.
     assert [i for i, _ in zscore_fuse(([("a", 1.0), ("b", 3.0)], []), (1, 1))] == ["b", "a"]
-    # Equal scores contribute 0 and keep first-seen order.
+    # Equal scores give z = 0 and keep first-seen order...
     assert zscore_fuse(([("a", 2.0), ("b", 2.0)],), (1,)) == [("a", 0.0), ("b", 0.0)]
+    # ...but being returned still beats being missed (defect 9: the only lexical hit).
+    fused = dict(zscore_fuse(([("a", 0.9), ("b", 0.8), ("c", 0.7)], [("c", 3.2)]), (1, 1)))
+    # Dense z: a +1.22, c -1.22; the lexical hit c gains one unit on a (it used to gain 0).
+    assert fused["a"] - fused["c"] == pytest.approx(math.sqrt(6) - 1)
     with pytest.raises(InvalidInputError):
         zscore_fuse(([],), (1, 2))
+    with pytest.raises(InvalidInputError):
+        zscore_fuse(([("a", 1.0)],), (1,), missing_margin=0)
 
 
 def test_rrf_fuse_by_hand() -> None:
@@ -121,7 +129,9 @@ def test_spread_context_by_hand() -> None:
 def test_fusion_config_validation_and_depth() -> None:
     config = FusionConfig()
     assert config.candidate_count(5) == 50
-    assert config.candidate_count(40) == 120
+    # The depth does not grow with k below min_candidates (prefix property).
+    assert config.candidate_count(40) == 50
+    assert config.candidate_count(80) == 80
     assert FusionConfig(candidates=10).candidate_count(25) == 25
     for bad in (
         {"method": "max"},
@@ -132,6 +142,8 @@ def test_fusion_config_validation_and_depth() -> None:
         {"rrf_k": -1},
         {"previous_context_weight": -0.1},
         {"context_depth": 0},
+        {"missing_margin": 0},
+        {"context_gap": timedelta(minutes=-1)},
     ):
         with pytest.raises(ConfigurationError):
             FusionConfig(**bad)
