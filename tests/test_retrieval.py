@@ -71,13 +71,17 @@ def test_zscore_fuse_by_hand() -> None:
     fused = dict(zscore_fuse((dense, lexical), (1.0, 2.0)))
     std = math.sqrt(0.32 / 3)
     za, zb, zc = 0.4 / std, 0.0, -0.4 / std
-    # Items missing from a ranking sit one standard deviation below its weakest candidate.
-    assert fused["a"] == pytest.approx(za + 2 * -2.0)
+    # Items missing from a ranking sit half a standard deviation below its weakest candidate.
+    assert fused["a"] == pytest.approx(za + 2 * -1.5)
     assert fused["b"] == pytest.approx(zb + 2 * 1.0)
-    assert fused["c"] == pytest.approx(zc + 2 * -2.0)
-    assert fused["d"] == pytest.approx(zc - 1 + 2 * -1.0)
-    half = dict(zscore_fuse((dense, lexical), (1.0, 2.0), missing_margin=0.5))
-    assert half["a"] == pytest.approx(za + 2 * -1.5)
+    assert fused["c"] == pytest.approx(zc + 2 * -1.5)
+    assert fused["d"] == pytest.approx(zc - 0.5 + 2 * -1.0)
+    one = dict(zscore_fuse((dense, lexical), (1.0, 2.0), missing_margin=1.0))
+    assert one["a"] == pytest.approx(za + 2 * -2.0)
+    # A ranking shorter than the depth ran out of matches: misses sit 2 below (default).
+    short = dict(zscore_fuse((dense, lexical), (1.0, 2.0), depth=3))
+    assert short["a"] == pytest.approx(za + 2 * -3.0)
+    assert short["d"] == pytest.approx(zc - 0.5 + 2 * -1.0)  # dense returned 3: full
     assert [i for i, _ in zscore_fuse((dense, lexical), (1.0, 2.0))][:2] == ["b", "a"]
 
 
@@ -89,8 +93,12 @@ def test_zscore_fuse_edge_cases() -> None:
     assert zscore_fuse(([("a", 2.0), ("b", 2.0)],), (1,)) == [("a", 0.0), ("b", 0.0)]
     # ...but being returned still beats being missed (defect 9: the only lexical hit).
     fused = dict(zscore_fuse(([("a", 0.9), ("b", 0.8), ("c", 0.7)], [("c", 3.2)]), (1, 1)))
-    # Dense z: a +1.22, c -1.22; the lexical hit c gains one unit on a (it used to gain 0).
-    assert fused["a"] - fused["c"] == pytest.approx(math.sqrt(6) - 1)
+    # Dense z: a +1.22, c -1.22; the lexical hit c gains half a unit on a (it used to gain
+    # 0), two units when the lexical side was asked for more than it found.
+    assert fused["a"] - fused["c"] == pytest.approx(math.sqrt(6) - 0.5)
+    rankings = ([("a", 0.9), ("b", 0.8), ("c", 0.7)], [("c", 3.2)])
+    deep = dict(zscore_fuse(rankings, (1, 1), depth=3))
+    assert deep["a"] - deep["c"] == pytest.approx(math.sqrt(6) - 2)
     with pytest.raises(InvalidInputError):
         zscore_fuse(([],), (1, 2))
     with pytest.raises(InvalidInputError):

@@ -378,7 +378,8 @@ class Pipeline:
                 best.setdefault(item, float(score))
             ranked = sorted(best.items(), key=lambda pair: -pair[1])
         else:
-            ranked = self.fusion.fuse(rankings, [source.weight for source in active])
+            weights = [source.weight for source in active]
+            ranked = self.fusion.fuse(rankings, weights, depth=depth)
         for reranker in self.rerankers:
             ranked = reranker.rerank(ranked, request, ctx)
         return ranked, ctx
