@@ -217,7 +217,7 @@ class _Stale:
 
 def test_stale_ids_do_not_shrink_the_result(backend: InMemoryBackend) -> None:
     backend.add([rec(f"r{i}", f"apple pie recipe {i}") for i in range(6)])
-    hits = Pipeline().run(request("apple pie", k=6), _Stale(backend))  # type: ignore[arg-type]
+    hits = Pipeline().run(request("apple pie", k=6), _Stale(backend))
     assert len(hits) == 6 and "gone" not in ids(hits)
 
 

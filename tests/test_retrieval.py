@@ -186,7 +186,7 @@ def test_search_finds_and_scopes(
         ]
     )
     for mode in ("hybrid", "dense", "lexical"):
-        hits = retriever.search("what is the puppy called", user_id="alice", k=5, mode=mode)  # type: ignore[arg-type]
+        hits = retriever.search("what is the puppy called", user_id="alice", k=5, mode=mode)
         assert hits[0].record.id == "a1", mode
         assert {h.record.user_id for h in hits} == {"alice"}
         assert all(a.score >= b.score for a, b in itertools.pairwise(hits))
@@ -263,7 +263,8 @@ def test_reindex_rebuilds_from_the_store(
     store, index, retriever = parts
     store.add([rec("r1", "alpha"), rec("r2", "beta", user="bob")])
     retriever.index_pending()
-    index.add(["stale"], np.ones((1, 256), np.float32) / 16, [{"user_id": "alice", "kind": "turn"}])
+    stale = np.full((1, 256), 1 / 16, np.float32)
+    index.add(["stale"], stale, [{"user_id": "alice", "kind": "turn"}])
     assert retriever.reindex(progress=False) == 2
     assert index.count() == 2
 
@@ -353,7 +354,7 @@ def test_search_works_with_a_store_without_adjacent() -> None:
             rec("b", "see you there", minutes=1, session="s"),
         ]
     )
-    retriever = HybridRetriever(_ListOnlyStore(inner), NumpyIndex(), HashingEmbedder())  # type: ignore[arg-type]
+    retriever = HybridRetriever(_ListOnlyStore(inner), NumpyIndex(), HashingEmbedder())
     assert [h.record.id for h in retriever.search("chess club", user_id="alice", k=2)] == ["a", "b"]
     inner.close()
 
