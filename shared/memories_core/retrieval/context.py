@@ -48,7 +48,7 @@ __all__ = [
 ]
 
 #: Records without a session id and without a shared save call are neighbours up to this far
-#: apart. Chosen on LoCoMo dev with turns 30 s apart saved one by one: 1 minute to 6 hours
+#: apart. Chosen on LoCoMo dev with turns 30 s apart saved one by one: 1 minute to 2 days
 #: all match the recall with session ids (BENCHMARKS.md, "Retrieval pipeline").
 DEFAULT_CONTEXT_GAP = timedelta(minutes=30)
 
