@@ -9,6 +9,12 @@ LoCoMo category, for the three search modes.
 Embeddings (all-MiniLM-L6-v2 by default) are computed once per text and cached on disk under
 benchmarks/out/cache, so the three modes, the fusion sweep and reruns reuse them.
 
+The "pipeline" rows run :class:`memories_core.retrieval.Pipeline` (library defaults) over the
+in-memory reference backend, with every turn timestamped at its session's date plus 30 s
+per turn: once with session ids, and twice without (each session saved in one call, so one
+``batch_id`` per session; and turn by turn, so neighbours come from the time gap only), plus
+a sweep of that gap.
+
     python benchmarks/locomo_retrieval.py                       # table, JSON, PNG, Markdown
     python benchmarks/locomo_retrieval.py --sweep               # + fusion parameter grid
     python benchmarks/locomo_retrieval.py --latency-rows 110000 # + search_text latency
@@ -39,10 +45,27 @@ from memories_core.backends import NumpyIndex, SQLiteRecordStore
 from memories_core.embedders.base import BaseEmbedder
 from memories_core.evaluation import CATEGORY_NAMES, LocomoConversation, load_locomo, recall_at_k
 from memories_core.interfaces import Embedder
-from memories_core.retrieval import FusionConfig, HybridRetriever, SearchMode
-from memories_core.types import MemoryRecord
+from memories_core.retrieval import (
+    DEFAULT_CONTEXT_GAP,
+    ContextSpreading,
+    FusionConfig,
+    HybridRetriever,
+    Pipeline,
+    RecallRequest,
+    SearchMode,
+)
+from memories_core.retrieval.memory_backend import InMemoryBackend
+from memories_core.types import MemoryRecord, ensure_utc
 
-DEFAULT_DATA = Path("/work/shared/datasets/locomo/locomo_dev.json")
+#: The shared datasets folder next to the repository (see shared/datasets/README.md).
+DEFAULT_DATA = (
+    Path(__file__).resolve().parents[1]
+    / ".."
+    / "shared"
+    / "datasets"
+    / "locomo"
+    / "locomo_dev.json"
+)
 OUT = Path(__file__).resolve().parent / "out"
 KS = (1, 5, 10, 25)
 #: Rows of the table: a label, the search mode and the fusion (None = the library default).
@@ -108,7 +131,7 @@ class CachedEmbedder(BaseEmbedder):
     def save(self) -> None:
         if self.dirty:
             self.file.parent.mkdir(parents=True, exist_ok=True)
-            np.savez(self.file, **self.vectors)
+            np.savez(self.file, **self.vectors)  # type: ignore[arg-type]
             self.dirty = False
 
 
@@ -159,6 +182,10 @@ def evaluate(
             )
             ranked = [hit.record.id for hit in hits]
             per_category[qa.category].append({k: recall_at_k(ranked, qa.evidence, k) for k in KS})
+    return summarise_categories(per_category)
+
+
+def summarise_categories(per_category: dict[int, list[dict[int, float]]]) -> dict[str, Any]:
     everything = [row for rows in per_category.values() for row in rows]
 
     def summarise(rows: list[dict[int, float]]) -> dict[str, float]:
@@ -171,6 +198,117 @@ def evaluate(
             for c, rows in sorted(per_category.items())
         },
     }
+
+
+#: Seconds between two turns of a session in the pipeline rows.
+TURN_SECONDS = 30
+#: How the pipeline rows store a conversation: with session ids, or without them, saving
+#: each session in one call (one batch) or each turn in its own call.
+STORAGE = ("session ids", "no session ids, one save per session", "no session ids, turn by turn")
+#: Context gaps swept for the turn-by-turn storage (None: no gap, neighbours by batch only).
+GAPS: tuple[timedelta | None, ...] = (
+    None,
+    timedelta(seconds=10),
+    timedelta(minutes=1),
+    DEFAULT_CONTEXT_GAP,
+    timedelta(hours=6),
+    timedelta(days=2),
+)
+
+
+def pipeline_backend(
+    conversation: LocomoConversation, embedder: CachedEmbedder, storage: str
+) -> InMemoryBackend:
+    """One in-memory backend per conversation; turns dated by their session."""
+    backend = InMemoryBackend(embedder)
+    fallback = datetime(2023, 1, 1, tzinfo=timezone.utc)
+    sessions: dict[int, list[MemoryRecord]] = defaultdict(list)
+    for turn in conversation.turns:
+        if not turn.text.strip():
+            continue
+        start = conversation.session_datetime(turn.session)
+        start = ensure_utc(start) if start else fallback + timedelta(days=turn.session)
+        position = len(sessions[turn.session])
+        sessions[turn.session].append(
+            MemoryRecord(
+                id=turn.dia_id,
+                user_id=conversation.sample_id,
+                kind="turn",
+                text=turn.render(),
+                created_at=start + timedelta(seconds=TURN_SECONDS * position),
+                session_id=f"session_{turn.session}" if storage == "session ids" else None,
+                metadata={"dia_id": turn.dia_id, "speaker": turn.speaker},
+            )
+        )
+    for records in sessions.values():
+        vectors = embedder.embed_documents([r.text for r in records])
+        if storage == "no session ids, turn by turn":
+            for record, vector in zip(records, vectors, strict=True):
+                backend.add([record], vector[None, :])
+        else:
+            backend.add(records, vectors)
+    return backend
+
+
+def evaluate_pipeline(
+    conversations: Sequence[LocomoConversation],
+    backends: dict[str, InMemoryBackend],
+    pipeline: Pipeline,
+) -> dict[str, Any]:
+    """Recall@k overall and per category of a pipeline over per-conversation backends."""
+    per_category: dict[int, list[dict[int, float]]] = defaultdict(list)
+    for conversation in conversations:
+        backend = backends[conversation.sample_id]
+        for qa in conversation.qa:
+            if not qa.evidence:
+                continue
+            request = RecallRequest(qa.question, user_id=conversation.sample_id, k=max(KS))
+            ranked = [hit.record.id for hit in pipeline.run(request, backend)]
+            per_category[qa.category].append({k: recall_at_k(ranked, qa.evidence, k) for k in KS})
+    return summarise_categories(per_category)
+
+
+def pipeline_rows(
+    conversations: Sequence[LocomoConversation], embedder: CachedEmbedder
+) -> dict[str, Any]:
+    """The pipeline with and without session ids, and the gap sweep without them."""
+    results: dict[str, Any] = {}
+    for storage in STORAGE:
+        backends = {c.sample_id: pipeline_backend(c, embedder, storage) for c in conversations}
+        results[f"pipeline, {storage}"] = evaluate_pipeline(conversations, backends, Pipeline())
+        if storage == "no session ids, turn by turn":
+            for gap in GAPS:
+                pipeline = Pipeline(rerankers=(ContextSpreading(gap=gap),))
+                label = f"pipeline, turn by turn, gap {gap_label(gap)}"
+                results[label] = evaluate_pipeline(conversations, backends, pipeline)
+        for backend in backends.values():
+            backend.close()
+    return results
+
+
+def gap_label(gap: timedelta | None) -> str:
+    if gap is None:
+        return "none"
+    seconds = int(gap.total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds // size} {unit}"
+    return f"{seconds} s"
+
+
+def pipeline_table(rows: dict[str, Any]) -> str:
+    base = rows["pipeline, session ids"]["overall"]
+    lines = [
+        "| pipeline row | R@5 | R@10 | R@25 | R@5 vs session ids |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for label, result in rows.items():
+        overall = result["overall"]
+        lines.append(
+            f"| {label} | {overall['R@5']:.3f} | {overall['R@10']:.3f} | {overall['R@25']:.3f} "
+            f"| {overall['R@5'] - base['R@5']:+.3f} |"
+        )
+    return "\n".join(lines)
 
 
 def sweep(
@@ -315,7 +453,13 @@ def machine() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="LoCoMo JSON file")
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=DEFAULT_DATA,
+        help="LoCoMo JSON file (default: ../shared/datasets/locomo/locomo_dev.json next to the "
+        "repository)",
+    )
     parser.add_argument("--out", type=Path, default=OUT, help="output folder")
     parser.add_argument("--embedder", choices=("minilm", "hashing"), default="minilm")
     parser.add_argument("--sweep", action="store_true", help="also score a fusion grid")
@@ -324,6 +468,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
+    if not args.data.is_file():
+        parser.error(f"no LoCoMo file at {args.data}; pass --data")
     host = machine()
     conversations = load_locomo(args.data)
     inner: Embedder
@@ -354,8 +500,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     search_s = time.perf_counter() - started
     questions = results["hybrid"]["overall"]["n"]
     print(table(results))
+    started = time.perf_counter()
+    pipelines = pipeline_rows(conversations, embedder)
+    pipeline_s = time.perf_counter() - started
+    print(pipeline_table(pipelines))
     report: dict[str, Any] = {
-        "data": str(args.data),
+        "data": args.data.name,
         "conversations": [c.sample_id for c in conversations],
         "turns": sum(len(c.turns) for c in conversations),
         "questions_with_evidence": questions,
@@ -365,6 +515,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "embed_seconds": round(embed_s, 1),
         "search_seconds_all_variants": round(search_s, 1),
         "results": results,
+        "pipeline": {
+            "turn_seconds": TURN_SECONDS,
+            "default": repr(Pipeline()),
+            "seconds": round(pipeline_s, 1),
+            "results": pipelines,
+        },
     }
     if args.sweep:
         print("fusion sweep (hybrid):", flush=True)
@@ -376,7 +532,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     stem = "locomo_retrieval" if args.embedder == "minilm" else f"locomo_retrieval_{args.embedder}"
-    (args.out / f"{stem}.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
+    (args.out / f"{stem}.json").write_text(
+        json.dumps(report, indent=2, default=str), encoding="utf-8"
+    )
     plot(results, args.out / f"{stem}.png")
     command = "python benchmarks/locomo_retrieval.py " + " ".join(
         shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])
@@ -384,7 +542,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     markdown = [
         "## LoCoMo retrieval (recall@k of evidence turns)",
         "",
-        f"- data: `{args.data}` ({len(conversations)} conversations, {report['turns']} turns, "
+        f"- data: `{args.data.name}` ({len(conversations)} conversations, {report['turns']} turns, "
         f"{questions} questions with evidence)",
         f"- records: raw turns `speaker: text`; embedder `{inner.name}`; fusion `{FusionConfig()}`",
         f"- machine: {report['machine']}",
@@ -394,6 +552,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"searches {search_s:.1f}s",
         "",
         table(results),
+        "",
+        "Pipeline (library defaults: dense + BM25, z-score fusion, context spreading; "
+        f"in-memory reference backend; turns {TURN_SECONDS} s apart from their session's date; "
+        f"k=25 searches, {pipeline_s:.1f}s for all rows). Without session ids, neighbours come "
+        "from the save call (one per session) or, turn by turn, from the time gap "
+        f"(default {gap_label(DEFAULT_CONTEXT_GAP)}):",
+        "",
+        pipeline_table(pipelines),
         "",
     ]
     if "latency" in report:

@@ -71,11 +71,17 @@ def test_zscore_fuse_by_hand() -> None:
     fused = dict(zscore_fuse((dense, lexical), (1.0, 2.0)))
     std = math.sqrt(0.32 / 3)
     za, zb, zc = 0.4 / std, 0.0, -0.4 / std
-    # Items missing from a ranking take that ranking's lowest z-score.
-    assert fused["a"] == pytest.approx(za + 2 * -1.0)
+    # Items missing from a ranking sit half a standard deviation below its weakest candidate.
+    assert fused["a"] == pytest.approx(za + 2 * -1.5)
     assert fused["b"] == pytest.approx(zb + 2 * 1.0)
-    assert fused["c"] == pytest.approx(zc + 2 * -1.0)
-    assert fused["d"] == pytest.approx(zc + 2 * -1.0)
+    assert fused["c"] == pytest.approx(zc + 2 * -1.5)
+    assert fused["d"] == pytest.approx(zc - 0.5 + 2 * -1.0)
+    one = dict(zscore_fuse((dense, lexical), (1.0, 2.0), missing_margin=1.0))
+    assert one["a"] == pytest.approx(za + 2 * -2.0)
+    # A ranking shorter than the depth ran out of matches: misses sit 2 below (default).
+    short = dict(zscore_fuse((dense, lexical), (1.0, 2.0), depth=3))
+    assert short["a"] == pytest.approx(za + 2 * -3.0)
+    assert short["d"] == pytest.approx(zc - 0.5 + 2 * -1.0)  # dense returned 3: full
     assert [i for i, _ in zscore_fuse((dense, lexical), (1.0, 2.0))][:2] == ["b", "a"]
 
 
@@ -83,10 +89,20 @@ def test_zscore_fuse_edge_cases() -> None:
     assert zscore_fuse(([], []), (1, 1)) == []
     # One empty side: the other decides alone.
     assert [i for i, _ in zscore_fuse(([("a", 1.0), ("b", 3.0)], []), (1, 1))] == ["b", "a"]
-    # Equal scores contribute 0 and keep first-seen order.
+    # Equal scores give z = 0 and keep first-seen order...
     assert zscore_fuse(([("a", 2.0), ("b", 2.0)],), (1,)) == [("a", 0.0), ("b", 0.0)]
+    # ...but being returned still beats being missed (defect 9: the only lexical hit).
+    fused = dict(zscore_fuse(([("a", 0.9), ("b", 0.8), ("c", 0.7)], [("c", 3.2)]), (1, 1)))
+    # Dense z: a +1.22, c -1.22; the lexical hit c gains half a unit on a (it used to gain
+    # 0), two units when the lexical side was asked for more than it found.
+    assert fused["a"] - fused["c"] == pytest.approx(math.sqrt(6) - 0.5)
+    rankings = ([("a", 0.9), ("b", 0.8), ("c", 0.7)], [("c", 3.2)])
+    deep = dict(zscore_fuse(rankings, (1, 1), depth=3))
+    assert deep["a"] - deep["c"] == pytest.approx(math.sqrt(6) - 2)
     with pytest.raises(InvalidInputError):
         zscore_fuse(([],), (1, 2))
+    with pytest.raises(InvalidInputError):
+        zscore_fuse(([("a", 1.0)],), (1,), missing_margin=0)
 
 
 def test_rrf_fuse_by_hand() -> None:
@@ -121,7 +137,9 @@ def test_spread_context_by_hand() -> None:
 def test_fusion_config_validation_and_depth() -> None:
     config = FusionConfig()
     assert config.candidate_count(5) == 50
-    assert config.candidate_count(40) == 120
+    # The depth does not grow with k below min_candidates (prefix property).
+    assert config.candidate_count(40) == 50
+    assert config.candidate_count(80) == 80
     assert FusionConfig(candidates=10).candidate_count(25) == 25
     for bad in (
         {"method": "max"},
@@ -132,6 +150,8 @@ def test_fusion_config_validation_and_depth() -> None:
         {"rrf_k": -1},
         {"previous_context_weight": -0.1},
         {"context_depth": 0},
+        {"missing_margin": 0},
+        {"context_gap": timedelta(minutes=-1)},
     ):
         with pytest.raises(ConfigurationError):
             FusionConfig(**bad)
@@ -166,7 +186,7 @@ def test_search_finds_and_scopes(
         ]
     )
     for mode in ("hybrid", "dense", "lexical"):
-        hits = retriever.search("what is the puppy called", user_id="alice", k=5, mode=mode)  # type: ignore[arg-type]
+        hits = retriever.search("what is the puppy called", user_id="alice", k=5, mode=mode)
         assert hits[0].record.id == "a1", mode
         assert {h.record.user_id for h in hits} == {"alice"}
         assert all(a.score >= b.score for a, b in itertools.pairwise(hits))
@@ -243,7 +263,8 @@ def test_reindex_rebuilds_from_the_store(
     store, index, retriever = parts
     store.add([rec("r1", "alpha"), rec("r2", "beta", user="bob")])
     retriever.index_pending()
-    index.add(["stale"], np.ones((1, 256), np.float32) / 16, [{"user_id": "alice", "kind": "turn"}])
+    stale = np.full((1, 256), 1 / 16, np.float32)
+    index.add(["stale"], stale, [{"user_id": "alice", "kind": "turn"}])
     assert retriever.reindex(progress=False) == 2
     assert index.count() == 2
 
@@ -333,7 +354,7 @@ def test_search_works_with_a_store_without_adjacent() -> None:
             rec("b", "see you there", minutes=1, session="s"),
         ]
     )
-    retriever = HybridRetriever(_ListOnlyStore(inner), NumpyIndex(), HashingEmbedder())  # type: ignore[arg-type]
+    retriever = HybridRetriever(_ListOnlyStore(inner), NumpyIndex(), HashingEmbedder())
     assert [h.record.id for h in retriever.search("chess club", user_id="alice", k=2)] == ["a", "b"]
     inner.close()
 

@@ -1,0 +1,165 @@
+""":class:`StoreBackend`: a :class:`~memories_core.retrieval.RecallBackend` over today's parts.
+
+It adapts a :class:`~memories_core.interfaces.RecordStore` (BM25, records, session
+neighbours), a :class:`~memories_core.interfaces.VectorIndex` and an
+:class:`~memories_core.interfaces.Embedder`, which is what
+:class:`~memories_core.retrieval.HybridRetriever` searches through. The engine replaces it
+with a native implementation (one SQL query per method, a ``batch_id`` column).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any, cast
+
+import numpy as np
+import numpy.typing as npt
+
+from memories_core.interfaces import Embedder, Filter, RecordStore, VectorIndex
+from memories_core.retrieval.context import adjacent_rows, rows_of
+from memories_core.retrieval.fusion import Ranking
+from memories_core.retrieval.pipeline import Where
+from memories_core.types import MemoryRecord
+
+__all__ = ["StoreBackend", "merge_rankings", "split_kinds"]
+
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def split_kinds(where: Where | None) -> list[Filter | None]:
+    """Equality-only filters whose union is ``where`` (expands ``kind: {"$in": [...]}``).
+
+    Stores that only understand equality filters run one query per kind; raw cosine and
+    BM25 scores of one query are comparable across kinds, so the per-kind lists merge into
+    the global ranking (:func:`merge_rankings`).
+    """
+    if not where:
+        return [None]
+    kind = where.get("kind")
+    if isinstance(kind, dict) and set(kind) == {"$in"}:
+        rest = {key: value for key, value in where.items() if key != "kind"}
+        return [cast(Filter, {**rest, "kind": value}) for value in dict.fromkeys(kind["$in"])]
+    return [cast(Filter, where)]
+
+
+def merge_rankings(rankings: Sequence[Ranking], depth: int) -> list[tuple[str, float]]:
+    """The best ``depth`` of several rankings with comparable scores (stable on ties)."""
+    if len(rankings) == 1:
+        return list(rankings[0])[:depth]
+    pairs = (pair for ranking in rankings for pair in ranking)
+    flat = [(float(score), n, item) for n, (item, score) in enumerate(pairs)]
+    best = heapq.nlargest(depth, flat, key=lambda t: (t[0], -t[1]))
+    return [(item, score) for score, _, item in best]
+
+
+class StoreBackend:
+    """A recall backend over a record store, a vector index and an embedder.
+
+    Neighbours: records with a session through the store's ``adjacent`` (or its ``list``);
+    records without one are linked by time gap through ``list(since=, until=)``, a window
+    of ``2 * gap`` per record. These stores keep no save-call id, so batches do not link.
+
+    Args:
+        store: Record store (record of truth, BM25).
+        index: Vector index.
+        embedder: Embeds queries.
+        before_search: Called before every dense search (the retriever indexes pending
+            records there).
+    """
+
+    def __init__(
+        self,
+        store: RecordStore,
+        index: VectorIndex,
+        embedder: Embedder,
+        *,
+        before_search: Callable[[], Any] | None = None,
+    ) -> None:
+        self.store = store
+        self.index = index
+        self.embedder = embedder
+        self.before_search = before_search
+
+    def embed_query(self, text: str) -> npt.NDArray[np.float32]:
+        """The embedder's query vector."""
+        return self.embedder.embed_query(text)
+
+    def dense(
+        self, vector: npt.NDArray[np.float32], *, user_id: str, depth: int, where: Where | None
+    ) -> Ranking:
+        """Nearest vectors of ``user_id`` (one index query per kind of a ``kinds`` request)."""
+        if self.before_search is not None:
+            self.before_search()
+        return merge_rankings(
+            [
+                self.index.search(vector, user_id=user_id, k=depth, where=part)
+                for part in split_kinds(where)
+            ],
+            depth,
+        )
+
+    def lexical(self, query: str, *, user_id: str, depth: int, where: Where | None) -> Ranking:
+        """BM25 matches of ``user_id`` (one store query per kind of a ``kinds`` request)."""
+        return merge_rankings(
+            [
+                self.store.search_text(query, user_id=user_id, k=depth, where=part)
+                for part in split_kinds(where)
+            ],
+            depth,
+        )
+
+    def load(self, ids: Sequence[str], *, user_id: str) -> dict[str, MemoryRecord]:
+        """Records of ``user_id`` among ``ids``."""
+        return {r.id: r for r in self.store.get(list(ids), user_id=user_id) if r.user_id == user_id}
+
+    def adjacent(
+        self, ids: Sequence[str], *, user_id: str, gap: timedelta | None
+    ) -> dict[str, tuple[str | None, str | None]]:
+        """Neighbours by :func:`~memories_core.retrieval.context.linked`."""
+        if not ids:
+            return {}
+        by_session = getattr(self.store, "adjacent", None)
+        if callable(by_session):
+            result: dict[str, tuple[str | None, str | None]] = dict(
+                by_session(list(ids), user_id=user_id)
+            )
+        else:
+            result = adjacent_via_list(self.store, ids, user_id=user_id)
+        if gap is None:
+            return result
+        for record in self.store.get([i for i in ids if i not in result], user_id=user_id):
+            if record.session_id is not None or record.user_id != user_id:
+                continue
+            window = self.store.list(
+                user_id=user_id,
+                where={"kind": record.kind},
+                since=record.created_at - gap,
+                until=record.created_at + gap + _MICROSECOND,
+            )
+            loose = [r for r in window if r.session_id is None]
+            result[record.id] = adjacent_rows(rows_of(loose), gap=gap).get(record.id, (None, None))
+        return result
+
+
+def adjacent_via_list(
+    store: RecordStore, ids: Sequence[str], *, user_id: str
+) -> dict[str, tuple[str | None, str | None]]:
+    """Session neighbours through the plain :class:`RecordStore` protocol.
+
+    Used for stores without an ``adjacent`` method; costs one ``list`` call per distinct
+    ``(session_id, kind)`` among ``ids``.
+    """
+    records = store.get(list(ids), user_id=user_id)
+    groups = {(r.session_id, r.kind) for r in records if r.session_id is not None}
+    position: dict[str, tuple[str | None, str | None]] = {}
+    for session_id, kind in groups:
+        assert session_id is not None  # filtered above; narrows the type
+        session = store.list(user_id=user_id, where={"session_id": session_id, "kind": kind})
+        for i, record in enumerate(session):
+            position[record.id] = (
+                session[i - 1].id if i > 0 else None,
+                session[i + 1].id if i + 1 < len(session) else None,
+            )
+    return {r.id: position[r.id] for r in records if r.id in position}
