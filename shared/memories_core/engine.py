@@ -68,7 +68,7 @@ if TYPE_CHECKING:
         Filter,
         VectorIndex,
     )
-    from memories_core.retrieval import FusionConfig
+    from memories_core.retrieval import FusionConfig, Pipeline
     from memories_core.usage import MemoryUsage
 
 __all__ = [
@@ -334,12 +334,19 @@ class MemoryEngine:
         from memories_core.artifacts import ArtifactStore
         from memories_core.graph import GraphStore
         from memories_core.retrieval import HybridRetriever
+        from memories_core.retrieval.store_backend import StoreBackend
 
         self.graph: GraphStore = GraphStore(self.store)
         self.artifacts: ArtifactStore = ArtifactStore(
             self.store, self.path / "artifacts" if self.path is not None else None, self.clock
         )
         self.retriever = HybridRetriever(self.store, self.index, self.embedder, fusion=fusion)
+        self._backend = StoreBackend(
+            self.store,
+            self.index,
+            self.embedder,
+            before_search=lambda: self._index_pending(blocking=False),
+        )
         self._hooks: dict[str, MechanismHooks] = {}
         self._failures: Counter[str] = Counter()
         self._failures_lock = threading.Lock()
@@ -595,8 +602,12 @@ class MemoryEngine:
         fusion: FusionConfig | None = None,
         include_archived: bool = False,
         on_recalled: Callable[[list[ScoredRecord], datetime], None] | None = None,
+        pipeline: Pipeline | None = None,
     ) -> list[ScoredRecord]:
-        """Search ``user_id``'s records: dense + lexical, fused, scoped by user in the backends.
+        """Search ``user_id``'s records through the retrieval pipeline, scoped by user.
+
+        Candidate sources (dense and lexical by default) -> fusion -> rerankers (context
+        spreading by default) -> load; every backend query is restricted to ``user_id``.
 
         Records that are archived or outside their validity at ``now`` are not returned
         unless ``include_archived``.
@@ -609,6 +620,8 @@ class MemoryEngine:
             where: Filter in the engine's filter language.
             now: The time of the recall (default: the clock's).
             fusion: Fusion settings for this search (default: the engine's).
+            pipeline: A retrieval pipeline (sources, fusion, rerankers) instead of the one
+                ``fusion`` describes; mechanisms configure theirs here.
             include_archived: Return archived and expired records too.
             on_recalled: Called with the hits and ``now`` (reinforcement, MemoryBank §2.3).
 
@@ -622,22 +635,29 @@ class MemoryEngine:
         if self.store.is_deleting(user_id):
             self._finish_deletion(user_id)
             return []
-        self._index_pending(blocking=False)
-        retriever = self.retriever
-        if fusion is not None and fusion != retriever.fusion:
-            from memories_core.retrieval import HybridRetriever
+        from memories_core.retrieval import RecallRequest
 
-            retriever = HybridRetriever(self.store, self.index, self.embedder, fusion=fusion)
-        depth = k if include_archived else k + 10
-        hits: list[ScoredRecord] = []
-        for kind in [*kinds] if kinds else [None]:
-            scoped = dict(where or {})
-            if kind is not None:
-                scoped["kind"] = kind
-            hits += retriever.search(query, user_id=user_id, k=depth, where=scoped or None)
-        hits.sort(key=lambda h: h.score, reverse=True)
-        if not include_archived:
-            hits = [h for h in hits if h.record.state.is_live(when)]
+        chosen = pipeline or (fusion or self.retriever.fusion).pipeline()
+        # Archived and expired records are dropped after ranking (they are rare, and a state
+        # filter inside the lexical query would cost a join per match); fetch a little deeper
+        # and, if too many were dropped, deeper again. Ranks stay a prefix-stable order.
+        want = k if include_archived else min(MAX_K, k + 10)
+        while True:
+            request = RecallRequest(
+                query=query,
+                user_id=user_id,
+                k=want,
+                where=where,
+                now=when,
+                kinds=tuple(kinds) if kinds else None,
+            )
+            ranked = chosen.run(request, self._backend)
+            hits = (
+                ranked if include_archived else [h for h in ranked if h.record.state.is_live(when)]
+            )
+            if len(hits) >= k or len(ranked) < want or want >= MAX_K:
+                break
+            want = min(MAX_K, want * 4)
         hits = hits[:k]
         if on_recalled is not None and hits:
             on_recalled(hits, when)

@@ -33,7 +33,7 @@ from memories_core.types import Job, JobSpec, MemoryRecord, Recall, Scope, Score
 
 if TYPE_CHECKING:
     from memories_core.interfaces import LLM, Clock, Embedder, RecordStore, VectorIndex
-    from memories_core.retrieval import FusionConfig, HybridRetriever
+    from memories_core.retrieval import FusionConfig, HybridRetriever, Pipeline
     from memories_core.usage import MemoryUsage
 
 __all__ = ["MemoryBase", "turn_from_record"]
@@ -53,6 +53,8 @@ class MemoryBase:
         store: A record store instead of the one ``path`` would build.
         index: A vector index instead of the one ``path`` would build (e.g. a Chroma server).
         fusion: How dense and lexical rankings are fused for this mechanism's recalls.
+        pipeline: A whole retrieval pipeline (sources, fusion, rerankers) for its recalls,
+            instead of the one ``fusion`` describes.
         k: Records a recall returns when the caller does not say.
         clock: Source of "now".
         llm: This mechanism's model (``engine.llm_for(scope)`` may serve a user another one).
@@ -81,6 +83,7 @@ class MemoryBase:
         store: RecordStore | None = None,
         index: VectorIndex | None = None,
         fusion: FusionConfig | None = None,
+        pipeline: Pipeline | None = None,
         k: int = 3,
         clock: Clock | None = None,
         llm: LLM | None = None,
@@ -116,6 +119,7 @@ class MemoryBase:
         self._owns_engine = getattr(self, "_owns_engine", False)
         self.default_k = k
         self.fusion = fusion
+        self.pipeline = pipeline
         self.llm = llm
         self.name = name or self.mechanism_name
         engine.attach(
@@ -329,7 +333,12 @@ class MemoryBase:
             kinds=self.recall_kinds or None,
             now=now,
             fusion=self.fusion,
+            pipeline=self.pipeline,
+            on_recalled=self._on_recalled,
         )
+
+    def _on_recalled(self, hits: list[ScoredRecord], now: datetime) -> None:
+        """Called with what a recall returned (hook; e.g. reinforcement, MemoryBank §2.3)."""
 
 
 # Kept for callers of the 0.1 helpers.
