@@ -21,10 +21,20 @@ from memories_core.errors import (
     MissingUserError,
     ParseError,
 )
-from memories_core.types import ChatMessage, MemoryRecord, Recall, Scope, ScoredRecord, Turn
+from memories_core.types import (
+    ChatMessage,
+    MemoryRecord,
+    Recall,
+    RecordState,
+    Scope,
+    ScoredRecord,
+    StateChange,
+    Turn,
+)
 from memories_core.usage import MemoryUsage, Usage
 
 if TYPE_CHECKING:
+    from memories_core.engine import MemoryEngine
     from memories_core.mechanisms import (
         ConditionalMemory,
         ConditionalReply,
@@ -51,6 +61,7 @@ __all__ = [
     "LLMError",
     "MemoriesError",
     "MemoryBase",
+    "MemoryEngine",
     "MemoryRecord",
     "MemoryUsage",
     "MissingExtraError",
@@ -58,10 +69,12 @@ __all__ = [
     "MultiViewMemory",
     "ParseError",
     "Recall",
+    "RecordState",
     "Scope",
     "ScoredRecord",
     "SelfReflectiveMemory",
     "SelfReflectiveRetrieval",
+    "StateChange",
     "SummaryMemory",
     "SystemClock",
     "Turn",
@@ -69,17 +82,20 @@ __all__ = [
 ]
 
 _LAZY = {
-    name: "memories_core.mechanisms"
-    for name in (
-        "ConditionalMemory",
-        "ConditionalReply",
-        "HistoryMemory",
-        "MemoryBase",
-        "MultiViewMemory",
-        "SelfReflectiveMemory",
-        "SelfReflectiveRetrieval",
-        "SummaryMemory",
-    )
+    "MemoryEngine": "memories_core.engine",
+    **{
+        name: "memories_core.mechanisms"
+        for name in (
+            "ConditionalMemory",
+            "ConditionalReply",
+            "HistoryMemory",
+            "MemoryBase",
+            "MultiViewMemory",
+            "SelfReflectiveMemory",
+            "SelfReflectiveRetrieval",
+            "SummaryMemory",
+        )
+    },
 }
 
 

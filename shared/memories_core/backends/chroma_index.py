@@ -169,6 +169,7 @@ class ChromaIndex:
         )
         # The folder of an embedded persistent store, whose files erasure cleans.
         self._folder: Path | None = Path(path) if path is not None else _local_folder(client)
+        self._erase_on_close = False
         self._dimension: int | None = None
         # user_id -> that user's Chroma collection, filled as collections are opened.
         self._collections: dict[str, Any] = {}
@@ -498,6 +499,7 @@ class ChromaIndex:
             self._collections.pop(user_id, None)
             self._drop_collection(self._user_collection_name(user_id))
             self.erase_deleted()
+            self._erase_on_close = self._folder is not None
 
     def count(self, user_id: str | None = None) -> int:
         """Number of vectors, of one user or of all."""
@@ -526,9 +528,17 @@ class ChromaIndex:
             self.erase_deleted()
 
     def close(self) -> None:
-        """Release the index; an ephemeral index also drops its collections."""
+        """Release the index; an ephemeral index also drops its collections.
+
+        If users were deleted meanwhile, the erasure runs once more: Chroma may write a
+        dropped collection's HNSW files from a background thread after the drop returned
+        (seen at 1,500 vectors), and those files hold ids and vectors.
+        """
         with self._lock:
             self._collections.clear()
+            if self._erase_on_close:
+                self._erase_on_close = False
+                self.erase_deleted()
             if self._ephemeral:
                 # Already gone is fine when closing.
                 with suppress(Exception):

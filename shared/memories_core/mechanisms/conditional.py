@@ -28,7 +28,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from memories_core.engine import Derivation, JobFailed, check_scope
+from memories_core.engine import Derivation, JobFailed, check_scope, default_llm
 from memories_core.errors import LLMError, ParseError
 from memories_core.interfaces import LLM
 from memories_core.mechanisms.base import MemoryBase, turn_from_record
@@ -103,9 +103,7 @@ class ConditionalMemory(MemoryBase):
     ) -> None:
         engine = kwargs.get("engine")
         if llm is None and (engine is None or engine.llm is None):
-            from memories_core.llms import LocalLLM
-
-            llm = LocalLLM()
+            llm = default_llm()
         super().__init__(k=k, llm=llm, **kwargs)
         self.context_turns = context_turns
         self._adopt_legacy_pending()

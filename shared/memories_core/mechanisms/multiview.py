@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from memories_core.engine import MemoryEngine
+from memories_core.engine import MemoryEngine, default_llm
 from memories_core.errors import ConfigurationError
 from memories_core.interfaces import LLM, Embedder, Mechanism
 from memories_core.types import Recall, Scope, ScoredRecord, Turn
@@ -121,9 +121,7 @@ class MultiViewMemory:
 
             embedder = SentenceTransformerEmbedder()
         if llm is None and any(v in ("conditional", "summary") for v in views):
-            from memories_core.llms import LocalLLM
-
-            llm = LocalLLM()
+            llm = default_llm()
         engine_keys = ("clock", "store", "index", "session_gap", "allow_embedder_change")
         engine_options = {key: kwargs.pop(key) for key in engine_keys if key in kwargs}
         engine = MemoryEngine(path=path, embedder=embedder, llm=llm, **engine_options)

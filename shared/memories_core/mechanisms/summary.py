@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from typing import Any, ClassVar
 
-from memories_core.engine import Derivation, JobFailed
+from memories_core.engine import Derivation, JobFailed, default_llm
 from memories_core.errors import LLMError, ParseError
 from memories_core.interfaces import LLM
 from memories_core.mechanisms.base import MemoryBase
@@ -81,9 +81,7 @@ class SummaryMemory(MemoryBase):
     ) -> None:
         engine = kwargs.get("engine")
         if llm is None and (engine is None or engine.llm is None):
-            from memories_core.llms import LocalLLM
-
-            llm = LocalLLM()
+            llm = default_llm()
         if idle_gap is not ...:
             kwargs["session_gap"] = idle_gap
         super().__init__(k=k, llm=llm, **kwargs)
