@@ -44,8 +44,14 @@ CORE_INPUT_DEFECTS: dict[str, str] = {
 #: secure_delete / FTS optimize), Chroma keeps them in chroma.sqlite3 (and its HNSW files).
 NOT_ERASED = (
     "delete_user is not erasure: the marker and user id stay in records.sqlite3 (free pages, "
-    "FTS) and chroma/chroma.sqlite3"
+    "FTS segments) and Chroma's files (chroma.sqlite3, HNSW data_level0.bin)"
 )
+
+_GARBAGE = "test_garbage_llm_never_loses_a_turn"
+
+#: parse_session_summary accepts any reply that shares one 3-letter word with the dialogue
+#: ("the", "user"), so forged tags become the session's summary.
+FORGED_SUMMARY = "summary parser accepts forged tags that share a stopword ('the', 'user')"
 
 #: A kill after a conditional record is added but before its turn leaves the pending list
 #: derives the record again on the next run.
@@ -74,10 +80,9 @@ class TestSummaryMemoryContract(MechanismContract):
     end_session_derives = True
     known_failures: ClassVar[dict[str, str]] = {
         **CORE_INPUT_DEFECTS,
-        "test_delete_user_leaves_no_trace_on_disk": (
-            "delete_user is not erasure: the marker and user id stay in Chroma's HNSW "
-            "data_level0.bin (and SQLite free pages)"
-        ),
+        "test_delete_user_leaves_no_trace_on_disk": NOT_ERASED,
+        f"{_GARBAGE}[*-forged-tags]": FORGED_SUMMARY,
+        f"{_GARBAGE}[*-forged-memory]": FORGED_SUMMARY,
     }
 
     def make_memory(self, path: Path | None, llm: LLM) -> Mechanism:
@@ -106,6 +111,9 @@ class TestMultiViewMemoryContract(MechanismContract):
         f"{_BAD}[*-k=0]": "k=0 accepted: MultiViewMemory.recall treats k=0 as 'not given'",
         "test_delete_user_keeps_the_others": "MultiViewMemory has no delete_user",
         "test_delete_user_leaves_no_trace_on_disk": "MultiViewMemory has no delete_user",
+        f"{_GARBAGE}[*-forged-tags]": FORGED_SUMMARY,
+        f"{_GARBAGE}[*-forged-memory]": FORGED_SUMMARY,
+        f"{_GARBAGE}[*-mixed]": "forged <Context>/<Note> or summary tags are stored as records",
         "test_kill_at_any_point_loses_nothing_acknowledged": DUPLICATE_DERIVATION,
     }
 
@@ -126,6 +134,9 @@ class TestSelfReflectiveMemoryContract(MechanismContract):
     known_failures: ClassVar[dict[str, str]] = {
         **CORE_INPUT_DEFECTS,
         "test_delete_user_leaves_no_trace_on_disk": NOT_ERASED,
+        f"{_GARBAGE}[*-forged-memory]": (
+            "reflection returns a <Memory> that no candidate supports as the recall context"
+        ),
     }
 
     def make_memory(self, path: Path | None, llm: LLM) -> Mechanism:
