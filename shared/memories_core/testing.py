@@ -15,11 +15,13 @@ makes (ENGINE_SPEC.md, "Must hold"):
   bare ``TypeError``, ``AttributeError``, ``OverflowError`` or ``UnicodeEncodeError``), stores
   nothing, and never blocks another user's recall (:data:`BAD_INPUT_CASES`);
 * **async twins** give the same results as the sync calls;
-* **LLM outages**: with a failing or garbage-answering LLM (:class:`FlakyLLM`) no turn is lost,
+* **LLM outages**: with a failing or garbage-answering LLM (:class:`FlakyLLM`, each of
+  :data:`GARBAGE_REPLIES` and a mix of them) no turn is lost, no garbage is ever recalled,
   and once the LLM recovers a retry derives the records exactly once;
-* **crash safety**: a writer process is SIGKILLed at random moments of saves, derivations and
-  session ends; afterwards every acknowledged turn is present exactly once, every save is all
-  or nothing, and no derived record is duplicated.
+* **crash safety**: a writer process is SIGKILLed at random moments of saves, derivations,
+  recalls and session ends; afterwards every acknowledged turn is present exactly once, every
+  save is all or nothing, and no derived record is duplicated (``MEMORIES_CONTRACT_SEED``
+  replays a run; the seed is in every failure message).
 
 Usage: subclass :class:`MechanismContract` at module level in a test module, provide the
 factory, and run pytest. The subclass is also imported by name in the crash test's child
@@ -54,7 +56,19 @@ or a :class:`FlakyLLM`. Each entry of ``known_failures`` marks the matching test
 a full test id (``"test_x[memory]"``) or a pattern with ``*`` (``"test_x[*-metadata-nan]"``).
 Turn-level checks read the turns with ``memory.turns(scope)``; a mechanism without it overrides
 :meth:`MechanismContract.stored_turns` (or returns ``None`` there, and the suite then checks
-through ``recall`` that each turn's content is still found).
+through ``recall`` that each turn's content is still found). Retries call
+``retry_pending(user_id)`` when the mechanism has it (override :meth:`MechanismContract.retry`
+otherwise); the next ``save`` is a retry too. A mechanism that keeps nothing on disk sets
+``supports_disk = False`` (the reopen, erasure and crash tests are then skipped); a project
+that does not register the ``slow`` marker sets ``slow_marker = None``.
+
+Test names, for ``known_failures``: ``test_isolation_between_tricky_user_ids``,
+``test_clear_one_user_keeps_the_others``, ``test_delete_user_keeps_the_others``,
+``test_persists_across_reopen``, ``test_delete_user_leaves_no_trace_on_disk``,
+``test_bad_input_raises_typed_error_and_stores_nothing[<storage>-<case>]``,
+``test_async_twins_match_sync``, ``test_failing_llm_never_loses_a_turn``,
+``test_garbage_llm_never_loses_a_turn[<storage>-<reply name or "mixed">]`` and
+``test_kill_at_any_point_loses_nothing_acknowledged`` (marked slow).
 
 Importing this module imports neither pytest nor any framework; pytest is imported only while
 tests are collected.
@@ -331,6 +345,8 @@ class MechanismContract:
     end_session_derives: ClassVar[bool] = False
     #: Storages the storage-agnostic tests run on: ``"memory"`` (``path=None``), ``"disk"``.
     storages: ClassVar[tuple[str, ...]] = ("memory", "disk")
+    #: Whether the mechanism persists under a path; if not, the disk-only tests are skipped.
+    supports_disk: ClassVar[bool] = True
     #: Test name or id (or ``*`` pattern) -> reason; matching tests are ``xfail(strict=False)``.
     known_failures: ClassVar[Mapping[str, str]] = {}
     #: ``k`` used when the suite wants everything a user has.
@@ -369,36 +385,44 @@ class MechanismContract:
 
     # ------------------------------------------------------------------ pytest plumbing
     def pytest_generate_tests(self, metafunc: Any) -> None:
-        """Parametrize over storages and bad-input cases; apply :attr:`known_failures`."""
+        """Parametrize over storages (and bad-input cases or garbage replies).
+
+        Also applies :attr:`known_failures` and the slow marker, so that importing this module
+        never needs pytest.
+        """
         import pytest
 
         function = metafunc.function
         name = function.__name__
         if "storage" not in metafunc.fixturenames:
             return
-        storages = ("disk",) if getattr(function, "_contract_disk_only", False) else self.storages
+        storages = self.storages
         extra: list[Any] = []
+        if getattr(function, "_contract_disk_only", False):
+            storages = ("disk",)
+            if not self.supports_disk:
+                extra.append(pytest.mark.skip(reason="the mechanism does not persist to disk"))
         if getattr(function, "_contract_slow", False) and self.slow_marker:
             extra.append(getattr(pytest.mark, self.slow_marker))
-        if "garbage" in metafunc.fixturenames:
-            combos = [(s, g) for s in storages for g in (*GARBAGE_REPLIES, "mixed")]
-            params = [
-                pytest.param(s, g, id=f"{s}-{g}", marks=[*extra, *self._xfail(name, f"{s}-{g}")])
-                for s, g in combos
-            ]
-            metafunc.parametrize(("storage", "garbage"), params)
-            return
-        if "case" in metafunc.fixturenames:
-            combos = [(s, c) for s in storages for c in BAD_INPUT_CASES]
-            params = [
-                pytest.param(s, c, id=f"{s}-{c}", marks=[*extra, *self._xfail(name, f"{s}-{c}")])
-                for s, c in combos
-            ]
-            metafunc.parametrize(("storage", "case"), params)
+        # A second axis: the bad-input case or the garbage reply, in the id after the storage.
+        axes: Mapping[str, Sequence[str]] = {
+            "case": tuple(BAD_INPUT_CASES),
+            "garbage": (*GARBAGE_REPLIES, "mixed"),
+        }
+        second = next((arg for arg in axes if arg in metafunc.fixturenames), None)
+        if second is None:
+            metafunc.parametrize(
+                "storage",
+                [pytest.param(s, id=s, marks=[*extra, *self._xfail(name, s)]) for s in storages],
+            )
             return
         metafunc.parametrize(
-            "storage",
-            [pytest.param(s, id=s, marks=[*extra, *self._xfail(name, s)]) for s in storages],
+            ("storage", second),
+            [
+                pytest.param(s, v, id=f"{s}-{v}", marks=[*extra, *self._xfail(name, f"{s}-{v}")])
+                for s in storages
+                for v in axes[second]
+            ],
         )
 
     def _xfail(self, name: str, param_id: str) -> list[Any]:
@@ -757,10 +781,11 @@ class MechanismContract:
             in_flight.add(last + 1)
             start = last + 2
         assert acked, f"no save was acknowledged before the kills (seed {seed})"
-        self._check_after_crashes(path, acked, in_flight, seed)
+        where = f"seed {seed}, {kill + 1} kills, {len(acked)} saves acknowledged"
+        self._check_after_crashes(path, acked, in_flight, where)
 
     def _check_after_crashes(
-        self, path: Path, acked: set[int], in_flight: set[int], seed: int
+        self, path: Path, acked: set[int], in_flight: set[int], where: str
     ) -> None:
         memory = self.make_memory(path, self.make_llm())
         try:
@@ -771,28 +796,28 @@ class MechanismContract:
                 if listings is None:
                     for i in sorted(mine):
                         text = _recall_text(self._recall(memory, _crash_text(i), Scope(user)))
-                        assert _crash_text(i) in text, f"acknowledged turn {i} lost (seed {seed})"
+                        assert _crash_text(i) in text, f"acknowledged turn {i} lost ({where})"
                 for listing in listings or []:
                     said = _crash_counts(listing, "user")
                     replied = _crash_counts(listing, "assistant")
                     lost = sorted(i for i in mine if said[i] != 1)
                     assert not lost, (
-                        f"acknowledged turns lost or duplicated after SIGKILL (seed {seed}): "
+                        f"acknowledged turns lost or duplicated after SIGKILL ({where}): "
                         f"{[(i, said[i]) for i in lost]}"
                     )
                     stray = sorted(i for i in said if i not in acked and i not in in_flight)
-                    assert not stray, f"turns that were never saved appeared (seed {seed}): {stray}"
+                    assert not stray, f"turns that were never saved appeared ({where}): {stray}"
                     twice = sorted(i for i in said if said[i] > 1)
-                    assert not twice, f"turns stored twice after SIGKILL (seed {seed}): {twice}"
+                    assert not twice, f"turns stored twice after SIGKILL ({where}): {twice}"
                     torn = sorted(i for i in set(said) | set(replied) if said[i] != replied[i])
-                    assert not torn, f"saves stored only in part (seed {seed}): {torn}"
+                    assert not torn, f"saves stored only in part ({where}): {torn}"
                 everything = self._recall(memory, "crash fact box holds item", Scope(user))
                 duplicates = _duplicates(_derived(everything))
                 assert not duplicates, (
-                    f"derived records duplicated after SIGKILL (seed {seed}): {duplicates}"
+                    f"derived records duplicated after SIGKILL ({where}): {duplicates}"
                 )
                 if self.derives_records and mine:
-                    assert _derived(everything), f"nothing derived for {user} (seed {seed})"
+                    assert _derived(everything), f"nothing derived for {user} ({where})"
         finally:
             _close(memory)
 
@@ -851,8 +876,8 @@ def run_crash_writer(argv: Sequence[str]) -> None:
             memory's path, the first exchange number and a random seed.
 
     Prints ``ack <n>`` after each save of exchange ``n`` returned, and ``ended <n>`` after an
-    ``end_session`` returned. The LLM follows the prompts after a small random delay, so kills
-    also land inside derivations.
+    ``end_session`` returned; recalls in between exercise state updates. The LLM follows the
+    prompts after a small random delay, so kills also land inside derivations.
     """
     module_name, qualname, path, start, seed = argv
     owner: Any = importlib.import_module(module_name)
@@ -873,6 +898,9 @@ def run_crash_writer(argv: Sequence[str]) -> None:
         at = _BASE_TIME + timedelta(seconds=10 * i)
         memory.save(_exchange(_crash_text(i), f"crash fact {i}: noted, box{i}x", at), scope)
         print(f"ack {i}", flush=True)
+        if i % 3 == 0:
+            # Recalls may update state (recall counts, strengths); kills land there too.
+            memory.recall(_crash_text(i - 1), scope, k=3)
         if i % 4 >= 2:
             memory.end_session(scope)
             print(f"ended {i}", flush=True)
