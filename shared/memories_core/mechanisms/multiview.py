@@ -151,7 +151,7 @@ class MultiViewMemory:
     ) -> Recall:
         """Recall from every view with its own k; ``k`` (if given) overrides every view's."""
         parts = {
-            name: view.recall(query, scope, k=k or self.k[name], now=now)
+            name: view.recall(query, scope, k=self.k[name] if k is None else k, now=now)
             for name, view in self.views.items()
         }
         return self._combine(query, parts)
@@ -204,7 +204,7 @@ class MultiViewMemory:
         """Async twin of :meth:`recall`; the views are searched concurrently."""
         names = list(self.views)
         recalls = await asyncio.gather(
-            *(self.views[n].arecall(query, scope, k=k or self.k[n], now=now) for n in names)
+            *(self.views[n].arecall(query, scope, k=self.k[n] if k is None else k, now=now) for n in names)
         )
         return self._combine(query, dict(zip(names, recalls, strict=True)))
 
