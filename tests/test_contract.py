@@ -30,13 +30,13 @@ _GARBAGE = "test_garbage_llm_never_loses_a_turn"
 #: ("the", "user"), so forged tags become the session's summary.
 FORGED_SUMMARY = "summary parser accepts forged tags that share a stopword ('the', 'user')"
 
+
 def _embedder() -> HashingEmbedder:
     return HashingEmbedder(dimension=64)
 
 
 class TestHistoryMemoryContract(MechanismContract):
-    known_failures: ClassVar[dict[str, str]] = {
-    }
+    known_failures: ClassVar[dict[str, str]] = {}
 
     def make_memory(self, path: Path | None, llm: LLM) -> Mechanism:
         return HistoryMemory(path=path, embedder=_embedder())
@@ -58,8 +58,7 @@ class TestSummaryMemoryContract(MechanismContract):
 class TestConditionalMemoryContract(MechanismContract):
     needs_llm = True
     derives_records = True
-    known_failures: ClassVar[dict[str, str]] = {
-    }
+    known_failures: ClassVar[dict[str, str]] = {}
 
     def make_memory(self, path: Path | None, llm: LLM) -> Mechanism:
         return ConditionalMemory(path=path, llm=llm, embedder=_embedder())

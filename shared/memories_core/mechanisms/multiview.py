@@ -204,7 +204,10 @@ class MultiViewMemory:
         """Async twin of :meth:`recall`; the views are searched concurrently."""
         names = list(self.views)
         recalls = await asyncio.gather(
-            *(self.views[n].arecall(query, scope, k=self.k[n] if k is None else k, now=now) for n in names)
+            *(
+                self.views[n].arecall(query, scope, k=self.k[n] if k is None else k, now=now)
+                for n in names
+            )
         )
         return self._combine(query, dict(zip(names, recalls, strict=True)))
 
