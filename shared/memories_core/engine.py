@@ -465,6 +465,8 @@ class MemoryEngine:
                 if hooks.on_turns is not None:
                     specs += list(hooks.on_turns(records))
             self.store.add_jobs(scope.user_id, specs, now=now)
+        if not specs:
+            return records, []
         keys = {(s.mechanism, s.key) for s in specs}
         new_jobs = [
             j.id
