@@ -442,3 +442,16 @@ def test_bad_input_is_refused_with_typed_errors() -> None:
     with pytest.raises(InvalidInputError):
         Scope("bad\ud800user")
     assert engine.users() == []
+
+
+def test_deleting_records_keeps_an_audit_trail_unless_erased() -> None:
+    engine = make_engine()
+    kept, erased = note("u", "old address: 12 Elm St"), note("u", "passport X99")
+    engine.add_records([kept, erased])
+    assert engine.delete_records("u", [kept.id], reason="moved") == 1
+    assert engine.delete_records("u", [erased.id], reason="user asked", erase=True) == 1
+    assert engine.delete_records("u", ["unknown"]) == 0
+    entries = {h.record_id: h for h in engine.history("u")}
+    assert entries[kept.id].old["text"] == "old address: 12 Elm St"
+    assert "text" not in entries[erased.id].old and entries[erased.id].reason == "user asked"
+    assert engine.records("u") == []

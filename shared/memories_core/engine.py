@@ -547,26 +547,34 @@ class MemoryEngine:
         return True
 
     def delete_records(
-        self, user_id: str, ids: Sequence[str], *, reason: str | None = None
-    ) -> None:
-        """Delete some of ``user_id``'s records (text and vectors); kept in the history."""
+        self, user_id: str, ids: Sequence[str], *, reason: str | None = None, erase: bool = False
+    ) -> int:
+        """Delete some of ``user_id``'s records (text and vectors).
+
+        Args:
+            user_id: Owner (other users' ids are skipped).
+            ids: Records to delete.
+            reason: Kept in the update history.
+            erase: Keep no copy of the text in the history (only that the record was deleted,
+                when and why); otherwise the history keeps the old text, as an audit trail.
+
+        Returns:
+            How many records were deleted.
+        """
         check_user_id(user_id)
         found = self.store.get(list(ids), user_id=user_id)
         if not found:
-            return
+            return 0
         now = self.clock.now()
         with self.store.transaction():
             for record in found:
+                old = {"kind": record.kind} if erase else {"text": record.text, "kind": record.kind}
                 self.store.add_history(
-                    user_id,
-                    record.id,
-                    old={"text": record.text, "kind": record.kind},
-                    new={"deleted": True},
-                    at=now,
-                    reason=reason,
+                    user_id, record.id, old=old, new={"deleted": True}, at=now, reason=reason
                 )
             self.store.delete([r.id for r in found], user_id=user_id)
         self._drop_vectors(user_id, [r.id for r in found])
+        return len(found)
 
     def history(self, user_id: str, *, record_id: str | None = None) -> list[StateChange]:
         """``user_id``'s update history (state changes, text edits, deletions), oldest first."""
