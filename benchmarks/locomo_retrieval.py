@@ -44,6 +44,7 @@ import numpy.typing as npt
 from memories_core.backends import NumpyIndex, SQLiteRecordStore
 from memories_core.embedders.base import BaseEmbedder
 from memories_core.evaluation import CATEGORY_NAMES, LocomoConversation, load_locomo, recall_at_k
+from memories_core.evaluation.locomo import LocomoTurn
 from memories_core.interfaces import Embedder
 from memories_core.retrieval import (
     DEFAULT_CONTEXT_GAP,
@@ -216,31 +217,40 @@ GAPS: tuple[timedelta | None, ...] = (
 )
 
 
-def pipeline_backend(
-    conversation: LocomoConversation, embedder: CachedEmbedder, storage: str
-) -> InMemoryBackend:
-    """One in-memory backend per conversation; turns dated by their session."""
-    backend = InMemoryBackend(embedder)
+def dated_sessions(
+    conversation: LocomoConversation,
+) -> dict[int, list[tuple[LocomoTurn, datetime]]]:
+    """Each session's non-empty turns with a time: the session's date plus 30 s per turn."""
     fallback = datetime(2023, 1, 1, tzinfo=timezone.utc)
-    sessions: dict[int, list[MemoryRecord]] = defaultdict(list)
+    sessions: dict[int, list[tuple[LocomoTurn, datetime]]] = defaultdict(list)
     for turn in conversation.turns:
         if not turn.text.strip():
             continue
         start = conversation.session_datetime(turn.session)
         start = ensure_utc(start) if start else fallback + timedelta(days=turn.session)
         position = len(sessions[turn.session])
-        sessions[turn.session].append(
+        sessions[turn.session].append((turn, start + timedelta(seconds=TURN_SECONDS * position)))
+    return sessions
+
+
+def pipeline_backend(
+    conversation: LocomoConversation, embedder: CachedEmbedder, storage: str
+) -> InMemoryBackend:
+    """One in-memory backend per conversation; turns dated by their session."""
+    backend = InMemoryBackend(embedder)
+    for dated in dated_sessions(conversation).values():
+        records = [
             MemoryRecord(
                 id=turn.dia_id,
                 user_id=conversation.sample_id,
                 kind="turn",
                 text=turn.render(),
-                created_at=start + timedelta(seconds=TURN_SECONDS * position),
+                created_at=when,
                 session_id=f"session_{turn.session}" if storage == "session ids" else None,
                 metadata={"dia_id": turn.dia_id, "speaker": turn.speaker},
             )
-        )
-    for records in sessions.values():
+            for turn, when in dated
+        ]
         vectors = embedder.embed_documents([r.text for r in records])
         if storage == "no session ids, turn by turn":
             for record, vector in zip(records, vectors, strict=True):
@@ -307,23 +317,17 @@ def public_rows(
         for conversation in conversations:
             memory = HistoryMemory(embedder=embedder, clock=FixedClock(fallback))
             user = conversation.sample_id
-            sessions: dict[int, list[Turn]] = defaultdict(list)
-            for turn in conversation.turns:
-                if not turn.text.strip():
-                    continue
-                start = conversation.session_datetime(turn.session)
-                start = ensure_utc(start) if start else fallback + timedelta(days=turn.session)
-                position = len(sessions[turn.session])
-                sessions[turn.session].append(
+            for number, dated in dated_sessions(conversation).items():
+                turns = [
                     Turn(
                         "user",
-                        turn.text,
-                        speaker=turn.speaker,
-                        timestamp=start + timedelta(seconds=TURN_SECONDS * position),
-                        metadata={"dia_id": turn.dia_id},
+                        t.text,
+                        speaker=t.speaker,
+                        timestamp=when,
+                        metadata={"dia_id": t.dia_id},
                     )
-                )
-            for number, turns in sessions.items():
+                    for t, when in dated
+                ]
                 if storage == "session ids":
                     memory.save(turns, Scope(user, f"session_{number}"))
                 else:
