@@ -41,6 +41,11 @@ __all__ = ["ChromaIndex"]
 
 _T = TypeVar("_T")
 
+# HNSW search breadth of new collections. Chroma's default (10) missed a record's own vector
+# in 2.2% of self-queries at 20k hashed vectors, 50 in 1.0%, 100 in 0.5%, at about the same
+# query time (1.6-3 ms on a busy 2-core machine); existing collections keep their setting.
+_EF_SEARCH = 100
+
 # Chroma caps how many items one call may write; used when the client cannot tell us.
 _FALLBACK_BATCH = 5000
 
@@ -224,7 +229,7 @@ class ChromaIndex:
             if create:
                 collection = self._client.get_or_create_collection(
                     name,
-                    configuration={"hnsw": {"space": "cosine"}},
+                    configuration={"hnsw": {"space": "cosine", "ef_search": _EF_SEARCH}},
                     embedding_function=None,
                 )
             else:
