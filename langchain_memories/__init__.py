@@ -7,6 +7,7 @@
 * :class:`SelfReflectiveRetriever`: self-reflection around any LangChain retriever.
 * :class:`LangChainLLM`, :class:`LangChainEmbedder`: LangChain models as core models.
 * :class:`CoreEmbeddings`: a core embedder as LangChain ``Embeddings``.
+* :func:`create_memory_tools`: save / search / update / forget memory tools for agents.
 """
 
 try:
@@ -25,6 +26,7 @@ from langchain_memories.legacy import LegacyChainMemory
 from langchain_memories.middleware import MemoryMiddleware
 from langchain_memories.reflective import SelfReflectiveRetriever
 from langchain_memories.retriever import MemoryRetriever
+from langchain_memories.tools import create_memory_tools
 
 __all__ = [
     "ConditionalMemoryChat",
@@ -35,4 +37,5 @@ __all__ = [
     "MemoryMiddleware",
     "MemoryRetriever",
     "SelfReflectiveRetriever",
+    "create_memory_tools",
 ]

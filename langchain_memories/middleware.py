@@ -10,6 +10,7 @@ from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemM
 from langgraph.config import get_config
 from langgraph.runtime import Runtime
 
+from langchain_memories.observability import emit_memory_event, usage_data
 from memories_core.errors import ConfigurationError, MissingUserError
 from memories_core.interfaces import Mechanism
 from memories_core.types import Recall, Scope, Turn
@@ -215,8 +216,23 @@ class MemoryMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         """Save the run's last human message and final answer."""
         turns = self._turns(state)
         if turns:
-            self.memory.save(turns, self._scope(runtime))
+            scope = self._scope(runtime)
+            self.memory.save(turns, scope)
+            self._saved(scope, turns)
         return None
+
+    def _saved(self, scope: Scope, turns: list[Turn]) -> None:
+        """Report the save as a ``memory_saved`` custom event of the run (tracing)."""
+        emit_memory_event(
+            "memory_saved",
+            {
+                "user_id": scope.user_id,
+                "session_id": scope.session_id,
+                "turns": len(turns),
+                "source": "MemoryMiddleware",
+                **usage_data(self.memory),
+            },
+        )
 
     async def aafter_agent(
         self, state: AgentState[Any], runtime: Runtime[Any]
@@ -224,5 +240,7 @@ class MemoryMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         """Async twin of :meth:`after_agent` (uses ``memory.asave``)."""
         turns = self._turns(state)
         if turns:
-            await self.memory.asave(turns, self._scope(runtime))
+            scope = self._scope(runtime)
+            await self.memory.asave(turns, scope)
+            self._saved(scope, turns)
         return None

@@ -17,6 +17,7 @@ EXPECTED_ALL = [
     "MemoryMiddleware",
     "MemoryRetriever",
     "SelfReflectiveRetriever",
+    "create_memory_tools",
 ]
 
 
