@@ -16,6 +16,7 @@ EXPECTED_ALL = [
     "LegacyChainMemory",
     "MemoryMiddleware",
     "MemoryRetriever",
+    "MemoryStore",
     "SelfReflectiveRetriever",
     "create_memory_tools",
 ]
