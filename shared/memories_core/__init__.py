@@ -35,6 +35,7 @@ from memories_core.usage import MemoryUsage, Usage
 
 if TYPE_CHECKING:
     from memories_core.engine import MemoryEngine
+    from memories_core.portable import export_user, import_user
     from memories_core.mechanisms import (
         ConditionalMemory,
         ConditionalReply,
@@ -79,10 +80,14 @@ __all__ = [
     "SystemClock",
     "Turn",
     "Usage",
+    "export_user",
+    "import_user",
 ]
 
 _LAZY = {
     "MemoryEngine": "memories_core.engine",
+    "export_user": "memories_core.portable",
+    "import_user": "memories_core.portable",
     **{
         name: "memories_core.mechanisms"
         for name in (
