@@ -35,7 +35,6 @@ from memories_core.usage import MemoryUsage, Usage
 
 if TYPE_CHECKING:
     from memories_core.engine import MemoryEngine
-    from memories_core.portable import export_user, import_user
     from memories_core.mechanisms import (
         ConditionalMemory,
         ConditionalReply,
@@ -46,6 +45,7 @@ if TYPE_CHECKING:
         SelfReflectiveRetrieval,
         SummaryMemory,
     )
+    from memories_core.portable import export_user, import_user
 
 __version__ = "0.1.0"
 

@@ -148,3 +148,31 @@ async def test_async_agent_and_custom_events() -> None:
     assert memories(memory, "alice") == ["Alice flies on Monday"]
     assert events and events[0][0] == "memory_saved"
     assert events[0][1]["user_id"] == "alice"
+
+
+def test_example_agent_remembers_across_two_processes(tmp_path: Any) -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": f"{root / 'shared'}{os.pathsep}{root}"}
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(root / "examples" / "agent_with_memory_tools.py"),
+            "--path",
+            str(tmp_path / "mem"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    run_2 = done.stdout.split("--- run 2")[1]
+    assert "agent: From memory: The user is allergic to shellfish" in run_2
+    assert "agent: From memory: The user's daughter is called Inês" in run_2
+    assert "weather" not in done.stdout.split("memories:")[1]
