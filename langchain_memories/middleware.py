@@ -10,7 +10,12 @@ from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemM
 from langgraph.config import get_config
 from langgraph.runtime import Runtime
 
-from langchain_memories.observability import emit_memory_event, usage_data
+from langchain_memories.observability import (
+    atraced_recall,
+    emit_memory_event,
+    traced_recall,
+    usage_data,
+)
 from memories_core.errors import ConfigurationError, MissingUserError
 from memories_core.interfaces import Mechanism
 from memories_core.types import Recall, Scope, Turn
@@ -197,7 +202,10 @@ class MemoryMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         query = self._query(request)
         if query is None:
             return handler(request)
-        recall = self.memory.recall(query, self._scope(request.runtime), k=self.k)
+        scope = self._scope(request.runtime)
+        recall = traced_recall(
+            "MemoryMiddleware", query, lambda: self.memory.recall(query, scope, k=self.k)
+        )
         return handler(self._with_recall(request, recall))
 
     async def awrap_model_call(
@@ -209,7 +217,10 @@ class MemoryMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         query = self._query(request)
         if query is None:
             return await handler(request)
-        recall = await self.memory.arecall(query, self._scope(request.runtime), k=self.k)
+        scope = self._scope(request.runtime)
+        recall = await atraced_recall(
+            "MemoryMiddleware", query, lambda: self.memory.arecall(query, scope, k=self.k)
+        )
         return await handler(self._with_recall(request, recall))
 
     def after_agent(self, state: AgentState[Any], runtime: Runtime[Any]) -> dict[str, Any] | None:

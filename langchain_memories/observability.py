@@ -1,6 +1,7 @@
 """What memory did, in LangChain's own tracing terms (LangSmith and any callback handler).
 
-Recalls through :class:`~langchain_memories.MemoryRetriever` are retriever runs (with the
+Recalls through :class:`~langchain_memories.MemoryRetriever` and
+:class:`~langchain_memories.MemoryMiddleware` are retriever runs (with the recalled records as
 documents); saves, updates and deletions by :class:`~langchain_memories.MemoryMiddleware`, the
 memory tools and :class:`~langchain_memories.MemoryStore` are **custom events**
 (``on_custom_event``) named ``memory_saved``, ``memory_updated``, ``memory_forgotten``, ...
@@ -10,11 +11,19 @@ with the user, the record ids and the LLM usage of the engine so far.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from langchain_core.callbacks.manager import dispatch_custom_event
+from langchain_core.runnables.config import (
+    ensure_config,
+    get_async_callback_manager_for_config,
+    get_callback_manager_for_config,
+)
 
-__all__ = ["emit_memory_event", "usage_data"]
+from memories_core.types import Recall
+
+__all__ = ["atraced_recall", "emit_memory_event", "traced_recall", "usage_data"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,3 +57,35 @@ def usage_data(memory: Any) -> dict[str, Any]:
             llm_completion_tokens=usage.llm.completion_tokens,
         )
     return out
+
+
+def _documents(recall: Recall) -> list[Any]:
+    from langchain_memories.retriever import record_to_document
+
+    return [record_to_document(hit) for hit in recall.records]
+
+
+def traced_recall(name: str, query: str, recall: Callable[[], Recall]) -> Recall:
+    """Run ``recall`` as a retriever run of the current run (its documents are the records)."""
+    manager = get_callback_manager_for_config(ensure_config())
+    run = manager.on_retriever_start({"name": name}, query, name=name)
+    try:
+        result = recall()
+    except BaseException as exc:
+        run.on_retriever_error(exc)
+        raise
+    run.on_retriever_end(_documents(result))
+    return result
+
+
+async def atraced_recall(name: str, query: str, recall: Callable[[], Awaitable[Recall]]) -> Recall:
+    """Async twin of :func:`traced_recall`."""
+    manager = get_async_callback_manager_for_config(ensure_config())
+    run = await manager.on_retriever_start({"name": name}, query, name=name)
+    try:
+        result = await recall()
+    except BaseException as exc:
+        await run.on_retriever_error(exc)
+        raise
+    await run.on_retriever_end(_documents(result))
+    return result

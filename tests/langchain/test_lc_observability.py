@@ -54,7 +54,25 @@ def test_a_middleware_save_is_a_custom_event() -> None:
         context={"user_id": "alice"},
         config={"callbacks": [recorder]},
     )
+    # The recall before the model call is a retriever run too (nothing to find yet).
+    assert recorder.retrievals == [("I love Thai food", [])]
     (event,) = [e for e in recorder.events if e[0] == "memory_saved"]
     assert event[1]["user_id"] == "alice" and event[1]["turns"] == 2
     assert event[1]["source"] == "MemoryMiddleware"
     assert "embedder_calls" in event[1]
+
+
+async def test_a_middleware_recall_is_a_retriever_run_async() -> None:
+    memory = history_memory()
+    memory.save([Turn("user", "I love Thai food")], Scope("alice"))
+    recorder = Recorder()
+    agent = create_agent(model=chat_model("Thai."), tools=[], middleware=[MemoryMiddleware(memory)])
+    await agent.ainvoke(
+        {"messages": [HumanMessage("What food do I like?")]},
+        context={"user_id": "alice"},
+        config={"callbacks": [recorder]},
+    )
+    ((query, docs),) = recorder.retrievals
+    assert query == "What food do I like?"
+    assert docs and "Thai" in docs[0].page_content
+    assert [e[0] for e in recorder.events] == ["memory_saved"]
