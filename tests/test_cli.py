@@ -83,6 +83,7 @@ def test_reindex_stats_and_errors(memory_path: Path, capsys: pytest.CaptureFixtu
     code, out = cli(memory_path, "stats")
     assert "users: 2" in out and "records: 4 (memory 1, turn 3)" in out
     assert "pending jobs: 0" in out and "disk: " in out and "index: ok" in out
+    assert "llm usage: none recorded" in out
     code, _ = run("--path", str(memory_path), "--embedder", "hashing-64", "users")
     assert code == 2
     assert "hashing-256" in capsys.readouterr().err
@@ -107,6 +108,7 @@ def test_retry_pending_runs_jobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     code, out = cli(path, "show", "alice", "--kind", "summary")
     assert "moved to Porto" in out
     assert "no pending work" in cli(path, "retry-pending", "alice")[1]
+    assert "llm usage (recorded by retry-pending): 1 calls, 0 failed" in cli(path, "stats")[1]
 
 
 def test_console_script_smoke(memory_path: Path) -> None:

@@ -179,8 +179,8 @@ def _reindex(engine: MemoryEngine, args: argparse.Namespace, out: TextIO) -> int
     return 0
 
 
-def _attach_for_jobs(engine: MemoryEngine, args: argparse.Namespace) -> list[str]:
-    """Attach the mechanisms that own pending jobs (they run the jobs); returns their names."""
+def _attach_for_jobs(engine: MemoryEngine, args: argparse.Namespace) -> list[Any]:
+    """Attach the mechanisms that own pending jobs (they run the jobs); returns them."""
     from memories_core import ConditionalMemory, HistoryMemory, SummaryMemory
 
     known: dict[str, Any] = {
@@ -199,9 +199,27 @@ def _attach_for_jobs(engine: MemoryEngine, args: argparse.Namespace) -> list[str
             kwargs: dict[str, Any] = {"engine": engine}
             if llm is not None and cls is not HistoryMemory:
                 kwargs["llm"] = llm
-            cls(**kwargs)
-            attached.append(name)
+            attached.append(cls(**kwargs))
     return attached
+
+
+_USAGE_KEY = "cli.llm_usage"
+
+
+def _record_usage(engine: MemoryEngine, mechanisms: list[Any]) -> None:
+    """Add the model usage of this run to what earlier runs of the command line recorded."""
+    seen: dict[int, Any] = {}
+    for mechanism in mechanisms:
+        llm = mechanism.usage.llm
+        if llm is not None:
+            seen[id(getattr(mechanism, "llm", llm))] = llm
+    if not seen:
+        return
+    total = dict(engine.store.get_state(_USAGE_KEY) or {})
+    for usage in seen.values():
+        for name in ("calls", "failures", "prompt_tokens", "completion_tokens"):
+            total[name] = int(total.get(name, 0)) + int(getattr(usage, name))
+    engine.store.set_state(_USAGE_KEY, total)
 
 
 def _retry(engine: MemoryEngine, args: argparse.Namespace, out: TextIO) -> int:
@@ -209,7 +227,7 @@ def _retry(engine: MemoryEngine, args: argparse.Namespace, out: TextIO) -> int:
     if not pending:
         print("no pending work", file=out)
         return 0
-    _attach_for_jobs(engine, args)
+    mechanisms = _attach_for_jobs(engine, args)
     users = sorted({job.user_id for job in pending})
     from tqdm.auto import tqdm
 
@@ -217,8 +235,19 @@ def _retry(engine: MemoryEngine, args: argparse.Namespace, out: TextIO) -> int:
     for user in tqdm(users, desc="users", disable=args.quiet or len(users) < 2, file=sys.stderr):
         left += engine.run_pending(user, force=True)
     done = len(pending) - left
+    _record_usage(engine, mechanisms)
     print(f"ran pending work: {done} done, {left} still pending", file=out)
     return 0 if left == 0 else 1
+
+
+def _usage_line(recorded: dict[str, int] | None) -> str:
+    if not recorded:
+        return "llm usage: none recorded (applications count theirs per process: memory.usage)"
+    return (
+        f"llm usage (recorded by retry-pending): {recorded.get('calls', 0)} calls, "
+        f"{recorded.get('failures', 0)} failed, {recorded.get('prompt_tokens', 0)} prompt + "
+        f"{recorded.get('completion_tokens', 0)} completion tokens"
+    )
 
 
 def _stats(engine: MemoryEngine, args: argparse.Namespace, out: TextIO) -> int:
@@ -241,7 +270,7 @@ def _stats(engine: MemoryEngine, args: argparse.Namespace, out: TextIO) -> int:
         + (f" ({', '.join(f'{m} {n}' for m, n in sorted(by_mechanism.items()))})" if jobs else "")
         + (f", {failing} failed at least once" if failing else ""),
         f"index: {'ok' if report.ok else 'needs repair (reindex)'}",
-        "llm usage: not recorded in the store (counted per process: memory.usage)",
+        _usage_line(engine.store.get_state(_USAGE_KEY)),
     ]
     print("\n".join(lines), file=out)
     return 0
