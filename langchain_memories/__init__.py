@@ -7,6 +7,8 @@
 * :class:`SelfReflectiveRetriever`: self-reflection around any LangChain retriever.
 * :class:`LangChainLLM`, :class:`LangChainEmbedder`: LangChain models as core models.
 * :class:`CoreEmbeddings`: a core embedder as LangChain ``Embeddings``.
+* :class:`MemoryStore`: a LangGraph ``BaseStore`` on the memory engine (LangMem runs on it).
+* :func:`create_memory_tools`: save / search / update / forget memory tools for agents.
 """
 
 try:
@@ -25,6 +27,8 @@ from langchain_memories.legacy import LegacyChainMemory
 from langchain_memories.middleware import MemoryMiddleware
 from langchain_memories.reflective import SelfReflectiveRetriever
 from langchain_memories.retriever import MemoryRetriever
+from langchain_memories.store import MemoryStore
+from langchain_memories.tools import create_memory_tools
 
 __all__ = [
     "ConditionalMemoryChat",
@@ -34,5 +38,7 @@ __all__ = [
     "LegacyChainMemory",
     "MemoryMiddleware",
     "MemoryRetriever",
+    "MemoryStore",
     "SelfReflectiveRetriever",
+    "create_memory_tools",
 ]

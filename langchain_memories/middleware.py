@@ -10,6 +10,12 @@ from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemM
 from langgraph.config import get_config
 from langgraph.runtime import Runtime
 
+from langchain_memories.observability import (
+    atraced_recall,
+    emit_memory_event,
+    traced_recall,
+    usage_data,
+)
 from memories_core.errors import ConfigurationError, MissingUserError
 from memories_core.interfaces import Mechanism
 from memories_core.types import Recall, Scope, Turn
@@ -196,7 +202,10 @@ class MemoryMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         query = self._query(request)
         if query is None:
             return handler(request)
-        recall = self.memory.recall(query, self._scope(request.runtime), k=self.k)
+        scope = self._scope(request.runtime)
+        recall = traced_recall(
+            "MemoryMiddleware", query, lambda: self.memory.recall(query, scope, k=self.k)
+        )
         return handler(self._with_recall(request, recall))
 
     async def awrap_model_call(
@@ -208,15 +217,33 @@ class MemoryMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         query = self._query(request)
         if query is None:
             return await handler(request)
-        recall = await self.memory.arecall(query, self._scope(request.runtime), k=self.k)
+        scope = self._scope(request.runtime)
+        recall = await atraced_recall(
+            "MemoryMiddleware", query, lambda: self.memory.arecall(query, scope, k=self.k)
+        )
         return await handler(self._with_recall(request, recall))
 
     def after_agent(self, state: AgentState[Any], runtime: Runtime[Any]) -> dict[str, Any] | None:
         """Save the run's last human message and final answer."""
         turns = self._turns(state)
         if turns:
-            self.memory.save(turns, self._scope(runtime))
+            scope = self._scope(runtime)
+            self.memory.save(turns, scope)
+            self._saved(scope, turns)
         return None
+
+    def _saved(self, scope: Scope, turns: list[Turn]) -> None:
+        """Report the save as a ``memory_saved`` custom event of the run (tracing)."""
+        emit_memory_event(
+            "memory_saved",
+            {
+                "user_id": scope.user_id,
+                "session_id": scope.session_id,
+                "turns": len(turns),
+                "source": "MemoryMiddleware",
+                **usage_data(self.memory),
+            },
+        )
 
     async def aafter_agent(
         self, state: AgentState[Any], runtime: Runtime[Any]
@@ -224,5 +251,7 @@ class MemoryMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         """Async twin of :meth:`after_agent` (uses ``memory.asave``)."""
         turns = self._turns(state)
         if turns:
-            await self.memory.asave(turns, self._scope(runtime))
+            scope = self._scope(runtime)
+            await self.memory.asave(turns, scope)
+            self._saved(scope, turns)
         return None

@@ -8,6 +8,8 @@
   retriever finds, as a retriever or as a node postprocessor.
 * :class:`LlamaIndexLLM`, :class:`LlamaIndexEmbedder`: LlamaIndex models as core models.
 * :class:`CoreEmbedding`: a core embedder as a LlamaIndex embedding model.
+* :class:`MemoryToolSpec`: save / search / update / forget memory tools for agents.
+* :class:`MemoryRecallEvent`, :class:`MemorySaveEvent`: instrumentation events of memory.
 """
 
 try:
@@ -20,8 +22,10 @@ except ImportError as exc:
 from llamaindex_memories.bridges import CoreEmbedding, LlamaIndexEmbedder, LlamaIndexLLM
 from llamaindex_memories.conditional import ConditionalMemoryBlock, ConditionalMemoryLLM
 from llamaindex_memories.memory_block import MemoryBlock
+from llamaindex_memories.observability import MemoryRecallEvent, MemorySaveEvent
 from llamaindex_memories.reflective import SelfReflectiveFilter, SelfReflectiveRetriever
 from llamaindex_memories.retriever import MemoryRetriever
+from llamaindex_memories.tools import MemoryToolSpec
 
 __all__ = [
     "ConditionalMemoryBlock",
@@ -30,7 +34,10 @@ __all__ = [
     "LlamaIndexEmbedder",
     "LlamaIndexLLM",
     "MemoryBlock",
+    "MemoryRecallEvent",
     "MemoryRetriever",
+    "MemorySaveEvent",
+    "MemoryToolSpec",
     "SelfReflectiveFilter",
     "SelfReflectiveRetriever",
 ]

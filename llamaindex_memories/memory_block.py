@@ -13,6 +13,7 @@ from llama_index.core.memory import Memory
 from llama_index.core.memory.memory import BaseMemoryBlock
 from llama_index.core.storage.chat_store.sql import MessageStatus
 
+from llamaindex_memories.observability import dispatcher, recall_event, save_event
 from memories_core.interfaces import Mechanism
 from memories_core.types import Scope, Turn
 
@@ -118,12 +119,14 @@ class MemoryBlock(BaseMemoryBlock[str]):
         session = self.session_id or (session_id if isinstance(session_id, str) else None)
         return Scope(self.user_id, session_id=session)
 
+    @dispatcher.span
     async def _aget(self, messages: list[ChatMessage] | None = None, **block_kwargs: Any) -> str:
         query = _latest_user_text(messages or [])
         if query is None:
             return ""
         scope = self._scope(block_kwargs.get("session_id"))
         recall = await self.memory.arecall(query, scope, k=self.k)
+        recall_event(self.memory, scope.user_id, query, recall)
         return recall.context
 
     async def _aput(self, messages: list[ChatMessage]) -> None:
@@ -146,6 +149,7 @@ class MemoryBlock(BaseMemoryBlock[str]):
         turns = messages_to_turns(messages)
         if turns:
             await self.memory.asave(turns, self._scope(session_id))
+            save_event(self.memory, self.user_id, "save_turns", count=len(turns))
         return len(turns)
 
     async def aflush(self, memory: Memory) -> int:

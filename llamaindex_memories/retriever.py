@@ -6,6 +6,7 @@ from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.callbacks import CallbackManager
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
+from llamaindex_memories.observability import recall_event
 from memories_core.interfaces import Mechanism
 from memories_core.types import Recall, Scope, ScoredRecord
 
@@ -118,10 +119,12 @@ class MemoryRetriever(BaseRetriever):
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         recall = self._memory.recall(query_bundle.query_str, self._scope, k=self._similarity_top_k)
+        recall_event(self._memory, self._scope.user_id, query_bundle.query_str, recall)
         return self._nodes(recall)
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         recall = await self._memory.arecall(
             query_bundle.query_str, self._scope, k=self._similarity_top_k
         )
+        recall_event(self._memory, self._scope.user_id, query_bundle.query_str, recall)
         return self._nodes(recall)

@@ -38,6 +38,8 @@ EXPECTED_ALL = [
     "SystemClock",
     "Turn",
     "Usage",
+    "export_user",
+    "import_user",
 ]
 
 

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
         SelfReflectiveRetrieval,
         SummaryMemory,
     )
+    from memories_core.portable import export_user, import_user
 
 __version__ = "0.1.0"
 
@@ -79,10 +80,14 @@ __all__ = [
     "SystemClock",
     "Turn",
     "Usage",
+    "export_user",
+    "import_user",
 ]
 
 _LAZY = {
     "MemoryEngine": "memories_core.engine",
+    "export_user": "memories_core.portable",
+    "import_user": "memories_core.portable",
     **{
         name: "memories_core.mechanisms"
         for name in (

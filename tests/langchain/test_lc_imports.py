@@ -16,7 +16,9 @@ EXPECTED_ALL = [
     "LegacyChainMemory",
     "MemoryMiddleware",
     "MemoryRetriever",
+    "MemoryStore",
     "SelfReflectiveRetriever",
+    "create_memory_tools",
 ]
 
 

@@ -17,7 +17,10 @@ EXPECTED_ALL = [
     "LlamaIndexEmbedder",
     "LlamaIndexLLM",
     "MemoryBlock",
+    "MemoryRecallEvent",
     "MemoryRetriever",
+    "MemorySaveEvent",
+    "MemoryToolSpec",
     "SelfReflectiveFilter",
     "SelfReflectiveRetriever",
 ]

@@ -1,0 +1,178 @@
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+import pytest
+from langchain.agents import create_agent
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from lc_fakes import chat_model, history_memory
+
+from langchain_memories import create_memory_tools
+from memories_core import HistoryMemory, MissingUserError
+
+
+def call(name: str, args: dict[str, Any], cid: str = "c1") -> AIMessage:
+    return AIMessage("", tool_calls=[{"name": name, "args": args, "id": cid}])
+
+
+def run(agent: Any, text: str, user: str, **kwargs: Any) -> list[Any]:
+    state = agent.invoke({"messages": [HumanMessage(text)]}, context={"user_id": user}, **kwargs)
+    return list(state["messages"])
+
+
+def tool_replies(messages: list[Any]) -> list[str]:
+    return [m.text for m in messages if isinstance(m, ToolMessage)]
+
+
+def memories(memory: HistoryMemory, user: str) -> list[str]:
+    return [r.text for r in memory.engine.records(user, where={"kind": "memory"})]
+
+
+def test_agent_saves_searches_updates_and_forgets() -> None:
+    memory = history_memory()
+    tools = create_memory_tools(memory)
+    model = chat_model(call("save_memory", {"text": "Alice is vegetarian"}), "Noted.")
+    agent = create_agent(model=model, tools=tools)
+    replies = tool_replies(run(agent, "I am vegetarian", "alice"))
+    assert replies[0].startswith("Saved memory ")
+    (record,) = memory.engine.records("alice", where={"kind": "memory"})
+    assert record.text == "Alice is vegetarian"
+
+    model = chat_model(
+        call("search_memory", {"query": "diet"}, "c1"),
+        call("update_memory", {"memory_id": record.id, "text": "Alice is vegan"}, "c2"),
+        "Updated.",
+    )
+    agent = create_agent(model=model, tools=tools)
+    replies = tool_replies(run(agent, "Actually I am vegan now", "alice"))
+    assert record.id in replies[0] and "vegetarian" in replies[0]
+    assert replies[1] == f"Updated memory {record.id}."
+    assert memories(memory, "alice") == ["Alice is vegan"]
+    (edit,) = memory.engine.history("alice", record_id=record.id)
+    assert edit.old == {"text": "Alice is vegetarian"} and "update_memory" in (edit.reason or "")
+
+    model = chat_model(call("forget_memory", {"memory_id": record.id, "reason": "asked"}), "Ok")
+    agent = create_agent(model=model, tools=tools)
+    assert tool_replies(run(agent, "Forget my diet", "alice")) == [f"Forgot memory {record.id}."]
+    assert memories(memory, "alice") == []
+    assert memory.engine.history("alice", record_id=record.id)[-1].new == {"deleted": True}
+
+
+def test_bad_input_returns_a_tool_error_and_changes_nothing() -> None:
+    memory = history_memory()
+    tools = create_memory_tools(memory)
+    bob = create_agent(
+        model=chat_model(call("save_memory", {"text": "Bob's PIN is 1234"}), "ok"), tools=tools
+    )
+    run(bob, "remember my pin", "bob")
+    (bobs,) = memory.engine.records("bob", where={"kind": "memory"})
+    model = chat_model(
+        call("save_memory", {"text": "   "}, "c1"),
+        call("update_memory", {"memory_id": "no-such-id", "text": "x"}, "c2"),
+        call("update_memory", {"memory_id": bobs.id, "text": "Bob's PIN is 0000"}, "c3"),
+        call("forget_memory", {"memory_id": bobs.id}, "c4"),
+        call("update_memory", {"memory_id": bobs.id, "text": ""}, "c5"),
+        "done",
+    )
+    messages = run(create_agent(model=model, tools=tools), "do things", "alice")
+    replies = tool_replies(messages)
+    assert len(replies) == 5
+    assert "text is empty" in replies[0]
+    assert "no memory with id 'no-such-id'" in replies[1]
+    # Another user's id is reported exactly like an unknown one.
+    assert f"no memory with id '{bobs.id}'" in replies[2]
+    assert f"no memory with id '{bobs.id}'" in replies[3]
+    assert "text is empty" in replies[4]
+    statuses = [m.status for m in messages if isinstance(m, ToolMessage)]
+    assert statuses == ["error"] * 5
+    assert memory.engine.records("alice") == []
+    assert memories(memory, "bob") == ["Bob's PIN is 1234"]
+    assert memory.engine.history("bob") == []
+
+
+def test_two_users_in_one_process_are_isolated() -> None:
+    memory = history_memory()
+    tools = create_memory_tools(memory)
+    for user, fact in [("alice", "likes jazz"), ("bob", "likes metal")]:
+        agent = create_agent(
+            model=chat_model(call("save_memory", {"text": fact}), "ok"), tools=tools
+        )
+        run(agent, "remember", user)
+    for user, fact, other in [("alice", "jazz", "metal"), ("bob", "metal", "jazz")]:
+        model = chat_model(call("search_memory", {"query": "music likes", "k": 10}), "ok")
+        (reply,) = tool_replies(run(create_agent(model=model, tools=tools), "music?", user))
+        assert fact in reply and other not in reply
+    # The user may also come from config, or be fixed at construction.
+    model = chat_model(call("search_memory", {"query": "likes"}), "ok")
+    agent = create_agent(model=model, tools=tools)
+    state = agent.invoke({"messages": [HumanMessage("?")]}, {"configurable": {"user_id": "bob"}})
+    assert "metal" in tool_replies(state["messages"])[0]
+    fixed = create_memory_tools(memory, user_id="alice")
+    assert "jazz" in fixed[1].invoke({"query": "likes"})
+
+
+def test_the_user_is_not_a_tool_argument_and_is_required() -> None:
+    memory = history_memory()
+    tools = create_memory_tools(memory)
+    assert [t.name for t in tools] == [
+        "save_memory",
+        "search_memory",
+        "update_memory",
+        "forget_memory",
+    ]
+    for tool in tools:
+        assert "user_id" not in tool.args
+    with pytest.raises(MissingUserError):
+        tools[0].invoke({"text": "x"})
+    with pytest.raises(MissingUserError):
+        create_memory_tools(memory, user_id="")
+
+
+async def test_async_agent_and_custom_events() -> None:
+    memory = history_memory()
+    events: list[tuple[str, Any]] = []
+
+    class Handler(BaseCallbackHandler):
+        def on_custom_event(self, name: str, data: Any, *, run_id: UUID, **kwargs: Any) -> None:
+            events.append((name, data))
+
+    model = chat_model(call("save_memory", {"text": "Alice flies on Monday"}), "ok")
+    agent = create_agent(model=model, tools=create_memory_tools(memory))
+    await agent.ainvoke(
+        {"messages": [HumanMessage("I fly Monday")]},
+        context={"user_id": "alice"},
+        config={"callbacks": [Handler()]},
+    )
+    assert memories(memory, "alice") == ["Alice flies on Monday"]
+    assert events and events[0][0] == "memory_saved"
+    assert events[0][1]["user_id"] == "alice"
+
+
+def test_example_agent_remembers_across_two_processes(tmp_path: Any) -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": f"{root / 'shared'}{os.pathsep}{root}"}
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(root / "examples" / "agent_with_memory_tools.py"),
+            "--path",
+            str(tmp_path / "mem"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    run_2 = done.stdout.split("--- run 2")[1]
+    assert "agent: From memory: The user is allergic to shellfish" in run_2
+    assert "agent: From memory: The user's daughter is called Inês" in run_2
+    assert "weather" not in done.stdout.split("memories:")[1]
