@@ -31,6 +31,7 @@ from memories_core.types import (
     JobSpec,
     MemoryRecord,
     Recall,
+    RecordState,
     Scope,
     StateChange,
     Turn,
@@ -302,6 +303,18 @@ class EngineStore(RecordStore, Protocol):
 
     def update_job(self, job_id: str, payload: Mapping[str, Any]) -> None:
         """Replace a job's payload."""
+        ...
+
+    def restore_jobs(self, user_id: str, jobs: Sequence[Job]) -> int:
+        """Write jobs exactly as given (import); returns how many were new."""
+        ...
+
+    def user_state(self, user_id: str) -> dict[str, Any]:
+        """Every key of the user's state table."""
+        ...
+
+    def restore_state(self, user_id: str, states: Mapping[str, RecordState]) -> None:
+        """Write records' state exactly, without history entries (import)."""
         ...
 
     def put_graph(

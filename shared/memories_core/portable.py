@@ -194,143 +194,51 @@ def _read_jsonl(archive: zipfile.ZipFile, name: str) -> builtins.list[dict[str, 
 # when the store is the SQLite one, and fall back to the protocol otherwise.
 
 
-def _sqlite(engine: MemoryEngine) -> Any | None:
-    from memories_core.backends import SQLiteRecordStore
-
-    return engine.store if isinstance(engine.store, SQLiteRecordStore) else None
-
-
 def _user_state(engine: MemoryEngine, user_id: str) -> dict[str, Any]:
-    store = _sqlite(engine)
-    if store is None:
-        value = engine.store.get_state("engine.session", user_id=user_id)
-        return {} if value is None else {"engine.session": value}
-    with store._read() as conn:
-        rows = conn.execute(
-            "SELECT key, value FROM state WHERE user_id = ? ORDER BY key", (user_id,)
-        ).fetchall()
-    return {key: json.loads(value) for key, value in rows}
+    return dict(engine.store.user_state(user_id))
 
 
 def _read_vectors(engine: MemoryEngine, user_id: str, ids: builtins.list[str]) -> Any:
-    """The stored vectors of ``ids`` (rows in that order), or ``None`` if not readable."""
-    from memories_core.backends import ChromaIndex, NumpyIndex
-
-    index = engine.index
-    if not ids:
+    """The stored vectors of ``ids`` (rows in that order), or ``None`` if not all readable."""
+    read = getattr(engine.index, "vectors", None)
+    if not ids or not callable(read):
         return None
-    if isinstance(index, NumpyIndex):
-        part = index._parts.get(user_id)
-        if part is None or any(i not in part.rows for i in ids):
-            return None
-        return np.stack([part.matrix[part.rows[i]] for i in ids]).astype(np.float32)
-    if isinstance(index, ChromaIndex):
-
-        def fetch(collection: Any) -> Any:
-            return index._guard(collection.get, ids=ids, include=["embeddings"])
-
-        got = index._on_collection(user_id, False, fetch, None)
-        if got is None:
-            return None
-        embeddings = got.get("embeddings")
-        if embeddings is None:
-            return None
-        by_id = dict(zip(got.get("ids") or [], embeddings, strict=False))
-        if any(i not in by_id for i in ids):
-            return None
-        return np.asarray([by_id[i] for i in ids], dtype=np.float32)
-    return None
+    by_id = read(ids, user_id=user_id)
+    if any(i not in by_id for i in ids):
+        return None
+    return np.stack([np.asarray(by_id[i], dtype=np.float32) for i in ids])
 
 
 def _restore_state(
     engine: MemoryEngine, user_id: str, states: Mapping[str, RecordState], at: datetime
 ) -> None:
-    """Write record state exactly, without adding history entries (SQLite)."""
-    changes = {rid: _state_changes(state) for rid, state in states.items()}
-    changes = {rid: c for rid, c in changes.items() if c}
-    if not changes:
-        return
-    store = _sqlite(engine)
-    if store is None:
-        engine.store.update_state(user_id, changes, at=at, reason="import")
-        return
-    from memories_core.backends.sqlite_tables import to_micros
-
-    def micros(value: datetime | None) -> int | None:
-        return None if value is None else to_micros(value)
-
-    with store._write() as conn:
-        for rid in changes:
-            state = states[rid]
-            conn.execute(
-                "INSERT OR REPLACE INTO record_state (seq, user_id, strength, recall_count, "
-                "last_recalled_at, tier, valid_from, valid_until, archived, attrs) "
-                "SELECT seq, user_id, ?, ?, ?, ?, ?, ?, ?, ? FROM records "
-                "WHERE id = ? AND user_id = ?",
-                (
-                    state.strength,
-                    state.recall_count,
-                    micros(state.last_recalled_at),
-                    state.tier,
-                    micros(state.valid_from),
-                    micros(state.valid_until),
-                    int(state.archived),
-                    json.dumps(dict(state.attrs), ensure_ascii=False, sort_keys=True),
-                    rid,
-                    user_id,
-                ),
-            )
-
-
-def _state_changes(state: RecordState) -> dict[str, Any]:
-    default = RecordState()
-    return {
-        name: getattr(state, name)
-        for name in (
-            "strength",
-            "recall_count",
-            "last_recalled_at",
-            "tier",
-            "valid_from",
-            "valid_until",
-            "archived",
-            "attrs",
-        )
-        if getattr(state, name) != getattr(default, name)
-    }
+    """Write record state exactly, without adding history entries."""
+    engine.store.restore_state(user_id, states)
 
 
 def _restore_jobs(engine: MemoryEngine, user_id: str, jobs: builtins.list[dict[str, Any]]) -> int:
-    store = _sqlite(engine)
-    if store is None:
-        from memories_core.types import JobSpec
+    from memories_core.types import Job
 
-        specs = [JobSpec(j["mechanism"], j["kind"], j["key"], j["payload"]) for j in jobs]
-        return int(engine.store.add_jobs(user_id, specs, now=engine.clock.now()))
-    from memories_core.backends.sqlite_tables import to_micros
-
-    with store._write() as conn:
-        before = conn.total_changes
-        conn.executemany(
-            "INSERT OR IGNORE INTO jobs (id, user_id, mechanism, kind, key, payload, attempts, "
-            "last_error, next_attempt_at, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    return int(
+        engine.store.restore_jobs(
+            user_id,
             [
-                (
-                    j["id"],
-                    user_id,
-                    j["mechanism"],
-                    j["kind"],
-                    j["key"],
-                    json.dumps(j["payload"], ensure_ascii=False),
-                    j["attempts"],
-                    j["last_error"],
-                    to_micros(datetime.fromisoformat(j["next_attempt_at"])),
-                    to_micros(datetime.fromisoformat(j["created_at"])),
+                Job(
+                    id=j["id"],
+                    user_id=user_id,
+                    mechanism=j["mechanism"],
+                    kind=j["kind"],
+                    key=j["key"],
+                    payload=j["payload"],
+                    attempts=j["attempts"],
+                    last_error=j["last_error"],
+                    next_attempt_at=datetime.fromisoformat(j["next_attempt_at"]),
+                    created_at=datetime.fromisoformat(j["created_at"]),
                 )
                 for j in jobs
             ],
         )
-        return int(conn.total_changes - before)
+    )
 
 
 # -- export -----------------------------------------------------------------------------------

@@ -552,6 +552,28 @@ class ChromaIndex:
 
     # -- verification (compare with the record store; repair stale or lost vectors) --------
 
+    def vectors(self, ids: Sequence[str], *, user_id: str) -> dict[str, npt.NDArray[np.float32]]:
+        """The stored vectors of those ``ids`` that ``user_id`` has, read in batches."""
+        wanted = list(dict.fromkeys(ids))
+        if not wanted:
+            return {}
+
+        def fetch(collection: Any) -> dict[str, npt.NDArray[np.float32]]:
+            found: dict[str, npt.NDArray[np.float32]] = {}
+            for start in range(0, len(wanted), _READ_BATCH):
+                got = self._guard(
+                    collection.get, ids=wanted[start : start + _READ_BATCH], include=["embeddings"]
+                )
+                embeddings = got.get("embeddings")
+                if embeddings is None:
+                    continue
+                for vid, vector in zip(got.get("ids") or [], embeddings, strict=False):
+                    found[str(vid)] = np.asarray(vector, dtype=np.float32)
+            return found
+
+        with self._lock:
+            return self._on_collection(user_id, False, fetch, {})
+
     def ids(self, user_id: str) -> set[str]:
         """Every id of ``user_id``'s vectors (empty if the user has none), read in pages."""
         with self._lock:

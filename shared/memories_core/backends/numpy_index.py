@@ -372,6 +372,18 @@ class NumpyIndex:
         with self._lock:
             return {user for user, part in self._parts.items() if part.size}
 
+    def vectors(self, ids: Sequence[str], *, user_id: str) -> dict[str, npt.NDArray[np.float32]]:
+        """The stored vectors of those ``ids`` that ``user_id`` has (copies)."""
+        with self._lock:
+            part = self._parts.get(user_id)
+            if part is None:
+                return {}
+            return {
+                vid: part.matrix[part.rows[vid]].astype(np.float32, copy=True)
+                for vid in ids
+                if vid in part.rows
+            }
+
     def probe(self, ids: Sequence[str], *, user_id: str, k: int = PROBE_DEPTH) -> set[str]:
         """The ids among ``ids`` that a search with their own stored vector does not return.
 

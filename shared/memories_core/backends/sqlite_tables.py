@@ -529,6 +529,73 @@ class EngineTablesMixin:
         with self._write() as conn:
             conn.execute("UPDATE jobs SET claimed_until = NULL WHERE id = ?", (job_id,))
 
+    def restore_jobs(self, user_id: str, jobs: Sequence[Job]) -> int:
+        """Write jobs exactly as given (ids, attempts, errors, times), skipping existing keys.
+
+        Used by import (a portable memory file); returns how many were new.
+        """
+        rows = [
+            (
+                job.id,
+                user_id,
+                job.mechanism,
+                job.kind,
+                job.key,
+                _dumps(dict(job.payload)),
+                job.attempts,
+                job.last_error,
+                to_micros(job.next_attempt_at),
+                to_micros(job.created_at),
+            )
+            for job in jobs
+        ]
+        with self._write() as conn:
+            before = conn.total_changes
+            conn.executemany(
+                "INSERT OR IGNORE INTO jobs (id, user_id, mechanism, kind, key, payload, "
+                "attempts, last_error, next_attempt_at, created_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                rows,
+            )
+            return conn.total_changes - before
+
+    # -- import / export ----------------------------------------------------------------------
+
+    def user_state(self, user_id: str) -> dict[str, Any]:
+        """Every key of ``user_id``'s state table (session tracker, mechanisms' keys)."""
+        with self._read() as conn:
+            rows = conn.execute(
+                "SELECT key, value FROM state WHERE user_id = ? ORDER BY key", (user_id,)
+            ).fetchall()
+        return {key: json.loads(value) for key, value in rows}
+
+    def restore_state(self, user_id: str, states: Mapping[str, RecordState]) -> None:
+        """Write records' state exactly, without history entries (import of a memory file)."""
+        rows = [
+            (
+                new.strength,
+                new.recall_count,
+                _opt_micros(new.last_recalled_at),
+                new.tier,
+                _opt_micros(new.valid_from),
+                _opt_micros(new.valid_until),
+                int(new.archived),
+                _dumps(dict(new.attrs)),
+                rid,
+                user_id,
+            )
+            for rid, new in states.items()
+            if new != _STATE_DEFAULTS
+        ]
+        with self._write() as conn:
+            conn.executemany(
+                "INSERT OR REPLACE INTO record_state (seq, user_id, strength, recall_count, "
+                "last_recalled_at, tier, valid_from, valid_until, archived, attrs) "
+                "SELECT seq, user_id, ?, ?, ?, ?, ?, ?, ?, ? FROM records "
+                "WHERE id = ? AND user_id = ?",
+                rows,
+            )
+
     # -- graph ------------------------------------------------------------------------------
 
     def put_graph(
