@@ -47,16 +47,7 @@ def emit_memory_event(name: str, data: dict[str, Any]) -> bool:
 def usage_data(memory: Any) -> dict[str, Any]:
     """The memory's model usage so far (calls and tokens of its LLM and embedder), if known."""
     usage = getattr(memory, "usage", None)
-    if usage is None:
-        return {}
-    out: dict[str, Any] = {"embedder_calls": usage.embedder.calls}
-    if usage.llm is not None:
-        out.update(
-            llm_calls=usage.llm.calls,
-            llm_prompt_tokens=usage.llm.prompt_tokens,
-            llm_completion_tokens=usage.llm.completion_tokens,
-        )
-    return out
+    return {} if usage is None else dict(usage.summary())
 
 
 def _documents(recall: Recall) -> list[Any]:

@@ -26,16 +26,7 @@ dispatcher = get_dispatcher(__name__)
 
 def _usage(memory: Any) -> dict[str, Any]:
     usage = getattr(memory, "usage", None)
-    if usage is None:
-        return {}
-    out: dict[str, Any] = {"embedder_calls": usage.embedder.calls}
-    if usage.llm is not None:
-        out.update(
-            llm_calls=usage.llm.calls,
-            llm_prompt_tokens=usage.llm.prompt_tokens,
-            llm_completion_tokens=usage.llm.completion_tokens,
-        )
-    return out
+    return {} if usage is None else dict(usage.summary())
 
 
 class MemoryRecallEvent(BaseEvent):

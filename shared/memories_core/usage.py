@@ -101,3 +101,14 @@ class MemoryUsage:
     llm: Usage | None
     embedder: Usage
     failures: dict[str, int] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, int]:
+        """Flat counts for tracing: embedder calls, and LLM calls and tokens when there is one."""
+        out = {"embedder_calls": self.embedder.calls}
+        if self.llm is not None:
+            out.update(
+                llm_calls=self.llm.calls,
+                llm_prompt_tokens=self.llm.prompt_tokens,
+                llm_completion_tokens=self.llm.completion_tokens,
+            )
+        return out

@@ -234,6 +234,20 @@ def _check_state_value(key: str, value: Any) -> Any:
     return value
 
 
+def _state_values(state: RecordState) -> tuple[Any, ...]:
+    """The 8 ``record_state`` column values of ``state`` (after ``seq, user_id``)."""
+    return (
+        state.strength,
+        state.recall_count,
+        _opt_micros(state.last_recalled_at),
+        state.tier,
+        _opt_micros(state.valid_from),
+        _opt_micros(state.valid_until),
+        int(state.archived),
+        _dumps(dict(state.attrs)),
+    )
+
+
 def _changed(old: RecordState, new: RecordState) -> tuple[dict[str, Any], dict[str, Any]]:
     before, after = old.to_json(), new.to_json()
     keys = [key for key in after if before[key] != after[key]]
@@ -331,20 +345,7 @@ class EngineTablesMixin:
                 before, after = _changed(old, new)
                 if not after:
                     continue
-                upserts.append(
-                    (
-                        seq,
-                        user_id,
-                        new.strength,
-                        new.recall_count,
-                        _opt_micros(new.last_recalled_at),
-                        new.tier,
-                        _opt_micros(new.valid_from),
-                        _opt_micros(new.valid_until),
-                        int(new.archived),
-                        _dumps(dict(new.attrs)),
-                    )
-                )
+                upserts.append((seq, user_id, *_state_values(new)))
                 history.append((user_id, rid, at_micros, _dumps(before), _dumps(after), reason))
                 written.append(StateChange(0, user_id, rid, ensure_utc(at), before, after, reason))
             conn.executemany(
@@ -572,18 +573,7 @@ class EngineTablesMixin:
     def restore_state(self, user_id: str, states: Mapping[str, RecordState]) -> None:
         """Write records' state exactly, without history entries (import of a memory file)."""
         rows = [
-            (
-                new.strength,
-                new.recall_count,
-                _opt_micros(new.last_recalled_at),
-                new.tier,
-                _opt_micros(new.valid_from),
-                _opt_micros(new.valid_until),
-                int(new.archived),
-                _dumps(dict(new.attrs)),
-                rid,
-                user_id,
-            )
+            (*_state_values(new), rid, user_id)
             for rid, new in states.items()
             if new != _STATE_DEFAULTS
         ]
