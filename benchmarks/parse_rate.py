@@ -1,0 +1,198 @@
+"""Parse rate of every prompt spec with the bundled SmolLM2, before and after constrained decoding.
+
+For each prompt of :mod:`memories_core.prompts` (decision, respond+decide, record, session
+summary, reflection) and a fixed set of 8 inputs, the bundled model (``LocalLLM()``, offline,
+greedy) answers in two layers:
+
+* ``prompt``: the prompt-only layer (the paper's tagged format; prose for summaries). This is
+  what every call did before structured output ("before").
+* ``json_schema``: the spec's JSON twin with decoding constrained by lm-format-enforcer
+  ("after").
+
+A reply counts as parsed when the spec's parser accepts the first answer (no repair retry,
+so the rate is the model's, not the retry's). Seconds per call are wall time, prompt
+processing included; the machine is shared, so the 1-minute load average is recorded at the
+start and the end.
+
+    python benchmarks/parse_rate.py                 # writes out/parse_rate.json and .md
+    python benchmarks/parse_rate.py --limit 2       # quick check
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from machine_info import machine
+
+from memories_core.errors import ParseError
+from memories_core.prompts import conditional as c
+from memories_core.prompts.reflection import REFLECTION, ReflectionInput
+from memories_core.prompts.spec import PromptSpec, choose_layer
+from memories_core.prompts.summary import SESSION_SUMMARY, SummaryInput
+
+OUT_DIR = Path(__file__).resolve().parent / "out"
+
+USER_TURNS = [
+    "I'm vegetarian and allergic to peanuts.",
+    "What's the capital of Australia?",
+    "No, I meant capitalize ALL the letters, not just the first one.",
+    "Thanks, that's all for today!",
+    "My daughter Mia starts school in Berlin next September.",
+    "From now on, always answer me in metric units.",
+    "Can you translate 'good morning' into Spanish?",
+    "I work night shifts at the hospital, so I sleep during the day.",
+]
+
+DIALOGUES = [
+    ("user: I adopted a cat named Tom last week.", "assistant: Congratulations! How is he?"),
+    ("user: I'm planning a trip to Japan in April.", "assistant: Cherry blossom season!"),
+    ("user: My knee hurts after running.", "assistant: Rest it and see a doctor if it stays."),
+    ("user: I prefer short answers.", "assistant: Understood."),
+    ("user: I'm learning Rust at work.", "assistant: Nice, what are you building?"),
+    ("user: We moved to Lisbon in May.", "assistant: How do you like it so far?"),
+    ("user: I'm allergic to penicillin.", "assistant: Good to know, I'll keep that in mind."),
+    ("user: My sister's wedding is on June 3rd.", "assistant: Do you need gift ideas?"),
+]
+
+REFLECTION_CASES = [
+    ("What should I cook tonight?", ("user: I'm vegetarian", "user: I love Thai food")),
+    ("When is my sister's wedding?", ("user: My sister's wedding is on June 3rd",)),
+    ("What's my cat called?", ("user: I like hiking",)),
+    ("Which medicine should I avoid?", ("user: I'm allergic to penicillin",)),
+    ("Where do I live now?", ("user: We moved to Lisbon in May", "user: I like fado")),
+    ("What language am I learning?", ()),
+    ("Plan my weekend", ("user: I work night shifts", "user: I love the beach")),
+    ("How should you format answers?", ("user: I prefer short answers",)),
+]
+
+
+def cases() -> list[tuple[PromptSpec[Any, Any], list[Any]]]:
+    """The fixed inputs, 8 per prompt."""
+    return [
+        (c.DECISION, [c.DecisionInput(t) for t in USER_TURNS]),
+        (c.RESPOND_AND_DECIDE, [c.RespondInput(t) for t in USER_TURNS]),
+        (
+            c.RECORD,
+            [
+                c.RecordInput((*d, f"user: {t}"), t)
+                for d, t in zip(DIALOGUES, USER_TURNS, strict=True)
+            ],
+        ),
+        (SESSION_SUMMARY, [SummaryInput(d) for d in DIALOGUES]),
+        (REFLECTION, [ReflectionInput(q, cands) for q, cands in REFLECTION_CASES]),
+    ]
+
+
+MAX_TOKENS = {
+    "conditional.decision": 16,
+    "conditional.respond_and_decide": 64,
+    "conditional.record": 96,
+    "summary.session": 64,
+    "reflection": 64,
+}
+
+
+def run(limit: int, threads: int | None) -> dict[str, Any]:
+    """Run every prompt and layer; return the results."""
+    from memories_core.llms import LocalLLM
+
+    info = machine()
+    llm = LocalLLM(n_threads=threads)
+    started = time.perf_counter()
+    llm.load()
+    load_s = time.perf_counter() - started
+    rows: list[dict[str, Any]] = []
+    for spec, inputs in cases():
+        for layer in ("prompt", "json_schema"):
+            _, variant, _ = choose_layer(llm, spec, layer)
+            ok = 0
+            seconds: list[float] = []
+            samples: list[dict[str, Any]] = []
+            for item in inputs[:limit]:
+                messages = variant.build(item)
+                fmt = variant.response_format() if layer == "json_schema" else None
+                t0 = time.perf_counter()
+                text = llm.generate(messages, max_tokens=MAX_TOKENS[spec.name], response_format=fmt)
+                seconds.append(time.perf_counter() - t0)
+                try:
+                    value = variant.parse(text, item)
+                    ok += 1
+                    error = None
+                except ParseError as exc:
+                    value, error = None, str(exc)[:160]
+                samples.append({"reply": text[:300], "parsed": repr(value)[:200], "error": error})
+            n = len(samples)
+            row = {
+                "prompt": spec.name,
+                "layer": layer,
+                "parsed": ok,
+                "total": n,
+                "rate": round(ok / n, 3) if n else None,
+                "seconds_per_call": round(sum(seconds) / n, 2) if n else None,
+                "samples": samples,
+            }
+            print(f"{spec.name:32s} {layer:12s} {ok}/{n}  {row['seconds_per_call']} s/call")
+            rows.append(row)
+    return {
+        "benchmark": "parse_rate",
+        "model": llm.name,
+        "backend": llm.backend,
+        "load_seconds": round(load_s, 1),
+        "retries": 0,
+        "machine": info,
+        "load_avg_1min_at_end": round(os.getloadavg()[0], 2),
+        "rows": rows,
+    }
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """A Markdown table of parse rates per prompt and layer."""
+    m = result["machine"]
+    lines = [
+        "# Parse rate of the prompt specs with the bundled SmolLM2",
+        "",
+        f"Model `{result['model']}` ({result['backend']}), greedy, first answer only "
+        "(no repair retry). `prompt` = prompt-only layer (the paper's tagged format, before); "
+        "`json_schema` = JSON twin with lm-format-enforcer constrained decoding (after).",
+        "",
+        f"Machine: {m['nproc']} cores ({m['cpu']}), shared with other jobs; load average "
+        f"{m['load_avg_1min_at_start']} at start, {result['load_avg_1min_at_end']} at end, so "
+        "timings are noisy. Code: " + str(m.get("code")),
+        "",
+        "| prompt | before: prompt-only | after: json_schema | s/call before | s/call after |",
+        "|---|---|---|---|---|",
+    ]
+    by = {(r["prompt"], r["layer"]): r for r in result["rows"]}
+    for name in dict.fromkeys(r["prompt"] for r in result["rows"]):
+        before, after = by[(name, "prompt")], by[(name, "json_schema")]
+        lines.append(
+            f"| {name} | {before['parsed']}/{before['total']} | {after['parsed']}/{after['total']}"
+            f" | {before['seconds_per_call']} | {after['seconds_per_call']} |"
+        )
+    lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    """Command line entry point."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--limit", type=int, default=8, help="inputs per prompt (max 8)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads")
+    args = parser.parse_args()
+    result = run(args.limit, args.threads)
+    OUT_DIR.mkdir(exist_ok=True)
+    (OUT_DIR / "parse_rate.json").write_text(json.dumps(result, indent=2) + "\n")
+    (OUT_DIR / "parse_rate.md").write_text(markdown(result))
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()
