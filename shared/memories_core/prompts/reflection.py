@@ -22,7 +22,7 @@ from typing import Literal
 import pydantic
 
 from memories_core.errors import ParseError
-from memories_core.parsing import parse_tagged
+from memories_core.parsing import parse_tagged, strip_echoed
 from memories_core.prompts.spec import PromptSpec, fence, json_instruction, parse_model, unescape
 from memories_core.types import ChatMessage
 
@@ -97,12 +97,14 @@ def parse_reflection(
     Raises:
         ParseError: if neither tag carries a value, or the query has no keyword.
     """
-    values = parse_tagged(text, ["Memory", "Query"], echoed=[user_input, *candidates])
+    untrusted = [user_input, *candidates]
+    values = parse_tagged(text, ["Memory", "Query"], echoed=untrusted)
     memory = unescape(values.get("Memory", "")).strip()
     query = values.get("Query", "").strip()
     if memory and memory.lower() not in {"nan", "none"}:
         return ReflectionVerdict(memory=memory, keywords=())
-    keywords = _keywords(re.split(r"[,;\n]", unescape(query)))
+    # An echoed candidate line after the query is not a keyword.
+    keywords = _keywords(re.split(r"[,;\n]", unescape(strip_echoed(query, untrusted))))
     if not keywords:
         raise ParseError("the reflection gave neither memory sentences nor keywords", raw=text)
     return ReflectionVerdict(memory=None, keywords=keywords)

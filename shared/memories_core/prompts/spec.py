@@ -105,7 +105,8 @@ def parse_model(text: str, model: type[M], untrusted: Sequence[str] = ()) -> M:
     """
     cleaned = text
     for source in untrusted:
-        for piece in (source, *source.splitlines()):
+        objects = re.findall(r"\{[^{}]*\}", source)
+        for piece in (source, *source.splitlines(), *objects):
             piece = piece.strip()
             if "{" in piece and len(piece) > 2:
                 cleaned = cleaned.replace(piece, " ").replace(escape(piece), " ")
