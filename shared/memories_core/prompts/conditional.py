@@ -500,7 +500,8 @@ DECISION: PromptSpec[DecisionInput, bool] = PromptSpec(
     build=lambda i: build_decision_messages(i.user_input, previous_reply=i.previous_reply),
     parse=lambda text, i: parse_decision(text, i.user_input),
     stand_in=_decision_stand_in,
-    max_tokens=16,
+    # Room for a chatty preamble before the tag; the JSON twin needs only 16.
+    max_tokens=48,
     structured=DECISION_JSON,
 )
 
