@@ -24,6 +24,12 @@ run in two halves and joined (the second half reads the first's JSON):
     cp benchmarks/out/parse_rate.json /tmp/part1.json
     python benchmarks/parse_rate.py --start 4 --limit 4 --threads 2 --merge /tmp/part1.json
 
+After the JSON prompts changed (their example answers were dropped, because the model
+copied them), only the ``json_schema`` layer was run again, reusing the prompt layer:
+
+    cp benchmarks/out/parse_rate.json /tmp/full.json
+    python benchmarks/parse_rate.py --threads 2 --only-json /tmp/full.json
+
 Generation limits are small (16-96 tokens, :data:`MAX_TOKENS`) to bound the runtime; a JSON
 answer cut by the limit does not parse, which the real calls (up to 200 tokens) avoid.
 """
@@ -110,7 +116,13 @@ MAX_TOKENS = {
 }
 
 
-def run(limit: int, threads: int | None, start: int = 0) -> dict[str, Any]:
+def run(
+    limit: int,
+    threads: int | None,
+    start: int = 0,
+    layers: tuple[str, ...] = ("prompt", "json_schema"),
+    keep: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Run every prompt and layer; return the results."""
     from memories_core.llms import LocalLLM
 
@@ -122,6 +134,12 @@ def run(limit: int, threads: int | None, start: int = 0) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     for spec, inputs in cases():
         for layer in ("prompt", "json_schema"):
+            if layer not in layers and keep is not None:
+                # Reuse an earlier run's row for a layer whose prompt did not change.
+                rows.append(
+                    next(r for r in keep["rows"] if (r["prompt"], r["layer"]) == (spec.name, layer))
+                )
+                continue
             _, variant, _ = choose_layer(llm, spec, layer)
             ok = 0
             seconds: list[float] = []
@@ -192,6 +210,18 @@ def merge(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
     return {**second, "rows": rows, "runs": runs}
 
 
+def with_kept_prompt_layer(result: dict[str, Any], keep: dict[str, Any]) -> dict[str, Any]:
+    """Record which runs the reused prompt-layer rows came from."""
+    this_run = {
+        "machine": result["machine"],
+        "load_avg_1min_at_end": result["load_avg_1min_at_end"],
+        "load_seconds": result["load_seconds"],
+        "layers": ["json_schema"],
+    }
+    earlier = [{**r, "layers": ["prompt"]} for r in keep.get("runs", [])]
+    return {**result, "runs": [*earlier, this_run]}
+
+
 def markdown(result: dict[str, Any]) -> str:
     """A Markdown table of parse rates per prompt and layer."""
     m = result["machine"]
@@ -226,8 +256,9 @@ def markdown(result: dict[str, Any]) -> str:
     ]
     for run_info in result.get("runs", []):
         m = run_info["machine"]
+        layers = ", ".join(run_info.get("layers", ["prompt", "json_schema"]))
         lines.append(
-            f"- run: load average {m['load_avg_1min_at_start']} at start, "
+            f"- run ({layers}): load average {m['load_avg_1min_at_start']} at start, "
             f"{run_info['load_avg_1min_at_end']} at end; model load {run_info['load_seconds']} s"
         )
     lines.append("")
@@ -248,10 +279,20 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
     parser.add_argument("--start", type=int, default=0, help="first input index")
     parser.add_argument(
+        "--only-json",
+        type=Path,
+        default=None,
+        help="run only the json_schema layer; copy the prompt layer from this earlier JSON",
+    )
+    parser.add_argument(
         "--merge", type=Path, default=None, help="a previous run's JSON to join this run to"
     )
     args = parser.parse_args()
-    result = run(args.limit, args.threads, args.start)
+    keep = json.loads(args.only_json.read_text()) if args.only_json else None
+    layers = ("json_schema",) if keep is not None else ("prompt", "json_schema")
+    result = run(args.limit, args.threads, args.start, layers, keep)
+    if keep is not None:
+        result = with_kept_prompt_layer(result, keep)
     if args.merge is not None:
         result = merge(json.loads(args.merge.read_text()), result)
     OUT_DIR.mkdir(exist_ok=True)

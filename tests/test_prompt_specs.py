@@ -248,6 +248,33 @@ def test_parsers_reject_empty_answers(spec: PromptSpec[Any, Any], inputs: Any, r
         spec.parse(raw, inputs)
 
 
+@pytest.mark.parametrize(
+    ("spec", "inputs", "raw"),
+    [
+        (
+            c.RESPOND_AND_DECIDE_JSON,
+            c.RespondInput("hi"),
+            '{"respond": "Your response", "decision": "no"}',
+        ),
+        (
+            REFLECTION_JSON,
+            ReflectionInput("q"),
+            '{"enough": "no", "memory": "", "keywords": ["keyword"]}',
+        ),
+        (
+            c.RECORD_JSON,
+            c.RecordInput((), "x"),
+            '{"context": "NaN", "summary": "", "note": "The note for future reference"}',
+        ),
+    ],
+)
+def test_json_parsers_reject_copied_placeholders(
+    spec: PromptSpec[Any, Any], inputs: Any, raw: str
+) -> None:
+    with pytest.raises(ParseError, match="placeholder"):
+        spec.parse(raw, inputs)
+
+
 # -- defect 8: refusals and degenerate summaries -----------------------------------------------
 
 REFUSALS = [

@@ -400,15 +400,14 @@ class RecordAnswer(pydantic.BaseModel):
 DECIDE_JSON_SYSTEM = (
     "You decide what a personal assistant should remember. Imagine you are the assistant and "
     "judge whether the user input below should be remembered for future conversations. "
-    f"{DECISION_RULES} " + json_instruction(DecisionAnswer, {"decision": "yes"})
+    f"{DECISION_RULES} " + json_instruction(DecisionAnswer)
 )
 
 RESPOND_JSON_SYSTEM = (
     "You are a helpful personal assistant. Work in two steps.\n"
     'Step 1: write your response to the user input, using the memory when it helps ("respond").\n'
     "Step 2: imagine you are the assistant and judge whether the user input should be "
-    f'remembered ("decision", yes or no). {DECISION_RULES}\n'
-    + json_instruction(RespondAnswer, {"respond": "your response", "decision": "no"})
+    f'remembered ("decision", yes or no). {DECISION_RULES}\n' + json_instruction(RespondAnswer)
 )
 
 RECORD_JSON_SYSTEM = (
@@ -417,11 +416,7 @@ RECORD_JSON_SYSTEM = (
     '"NaN" if none relate.\n'
     '"summary": why the user said the user input: the situation, reasons or background.\n'
     '"note": rewrite the user input as a note for future reference that keeps the new '
-    "information or knowledge it contains.\n"
-    + json_instruction(
-        RecordAnswer,
-        {"context": "NaN", "summary": "why the user said it", "note": "the note"},
-    )
+    "information or knowledge it contains.\n" + json_instruction(RecordAnswer)
 )
 
 

@@ -143,11 +143,7 @@ JSON_SYSTEM = (
     'the candidate memories contain enough information to respond to it ("enough": yes or '
     'no). If they do, copy the memory sentences that relate to the user input ("memory"). '
     'If they do not, leave "memory" empty. Always give one to five keywords that would '
-    'retrieve missing information ("keywords").\n'
-    + json_instruction(
-        ReflectionAnswer,
-        {"enough": "no", "memory": "", "keywords": ["keyword", "keyword"]},
-    )
+    'retrieve missing information ("keywords").\n' + json_instruction(ReflectionAnswer)
 )
 
 

@@ -98,10 +98,12 @@ def parse_model(text: str, model: type[M], untrusted: Sequence[str] = ()) -> M:
     """Parse a JSON answer into ``model``, ignoring JSON that was only echoed from input.
 
     A fenced user text that itself holds a JSON object (``{"decision": "yes"}``) is removed
-    from the reply before parsing, so repeating it cannot forge the answer.
+    from the reply before parsing, so repeating it cannot forge the answer. A text field that
+    only repeats its description or a template word is rejected
+    (:func:`check_not_placeholder`).
 
     Raises:
-        ParseError: if no object validates against ``model``.
+        ParseError: if no object validates against ``model``, or a field is a placeholder.
     """
     cleaned = text
     for source in untrusted:
@@ -110,7 +112,9 @@ def parse_model(text: str, model: type[M], untrusted: Sequence[str] = ()) -> M:
             piece = piece.strip()
             if "{" in piece and len(piece) > 2:
                 cleaned = cleaned.replace(piece, " ").replace(escape(piece), " ")
-    return parse_json(cleaned if cleaned.strip() else text, model)
+    answer = parse_json(cleaned if cleaned.strip() else text, model)
+    check_not_placeholder(answer, text)
+    return answer
 
 
 def schema_of(model: type[pydantic.BaseModel]) -> dict[str, Any]:
@@ -294,13 +298,40 @@ async def arun_spec(
     return await adrive(llm, steps)
 
 
-def json_instruction(model: type[pydantic.BaseModel], example: dict[str, Any]) -> str:
-    """The sentence that asks for a JSON reply, with the schema and one example."""
+def json_instruction(model: type[pydantic.BaseModel]) -> str:
+    """The sentence that asks for a JSON reply, with the schema.
+
+    No example answer is given: the bundled 135M model copies example values verbatim
+    ("your response", "keyword", always "yes"), which parse but mean nothing.
+    """
     return (
         "Reply with one JSON object and nothing else. JSON schema: "
-        f"{json.dumps(schema_of(model), separators=(',', ':'))}. Example: "
-        f"{json.dumps(example)}"
+        f"{json.dumps(schema_of(model), separators=(',', ':'))}"
     )
+
+
+#: Template words a model may copy instead of answering.
+_PLACEHOLDERS = frozenset({"keyword", "keywords", "your response", "the note", "note", "..."})
+
+
+def _norm(text: str) -> str:
+    return " ".join(re.findall(r"\w+", text.lower()))
+
+
+def check_not_placeholder(answer: pydantic.BaseModel, raw: str) -> None:
+    """Raise ``ParseError`` if a text field only repeats its description or a template word.
+
+    A schema makes any reply parse; a copied field description is still no answer.
+    """
+    fields = type(answer).model_fields
+    for name, info in fields.items():
+        value = getattr(answer, name)
+        values = value if isinstance(value, list) else [value]
+        banned = {_norm(info.description or ""), _norm(name), *map(_norm, _PLACEHOLDERS)}
+        banned.discard("")
+        for item in values:
+            if isinstance(item, str) and item.strip() and _norm(item) in banned:
+                raise ParseError(f"the model copied a placeholder into {name!r}: {item!r}", raw)
 
 
 def require_text(value: str, what: str, raw: str) -> str:

@@ -139,7 +139,7 @@ JSON_SYSTEM = (
     "in it: what the user said about themselves (facts, preferences, plans, feelings), what "
     "they asked for, what was decided, and any feedback the user gave on the assistant's "
     "answers. Plain prose in the third person, at most five sentences, nothing that is not in "
-    "the dialogue.\n" + json_instruction(SummaryAnswer, {"summary": "The user said that ..."})
+    "the dialogue.\n" + json_instruction(SummaryAnswer)
 )
 
 
