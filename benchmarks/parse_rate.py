@@ -51,7 +51,7 @@ from machine_info import machine
 from memories_core.errors import ParseError
 from memories_core.prompts import conditional as c
 from memories_core.prompts.reflection import REFLECTION, ReflectionInput
-from memories_core.prompts.spec import PromptSpec, choose_layer
+from memories_core.prompts.spec import PromptSpec
 from memories_core.prompts.summary import SESSION_SUMMARY, SummaryInput
 
 OUT_DIR = Path(__file__).resolve().parent / "out"
