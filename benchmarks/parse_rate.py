@@ -52,7 +52,7 @@ from memories_core.errors import ParseError
 from memories_core.prompts import conditional as c
 from memories_core.prompts.reflection import REFLECTION, ReflectionInput
 from memories_core.prompts.spec import PromptSpec
-from memories_core.prompts.summary import SESSION_SUMMARY, SESSION_SUMMARY_JSON, SummaryInput  # noqa: E402
+from memories_core.prompts.summary import SESSION_SUMMARY, SESSION_SUMMARY_JSON, SummaryInput
 
 OUT_DIR = Path(__file__).resolve().parent / "out"
 
