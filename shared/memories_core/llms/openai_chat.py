@@ -8,13 +8,30 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from memories_core.errors import ConfigurationError, LLMError, MissingExtraError
-from memories_core.llms.base import BaseLLM, LLMResult, truncate_at_stop
+from memories_core.llms.base import BaseLLM, JsonSchema, LLMResult, ResponseFormat, truncate_at_stop
 from memories_core.types import ChatMessage
 
 if TYPE_CHECKING:
     import openai
 
 __all__ = ["OpenAIChatLLM"]
+
+# Schema keywords OpenAI's strict mode refuses; the bounds are a local-model safeguard only.
+_STRICT_UNSUPPORTED = frozenset({"minLength", "maxLength"})
+
+
+def _strict_schema(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: _strict_schema(v) for k, v in node.items() if k not in _STRICT_UNSUPPORTED}
+    if isinstance(node, list):
+        return [_strict_schema(v) for v in node]
+    return node
+
+
+def _rejected(exc: Exception) -> bool:
+    """Whether the server refused the request itself (400/422), not failed to serve it."""
+    return getattr(exc, "status_code", None) in (400, 422)
+
 
 # Local OpenAI-compatible servers (Ollama, vLLM, llama.cpp) accept any key, but the openai
 # client refuses to start without one.
@@ -55,6 +72,11 @@ class OpenAIChatLLM(BaseLLM):
         max_retries: Retries of the openai client on connection errors, 429 and 5xx.
         extra_body: Extra JSON fields sent with every request (e.g. ``{"num_ctx": 8192}``
             for Ollama, ``{"top_k": 20}`` for vLLM).
+        structured_output: Offer structured output (``response_format``): a JSON schema
+            (strict) first; when the server rejects it (HTTP 400/422), JSON mode; when that
+            is rejected too, no ``response_format`` (the parser and its repair retry then do
+            the work). A rejected mode is remembered for the object's lifetime. ``False``
+            keeps every prompt in the paper's tagged text format.
 
     Instantiate:
         .. code-block:: python
@@ -91,6 +113,7 @@ class OpenAIChatLLM(BaseLLM):
         timeout: float = 60,
         max_retries: int = 2,
         extra_body: Mapping[str, Any] | None = None,
+        structured_output: bool = True,
     ) -> None:
         super().__init__()
         if not isinstance(model, str) or not model.strip():
@@ -112,6 +135,9 @@ class OpenAIChatLLM(BaseLLM):
         self._async_client = async_client
         self._async_lock = threading.Lock()
         self._injected = client is not None
+        self._offers_structured = bool(structured_output)
+        # Modes the server refused with HTTP 400/422; never sent again.
+        self._refused: set[str] = set()
         if client is not None:
             self._client = client
             self._base_url: str | None = None
@@ -142,6 +168,84 @@ class OpenAIChatLLM(BaseLLM):
     def model(self) -> str:
         """Model name sent to the server."""
         return self._model
+
+    @property
+    def structured_output(self) -> frozenset[str]:
+        """``json_schema`` and ``json_object`` unless disabled (a refusing server falls back)."""
+        if not self._offers_structured:
+            return frozenset()
+        return frozenset({"json_schema", "json_object"})
+
+    def _formats(self, fmt: ResponseFormat) -> list[tuple[str, dict[str, Any] | None]]:
+        """The ``response_format`` values to try, strongest first, skipping refused ones."""
+        tries: list[tuple[str, dict[str, Any] | None]] = []
+        if isinstance(fmt, JsonSchema):
+            schema = {"name": fmt.name, "schema": _strict_schema(dict(fmt.schema)), "strict": True}
+            tries.append(("json_schema", {"type": "json_schema", "json_schema": schema}))
+        tries.append(("json_object", {"type": "json_object"}))
+        tries = [t for t in tries if t[0] not in self._refused]
+        return [*tries, ("none", None)]
+
+    def _structured_request(
+        self, base: dict[str, Any], mode: str, response_format: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        return base if response_format is None else {**base, "response_format": response_format}
+
+    def _refuse(self, mode: str, exc: Exception) -> None:
+        if mode == "none" or not _rejected(exc):
+            raise exc
+        self._refused.add(mode)
+
+    def _generate_structured(
+        self,
+        messages: tuple[ChatMessage, ...],
+        *,
+        response_format: ResponseFormat,
+        max_tokens: int | None,
+        temperature: float,
+        stop: tuple[str, ...] | None,
+    ) -> LLMResult:
+        base = self._request(messages, max_tokens, temperature, stop)
+        for mode, rf in self._formats(response_format):
+            try:
+                response = self._client.chat.completions.create(
+                    **self._structured_request(base, mode, rf)
+                )
+            except Exception as exc:
+                self._refuse(mode, exc)
+                continue
+            return self._result(response, stop)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _agenerate_structured(
+        self,
+        messages: tuple[ChatMessage, ...],
+        *,
+        response_format: ResponseFormat,
+        max_tokens: int | None,
+        temperature: float,
+        stop: tuple[str, ...] | None,
+    ) -> LLMResult:
+        client = self._get_async_client()
+        if client is None:
+            return await super()._agenerate_structured(
+                messages,
+                response_format=response_format,
+                max_tokens=max_tokens,
+                temperature=temperature,
+                stop=stop,
+            )
+        base = self._request(messages, max_tokens, temperature, stop)
+        for mode, rf in self._formats(response_format):
+            try:
+                response = await client.chat.completions.create(
+                    **self._structured_request(base, mode, rf)
+                )
+            except Exception as exc:
+                self._refuse(mode, exc)
+                continue
+            return self._result(response, stop)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _request(
         self,

@@ -1,102 +1,83 @@
 """A deterministic stand-in for a model that follows this package's prompts to the letter.
 
 :func:`rule_following_reply` answers every prompt of :mod:`memories_core.prompts` in the
-requested output format, applying the papers' rules with simple, documented heuristics. Use it
+requested output format (tagged or JSON), through each
+:class:`~memories_core.prompts.spec.PromptSpec`'s offline stand-in. Use it
 as ``ScriptedLLM(default=rule_following_reply)`` in tests, examples and cost benchmarks where a
 real model's wording would only add noise. It is not a model: never use it to judge a prompt.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from memories_core.prompts import conditional, reflection, summary
+from memories_core.prompts.conditional import is_worth_remembering
+from memories_core.prompts.spec import PromptSpec, read_section
 from memories_core.types import ChatMessage
 
 __all__ = ["is_worth_remembering", "rule_following_reply"]
 
-_PHATIC = re.compile(
-    r"^\W*(hi|hello|hey|good (morning|evening|night)|thanks|thank you|ok|okay|bye|cool|great)\b",
-    re.I,
-)
-_QUESTION_START = re.compile(
-    r"^\W*(what|when|where|who|whom|which|why|how|can|could|would|will|do|does|did|is|are|"
-    r"should|may)\b",
-    re.I,
-)
-_FEEDBACK = re.compile(
-    r"(^\W*no\b|\bnot what\b|\binstead\b|\bactually\b|\bi meant\b|\bi prefer\b|\balways\b|"
-    r"\bnever\b|\bfrom now on\b|\bwrong\b|\bremember\b)",
-    re.I,
-)
-# A one-off task ("Capitalize these words: ...") is answered, not remembered.
-_TASK_START = re.compile(
-    r"^\W*(please\b|capitalize|translate|write|tell|give|show|list|summari[sz]e|explain|help|"
-    r"make|find|suggest|recommend|plan|convert|book|draft|fix)\b",
-    re.I,
-)
+
+def _lines(text: str) -> tuple[str, ...]:
+    return tuple(line for line in text.splitlines() if line and line != "NaN")
 
 
-def is_worth_remembering(text: str) -> bool:
-    """Yuan et al.'s Table 17 rule, as heuristics.
+def _decision(user: str) -> conditional.DecisionInput:
+    previous = read_section(user, "previous_assistant_reply") or None
+    return conditional.DecisionInput(read_section(user, "user_input"), previous)
 
-    Yes for standing requirements, feedback on earlier answers and knowledge; no for simple
-    questions, one-off tasks and phatic talk. Feedback and requirement words ("no, ...",
-    "always", "I prefer", "from now on") win over the question or task shape.
-    """
-    stripped = text.strip()
-    if _FEEDBACK.search(stripped):
-        return True
-    if _PHATIC.match(stripped) and len(stripped.split()) <= 6:
-        return False
-    return not (
-        stripped.endswith("?") or _QUESTION_START.match(stripped) or _TASK_START.match(stripped)
+
+def _respond(user: str) -> conditional.RespondInput:
+    return conditional.RespondInput(
+        read_section(user, "user_input"),
+        memory=read_section(user, "memory"),
+        history=_lines(read_section(user, "dialogue_so_far")),
     )
 
 
-def _section(text: str, tag: str) -> str:
-    match = re.search(rf"<{tag}>\n(.*?)\n</{tag}>", text, re.S)
-    return match.group(1) if match else ""
+def _record(user: str) -> conditional.RecordInput:
+    return conditional.RecordInput(
+        _lines(read_section(user, "dialogue_context")), read_section(user, "user_input")
+    )
+
+
+def _reflection(user: str) -> reflection.ReflectionInput:
+    candidates = tuple(c[2:] for c in _lines(read_section(user, "candidate_memory")))
+    return reflection.ReflectionInput(read_section(user, "user_input"), candidates)
+
+
+def _summary(user: str) -> summary.SummaryInput:
+    return summary.SummaryInput(_lines(read_section(user, "dialogue")))
+
+
+# (system prompt, spec, how to read the spec's input back from the user message)
+_PROMPTS: tuple[tuple[str, PromptSpec[Any, Any], Callable[[str], Any]], ...] = (
+    (conditional.DECIDE_SYSTEM, conditional.DECISION, _decision),
+    (conditional.DECIDE_JSON_SYSTEM, conditional.DECISION_JSON, _decision),
+    (conditional.RESPOND_SYSTEM, conditional.RESPOND_AND_DECIDE, _respond),
+    (conditional.RESPOND_JSON_SYSTEM, conditional.RESPOND_AND_DECIDE_JSON, _respond),
+    (conditional.RECORD_SYSTEM, conditional.RECORD, _record),
+    (conditional.RECORD_JSON_SYSTEM, conditional.RECORD_JSON, _record),
+    (reflection.SYSTEM, reflection.REFLECTION, _reflection),
+    (reflection.JSON_SYSTEM, reflection.REFLECTION_JSON, _reflection),
+    (summary.SYSTEM, summary.SESSION_SUMMARY, _summary),
+    (summary.JSON_SYSTEM, summary.SESSION_SUMMARY_JSON, _summary),
+)
 
 
 def rule_following_reply(messages: Sequence[ChatMessage]) -> str:
-    """Answer one of the package's prompts in its output format (see the module docstring)."""
-    system, user = messages[0].content, messages[-1].content
-    if system.endswith(conditional.DECIDE_SYSTEM):
-        decision = is_worth_remembering(_section(user, "user_input"))
-        return f"<Decision>: {'yes' if decision else 'no'}"
-    if system.endswith(conditional.RESPOND_SYSTEM):
-        text = _section(user, "user_input")
-        memory = _section(user, "memory")
-        answer = f"Answering {text!r}" + (
-            f" with what I remember: {memory}" if memory != "NaN" else "."
-        )
-        return f"<Respond>: {answer}\n<Decision>: {'yes' if is_worth_remembering(text) else 'no'}"
-    if system.endswith(conditional.RECORD_SYSTEM):
-        text = _section(user, "user_input")
-        lines = _section(user, "dialogue_context").splitlines()
-        related = lines[-3:-1] if len(lines) > 1 else []
-        asked = [line.split(": ", 1)[-1] for line in related if line.startswith("user: ")]
-        why = (
-            f"The user reacted to the assistant's answer to '{asked[-1]}'."
-            if asked
-            else "The user said this without earlier context."
-        )
-        return (
-            f"<Context>: {' | '.join(related) or 'NaN'}\n<Summary>: {why}\n"
-            f"<Note>: The user said: {text}"
-        )
-    if system.endswith(reflection.SYSTEM):
-        query = _section(user, "user_input")
-        candidates = [c[2:] for c in _section(user, "candidate_memory").splitlines() if c != "NaN"]
-        words = {w.lower() for w in re.findall(r"\w{4,}", query)}
-        relevant = [c for c in candidates if words & {w.lower() for w in re.findall(r"\w{4,}", c)}]
-        if relevant:
-            return "<Memory>: " + " ".join(relevant)
-        return "<Query>: " + ", ".join(sorted(words)[:5] or ["details"])
-    if system.endswith(summary.SYSTEM):
-        lines = _section(user, "dialogue").splitlines()
-        said = [line.split(": ", 1)[-1] for line in lines if line.lower().startswith("user")]
-        return "In this session the user said: " + " ".join(said or lines)
+    """Answer one of the package's prompts in its output format (see the module docstring).
+
+    The prompt is recognised by its system message; the answer is the matching spec's
+    offline stand-in (:attr:`~memories_core.prompts.spec.PromptSpec.stand_in`), applied to
+    the input read back from the fenced sections. A repair request answers the original
+    prompt again.
+    """
+    system = messages[0].content
+    user = next((m.content for m in messages if m.role == "user"), messages[-1].content)
+    for prompt, spec, read in _PROMPTS:
+        if system.endswith(prompt):
+            return str(spec.stand_in(read(user)))
     return "I can only answer the memory prompts of llm-memories."

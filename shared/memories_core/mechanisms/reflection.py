@@ -9,28 +9,31 @@ times (the paper allows one round, Table 5).
 
 :class:`SelfReflectiveRetrieval` is the loop, generic over what a search returns, so the
 LangChain and LlamaIndex adapters reuse it around their own retrievers;
-:class:`SelfReflectiveMemory` wraps any mechanism's ``recall`` with it.
+:class:`SelfReflectiveMemory` wraps any mechanism's ``recall`` with it. The loop is written
+once, as a generator that yields the searches and reflection calls it needs;
+:meth:`SelfReflectiveRetrieval.run` and :meth:`SelfReflectiveRetrieval.arun` only perform
+them, blocking or async. Each reflection call goes through
+:func:`~memories_core.prompts.spec.run_spec` with the :data:`~memories_core.prompts.
+reflection.REFLECTION` spec, so models with structured output answer in JSON.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Awaitable, Callable, Sequence
+import threading
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeAlias, TypeVar
 
 from memories_core.errors import ConfigurationError, LLMError, ParseError
-from memories_core.interfaces import LLM, Mechanism
-from memories_core.parsing import agenerate_parsed, generate_parsed
-from memories_core.prompts.reflection import (
-    ReflectionVerdict,
-    build_reflection_messages,
-    parse_reflection,
-)
+from memories_core.interfaces import LLM, LLMRouter, Mechanism
+from memories_core.llms.base import llm_for_scope
+from memories_core.prompts.reflection import REFLECTION, ReflectionInput, ReflectionVerdict
+from memories_core.prompts.spec import arun_spec, run_spec
 from memories_core.types import Recall, Scope, ScoredRecord, Turn
-from memories_core.usage import UsageCounter
+from memories_core.usage import MemoryUsage, UsageCounter
 
 __all__ = ["ReflectionResult", "SelfReflectiveMemory", "SelfReflectiveRetrieval"]
 
@@ -69,6 +72,19 @@ class ReflectionResult(Generic[T]):
         return len(self.queries)
 
 
+@dataclass(frozen=True)
+class _Search:
+    query: str
+
+
+@dataclass(frozen=True)
+class _Reflect:
+    inputs: ReflectionInput
+
+
+_Steps: TypeAlias = Generator["_Search | _Reflect", Any, ReflectionResult[T]]
+
+
 class SelfReflectiveRetrieval:
     """The reflect-then-maybe-search-again loop, generic over the search function.
 
@@ -88,65 +104,89 @@ class SelfReflectiveRetrieval:
         self.failures = UsageCounter()
 
     def run(
-        self, query: str, search: Callable[[str], Sequence[T]], text_of: Callable[[T], str]
+        self,
+        query: str,
+        search: Callable[[str], Sequence[T]],
+        text_of: Callable[[T], str],
+        *,
+        llm: LLM | None = None,
     ) -> ReflectionResult[T]:
         """Search, reflect, and search again with an extended query while allowed.
 
         Each round is one reflection call; on ``<Query>`` the query is extended and searched
         again. After the last allowed round the latest candidates are returned as they are,
         so ``max_rounds=1`` costs one LLM call and at most two searches (``0``: no call).
+
+        Args:
+            query: The user input.
+            search: Query -> candidates.
+            text_of: Candidate -> its text, shown to the model.
+            llm: The model for this call (e.g. a per-user model); default :attr:`llm`.
         """
-        queries = [query]
-        keywords: list[str] = []
-        items = list(search(query))
-        calls = 0
-        for _ in range(self.max_rounds):
-            calls += 1
+        model = llm or self.llm
+        steps = self._steps(query, text_of)
+        step = next(steps)
+        while True:
+            reply: Any
+            if isinstance(step, _Search):
+                reply = search(step.query)
+            else:
+                try:
+                    reply = run_spec(model, REFLECTION, step.inputs)
+                except (LLMError, ParseError) as exc:
+                    reply = exc
             try:
-                verdict = generate_parsed(
-                    self.llm,
-                    build_reflection_messages(query, [text_of(i) for i in items]),
-                    lambda out: parse_reflection(out, query),
-                )
-            except (LLMError, ParseError):
-                return self._failed(items, queries, calls, keywords)
-            done = self._settle(verdict, items, queries, calls, text_of, keywords)
-            if done is not None:
-                return done
-            keywords.extend(verdict.keywords)
-            queries.append(_extend(queries[-1], verdict.keywords))
-            items = list(search(queries[-1]))
-        return ReflectionResult(
-            items=items, memory=None, queries=queries, keywords=tuple(keywords), llm_calls=calls
-        )
+                step = steps.send(reply)
+            except StopIteration as done:
+                return done.value
 
     async def arun(
         self,
         query: str,
         search: Callable[[str], Awaitable[Sequence[T]]],
         text_of: Callable[[T], str],
+        *,
+        llm: LLM | None = None,
     ) -> ReflectionResult[T]:
-        """Async twin of :meth:`run` with an async search function."""
+        """Async twin of :meth:`run` with an async search function (the same loop)."""
+        model = llm or self.llm
+        steps = self._steps(query, text_of)
+        step = next(steps)
+        while True:
+            reply: Any
+            if isinstance(step, _Search):
+                reply = await search(step.query)
+            else:
+                try:
+                    reply = await arun_spec(model, REFLECTION, step.inputs)
+                except (LLMError, ParseError) as exc:
+                    reply = exc
+            try:
+                step = steps.send(reply)
+            except StopIteration as done:
+                return done.value
+
+    def _steps(self, query: str, text_of: Callable[[T], str]) -> _Steps[T]:
+        """The loop itself: yields searches and reflections, receives their results.
+
+        A reflection's result is a :class:`ReflectionVerdict`, or the ``LLMError`` /
+        ``ParseError`` it raised (then the candidates are used as retrieved).
+        """
         queries = [query]
         keywords: list[str] = []
-        items = list(await search(query))
+        items: list[T] = list((yield _Search(query)))
         calls = 0
         for _ in range(self.max_rounds):
             calls += 1
-            try:
-                verdict = await agenerate_parsed(
-                    self.llm,
-                    build_reflection_messages(query, [text_of(i) for i in items]),
-                    lambda out: parse_reflection(out, query),
-                )
-            except (LLMError, ParseError):
-                return self._failed(items, queries, calls, keywords)
+            verdict = yield _Reflect(ReflectionInput(query, tuple(text_of(i) for i in items)))
+            if isinstance(verdict, Exception):
+                return self._failed(items, queries, calls, keywords, verdict)
             done = self._settle(verdict, items, queries, calls, text_of, keywords)
             if done is not None:
                 return done
             keywords.extend(verdict.keywords)
             queries.append(_extend(queries[-1], verdict.keywords))
-            items = list(await search(queries[-1]))
+            items = list((yield _Search(queries[-1])))
         return ReflectionResult(
             items=items, memory=None, queries=queries, keywords=tuple(keywords), llm_calls=calls
         )
@@ -172,11 +212,20 @@ class SelfReflectiveRetrieval:
         )
 
     def _failed(
-        self, items: list[T], queries: list[str], calls: int, keywords: list[str]
+        self,
+        items: list[T],
+        queries: list[str],
+        calls: int,
+        keywords: list[str],
+        error: Exception,
     ) -> ReflectionResult[T]:
         # Documented fallback: an unusable reflection keeps the candidates as retrieved.
         self.failures.record(failures=1)
-        logger.warning("self-reflection failed; using the candidates as retrieved", exc_info=True)
+        logger.warning(
+            "self-reflection failed; using the candidates as retrieved: %s",
+            type(error).__name__,
+            exc_info=error,
+        )
         return ReflectionResult(
             items=items,
             memory=None,
@@ -198,12 +247,52 @@ class SelfReflectiveMemory:
         base: The mechanism to wrap (history, summary, conditional, multi-view, ...).
         llm: Judges the candidates.
         max_rounds: Query expansions allowed (paper: 1).
+        llm_for: Optional ``llm_for`` hook: the model that reflects for a scope (e.g. a
+            per-user model); ``None`` from the hook means ``llm``.
     """
 
-    def __init__(self, base: Mechanism, llm: LLM, *, max_rounds: int = 1) -> None:
+    def __init__(
+        self,
+        base: Mechanism,
+        llm: LLM,
+        *,
+        max_rounds: int = 1,
+        llm_for: LLMRouter | None = None,
+    ) -> None:
         self.base = base
         self.reflection = SelfReflectiveRetrieval(llm, max_rounds=max_rounds)
+        self.llm_for = llm_for
         self.last_result: ReflectionResult[ScoredRecord] | None = None
+        # Every model that reflected (the default and routed ones), for usage.
+        self._models: dict[int, LLM] = {id(llm): llm}
+        self._models_lock = threading.Lock()
+
+    def _model(self, scope: Scope) -> LLM:
+        model = llm_for_scope(self.reflection.llm, self.llm_for, scope)
+        with self._models_lock:
+            self._models.setdefault(id(model), model)
+        return model
+
+    @property
+    def usage(self) -> MemoryUsage:
+        """The wrapped memory's usage plus the reflection's.
+
+        ``llm`` adds the reflection models' calls and tokens to the wrapped memory's LLM
+        (counted once when it is the same model); ``failures["reflection"]`` counts failed
+        reflections (the candidates were then used as retrieved).
+        """
+        base: MemoryUsage = self.base.usage  # type: ignore[attr-defined]
+        base_llm = getattr(self.base, "llm", None)
+        with self._models_lock:
+            models = [m for m in self._models.values() if m is not base_llm]
+        total = base.llm
+        for model in models:
+            total = model.usage if total is None else total + model.usage
+        failures = dict(base.failures)
+        failures["reflection"] = (
+            failures.get("reflection", 0) + self.reflection.failures.snapshot().failures
+        )
+        return MemoryUsage(llm=total, embedder=base.embedder, failures=failures)
 
     def save(self, turns: Sequence[Turn], scope: Scope) -> None:
         """Save through the wrapped mechanism."""
@@ -217,6 +306,7 @@ class SelfReflectiveMemory:
             query,
             lambda q: self.base.recall(q, scope, k=k, now=now).records,
             lambda hit: hit.record.text,
+            llm=self._model(scope),
         )
         self.last_result = result
         return _to_recall(query, result)
@@ -241,7 +331,9 @@ class SelfReflectiveMemory:
         async def search(q: str) -> Sequence[ScoredRecord]:
             return (await self.base.arecall(q, scope, k=k, now=now)).records
 
-        result = await self.reflection.arun(query, search, lambda hit: hit.record.text)
+        result = await self.reflection.arun(
+            query, search, lambda hit: hit.record.text, llm=self._model(scope)
+        )
         self.last_result = result
         return _to_recall(query, result)
 

@@ -10,26 +10,69 @@ Three message builders, each a pure function, and their parsers:
 * :func:`build_record_messages`: Table 18, the memory content: related context, why the user
   said it (``<Summary>``) and a note for future reference (``<Note>``).
 
-User text is untrusted: it is fenced in ``<user_input>`` tags, and the parsers pass it as
-``echoed`` to :func:`~memories_core.parsing.parse_tagged`, so a user message that contains
-``<Decision>: yes`` cannot forge the decision when the model repeats it.
+Each is also a :class:`~memories_core.prompts.spec.PromptSpec` (:data:`DECISION`,
+:data:`RESPOND_AND_DECIDE`, :data:`RECORD`) for :func:`~memories_core.prompts.spec.run_spec`.
+
+Two answer formats, chosen by what the model offers:
+
+* **Tagged** (the paper's own format, Tables 17-18: ``<Decision>: yes``, ``<Respond>: ...``,
+  ``<Context>/<Summary>/<Note>``): the prompt-only layer, for server models and any model
+  without structured output; parsed tolerantly with one repair retry.
+* **JSON** (the same fields: ``{"decision": "yes"|"no"}``, ``{"respond", "decision"}``,
+  ``{"context", "summary", "note"}``): each spec's :attr:`~PromptSpec.structured` twin, used
+  when the model offers schema-constrained decoding (the bundled SmolLM2 through
+  lm-format-enforcer; OpenAI-compatible servers through ``response_format``) or JSON mode.
+  A 135M-parameter model rarely follows the tagged format (see
+  ``benchmarks/out/parse_rate.md``), while a schema makes every answer parse; the fields and
+  rules are the paper's, only the envelope differs.
+
+User text is untrusted: it is fenced in ``<user_input>`` with ``<``, ``>`` and ``&`` escaped
+(:func:`~memories_core.prompts.spec.fence`), so it can neither close its section nor show
+the model a real tag; the parsers also pass it as ``echoed`` to
+:func:`~memories_core.parsing.parse_tagged`, so a forged ``<Decision>: yes`` that the model
+repeats (however re-spaced) does not count.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
+
+import pydantic
 
 from memories_core.errors import ParseError
 from memories_core.parsing import parse_tagged, parse_yes_no
+from memories_core.prompts.spec import (
+    PromptSpec,
+    fence,
+    json_instruction,
+    parse_model,
+    require_text,
+    unescape,
+)
 from memories_core.types import ChatMessage
 
 __all__ = [
+    "DECISION",
+    "DECISION_JSON",
+    "RECORD",
+    "RECORD_JSON",
+    "RESPOND_AND_DECIDE",
+    "RESPOND_AND_DECIDE_JSON",
     "ConditionalNote",
+    "DecisionAnswer",
+    "DecisionInput",
+    "RecordAnswer",
+    "RecordInput",
+    "RespondAnswer",
     "RespondDecision",
+    "RespondInput",
     "build_decision_messages",
     "build_record_messages",
     "build_respond_and_decide_messages",
+    "is_worth_remembering",
     "parse_decision",
     "parse_record",
     "parse_respond_and_decision",
@@ -110,7 +153,7 @@ class ConditionalNote:
 
 
 def _fence(user_input: str) -> str:
-    return f"<user_input>\n{user_input}\n</user_input>"
+    return fence("user_input", user_input)
 
 
 def build_decision_messages(
@@ -122,12 +165,23 @@ def build_decision_messages(
         user_input: The user's turn.
         previous_reply: The assistant's turn before it, so that feedback on it can be judged.
     """
+    return _decision_messages(
+        DECIDE_SYSTEM,
+        "Should this user input be remembered? Answer with <Decision>: yes or no.",
+        user_input,
+        previous_reply,
+    )
+
+
+def _decision_messages(
+    system: str, question: str, user_input: str, previous_reply: str | None
+) -> list[ChatMessage]:
     parts = []
     if previous_reply:
-        parts.append(f"<previous_assistant_reply>\n{previous_reply}\n</previous_assistant_reply>")
+        parts.append(fence("previous_assistant_reply", previous_reply))
     parts.append(_fence(user_input))
-    parts.append("Should this user input be remembered? Answer with <Decision>: yes or no.")
-    return [ChatMessage("system", DECIDE_SYSTEM), ChatMessage("user", "\n\n".join(parts))]
+    parts.append(question)
+    return [ChatMessage("system", system), ChatMessage("user", "\n\n".join(parts))]
 
 
 def build_respond_and_decide_messages(
@@ -146,9 +200,9 @@ def build_respond_and_decide_messages(
         instructions: The application's own instructions, put before the two steps.
     """
     system = f"{instructions.strip()}\n\n{RESPOND_SYSTEM}" if instructions else RESPOND_SYSTEM
-    parts = [f"<memory>\n{memory.strip() or 'NaN'}\n</memory>"]
+    parts = [fence("memory", memory.strip() or "NaN")]
     if history:
-        parts.append("<dialogue_so_far>\n" + "\n".join(history) + "\n</dialogue_so_far>")
+        parts.append(fence("dialogue_so_far", "\n".join(history)))
     parts.append(_fence(user_input))
     return [ChatMessage("system", system), ChatMessage("user", "\n\n".join(parts))]
 
@@ -161,7 +215,7 @@ def build_record_messages(dialogue_context: Sequence[str], user_input: str) -> l
         user_input: The user turn to remember.
     """
     context = "\n".join(dialogue_context) or "NaN"
-    body = f"<dialogue_context>\n{context}\n</dialogue_context>\n\n{_fence(user_input)}"
+    body = f"{fence('dialogue_context', context)}\n\n{_fence(user_input)}"
     return [ChatMessage("system", RECORD_SYSTEM), ChatMessage("user", body)]
 
 
@@ -188,9 +242,9 @@ def parse_respond_and_decision(text: str, user_input: str) -> RespondDecision:
         values = parse_tagged(text, ["Respond", "Decision"], echoed=user_input)
     except ParseError:
         values = {}
-    respond = values.get("Respond", "").strip()
+    respond = unescape(values.get("Respond", "")).strip()
     if not respond:
-        respond = _before_decision(text)
+        respond = unescape(_before_decision(text))
     if not respond:
         raise ParseError("the model gave no response text", raw=text)
     decision: bool | None
@@ -213,9 +267,9 @@ def parse_record(text: str, user_input: str) -> ConditionalNote:
     summary = values.get("Summary", "").strip()
     related = values.get("Context", "").strip()
     return ConditionalNote(
-        related_context="" if related.lower() in _NAN else related,
-        summary="" if summary.lower() in _NAN else summary,
-        note=values["Note"].strip(),
+        related_context="" if related.lower() in _NAN else unescape(related),
+        summary="" if summary.lower() in _NAN else unescape(summary),
+        note=require_text(values["Note"], "note", text),
     )
 
 
@@ -227,7 +281,283 @@ def render_record(note: ConditionalNote) -> str:
 
 
 def _before_decision(text: str) -> str:
-    import re
-
     head = re.split(r"(?i)[<\[*\s]*decision\b", text, maxsplit=1)[0]
     return re.sub(r"(?i)^[\s*]*(?:<respond>|\[respond\]|respond)\s*:?", "", head).strip()
+
+
+# ---------------------------------------------------------------------------------------------
+# Specs: typed inputs, JSON answers, stand-ins
+# ---------------------------------------------------------------------------------------------
+
+_PHATIC = re.compile(
+    r"^\W*(hi|hello|hey|good (morning|evening|night)|thanks|thank you|ok|okay|bye|cool|great)\b",
+    re.I,
+)
+_QUESTION_START = re.compile(
+    r"^\W*(what|when|where|who|whom|which|why|how|can|could|would|will|do|does|did|is|are|"
+    r"should|may)\b",
+    re.I,
+)
+_FEEDBACK = re.compile(
+    r"(^\W*no\b|\bnot what\b|\binstead\b|\bactually\b|\bi meant\b|\bi prefer\b|\balways\b|"
+    r"\bnever\b|\bfrom now on\b|\bwrong\b|\bremember\b)",
+    re.I,
+)
+# A one-off task ("Capitalize these words: ...") is answered, not remembered.
+_TASK_START = re.compile(
+    r"^\W*(please\b|capitalize|translate|write|tell|give|show|list|summari[sz]e|explain|help|"
+    r"make|find|suggest|recommend|plan|convert|book|draft|fix)\b",
+    re.I,
+)
+
+
+def is_worth_remembering(text: str) -> bool:
+    """Yuan et al.'s Table 17 rule, as heuristics (the offline stand-ins' judgement).
+
+    Yes for standing requirements, feedback on earlier answers and knowledge; no for simple
+    questions, one-off tasks and phatic talk. Feedback and requirement words ("no, ...",
+    "always", "I prefer", "from now on") win over the question or task shape.
+    """
+    stripped = text.strip()
+    if _FEEDBACK.search(stripped):
+        return True
+    if _PHATIC.match(stripped) and len(stripped.split()) <= 6:
+        return False
+    return not (
+        stripped.endswith("?") or _QUESTION_START.match(stripped) or _TASK_START.match(stripped)
+    )
+
+
+@dataclass(frozen=True)
+class DecisionInput:
+    """Input of the decision prompt (Table 17, step 2).
+
+    Attributes:
+        user_input: The user's turn (untrusted).
+        previous_reply: The assistant's turn before it, if any (untrusted).
+    """
+
+    user_input: str
+    previous_reply: str | None = None
+
+
+@dataclass(frozen=True)
+class RespondInput:
+    """Input of the single-call respond-and-decide prompt (Table 17).
+
+    Attributes:
+        user_input: The user's turn.
+        memory: Recalled memory records, rendered.
+        history: The session's earlier turns, rendered ``"role: content"``.
+        instructions: The application's own instructions (trusted).
+    """
+
+    user_input: str
+    memory: str = ""
+    history: tuple[str, ...] = field(default=())
+    instructions: str | None = None
+
+
+@dataclass(frozen=True)
+class RecordInput:
+    """Input of the record prompt (Table 18).
+
+    Attributes:
+        dialogue_context: The ongoing dialogue up to and including the user input, rendered.
+        user_input: The user turn to remember.
+    """
+
+    dialogue_context: tuple[str, ...]
+    user_input: str
+
+
+class DecisionAnswer(pydantic.BaseModel):
+    """JSON form of Table 17's ``<Decision>``."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+    decision: Literal["yes", "no"] = pydantic.Field(description="Remember the user input?")
+
+
+class RespondAnswer(pydantic.BaseModel):
+    """JSON form of Table 17's ``<Respond>`` and ``<Decision>`` (response first, as there)."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+    respond: str = pydantic.Field(min_length=1, max_length=2000, description="The response")
+    decision: Literal["yes", "no"] = pydantic.Field(description="Remember the user input?")
+
+
+class RecordAnswer(pydantic.BaseModel):
+    """JSON form of Table 18's ``<Context>``, ``<Summary>`` and ``<Note>``."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+    context: str = pydantic.Field(max_length=600, description='Related turns, or "NaN"')
+    summary: str = pydantic.Field(max_length=400, description="Why the user said it")
+    note: str = pydantic.Field(
+        min_length=1, max_length=400, description="The note for future reference"
+    )
+
+
+DECIDE_JSON_SYSTEM = (
+    "You decide what a personal assistant should remember. Imagine you are the assistant and "
+    "judge whether the user input below should be remembered for future conversations. "
+    f"{DECISION_RULES} " + json_instruction(DecisionAnswer)
+)
+
+RESPOND_JSON_SYSTEM = (
+    "You are a helpful personal assistant. Work in two steps.\n"
+    'Step 1: write your response to the user input, using the memory when it helps ("respond").\n'
+    "Step 2: imagine you are the assistant and judge whether the user input should be "
+    f'remembered ("decision", yes or no). {DECISION_RULES}\n' + json_instruction(RespondAnswer)
+)
+
+RECORD_JSON_SYSTEM = (
+    "You write the long-term memory of a personal assistant. Work in three steps.\n"
+    '"context": from the dialogue context, copy the turns that relate to the user input, or '
+    '"NaN" if none relate.\n'
+    '"summary": why the user said the user input: the situation, reasons or background.\n'
+    '"note": rewrite the user input as a note for future reference that keeps the new '
+    "information or knowledge it contains.\n" + json_instruction(RecordAnswer)
+)
+
+
+def _with_system(messages: list[ChatMessage], system: str) -> list[ChatMessage]:
+    return [ChatMessage("system", system), *messages[1:]]
+
+
+def _decision_stand_in(inputs: DecisionInput) -> str:
+    return f"<Decision>: {'yes' if is_worth_remembering(inputs.user_input) else 'no'}"
+
+
+def _respond_text(inputs: RespondInput) -> str:
+    memory = inputs.memory.strip()
+    return f"Answering {inputs.user_input!r}" + (
+        f" with what I remember: {memory}" if memory and memory != "NaN" else "."
+    )
+
+
+def _record_parts(inputs: RecordInput) -> tuple[str, str, str]:
+    lines = list(inputs.dialogue_context)
+    related = lines[-3:-1] if len(lines) > 1 else []
+    asked = [line.split(": ", 1)[-1] for line in related if line.startswith("user: ")]
+    why = (
+        f"The user reacted to the assistant's answer to '{asked[-1]}'."
+        if asked
+        else "The user said this without earlier context."
+    )
+    return " | ".join(related) or "NaN", why, f"The user said: {inputs.user_input}"
+
+
+def _record_stand_in(inputs: RecordInput) -> str:
+    related, why, note = _record_parts(inputs)
+    return f"<Context>: {related}\n<Summary>: {why}\n<Note>: {note}"
+
+
+def _parse_decision_json(text: str, inputs: DecisionInput) -> bool:
+    return parse_model(text, DecisionAnswer, [inputs.user_input]).decision == "yes"
+
+
+def _parse_respond_json(text: str, inputs: RespondInput) -> RespondDecision:
+    answer = parse_model(text, RespondAnswer, [inputs.user_input])
+    respond = require_text(answer.respond, "response", text)
+    return RespondDecision(respond=respond, decision=answer.decision == "yes")
+
+
+def _parse_record_json(text: str, inputs: RecordInput) -> ConditionalNote:
+    answer = parse_model(text, RecordAnswer, [inputs.user_input])
+    related, summary = answer.context.strip(), answer.summary.strip()
+    return ConditionalNote(
+        related_context="" if related.lower() in _NAN else unescape(related),
+        summary="" if summary.lower() in _NAN else unescape(summary),
+        note=require_text(answer.note, "note", text),
+    )
+
+
+#: Table 17, step 2, as JSON: ``{"decision": "yes"|"no"}``.
+DECISION_JSON: PromptSpec[DecisionInput, bool] = PromptSpec(
+    name="conditional.decision.json",
+    build=lambda i: _decision_messages(
+        DECIDE_JSON_SYSTEM,
+        'Should this user input be remembered? Answer {"decision": "yes"} or {"decision": "no"}.',
+        i.user_input,
+        i.previous_reply,
+    ),
+    parse=_parse_decision_json,
+    stand_in=lambda i: DecisionAnswer(
+        decision="yes" if is_worth_remembering(i.user_input) else "no"
+    ).model_dump_json(),
+    response_model=DecisionAnswer,
+    max_tokens=16,
+)
+
+#: Table 17, step 2: is this user turn worth remembering? (``<Decision>: yes|no``)
+DECISION: PromptSpec[DecisionInput, bool] = PromptSpec(
+    name="conditional.decision",
+    build=lambda i: build_decision_messages(i.user_input, previous_reply=i.previous_reply),
+    parse=lambda text, i: parse_decision(text, i.user_input),
+    stand_in=_decision_stand_in,
+    # Room for a chatty preamble before the tag; the JSON twin needs only 16.
+    max_tokens=48,
+    structured=DECISION_JSON,
+)
+
+
+def _respond_messages(i: RespondInput) -> list[ChatMessage]:
+    return build_respond_and_decide_messages(
+        i.user_input, memory=i.memory, history=i.history, instructions=i.instructions
+    )
+
+
+def _respond_json_messages(i: RespondInput) -> list[ChatMessage]:
+    system = RESPOND_JSON_SYSTEM
+    if i.instructions:
+        system = f"{i.instructions.strip()}\n\n{system}"
+    return _with_system(_respond_messages(i), system)
+
+
+#: Table 17 as JSON: ``{"respond": ..., "decision": "yes"|"no"}``.
+RESPOND_AND_DECIDE_JSON: PromptSpec[RespondInput, RespondDecision] = PromptSpec(
+    name="conditional.respond_and_decide.json",
+    build=_respond_json_messages,
+    parse=_parse_respond_json,
+    stand_in=lambda i: RespondAnswer(
+        respond=_respond_text(i),
+        decision="yes" if is_worth_remembering(i.user_input) else "no",
+    ).model_dump_json(),
+    response_model=RespondAnswer,
+)
+
+#: Table 17 whole: the response and the hidden decision in one call.
+RESPOND_AND_DECIDE: PromptSpec[RespondInput, RespondDecision] = PromptSpec(
+    name="conditional.respond_and_decide",
+    build=_respond_messages,
+    parse=lambda text, i: parse_respond_and_decision(text, i.user_input),
+    stand_in=lambda i: (
+        f"<Respond>: {_respond_text(i)}\n"
+        f"<Decision>: {'yes' if is_worth_remembering(i.user_input) else 'no'}"
+    ),
+    structured=RESPOND_AND_DECIDE_JSON,
+)
+
+#: Table 18 as JSON: ``{"context", "summary", "note"}``.
+RECORD_JSON: PromptSpec[RecordInput, ConditionalNote] = PromptSpec(
+    name="conditional.record.json",
+    build=lambda i: _with_system(
+        build_record_messages(i.dialogue_context, i.user_input), RECORD_JSON_SYSTEM
+    ),
+    parse=_parse_record_json,
+    stand_in=lambda i: RecordAnswer(
+        context=_record_parts(i)[0], summary=_record_parts(i)[1], note=_record_parts(i)[2]
+    ).model_dump_json(),
+    response_model=RecordAnswer,
+    max_tokens=200,
+)
+
+#: Table 18: the memory record (``<Context>``, ``<Summary>``, ``<Note>``).
+RECORD: PromptSpec[RecordInput, ConditionalNote] = PromptSpec(
+    name="conditional.record",
+    build=lambda i: build_record_messages(i.dialogue_context, i.user_input),
+    parse=lambda text, i: parse_record(text, i.user_input),
+    stand_in=_record_stand_in,
+    max_tokens=200,
+    structured=RECORD_JSON,
+)
