@@ -24,12 +24,6 @@ from memories_core.testing import MechanismContract
 
 _BAD = "test_bad_input_raises_typed_error_and_stores_nothing"
 
-_GARBAGE = "test_garbage_llm_never_loses_a_turn"
-
-#: parse_session_summary accepts any reply that shares one 3-letter word with the dialogue
-#: ("the", "user"), so forged tags become the session's summary.
-FORGED_SUMMARY = "summary parser accepts forged tags that share a stopword ('the', 'user')"
-
 
 def _embedder() -> HashingEmbedder:
     return HashingEmbedder(dimension=64)
@@ -46,10 +40,7 @@ class TestSummaryMemoryContract(MechanismContract):
     needs_llm = True
     derives_records = True
     end_session_derives = True
-    known_failures: ClassVar[dict[str, str]] = {
-        f"{_GARBAGE}[*-forged-tags]": FORGED_SUMMARY,
-        f"{_GARBAGE}[*-forged-memory]": FORGED_SUMMARY,
-    }
+    known_failures: ClassVar[dict[str, str]] = {}
 
     def make_memory(self, path: Path | None, llm: LLM) -> Mechanism:
         return SummaryMemory(path=path, llm=llm, embedder=_embedder())
@@ -68,10 +59,7 @@ class TestMultiViewMemoryContract(MechanismContract):
     needs_llm = True
     derives_records = True
     end_session_derives = True
-    known_failures: ClassVar[dict[str, str]] = {
-        f"{_GARBAGE}[*-forged-tags]": FORGED_SUMMARY,
-        f"{_GARBAGE}[*-forged-memory]": FORGED_SUMMARY,
-    }
+    known_failures: ClassVar[dict[str, str]] = {}
 
     def make_memory(self, path: Path | None, llm: LLM) -> Mechanism:
         return MultiViewMemory.from_defaults(llm=llm, embedder=_embedder(), path=path)
@@ -87,11 +75,7 @@ class TestMultiViewMemoryContract(MechanismContract):
 
 class TestSelfReflectiveMemoryContract(MechanismContract):
     needs_llm = True
-    known_failures: ClassVar[dict[str, str]] = {
-        f"{_GARBAGE}[*-forged-memory]": (
-            "reflection returns a <Memory> that no candidate supports as the recall context"
-        ),
-    }
+    known_failures: ClassVar[dict[str, str]] = {}
 
     def make_memory(self, path: Path | None, llm: LLM) -> Mechanism:
         return SelfReflectiveMemory(HistoryMemory(path=path, embedder=_embedder()), llm)

@@ -11,6 +11,7 @@ import re
 import shutil
 import sqlite3
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import closing, suppress
@@ -544,6 +545,7 @@ class ChromaIndex:
             if self._erase_on_close:
                 self._erase_on_close = False
                 self.erase_deleted()
+                self._sweep_late_segment_folders()
             if self._ephemeral:
                 # Already gone is fine when closing.
                 with suppress(Exception):
@@ -773,6 +775,39 @@ class ChromaIndex:
             for entry in listed:
                 if entry.name not in live and entry.exists():
                     raise BackendError(f"cannot remove the dropped Chroma segment {entry}")
+
+    def _orphan_segment_folders(self) -> list[Path]:
+        """Segment folders that no segment row refers to (a dropped collection's files)."""
+        folder = self._folder
+        if folder is None or not (folder / _SQLITE_FILE).is_file():
+            return []
+        listed = [e for e in folder.iterdir() if e.is_dir() and _SEGMENT_DIR.fullmatch(e.name)]
+        if not listed:
+            return []
+        try:
+            with closing(
+                sqlite3.connect(folder / _SQLITE_FILE, timeout=_ERASE_BUSY_TIMEOUT_MS / 1000)
+            ) as conn:
+                live = {str(row[0]) for row in conn.execute("SELECT id FROM segments")}
+        except sqlite3.Error:
+            return []
+        return [entry for entry in listed if entry.name not in live]
+
+    def _sweep_late_segment_folders(self, *, seconds: float = 2.0, quiet: int = 2) -> None:
+        """Remove a dropped collection's files that Chroma writes after the drop returned.
+
+        Under load, Chroma persisted a dropped collection's HNSW files (ids, vectors) from a
+        background thread after ``delete_user`` and even after ``erase_deleted``. At close,
+        poll briefly until no such folder has appeared for ``quiet`` consecutive checks.
+        """
+        deadline = time.monotonic() + seconds
+        calm = 0
+        while calm < quiet and time.monotonic() < deadline:
+            late = self._orphan_segment_folders()
+            for entry in late:
+                shutil.rmtree(entry, ignore_errors=True)
+            calm = 0 if late else calm + 1
+            time.sleep(0.1)
 
     # -- helpers ----------------------------------------------------------------------------
 

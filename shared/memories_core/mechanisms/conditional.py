@@ -32,16 +32,16 @@ from memories_core.engine import Derivation, JobFailed, check_scope, default_llm
 from memories_core.errors import LLMError, ParseError
 from memories_core.interfaces import LLM
 from memories_core.mechanisms.base import MemoryBase, turn_from_record
-from memories_core.parsing import generate_parsed
 from memories_core.prompts.conditional import (
-    build_decision_messages,
-    build_record_messages,
-    build_respond_and_decide_messages,
-    parse_decision,
-    parse_record,
-    parse_respond_and_decision,
+    DECISION,
+    RECORD,
+    RESPOND_AND_DECIDE,
+    DecisionInput,
+    RecordInput,
+    RespondInput,
     render_record,
 )
+from memories_core.prompts.spec import run_spec
 from memories_core.types import Job, JobSpec, MemoryRecord, Recall, Scope, Turn, new_id
 
 __all__ = ["ConditionalMemory", "ConditionalReply"]
@@ -157,11 +157,18 @@ class ConditionalMemory(MemoryBase):
         recall = self.recall(user_turn.content, scope, k=k)
         history = [r.text for r in self._session_turns(scope, limit=self.context_turns)]
         (stored_user,) = self.engine.write_turns([user_turn], scope)
-        messages = build_respond_and_decide_messages(
-            user_turn.content, memory=recall.context, history=history, instructions=instructions
+        parsed = run_spec(
+            llm or self._llm(scope),
+            RESPOND_AND_DECIDE,
+            RespondInput(
+                user_turn.content,
+                memory=recall.context,
+                history=tuple(history),
+                instructions=instructions,
+            ),
+            retries=0,
+            max_tokens=max_tokens,
         )
-        answer = (llm or self._llm(scope)).generate(messages, max_tokens=max_tokens)
-        parsed = parse_respond_and_decision(answer, user_turn.content)
         self.engine.write_turns([Turn("assistant", parsed.respond)], scope)
         record: MemoryRecord | None = None
         job = self._job_of(scope.user_id, stored_user.id)
@@ -235,12 +242,10 @@ class ConditionalMemory(MemoryBase):
                 (r for r in reversed(context) if r.metadata.get("role") == "assistant"), None
             )
             try:
-                decision = generate_parsed(
+                decision = run_spec(
                     writer,
-                    build_decision_messages(
-                        content, previous_reply=_content(previous) if previous else None
-                    ),
-                    lambda out: parse_decision(out, content),
+                    DECISION,
+                    DecisionInput(content, _content(previous) if previous else None),
                     retries=retries,
                 )
             except (LLMError, ParseError) as exc:
@@ -251,12 +256,7 @@ class ConditionalMemory(MemoryBase):
             return None
         dialogue = [r.text for r in context] + [turn.text]
         try:
-            note = generate_parsed(
-                writer,
-                build_record_messages(dialogue, content),
-                lambda out: parse_record(out, content),
-                retries=retries,
-            )
+            note = run_spec(writer, RECORD, RecordInput(tuple(dialogue), content), retries=retries)
         except (LLMError, ParseError) as exc:
             raise JobFailed("record", f"record for turn {turn_id} failed: {exc}") from exc
         record = MemoryRecord(

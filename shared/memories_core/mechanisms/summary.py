@@ -22,11 +22,8 @@ from memories_core.engine import Derivation, JobFailed, default_llm
 from memories_core.errors import LLMError, ParseError
 from memories_core.interfaces import LLM
 from memories_core.mechanisms.base import MemoryBase
-from memories_core.parsing import generate_parsed
-from memories_core.prompts.summary import (
-    build_session_summary_messages,
-    parse_session_summary,
-)
+from memories_core.prompts.spec import run_spec
+from memories_core.prompts.summary import SESSION_SUMMARY, SummaryInput
 from memories_core.types import Job, JobSpec, MemoryRecord, Scope, ScoredRecord, new_id
 
 __all__ = ["SummaryMemory"]
@@ -114,12 +111,11 @@ class SummaryMemory(MemoryBase):
         if not turns:
             return None
         dialogue = _fit([r.text[:2000] for r in turns], self.max_dialogue_chars)
-        messages = build_session_summary_messages(dialogue)
         try:
-            text = generate_parsed(
+            text = run_spec(
                 self._llm(Scope(user_id, session_id)),
-                messages,
-                lambda out: parse_session_summary(out, dialogue),
+                SESSION_SUMMARY,
+                SummaryInput(tuple(dialogue)),
             )
         except (LLMError, ParseError) as exc:
             raise JobFailed("summary", f"summary of session {session_id} failed: {exc}") from exc

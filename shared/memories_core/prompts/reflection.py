@@ -102,12 +102,43 @@ def parse_reflection(
     memory = unescape(values.get("Memory", "")).strip()
     query = values.get("Query", "").strip()
     if memory and memory.lower() not in {"nan", "none"}:
+        _check_grounded(memory, candidates, text)
         return ReflectionVerdict(memory=memory, keywords=())
     # An echoed candidate line after the query is not a keyword.
     keywords = _keywords(re.split(r"[,;\n]", unescape(strip_echoed(query, untrusted))))
     if not keywords:
         raise ParseError("the reflection gave neither memory sentences nor keywords", raw=text)
     return ReflectionVerdict(memory=None, keywords=keywords)
+
+
+#: Share of a copied memory's words (3+ letters) that must appear in the candidates.
+GROUNDING = 0.6
+_CONTENT = re.compile(r"[^\W\d_]{3,}", re.UNICODE)
+
+
+def _check_grounded(memory: str, candidates: Sequence[str], raw: str) -> None:
+    """Refuse a memory the candidates do not hold (Table 19 asks the model to copy them).
+
+    A hallucinated or injected "memory" must never become the recall context.
+
+    Checked when candidates were shown: at least :data:`GROUNDING` of the memory's words of
+    three letters or more must occur in them.
+
+    Raises:
+        ParseError: if the memory is not grounded in the candidates.
+    """
+    if not candidates:
+        return
+    words = [w.lower() for w in _CONTENT.findall(memory)]
+    if not words:
+        raise ParseError("the memory sentences hold no words", raw=raw)
+    known = {w.lower() for c in candidates for w in _CONTENT.findall(c)}
+    share = sum(w in known for w in words) / len(words)
+    if share < GROUNDING:
+        raise ParseError(
+            f"the memory is not copied from the candidates ({share:.0%} of its words are)",
+            raw=raw,
+        )
 
 
 def _keywords(raw: Sequence[str]) -> tuple[str, ...]:
@@ -151,6 +182,7 @@ def _parse_json(text: str, inputs: ReflectionInput) -> ReflectionVerdict:
     answer = parse_model(text, ReflectionAnswer, [inputs.user_input, *inputs.candidates])
     memory = unescape(answer.memory).strip()
     if answer.enough == "yes" and memory and memory.lower() not in {"nan", "none"}:
+        _check_grounded(memory, inputs.candidates, text)
         return ReflectionVerdict(memory=memory, keywords=())
     keywords = _keywords([unescape(k) for k in answer.keywords])
     if not keywords:

@@ -87,6 +87,9 @@ def _messages(system: str, dialogue: Sequence[str], request: str) -> list[ChatMe
     return [ChatMessage("system", system), ChatMessage("user", user)]
 
 
+_MARKUP = re.compile(r"</?\s*[A-Za-z_][\w ]{0,30}>\s*:?")
+
+
 def parse_session_summary(text: str, dialogue: Sequence[str]) -> str:
     """Validate a model's summary of ``dialogue`` and return it cleaned.
 
@@ -94,7 +97,9 @@ def parse_session_summary(text: str, dialogue: Sequence[str]) -> str:
     letters, when it is a refusal (:data:`REFUSALS`), when it has fewer than
     :data:`MIN_WORDS` words or is only a speaker label (``"user"``, ``"Assistant:"``), or
     when it shares no word of three letters or more with the dialogue (an unrelated or
-    hallucinated reply). A leading ``Summary:`` label and surrounding quotes are removed.
+    hallucinated reply), or when it holds prompt markup such as ``<Context>:`` or
+    ``</user_input>`` (an echoed or forged prompt, contract-suite case "forged-tags").
+    A leading ``Summary:`` label and surrounding quotes are removed.
 
     Raises:
         ParseError: if the reply is garbage.
@@ -107,6 +112,9 @@ def parse_session_summary(text: str, dialogue: Sequence[str]) -> str:
         raise ParseError("the model refused or gave no summary", raw=text)
     if _SPEAKERS.match(cleaned):
         raise ParseError("the summary is only a speaker label", raw=text)
+    if _MARKUP.search(cleaned):
+        # A summary is prose; section tags mean the model echoed or forged prompt markup.
+        raise ParseError("the summary holds prompt markup (tags such as <Context>:)", raw=text)
     if len(_ANY_WORD.findall(cleaned)) < MIN_WORDS:
         raise ParseError(f"the summary has fewer than {MIN_WORDS} words", raw=text)
     source = {w.lower() for w in _WORD.findall("\n".join(dialogue))}
