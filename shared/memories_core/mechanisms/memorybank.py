@@ -111,6 +111,10 @@ def _as_day(day: str | date | datetime) -> str:
     raise InvalidInputError(f"day must be a date, datetime or YYYY-MM-DD, got {day!r}")
 
 
+def _stable_key(record: MemoryRecord) -> str:
+    return f"{record.created_at.isoformat()}|{record.kind}|{record.text[:200]}|{record.id}"
+
+
 def _fit(lines: list[str], limit: int) -> list[str]:
     """Keep the most recent lines whose total length fits ``limit``."""
     kept: list[str] = []
@@ -335,12 +339,16 @@ class MemoryBankMemory(MemoryBase):
         where = {"kind": {"$in": kinds}, "archived": False}
         with self.engine.user_lock(user_id), self.engine.transaction():
             live = self.engine.records(user_id, where=where)
-            chosen = choose_forgotten(
-                ((r.id, curve(r, when)) for r in live),
+            # Draw in an order that does not depend on random record ids, so that a fixed
+            # clock and seed forget the same memories in every replay.
+            keys = {_stable_key(r): r.id for r in live}
+            drawn = choose_forgotten(
+                ((key, curve(r, when)) for r in live for key in [_stable_key(r)]),
                 policy=policy,
                 seed=seed,
                 threshold=threshold,
             )
+            chosen = sorted(keys[key] for key in drawn)
             if chosen and not hard_delete:
                 self.engine.update_state(
                     user_id,
