@@ -19,6 +19,7 @@ except ImportError as exc:
 
 from llamaindex_memories.bridges import CoreEmbedding, LlamaIndexEmbedder, LlamaIndexLLM
 from llamaindex_memories.conditional import ConditionalMemoryBlock, ConditionalMemoryLLM
+from llamaindex_memories.forgetting import ForgettingCurvePostprocessor
 from llamaindex_memories.memory_block import MemoryBlock
 from llamaindex_memories.reflective import SelfReflectiveFilter, SelfReflectiveRetriever
 from llamaindex_memories.retriever import MemoryRetriever
@@ -27,6 +28,7 @@ __all__ = [
     "ConditionalMemoryBlock",
     "ConditionalMemoryLLM",
     "CoreEmbedding",
+    "ForgettingCurvePostprocessor",
     "LlamaIndexEmbedder",
     "LlamaIndexLLM",
     "MemoryBlock",

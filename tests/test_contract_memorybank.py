@@ -64,5 +64,3 @@ class TestMemoryBankContract(MechanismContract):
 
     def make_memory(self, path: Path | None, llm: LLM) -> Mechanism:
         return MemoryBankMemory(path=path, llm=aware(llm), embedder=HashingEmbedder(dimension=64))
-
-

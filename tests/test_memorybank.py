@@ -74,9 +74,7 @@ def test_retention_rejects_bad_input() -> None:
 def test_curve_reads_metadata_of_any_index() -> None:
     curve = ForgettingCurve()
     now = DAY1 + timedelta(days=2)
-    assert curve.of_metadata({"created_at": DAY1.isoformat()}, now) == pytest.approx(
-        math.exp(-2)
-    )
+    assert curve.of_metadata({"created_at": DAY1.isoformat()}, now) == pytest.approx(math.exp(-2))
     assert curve.of_metadata({"timestamp": DAY1.timestamp(), "strength": 2}, now) == (
         pytest.approx(math.exp(-1))
     )
@@ -114,7 +112,7 @@ def test_parsers_reject_garbage(name: str) -> None:
 
 def test_parsers_keep_quotes_of_the_dialogue_and_strip_labels() -> None:
     source = ["user: I'm sorry I was late", "assistant: No worries."]
-    text = "**Summary:** The user said \"I'm sorry I was late\"; the companion reassured them."
+    text = '**Summary:** The user said "I\'m sorry I was late"; the companion reassured them.'
     assert parse_summary(text, source).startswith("The user said")
     assert parse_portrait("Portrait: A polite, anxious person.", source).startswith("A polite")
 
@@ -172,7 +170,7 @@ def _kinds(memory: MemoryBankMemory, kind: str) -> list[Any]:
 
 
 def test_day_rollover_consolidates_the_closed_day_only() -> None:
-    memory, clock = _memory(consolidate_on_session_end=False)
+    memory, _ = _memory(consolidate_on_session_end=False)
     memory.save(_exchange(*DAYS[0], _day(0)), Scope(USER))
     assert not _kinds(memory, "daily_summary")
     assert memory.open_day(USER) == "2023-05-01"

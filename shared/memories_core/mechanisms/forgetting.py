@@ -25,8 +25,10 @@ from memories_core.errors import ConfigurationError, InvalidInputError
 from memories_core.types import MemoryRecord, ensure_utc
 
 __all__ = [
-    "ForgettingCurve",
     "ForgetPolicy",
+    "ForgettingCurve",
+    "Reweighted",
+    "apply_forgetting",
     "choose_forgotten",
     "retention",
 ]
@@ -185,3 +187,58 @@ def choose_forgotten(
         return [item for item, r in items if r < threshold]
     rng = random.Random(seed)
     return [item for item, r in items if rng.random() > r]
+
+
+@dataclass(frozen=True)
+class Reweighted:
+    """One item kept by :func:`apply_forgetting`.
+
+    Attributes:
+        index: Position of the item in the input.
+        score: The new score (``score x R`` when re-weighting), ``None`` if it had none.
+        retention: ``R``, or ``None`` when the item carries no timestamp (kept as it is).
+    """
+
+    index: int
+    score: float | None
+    retention: float | None
+
+
+def apply_forgetting(
+    items: Sequence[tuple[float | None, Mapping[str, Any]]],
+    *,
+    curve: ForgettingCurve,
+    now: datetime,
+    reweight: bool = True,
+    min_retention: float = 0.0,
+) -> list[Reweighted]:
+    """Forgetting at query time over retrieved items of any store (§2.3, without archiving).
+
+    Each item is ``(score, metadata)``; retention comes from the metadata
+    (:meth:`ForgettingCurve.of_metadata`). Items with ``R < min_retention`` are dropped; with
+    ``reweight`` the others' scores become ``score x R`` and they are re-sorted (stable;
+    items without a score keep their place after scored ones). An item without a timestamp
+    is kept unchanged. Scores are taken to be relevances (higher is better, ``>= 0``); an
+    item without a score gets ``1 - position / n`` so that re-weighting can still reorder.
+
+    Returns:
+        The kept items, best first.
+
+    Raises:
+        ConfigurationError: if ``min_retention`` is outside ``[0, 1]``.
+    """
+    if not 0 <= min_retention <= 1:
+        raise ConfigurationError("min_retention must be in [0, 1]")
+    n = max(len(items), 1)
+    kept: list[Reweighted] = []
+    for index, (score, metadata) in enumerate(items):
+        r = curve.of_metadata(metadata, now)
+        if r is not None and r < min_retention:
+            continue
+        if reweight:
+            base = float(score) if score is not None else 1.0 - index / n
+            score = base * r if r is not None else base
+        kept.append(Reweighted(index, score, r))
+    if reweight:
+        kept.sort(key=lambda item: -(item.score or 0.0))
+    return kept

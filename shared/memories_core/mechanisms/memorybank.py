@@ -1,5 +1,4 @@
-"""MemoryBank (Zhong et al., 2024): timestamped turns, hierarchical summaries, a user portrait
-and Ebbinghaus forgetting.
+"""MemoryBank (Zhong et al., 2024): hierarchical summaries, a user portrait and forgetting.
 
 * **Storage** (§2.1 "In-Depth Memory Storage"): every turn is an engine turn record with its
   timestamp; its strength ``S`` (1 when formed) and ``last_recalled_at`` are record *state*,
@@ -27,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
@@ -36,7 +36,7 @@ from memories_core.engine import Derivation, JobFailed, check_scope, default_llm
 from memories_core.errors import ConfigurationError, InvalidInputError, LLMError, ParseError
 from memories_core.interfaces import LLM
 from memories_core.mechanisms.base import MemoryBase
-from memories_core.mechanisms.forgetting import ForgettingCurve, ForgetPolicy, choose_forgotten
+from memories_core.mechanisms.forgetting import ForgetPolicy, ForgettingCurve, choose_forgotten
 from memories_core.parsing import generate_parsed
 from memories_core.prompts.memorybank import (
     build_daily_portrait_messages,
@@ -109,6 +109,10 @@ def _as_day(day: str | date | datetime) -> str:
         except ValueError as exc:
             raise InvalidInputError(f"day must be YYYY-MM-DD, got {day!r}") from exc
     raise InvalidInputError(f"day must be a date, datetime or YYYY-MM-DD, got {day!r}")
+
+
+def _parse_with(parse: Callable[[str, Sequence[str]], str], source: list[str], out: str) -> str:
+    return parse(out, source)
 
 
 def _stable_key(record: MemoryRecord) -> str:
@@ -280,25 +284,37 @@ class MemoryBankMemory(MemoryBase):
         return "\n".join(lines)
 
     def _on_recalled(self, hits: list[ScoredRecord], now: datetime) -> None:
-        """Reinforce what was recalled (§2.3): ``S += 1``, ``t`` reset, count + 1."""
-        if not self.reinforce or not hits:
-            return
-        user_id = hits[0].record.user_id
-        ids = [hit.record.id for hit in hits]
-        with self.engine.user_lock(user_id):
-            # Re-read the state under the user's lock: concurrent recalls must not lose an
-            # increment.
-            with self.engine.transaction():
-                current = self.engine.get(user_id, ids)
-                changes = {
-                    r.id: {
-                        "strength": r.state.strength + 1,
-                        "last_recalled_at": now,
-                        "recall_count": r.state.recall_count + 1,
-                    }
-                    for r in current
+        """Reinforce what was recalled (§2.3), unless ``reinforce`` is off."""
+        if self.reinforce and hits:
+            self.reinforce_records(hits[0].record.user_id, [h.record.id for h in hits], now)
+
+    def reinforce_records(
+        self, user_id: str, ids: Sequence[str], now: datetime | None = None
+    ) -> int:
+        """Reinforce recalled memories (§2.3): ``S += 1``, ``t`` reset, recall count + 1.
+
+        Recalls do this themselves; adapters call it for records that reached the app
+        another way (e.g. the forgetting postprocessor over nodes from this store).
+
+        Returns:
+            How many of ``ids`` were found and reinforced.
+        """
+        check_user_id(user_id)
+        when = ensure_utc(now) if now is not None else self.clock.now()
+        with self.engine.user_lock(user_id), self.engine.transaction():
+            # Read the state under the user's lock: concurrent recalls lose no increment.
+            current = self.engine.get(user_id, list(dict.fromkeys(ids)))
+            changes = {
+                r.id: {
+                    "strength": r.state.strength + 1,
+                    "last_recalled_at": when,
+                    "recall_count": r.state.recall_count + 1,
                 }
-                self.engine.update_state(user_id, changes, reason="recalled", at=now)
+                for r in current
+            }
+            if changes:
+                self.engine.update_state(user_id, changes, reason="recalled", at=when)
+        return len(changes)
 
     # ------------------------------------------------------------------ forgetting (§2.3)
     def retention(self, record: MemoryRecord, now: datetime | None = None) -> float:
@@ -523,7 +539,7 @@ class MemoryBankMemory(MemoryBase):
             text = self._ask(
                 llm,
                 build(lines),
-                lambda out, lines=lines, parse=parse: parse(out, lines),
+                functools.partial(_parse_with, parse, lines),
                 f"memorybank.{kind}",
                 kind.replace("_", " "),
             )
@@ -556,4 +572,3 @@ class MemoryBankMemory(MemoryBase):
 
 def _scope(scope: Any) -> Scope:
     return check_scope(scope)
-

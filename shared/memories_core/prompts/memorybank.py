@@ -154,19 +154,112 @@ _REFUSAL = re.compile(
 )
 _WORD = re.compile(r"[^\W\d_]{4,}", re.UNICODE)
 _STOP = frozenset(
-    """this that with from have they them their there what when where which about would
-    could should been were will your just also into than then some very more most much
-    user assistant companion said says today dialogue summary events day days
-    lorem ipsum dolor amet""".split()
+    [
+        "this",
+        "that",
+        "with",
+        "from",
+        "have",
+        "they",
+        "them",
+        "their",
+        "there",
+        "what",
+        "when",
+        "where",
+        "which",
+        "about",
+        "would",
+        "could",
+        "should",
+        "been",
+        "were",
+        "will",
+        "your",
+        "just",
+        "also",
+        "into",
+        "than",
+        "then",
+        "some",
+        "very",
+        "more",
+        "most",
+        "much",
+        "user",
+        "assistant",
+        "companion",
+        "said",
+        "says",
+        "today",
+        "dialogue",
+        "summary",
+        "events",
+        "day",
+        "days",
+        "lorem",
+        "ipsum",
+        "dolor",
+        "amet",
+    ]
 )
 #: Words any honest note on personality or emotion may use without echoing the dialogue.
 _TRAITS = frozenset(
-    """happy sad anxious anxiety stressed stress worried calm excited curious kind gentle shy
-    friendly outgoing introverted extroverted confident insecure lonely tired frustrated
-    angry grateful hopeful optimistic pessimistic caring thoughtful creative ambitious
-    decisive straightforward outspoken helpful patient impatient emotional sensitive
-    positive negative cheerful relaxed nervous enthusiastic passionate open reserved
-    motivated determined warm humorous polite""".split()
+    [
+        "happy",
+        "sad",
+        "anxious",
+        "anxiety",
+        "stressed",
+        "stress",
+        "worried",
+        "calm",
+        "excited",
+        "curious",
+        "kind",
+        "gentle",
+        "shy",
+        "friendly",
+        "outgoing",
+        "introverted",
+        "extroverted",
+        "confident",
+        "insecure",
+        "lonely",
+        "tired",
+        "frustrated",
+        "angry",
+        "grateful",
+        "hopeful",
+        "optimistic",
+        "pessimistic",
+        "caring",
+        "thoughtful",
+        "creative",
+        "ambitious",
+        "decisive",
+        "straightforward",
+        "outspoken",
+        "helpful",
+        "patient",
+        "impatient",
+        "emotional",
+        "sensitive",
+        "positive",
+        "negative",
+        "cheerful",
+        "relaxed",
+        "nervous",
+        "enthusiastic",
+        "passionate",
+        "open",
+        "reserved",
+        "motivated",
+        "determined",
+        "warm",
+        "humorous",
+        "polite",
+    ]
 )
 
 
@@ -250,7 +343,8 @@ _EMOTIONS = {
     "enjoy": "enthusiastic",
 }
 _INTEREST = re.compile(
-    r"\bi (?:really |also )?(?:enjoy|love)\s+([a-z][a-z \-]{2,40})|\binterested in\s+([a-z][a-z \-]{2,40})",
+    r"\bi (?:really |also )?(?:enjoy|love)\s+([a-z][a-z \-]{2,40})"
+    r"|\binterested in\s+([a-z][a-z \-]{2,40})",
     re.I,
 )
 
@@ -266,7 +360,8 @@ def _first_sentence(text: str, limit: int = 160) -> str:
 
 
 def _speaker_lines(lines: Sequence[str]) -> tuple[list[str], list[str]]:
-    said, answered = [], []
+    said: list[str] = []
+    answered: list[str] = []
     for line in lines:
         who, _, content = line.partition(": ")
         (said if who.strip().lower() in ("user", "human") else answered).append(content or who)
