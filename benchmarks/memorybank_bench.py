@@ -231,6 +231,14 @@ def latency(rows: int = 10_000, queries: int = 200) -> dict[str, Any]:
 def markdown(results: dict[str, Any]) -> str:
     """The BENCHMARKS.md tables."""
     lines: list[str] = []
+    if "machine" in results:
+        m = results["machine"]
+        lines += [
+            f"Machine: {m['nproc']} CPUs ({m['cpu']}), {m['ram']}, "
+            f"load {m['load_avg_1min_at_start']} at start; code {m['code']}; "
+            f"Python {m['python']}.",
+            "",
+        ]
     ing = results["ingest"]
     lines += [
         f"Ingest: {ing['users']} users x {ing['days']} days, {ing['turns']} turns in "
@@ -298,7 +306,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from memories_core.embedders import SentenceTransformerEmbedder
 
         embedder = SentenceTransformerEmbedder()
-    results: dict[str, Any] = {"ingest": ingest(args.memorybank, embedder)}
+    from machine_info import machine
+
+    results: dict[str, Any] = {"machine": machine(), "ingest": ingest(args.memorybank, embedder)}
     if not args.skip_locomo:
         results["locomo"] = locomo(args.locomo, args.minilm)
     results["latency"] = latency(args.rows)
