@@ -216,8 +216,8 @@ def apply_forgetting(
 
     Each item is ``(score, metadata)``; retention comes from the metadata
     (:meth:`ForgettingCurve.of_metadata`). Items with ``R < min_retention`` are dropped; with
-    ``reweight`` the others' scores become ``score x R`` and they are re-sorted (stable;
-    items without a score keep their place after scored ones). An item without a timestamp
+    ``reweight`` the others' scores become ``score x R`` and they are re-sorted (stable).
+    An item without a timestamp
     is kept unchanged. Scores are taken to be relevances (higher is better, ``>= 0``); an
     item without a score gets ``1 - position / n`` so that re-weighting can still reorder.
 
