@@ -203,10 +203,19 @@ def latency(rows: int = 10_000, queries: int = 200) -> dict[str, Any]:
     ]
     memory.engine.add_records(records)
     on, off = memory.recall_pipeline(forgetting=True), memory.recall_pipeline(forgetting=False)
+    kinds = memory.recall_kinds
     out: dict[str, Any] = {"records": rows, "queries": queries}
     for label, run in (
         ("search, forgetting off", lambda q: memory.engine.search(q, "u", k=5, pipeline=off)),
         ("search, forgetting on", lambda q: memory.engine.search(q, "u", k=5, pipeline=on)),
+        (
+            "search of recall's kinds (turn, daily_summary), forgetting off",
+            lambda q: memory.engine.search(q, "u", k=5, kinds=kinds, pipeline=off),
+        ),
+        (
+            "search of recall's kinds (turn, daily_summary), forgetting on",
+            lambda q: memory.engine.search(q, "u", k=5, kinds=kinds, pipeline=on),
+        ),
         ("recall (forgetting on, reinforce, context)", lambda q: memory.recall(q, Scope("u"))),
     ):
         for i in range(10):  # warm up
@@ -299,7 +308,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--minilm", action="store_true", help="MiniLM for ingest and LoCoMo")
     parser.add_argument("--skip-locomo", action="store_true")
     parser.add_argument("--rows", type=int, default=10_000)
-    parser.add_argument("--json", type=Path, default=OUT / "memorybank_bench.json")
+    parser.add_argument(
+        "--json", type=Path, default=None, help="default: out/memorybank_bench*.json"
+    )
     args = parser.parse_args(argv)
     embedder: Embedder = HashingEmbedder()
     if args.minilm:
@@ -312,8 +323,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.skip_locomo:
         results["locomo"] = locomo(args.locomo, args.minilm)
     results["latency"] = latency(args.rows)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=2, default=str))
+    stem = "memorybank_bench_minilm" if args.minilm else "memorybank_bench"
+    target = args.json or OUT / f"{stem}.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(results, indent=2, default=str))
+    target.with_suffix(".md").write_text(markdown(results) + "\n")
     print(markdown(results))
     return 0
 
