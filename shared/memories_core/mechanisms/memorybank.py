@@ -30,7 +30,7 @@ import functools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from memories_core.engine import Derivation, JobFailed, check_scope, default_llm
 from memories_core.errors import ConfigurationError, InvalidInputError, LLMError, ParseError
@@ -58,6 +58,9 @@ from memories_core.types import (
     ensure_utc,
     new_id,
 )
+
+if TYPE_CHECKING:
+    from memories_core.retrieval import Pipeline
 
 __all__ = [
     "DAILY_PORTRAIT",
@@ -207,7 +210,7 @@ class MemoryBankMemory(MemoryBase):
             self.pipeline = self.recall_pipeline(forgetting=forgetting_weight > 0)
 
     # ------------------------------------------------------------------ configuration
-    def recall_pipeline(self, *, forgetting: bool = True) -> Any:
+    def recall_pipeline(self, *, forgetting: bool = True) -> Pipeline:
         """The retrieval pipeline of recalls, with or without the forgetting re-weighting.
 
         Dense + lexical fusion and context spreading (the engine's defaults), then
