@@ -23,6 +23,7 @@ except ImportError as exc:
 
 from langchain_memories.bridges import CoreEmbeddings, LangChainEmbedder, LangChainLLM
 from langchain_memories.conditional import ConditionalMemoryChat
+from langchain_memories.forgetting import ForgettingCurveRetriever
 from langchain_memories.legacy import LegacyChainMemory
 from langchain_memories.middleware import MemoryMiddleware
 from langchain_memories.reflective import SelfReflectiveRetriever
@@ -33,6 +34,7 @@ from langchain_memories.tools import create_memory_tools
 __all__ = [
     "ConditionalMemoryChat",
     "CoreEmbeddings",
+    "ForgettingCurveRetriever",
     "LangChainEmbedder",
     "LangChainLLM",
     "LegacyChainMemory",

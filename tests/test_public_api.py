@@ -19,6 +19,7 @@ EXPECTED_ALL = [
     "InvalidInputError",
     "LLMError",
     "MemoriesError",
+    "MemoryBankMemory",
     "MemoryBase",
     "MemoryEngine",
     "MemoryRecord",

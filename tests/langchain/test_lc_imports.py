@@ -11,6 +11,7 @@ from memories_core import MissingExtraError
 EXPECTED_ALL = [
     "ConditionalMemoryChat",
     "CoreEmbeddings",
+    "ForgettingCurveRetriever",
     "LangChainEmbedder",
     "LangChainLLM",
     "LegacyChainMemory",

@@ -3,6 +3,7 @@
 from memories_core.mechanisms.base import MemoryBase
 from memories_core.mechanisms.conditional import ConditionalMemory, ConditionalReply
 from memories_core.mechanisms.history import HistoryMemory
+from memories_core.mechanisms.memorybank import ForgetReport, MemoryBankMemory
 from memories_core.mechanisms.multiview import MultiViewMemory
 from memories_core.mechanisms.reflection import (
     ReflectionResult,
@@ -14,7 +15,9 @@ from memories_core.mechanisms.summary import SummaryMemory
 __all__ = [
     "ConditionalMemory",
     "ConditionalReply",
+    "ForgetReport",
     "HistoryMemory",
+    "MemoryBankMemory",
     "MemoryBase",
     "MultiViewMemory",
     "ReflectionResult",

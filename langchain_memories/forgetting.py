@@ -1,0 +1,127 @@
+"""MemoryBank's forgetting curve (Zhong et al., §2.3) around any LangChain retriever.
+
+The curve and the re-weighting rule live in :mod:`memories_core.mechanisms.forgetting`; this
+module only converts documents.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import datetime, timedelta
+from typing import Any
+
+from langchain_core.callbacks import (
+    AsyncCallbackManagerForRetrieverRun,
+    CallbackManagerForRetrieverRun,
+)
+from langchain_core.documents import Document
+from langchain_core.retrievers import BaseRetriever
+from pydantic import ConfigDict, Field
+
+from memories_core.mechanisms.forgetting import ForgettingCurve, apply_forgetting
+from memories_core.types import ensure_utc, utcnow
+
+__all__ = ["ForgettingCurveRetriever"]
+
+
+class ForgettingCurveRetriever(BaseRetriever):
+    """Any retriever, its documents re-weighted (``score x R``) or dropped by ``R = exp(-t/S)``.
+
+    The wrapped retriever searches; each document's retention comes from its metadata:
+    ``created_at`` or ``timestamp`` (ISO 8601, datetime or Unix seconds), optionally
+    ``strength`` (default 1) and ``last_recalled_at``. Documents without a timestamp pass
+    unchanged. The score is ``metadata["score"]`` when present, else ``1 - position / n``.
+    Returned documents are copies whose metadata adds ``retention`` and the new ``score``.
+
+    Reinforcement (§2.3) is written back for documents from our store (metadata
+    ``record_id`` and ``user_id``) when ``memory`` (a ``MemoryBankMemory``) is given; leave it
+    out for documents that came through ``memory.recall``, which reinforces by itself.
+
+    Key init args:
+        base_retriever: Any LangChain retriever (``vectorstore.as_retriever()``, ...).
+        unit: One unit of ``t`` (default: a day).
+        scale: Curve stretch (1: the paper's curve).
+        reweight: Multiply scores by ``R`` and re-sort (``False``: only drop).
+        min_retention: Drop documents with ``R`` below this.
+        memory: A ``MemoryBankMemory`` to write reinforcement back to.
+        now: Fixed time of the evaluation (default: the memory's clock, else the wall clock).
+
+    Use in a chain:
+        .. code-block:: python
+
+            from langchain_memories import ForgettingCurveRetriever
+
+            retriever = ForgettingCurveRetriever(
+                base_retriever=vectorstore.as_retriever(), min_retention=0.05
+            )
+            chain = {"context": retriever | format_docs, "question": RunnablePassthrough()} | ...
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    base_retriever: BaseRetriever = Field(description="The retriever whose documents fade.")
+    unit: timedelta = Field(default=timedelta(days=1), description="One unit of t.")
+    scale: float = Field(default=1.0, gt=0, description="Stretch of the curve exp(-t/(scale*S)).")
+    reweight: bool = Field(default=True, description="Multiply scores by the retention.")
+    min_retention: float = Field(
+        default=0.0, ge=0, le=1, description="Drop documents whose retention is below this."
+    )
+    memory: Any = Field(default=None, description="MemoryBankMemory to write reinforcement to.")
+    now: datetime | None = Field(default=None, description="Fixed evaluation time.")
+
+    def _now(self) -> datetime:
+        if self.now is not None:
+            return ensure_utc(self.now)
+        if self.memory is not None:
+            return ensure_utc(self.memory.clock.now())
+        return utcnow()
+
+    def _forget(self, docs: list[Document]) -> list[Document]:
+        now = self._now()
+        kept = apply_forgetting(
+            [(_score(d), d.metadata) for d in docs],
+            curve=ForgettingCurve(unit=self.unit, scale=self.scale),
+            now=now,
+            reweight=self.reweight,
+            min_retention=self.min_retention,
+        )
+        out: list[Document] = []
+        recalled: dict[str, list[str]] = defaultdict(list)
+        for item in kept:
+            doc = docs[item.index]
+            extra: dict[str, Any] = {}
+            if item.retention is not None:
+                extra["retention"] = item.retention
+            if self.reweight and item.score is not None:
+                extra["score"] = item.score
+            out.append(
+                Document(
+                    page_content=doc.page_content, metadata={**doc.metadata, **extra}, id=doc.id
+                )
+            )
+            meta = doc.metadata
+            if isinstance(meta.get("record_id"), str) and isinstance(meta.get("user_id"), str):
+                recalled[meta["user_id"]].append(meta["record_id"])
+        if self.memory is not None:
+            for user_id, ids in recalled.items():
+                self.memory.reinforce_records(user_id, ids, now)
+        return out
+
+    def _get_relevant_documents(
+        self, query: str, *, run_manager: CallbackManagerForRetrieverRun
+    ) -> list[Document]:
+        docs = self.base_retriever.invoke(query, config={"callbacks": run_manager.get_child()})
+        return self._forget(docs)
+
+    async def _aget_relevant_documents(
+        self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun
+    ) -> list[Document]:
+        docs = await self.base_retriever.ainvoke(
+            query, config={"callbacks": run_manager.get_child()}
+        )
+        return self._forget(docs)
+
+
+def _score(doc: Document) -> float | None:
+    value = doc.metadata.get("score")
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

@@ -1,0 +1,577 @@
+"""MemoryBank (Zhong et al., 2024): hierarchical summaries, a user portrait and forgetting.
+
+* **Storage** (§2.1 "In-Depth Memory Storage"): every turn is an engine turn record with its
+  timestamp; its strength ``S`` (1 when formed) and ``last_recalled_at`` are record *state*,
+  changed with ``engine.update_state`` and never re-embedded.
+* **Hierarchical event summary and portrait** (§2.1): per user and UTC day, a daily event
+  summary and a daily personality/emotion note; from all daily records, one global event
+  summary and one global user portrait. They are engine jobs (one per day, key
+  ``day:<YYYY-MM-DD>``), created in the transaction of the turns that close a day (a save
+  whose turns are dated after the user's open day), of a session end (its days are
+  refreshed; ``consolidate_on_session_end``) or by :meth:`MemoryBankMemory.consolidate`.
+  A day job writes its day's two records and replaces the two global ones; it never
+  re-summarises another day. Finished steps are kept in the job's payload, so a retry after a
+  failure repeats only the failed model call; turns are written before any of this.
+* **Retrieval** (§2.2): turns and daily summaries are searched together on one score scale;
+  the rendered context holds the relevant memories, the global portrait and the global event
+  summary, as SiliconFriend's prompt does (§3, "Integration with MemoryBank").
+* **Forgetting** (§2.3): at query time a :class:`~memories_core.retrieval.TimeDecay` reranker
+  multiplies relevance by the retention ``R = exp(-t / S)`` (:mod:`.forgetting`); what is
+  recalled is reinforced (``S += 1``, ``t`` reset, in the ``on_recalled`` hook);
+  :meth:`MemoryBankMemory.forget` archives memories by a stochastic (seeded) or threshold
+  policy in one transaction, restorable with :meth:`MemoryBankMemory.restore`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+from memories_core.engine import Derivation, JobFailed, check_scope, default_llm
+from memories_core.errors import ConfigurationError, InvalidInputError, LLMError, ParseError
+from memories_core.interfaces import LLM
+from memories_core.mechanisms.base import MemoryBase
+from memories_core.mechanisms.forgetting import ForgetPolicy, ForgettingCurve, choose_forgotten
+from memories_core.parsing import generate_parsed
+from memories_core.prompts.memorybank import (
+    build_daily_portrait_messages,
+    build_daily_summary_messages,
+    build_global_portrait_messages,
+    build_global_summary_messages,
+    parse_portrait,
+    parse_summary,
+)
+from memories_core.types import (
+    ChatMessage,
+    Job,
+    JobSpec,
+    MemoryRecord,
+    Recall,
+    Scope,
+    ScoredRecord,
+    check_user_id,
+    ensure_utc,
+    new_id,
+)
+
+if TYPE_CHECKING:
+    from memories_core.retrieval import Pipeline
+
+__all__ = [
+    "DAILY_PORTRAIT",
+    "DAILY_SUMMARY",
+    "GLOBAL_PORTRAIT",
+    "GLOBAL_SUMMARY",
+    "ForgetReport",
+    "MemoryBankMemory",
+]
+
+#: Record kinds MemoryBank derives (§2.1).
+DAILY_SUMMARY = "daily_summary"
+DAILY_PORTRAIT = "daily_portrait"
+GLOBAL_SUMMARY = "global_summary"
+GLOBAL_PORTRAIT = "global_portrait"
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ForgetReport:
+    """What one :meth:`MemoryBankMemory.forget` did.
+
+    Attributes:
+        considered: Live memories whose retention was computed.
+        forgotten: Ids forgotten (archived, or deleted if ``hard_deleted``), in id order.
+        hard_deleted: Whether they were deleted rather than archived.
+        policy: The policy applied.
+    """
+
+    considered: int
+    forgotten: tuple[str, ...]
+    hard_deleted: bool
+    policy: str
+
+
+def _day(when: datetime) -> str:
+    return ensure_utc(when).date().isoformat()
+
+
+def _as_day(day: str | date | datetime) -> str:
+    if isinstance(day, datetime):
+        return _day(day)
+    if isinstance(day, date):
+        return day.isoformat()
+    if isinstance(day, str):
+        try:
+            return date.fromisoformat(day.strip()).isoformat()
+        except ValueError as exc:
+            raise InvalidInputError(f"day must be YYYY-MM-DD, got {day!r}") from exc
+    raise InvalidInputError(f"day must be a date, datetime or YYYY-MM-DD, got {day!r}")
+
+
+def _parse_with(parse: Callable[[str, Sequence[str]], str], source: list[str], out: str) -> str:
+    return parse(out, source)
+
+
+def _stable_key(record: MemoryRecord) -> str:
+    return f"{record.created_at.isoformat()}|{record.kind}|{record.text[:200]}|{record.id}"
+
+
+def _fit(lines: list[str], limit: int) -> list[str]:
+    """Keep the most recent lines whose total length fits ``limit``."""
+    kept: list[str] = []
+    total = 0
+    for line in reversed(lines):
+        total += len(line) + 1
+        if kept and total > limit:
+            break
+        kept.append(line)
+    return list(reversed(kept))
+
+
+class MemoryBankMemory(MemoryBase):
+    """MemoryBank: see the module docstring (Zhong et al., §2.1-2.3, §3).
+
+    Setup:
+        Nothing to install. Give a real ``llm`` for real summaries; offline,
+        ``ScriptedLLM(default=memorybank_reply)`` (:mod:`memories_core.prompts.memorybank`)
+        answers the four prompts by rule.
+
+    Key init args:
+        llm: Writes summaries and portraits (default: the engine's, else the bundled model).
+        k: Memories recalled by default.
+        unit: One unit of ``t`` in ``R = exp(-t / (scale * S))`` (default: a day).
+        scale: Curve stretch (1: the paper's curve).
+        forgetting_weight: Strength of the query-time re-weighting (1: ``score x R``; 0: off).
+        summaries_decay: Whether daily summaries fade and can be forgotten like turns.
+        reinforce: Raise ``S`` and reset ``t`` of recalled memories (§2.3).
+        consolidate_on_session_end: Refresh a day's summary and note when a session of that
+            day ends (else only on day rollover or :meth:`consolidate`).
+        max_dialogue_chars: Longest input of one summary call (most recent part kept).
+        **kwargs: Engine or storage options of :class:`~memories_core.mechanisms.base.MemoryBase`.
+
+    Instantiate, save, recall:
+        .. code-block:: python
+
+            from memories_core import FixedClock, MemoryBankMemory, Scope, Turn
+            from memories_core.embedders import HashingEmbedder
+            from memories_core.llms import ScriptedLLM
+            from memories_core.prompts.memorybank import memorybank_reply
+
+            memory = MemoryBankMemory(
+                llm=ScriptedLLM(default=memorybank_reply), embedder=HashingEmbedder()
+            )
+            memory.save([Turn("user", "I feel stressed", timestamp=monday)], Scope("gary"))
+            memory.consolidate("gary")             # or wait for the next day's first save
+            print(memory.recall("stress", Scope("gary")).context)
+            memory.forget("gary", policy="threshold", threshold=0.05)
+
+    Raises:
+        ConfigurationError: on a bad ``unit``, ``scale`` or ``forgetting_weight``.
+    """
+
+    mechanism_name: ClassVar[str] = "memorybank"
+    recall_kinds: ClassVar[tuple[str, ...]] = ("turn", DAILY_SUMMARY)
+    index_turns: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        *,
+        llm: LLM | None = None,
+        k: int = 5,
+        unit: timedelta = timedelta(days=1),
+        scale: float = 1.0,
+        forgetting_weight: float = 1.0,
+        summaries_decay: bool = False,
+        reinforce: bool = True,
+        consolidate_on_session_end: bool = True,
+        max_dialogue_chars: int = 12_000,
+        **kwargs: Any,
+    ) -> None:
+        if not 0 <= forgetting_weight <= 1:
+            raise ConfigurationError("forgetting_weight must be in [0, 1]")
+        engine = kwargs.get("engine")
+        if llm is None and (engine is None or engine.llm is None):
+            llm = default_llm()
+        decaying = None if summaries_decay else frozenset({"turn"})
+        self.curve = ForgettingCurve(unit=unit, scale=scale, kinds=decaying)
+        self.forgetting_weight = forgetting_weight
+        self.summaries_decay = summaries_decay
+        self.reinforce = reinforce
+        self.consolidate_on_session_end = consolidate_on_session_end
+        self.max_dialogue_chars = max_dialogue_chars
+        super().__init__(k=k, llm=llm, **kwargs)
+        if self.pipeline is None:
+            self.pipeline = self.recall_pipeline(forgetting=forgetting_weight > 0)
+
+    # ------------------------------------------------------------------ configuration
+    def recall_pipeline(self, *, forgetting: bool = True) -> Pipeline:
+        """The retrieval pipeline of recalls, with or without the forgetting re-weighting.
+
+        Dense + lexical fusion and context spreading (the engine's defaults), then
+        ``TimeDecay(factor=self.curve, weight=forgetting_weight)`` if ``forgetting``.
+        """
+        from memories_core.retrieval import TimeDecay
+
+        base = (self.fusion or self.engine.retriever.fusion).pipeline()
+        if not forgetting or self.forgetting_weight == 0:
+            return base
+        decay = TimeDecay(factor=self.curve, weight=self.forgetting_weight)
+        return dataclasses.replace(base, rerankers=(*base.rerankers, decay))
+
+    @property
+    def _open_day_key(self) -> str:
+        return f"{self.name}.open_day"
+
+    def open_day(self, user_id: str) -> str | None:
+        """The user's day still being talked about (not consolidated by rollover yet)."""
+        value = self.store.get_state(self._open_day_key, user_id=check_user_id(user_id))
+        return None if value is None else str(value)
+
+    # ------------------------------------------------------------------ recall (§2.2)
+    def recall(
+        self, query: str, scope: Scope, *, k: int | None = None, now: datetime | None = None
+    ) -> Recall:
+        """Recall turns and daily summaries; the context adds the portrait and global summary.
+
+        Recalled memories are reinforced (``S += 1``, ``last_recalled_at = now``).
+
+        Raises:
+            InvalidInputError: on an empty query or a bad ``k``.
+            MissingUserError: if ``scope`` has no user.
+        """
+        hits = self._search(query, _scope(scope), k=self.default_k if k is None else k, now=now)
+        return Recall(
+            query=query, records=tuple(hits), context=self._context(scope.user_id, hits, now)
+        )
+
+    def portrait(self, user_id: str) -> str | None:
+        """The user's global portrait (§2.1), or ``None`` before the first consolidation."""
+        return self._latest(user_id, GLOBAL_PORTRAIT)
+
+    def global_summary(self, user_id: str) -> str | None:
+        """The user's global event summary (§2.1), or ``None`` before the first one."""
+        return self._latest(user_id, GLOBAL_SUMMARY)
+
+    def _latest(self, user_id: str, kind: str) -> str | None:
+        found = self.engine.records(check_user_id(user_id), where={"kind": kind})
+        live = [r for r in found if not r.state.archived]
+        return live[-1].text if live else None
+
+    def _context(self, user_id: str, hits: Sequence[ScoredRecord], now: datetime | None) -> str:
+        parts: list[str] = []
+        if hits:
+            parts.append("Relevant memories:\n" + self._render(hits))
+        portrait = self.portrait(user_id)
+        if portrait:
+            parts.append(f"User portrait: {portrait}")
+        summary = self.global_summary(user_id)
+        if summary:
+            parts.append(f"Summary of past events: {summary}")
+        return "\n\n".join(parts)
+
+    def _render(self, hits: Sequence[ScoredRecord]) -> str:
+        lines = []
+        for hit in hits:
+            record = hit.record
+            if record.kind == "turn":
+                lines.append(f"[{record.created_at:%Y-%m-%d %H:%M}] {record.text}")
+            else:
+                day = record.metadata.get("day", f"{record.created_at:%Y-%m-%d}")
+                lines.append(f"[{day}, summary of the day] {record.text}")
+        return "\n".join(lines)
+
+    def _on_recalled(self, hits: list[ScoredRecord], now: datetime) -> None:
+        """Reinforce what was recalled (§2.3), unless ``reinforce`` is off."""
+        if self.reinforce and hits:
+            self.reinforce_records(hits[0].record.user_id, [h.record.id for h in hits], now)
+
+    def reinforce_records(
+        self, user_id: str, ids: Sequence[str], now: datetime | None = None
+    ) -> int:
+        """Reinforce recalled memories (§2.3): ``S += 1``, ``t`` reset, recall count + 1.
+
+        Recalls do this themselves; adapters call it for records that reached the app
+        another way (e.g. the forgetting postprocessor over nodes from this store).
+
+        Returns:
+            How many of ``ids`` were found and reinforced.
+        """
+        check_user_id(user_id)
+        when = ensure_utc(now) if now is not None else self.clock.now()
+        with self.engine.user_lock(user_id), self.engine.transaction():
+            # Read the state under the user's lock: concurrent recalls lose no increment.
+            current = self.engine.get(user_id, list(dict.fromkeys(ids)))
+            changes = {
+                r.id: {
+                    "strength": r.state.strength + 1,
+                    "last_recalled_at": when,
+                    "recall_count": r.state.recall_count + 1,
+                }
+                for r in current
+            }
+            if changes:
+                self.engine.update_state(user_id, changes, reason="recalled", at=when)
+        return len(changes)
+
+    # ------------------------------------------------------------------ forgetting (§2.3)
+    def retention(self, record: MemoryRecord, now: datetime | None = None) -> float:
+        """Retention ``R`` of a record at ``now`` (whatever its kind)."""
+        curve = dataclasses.replace(self.curve, kinds=None)
+        return curve(record, ensure_utc(now) if now is not None else self.clock.now())
+
+    def forget(
+        self,
+        user_id: str,
+        now: datetime | None = None,
+        *,
+        policy: ForgetPolicy = "stochastic",
+        seed: int | None = None,
+        threshold: float = 0.1,
+        hard_delete: bool = False,
+        include_summaries: bool | None = None,
+    ) -> ForgetReport:
+        """Forget memories of ``user_id`` by the forgetting curve (§2.3).
+
+        Each live turn (and daily summary and note, if ``include_summaries``; default:
+        ``summaries_decay``) gets its retention at ``now``; ``policy`` picks what to forget
+        (:func:`~memories_core.mechanisms.forgetting.choose_forgotten`: ``"stochastic"``
+        draws from ``random.Random(seed)``, ``"threshold"`` forgets ``R < threshold``).
+        Forgotten memories are archived (``reason="forgotten (<policy>)"``) in one
+        transaction: never recalled, listed by :meth:`forgotten`, restorable with
+        :meth:`restore`. ``hard_delete=True`` deletes them instead (kept in the history).
+        Global summaries and portraits are never forgotten.
+
+        Returns:
+            A :class:`ForgetReport`.
+        """
+        check_user_id(user_id)
+        when = ensure_utc(now) if now is not None else self.clock.now()
+        include = self.summaries_decay if include_summaries is None else include_summaries
+        kinds = ["turn", DAILY_SUMMARY, DAILY_PORTRAIT] if include else ["turn"]
+        curve = dataclasses.replace(self.curve, kinds=None)
+        where = {"kind": {"$in": kinds}, "archived": False}
+        with self.engine.user_lock(user_id), self.engine.transaction():
+            live = self.engine.records(user_id, where=where)
+            # Draw in an order that does not depend on random record ids, so that a fixed
+            # clock and seed forget the same memories in every replay.
+            keys = {_stable_key(r): r.id for r in live}
+            drawn = choose_forgotten(
+                ((key, curve(r, when)) for r in live for key in [_stable_key(r)]),
+                policy=policy,
+                seed=seed,
+                threshold=threshold,
+            )
+            chosen = sorted(keys[key] for key in drawn)
+            if chosen and not hard_delete:
+                self.engine.update_state(
+                    user_id,
+                    {item: {"archived": True} for item in chosen},
+                    reason=f"forgotten ({policy})",
+                    at=when,
+                )
+        if chosen and hard_delete:
+            self.engine.delete_records(user_id, chosen, reason=f"forgotten ({policy})")
+        return ForgetReport(len(live), tuple(chosen), hard_delete and bool(chosen), policy)
+
+    def forgotten(self, user_id: str) -> list[MemoryRecord]:
+        """The user's archived (forgotten) memories, oldest first."""
+        return self.engine.records(check_user_id(user_id), where={"archived": True})
+
+    def restore(self, user_id: str, ids: Sequence[str] | None = None) -> int:
+        """Bring forgotten memories back (all of the user's, or ``ids``); returns how many.
+
+        Restored memories keep their strength; ``t`` still counts from their last recall.
+        """
+        check_user_id(user_id)
+        with self.engine.user_lock(user_id), self.engine.transaction():
+            archived = {r.id for r in self.forgotten(user_id)}
+            chosen = sorted(archived if ids is None else archived & set(ids))
+            if chosen:
+                self.engine.update_state(
+                    user_id, {item: {"archived": False} for item in chosen}, reason="restored"
+                )
+        return len(chosen)
+
+    async def aforget(self, user_id: str, now: datetime | None = None, **kwargs: Any) -> Any:
+        """Async twin of :meth:`forget`."""
+        return await asyncio.to_thread(self.forget, user_id, now, **kwargs)
+
+    # ------------------------------------------------------------------ consolidation (§2.1)
+    def consolidate(self, user_id: str | Scope, day: str | date | datetime | None = None) -> int:
+        """Summarise ``day`` (default: the open day) now and refresh the global records.
+
+        Returns:
+            How many of this memory's jobs remain pending for the user (0 if all succeeded).
+        """
+        user = user_id.user_id if isinstance(user_id, Scope) else check_user_id(user_id)
+        target = _as_day(day) if day is not None else self.open_day(user)
+        if target is None:
+            return len(self.pending(user))
+        self.engine.enqueue(user, [self._day_job(target)])
+        first = [j.id for j in self.pending(user) if j.key == f"day:{target}"]
+        return self.engine.run_pending(user, first=first, mechanism=self.name)
+
+    async def aconsolidate(
+        self, user_id: str | Scope, day: str | date | datetime | None = None
+    ) -> int:
+        """Async twin of :meth:`consolidate`."""
+        return await asyncio.to_thread(self.consolidate, user_id, day)
+
+    def _day_job(self, day: str) -> JobSpec:
+        return JobSpec(self.name, "day", f"day:{day}", {"day": day})
+
+    def _turn_jobs(self, records: Sequence[MemoryRecord]) -> Iterable[JobSpec]:
+        """Close the days these turns end (inside the save's transaction, no model calls).
+
+        A turn dated after the user's open day closes it (and any day in between that these
+        turns touch); a late turn of an already closed day refreshes that day.
+        """
+        if not records:
+            return []
+        user_id = records[0].user_id
+        days = sorted({_day(r.created_at) for r in records})
+        opened = self.open_day(user_id)
+        newest = days[-1]
+        if opened is None:
+            closing = set(days[:-1])
+            open_day = newest
+        else:
+            closing = {d for d in days if d != newest and d != opened}
+            if newest > opened:
+                closing.add(opened)
+            open_day = max(opened, newest)
+            if newest < opened:
+                closing.add(newest)
+        if open_day != opened:
+            self.store.set_state(self._open_day_key, open_day, user_id=user_id)
+        return [self._day_job(d) for d in sorted(closing)]
+
+    def _session_jobs(self, user_id: str, session_id: str) -> Iterable[JobSpec]:
+        if not self.consolidate_on_session_end:
+            return []
+        turns = self.engine.records(user_id, where={"kind": "turn", "session_id": session_id})
+        return [self._day_job(d) for d in sorted({_day(r.created_at) for r in turns})]
+
+    def _run_job(self, job: Job) -> Derivation | None:
+        user_id = job.user_id
+        day = str(job.payload["day"])
+        start = datetime.fromisoformat(day).replace(tzinfo=timezone.utc)
+        turns = self.engine.records(
+            user_id, where={"kind": "turn"}, since=start, until=start + timedelta(days=1)
+        )
+        old_daily = [
+            r.id
+            for r in self.engine.records(
+                user_id, where={"kind": {"$in": [DAILY_SUMMARY, DAILY_PORTRAIT]}, "day": day}
+            )
+        ]
+        if not turns:
+            return Derivation(replace=old_daily) if old_daily else None
+        llm = self._llm(Scope(user_id))
+        dialogue = _fit([r.text[:2000] for r in turns], self.max_dialogue_chars)
+        basis = f"{len(turns)}:{turns[-1].id}"
+        payload: dict[str, Any] = dict(job.payload)
+        if payload.get("basis") != basis:  # new turns since a failed attempt: start over
+            payload = {"day": day, "basis": basis}
+        if "summary" not in payload:
+            payload["summary"] = self._ask(
+                llm,
+                build_daily_summary_messages(day, dialogue),
+                lambda out: parse_summary(out, dialogue),
+                "memorybank.daily_summary",
+                f"daily summary of {day}",
+            )
+            self.engine.update_job(job, payload)
+        if "portrait" not in payload:
+            payload["portrait"] = self._ask(
+                llm,
+                build_daily_portrait_messages(day, dialogue),
+                lambda out: parse_portrait(out, dialogue),
+                "memorybank.daily_portrait",
+                f"personality note of {day}",
+            )
+            self.engine.update_job(job, payload)
+        at = turns[-1].created_at
+        meta = {"day": day, "turn_count": len(turns)}
+        sources = tuple(r.id for r in turns)
+        daily_summary = MemoryRecord(
+            new_id(), user_id, DAILY_SUMMARY, payload["summary"], at, None, meta, sources
+        )
+        daily_portrait = MemoryRecord(
+            new_id(), user_id, DAILY_PORTRAIT, payload["portrait"], at, None, meta, sources
+        )
+        globals_ = self._globals(llm, user_id, day, daily_summary, daily_portrait)
+        old_globals = [
+            r.id
+            for r in self.engine.records(
+                user_id, where={"kind": {"$in": [GLOBAL_SUMMARY, GLOBAL_PORTRAIT]}}
+            )
+        ]
+        return Derivation(
+            add=[daily_summary, daily_portrait, *globals_], replace=[*old_daily, *old_globals]
+        )
+
+    def _globals(
+        self,
+        llm: LLM,
+        user_id: str,
+        day: str,
+        summary: MemoryRecord,
+        portrait: MemoryRecord,
+    ) -> list[MemoryRecord]:
+        """The global summary and portrait from every day's records (this day's new ones)."""
+        out: list[MemoryRecord] = []
+        steps = (
+            (GLOBAL_SUMMARY, summary, build_global_summary_messages, parse_summary),
+            (GLOBAL_PORTRAIT, portrait, build_global_portrait_messages, parse_portrait),
+        )
+        for kind, fresh, build, parse in steps:
+            daily = [
+                r
+                for r in self.engine.records(user_id, where={"kind": fresh.kind})
+                if r.metadata.get("day") != day
+            ]
+            daily = sorted([*daily, fresh], key=lambda r: (str(r.metadata.get("day")), r.id))
+            lines = _fit([f"[{r.metadata.get('day')}] {r.text}" for r in daily], 12_000)
+            text = self._ask(
+                llm,
+                build(lines),
+                functools.partial(_parse_with, parse, lines),
+                f"memorybank.{kind}",
+                kind.replace("_", " "),
+            )
+            out.append(
+                MemoryRecord(
+                    id=new_id(),
+                    user_id=user_id,
+                    kind=kind,
+                    text=text,
+                    created_at=max(r.created_at for r in daily),
+                    metadata={"days": [str(r.metadata.get("day")) for r in daily]},
+                    source_ids=tuple(r.id for r in daily),
+                )
+            )
+        return out
+
+    @staticmethod
+    def _ask(
+        llm: LLM,
+        messages: list[ChatMessage],
+        parse: Callable[[str], T],
+        label: str,
+        what: str,
+    ) -> T:
+        try:
+            return generate_parsed(llm, messages, parse)
+        except (LLMError, ParseError) as exc:
+            raise JobFailed(label, f"{what} failed: {exc}") from exc
+
+
+def _scope(scope: Any) -> Scope:
+    return check_scope(scope)
