@@ -176,6 +176,8 @@ class ChromaIndex:
         # The folder of an embedded persistent store, whose files erasure cleans.
         self._folder: Path | None = Path(path) if path is not None else _local_folder(client)
         self._erase_on_close = False
+        for late in self._orphan_segment_folders():
+            shutil.rmtree(late, ignore_errors=True)
         self._dimension: int | None = None
         # user_id -> that user's Chroma collection, filled as collections are opened.
         self._collections: dict[str, Any] = {}
@@ -505,6 +507,7 @@ class ChromaIndex:
             self._collections.pop(user_id, None)
             self._drop_collection(self._user_collection_name(user_id))
             self.erase_deleted()
+            self._sweep_late_segment_folders()
             self._erase_on_close = self._folder is not None
 
     def count(self, user_id: str | None = None) -> int:
@@ -793,12 +796,14 @@ class ChromaIndex:
             return []
         return [entry for entry in listed if entry.name not in live]
 
-    def _sweep_late_segment_folders(self, *, seconds: float = 2.0, quiet: int = 2) -> None:
+    def _sweep_late_segment_folders(self, *, seconds: float = 3.0, quiet: int = 3) -> None:
         """Remove a dropped collection's files that Chroma writes after the drop returned.
 
         Under load, Chroma persisted a dropped collection's HNSW files (ids, vectors) from a
-        background thread after ``delete_user`` and even after ``erase_deleted``. At close,
-        poll briefly until no such folder has appeared for ``quiet`` consecutive checks.
+        background thread after ``delete_user`` and even after ``erase_deleted`` (its flush of
+        an index above the sync threshold runs on after ``add`` returns). After a delete and at
+        close, poll briefly until no such folder has appeared for ``quiet`` consecutive checks;
+        opening the index sweeps once more, for files written after a process ended.
         """
         deadline = time.monotonic() + seconds
         calm = 0
@@ -807,7 +812,7 @@ class ChromaIndex:
             for entry in late:
                 shutil.rmtree(entry, ignore_errors=True)
             calm = 0 if late else calm + 1
-            time.sleep(0.1)
+            time.sleep(0.15)
 
     # -- helpers ----------------------------------------------------------------------------
 
