@@ -395,6 +395,10 @@ class MemoChatMemory(MemoryBase):
     def _covered_key(self) -> str:
         return f"{self.name}_memo"
 
+    @property
+    def _kept_key(self) -> str:
+        return f"{self.name}_kept"
+
     def _option_source(self) -> LLMOptionSource:
         llm = self.llm if self.llm is not None else self.engine.llm
         assert llm is not None
@@ -551,8 +555,14 @@ class MemoChatMemory(MemoryBase):
                 topic, summary = extractive_memo(lines[start - 1 : end], self.embedder)
                 spans.append(MemoSpan(topic, summary, start, end))
         memos = []
+        owner: dict[str, str] = {}
         for span in spans:
             covered = chunk[span.start - 1 : span.end]
+            earlier = [r.state.attrs.get(self._kept_key) for r in covered]
+            if all(earlier):
+                # Only lines kept from the previous memo: they are in it already.
+                owner.update({r.id: str(m) for r, m in zip(covered, earlier, strict=True)})
+                continue
             memos.append(
                 MemoryRecord(
                     id=new_id(),
@@ -572,8 +582,12 @@ class MemoChatMemory(MemoryBase):
                 )
             )
         settled = chunk[: len(chunk) - self.keep_lines] if self.keep_lines else chunk
-        owner = {r.id: m.id for m in memos for r in chunk if r.id in m.source_ids}
-        state = {r.id: {"attrs": {self._covered_key: owner[r.id]}} for r in settled}
+        kept = chunk[len(settled) :]
+        owner.update({r.id: m.id for m in memos for r in chunk if r.id in m.source_ids})
+        state: dict[str, dict[str, Any]] = {
+            r.id: {"attrs": {self._covered_key: owner[r.id]}} for r in settled
+        }
+        state.update({r.id: {"attrs": {self._kept_key: owner[r.id]}} for r in kept})
         return Derivation(add=memos, state=state, reason="memochat: written into a memo")
 
     # ------------------------------------------------------------------ recall

@@ -19,6 +19,7 @@ truncated JSON) and raise :class:`~memories_core.errors.ParseError` when nothing
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ __all__ = [
     "parse_memo_spans",
     "parse_selection",
     "repair_spans",
+    "rule_following_reply",
 ]
 
 #: Label of the none-of-the-others option (Table 7).
@@ -338,3 +340,84 @@ def parse_selection(text: str, n_options: int, noto: int) -> list[int]:
             if noto in chosen and len(chosen) > 1:
                 chosen.remove(noto)
     return [c for c in chosen if c != noto]
+
+
+# --------------------------------------------------------------------------- stand-in model
+_LINE = re.compile(r"^\(line (\d+)\) (.*)$", re.M)
+_OPTION = re.compile(r"^\((\d+)\) (.*)$", re.M)
+_CONTENT = re.compile(r"[^\W\d_]{4,}", re.UNICODE)
+_COMMON = frozenset(
+    "about after again also been before being could does doing from have just know like "
+    "more much need right said some than that their them then there these they this those "
+    "very want well were what when where which while will with would your yours tell user "
+    "assistant please thanks thank sure okay really".split()
+)
+
+
+def _section(text: str, label: str) -> str:
+    match = re.search(rf"{label}:\n(`{{3,}})\n(.*?)\n\1", text, re.S)
+    return match.group(2) if match else ""
+
+
+def _words(text: str) -> set[str]:
+    return {w.lower() for w in _CONTENT.findall(text)} - _COMMON
+
+
+def rule_following_reply(messages: Sequence[ChatMessage]) -> str | None:
+    """Answer a MemoChat prompt of this module in its output format, by simple rules.
+
+    A deterministic stand-in for a model (tests, examples, cost benchmarks; never to judge
+    a prompt). Memo writing starts a new topic at a user line sharing no content word with
+    the current topic's user lines; retrieval chooses the options sharing a content word
+    with the query (else NOTO); chat replies by quoting the first evidence's topic.
+
+    Returns:
+        The reply, or ``None`` if ``messages`` is not one of this module's prompts.
+    """
+    if not messages:
+        return None
+    system, user = messages[0].content, messages[-1].content
+    if system == WRITE_SYSTEM:
+        lines = [(int(n), text) for n, text in _LINE.findall(_section(user, "Conversation"))]
+        topics: list[dict[str, Any]] = []
+        seen: set[str] = set()
+        for number, text in lines:
+            speaker, _, content = text.partition(": ")
+            words = _words(content)
+            is_user = speaker.strip().lower() == "user"
+            if not topics or (is_user and words and seen and not words & seen):
+                topics.append({"start": number, "end": number, "words": []})
+                seen = set()
+            topics[-1]["end"] = number
+            if is_user:
+                seen |= words
+                topics[-1]["words"] += [w.lower() for w in _CONTENT.findall(content)]
+        out = []
+        for topic in topics:
+            counted = [w for w in topic["words"] if w not in _COMMON]
+            name = max(counted, key=counted.count) if counted else "chat"
+            out.append(
+                {
+                    "topic": name,
+                    "summary": "The user talks with the bot about " + ", ".join(
+                        dict.fromkeys(counted[:6]) or ["small talk"]
+                    ) + ".",
+                    "start": topic["start"],
+                    "end": topic["end"],
+                }
+            )
+        return json.dumps(out)
+    if system == RETRIEVE_SYSTEM:
+        query = _words(_section(user, "Query sentence"))
+        options = _OPTION.findall(_section(user, "Topic options"))
+        chosen = [n for n, text in options if text != NOTO and query & _words(text)]
+        noto = next((n for n, text in options if text == NOTO), "1")
+        return "#".join(chosen) if chosen else noto
+    if system == CHAT_SYSTEM:
+        evidences = _section(user, "Related evidences")
+        said = _section(user, "User input")
+        topic = re.search(r"Topic: (.*?) \|", evidences)
+        if topic:
+            return f"From our memo on {topic.group(1)}: {said}"
+        return f"I have nothing in the memo about that; you said: {said}"
+    return None
