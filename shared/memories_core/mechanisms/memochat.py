@@ -77,7 +77,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 #: Selector defaults, chosen by cross-validation over MemoChat's two sources (BENCHMARKS.md).
-DEFAULT_THRESHOLD = 0.1
+DEFAULT_THRESHOLD = 0.05
 DEFAULT_DENSE_WEIGHT = 0.6
 DEFAULT_BM25_SATURATION = 0.5
 DEFAULT_SMOOTHING = 0.3
