@@ -247,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             )
 
     print("\nsegmenter boundary P/R/F1 (LLM-free, TextTiling-style)")
-    grid = [(w, c) for w in (1, 2, 3) for c in (0.0, 0.25, 0.5, 0.75, 1.0)]
+    grid = [(w, c) for w in (1, 2, 3) for c in (0.25, 0.5, 0.75, 1.0, 1.5)]
 
     def seg_score(items: Sequence[dict[str, Any]], g: tuple[int, float]) -> float:
         return boundary_prf(items, embedder, window=g[0], depth_cutoff=g[1])[2]

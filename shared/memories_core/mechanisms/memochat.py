@@ -82,7 +82,7 @@ DEFAULT_DENSE_WEIGHT = 0.6
 DEFAULT_BM25_SATURATION = 0.5
 DEFAULT_SMOOTHING = 0.3
 #: Segmenter default: a gap is a boundary when its depth score exceeds mean + this * std.
-DEFAULT_DEPTH_CUTOFF = 0.5
+DEFAULT_DEPTH_CUTOFF = 0.75
 
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
@@ -172,45 +172,52 @@ def segment_lines(
     *,
     window: int = 2,
     depth_cutoff: float = DEFAULT_DEPTH_CUTOFF,
-    min_lines: int = 2,
 ) -> list[tuple[int, int]]:
     """TextTiling-style topic segmentation by embedding similarity (LLM-free memo writing).
 
-    Each gap between two lines gets the cosine similarity of the mean embeddings of the
-    ``window`` lines before and after it; a gap's *depth* is how far that similarity lies
-    below the highest similarity on each side (Hearst's TextTiling, with embeddings for
-    word counts). Gaps deeper than ``mean + depth_cutoff * std`` are boundaries, at least
-    ``min_lines`` lines apart.
+    Lines are grouped into exchanges: a line by the speaker of the first line (the user,
+    in a chat) opens one, the replies that follow join it; topics change between exchanges
+    (on MemoChat's writing items every reference topic starts at a user line). Each gap
+    between two exchanges gets the cosine similarity of the mean embeddings of the
+    ``window`` exchanges before and after it; a gap's *depth* is how far that similarity
+    lies below the highest similarity on each side (Hearst's TextTiling, with embeddings
+    for word counts). Gaps deeper than ``mean + depth_cutoff * std`` are boundaries.
+
+    Args:
+        lines: ``"speaker: content"`` lines, oldest first.
+        embedder: Embeds the exchanges.
+        window: Exchanges on each side of a gap.
+        depth_cutoff: Standard deviations above the mean depth a boundary needs.
 
     Returns:
         1-based inclusive ``(start, end)`` ranges covering every line, in order.
     """
     n = len(lines)
-    if n <= min_lines:
-        return [(1, n)] if n else []
-    vectors = _normalise(embedder.embed_documents(list(lines)))
+    if n == 0:
+        return []
+    opener = lines[0].split(":", 1)[0].strip().lower() if ":" in lines[0] else None
+    starts = [
+        i
+        for i, line in enumerate(lines)
+        if i == 0 or (opener is None or line.split(":", 1)[0].strip().lower() == opener)
+    ]
+    ends = [*starts[1:], n]
+    units = [" ".join(x.split(": ", 1)[-1] for x in lines[s:e]) for s, e in zip(starts, ends, strict=True)]
+    if len(units) < 2:
+        return [(1, n)]
+    vectors = _normalise(embedder.embed_documents(units))
     sims = []
-    for gap in range(1, n):  # gap between line gap and gap + 1 (1-based)
+    for gap in range(1, len(units)):
         left = vectors[max(0, gap - window) : gap].mean(axis=0)
         right = vectors[gap : gap + window].mean(axis=0)
         sims.append(float(left @ right / max(np.linalg.norm(left) * np.linalg.norm(right), 1e-9)))
-    depths = []
-    for i, sim in enumerate(sims):
-        left_peak = max(sims[: i + 1])
-        right_peak = max(sims[i:])
-        depths.append((left_peak - sim) + (right_peak - sim))
+    depths = [
+        (max(sims[: i + 1]) - sim) + (max(sims[i:]) - sim) for i, sim in enumerate(sims)
+    ]
     cutoff = float(np.mean(depths) + depth_cutoff * np.std(depths))
-    order = sorted(range(len(depths)), key=lambda i: -depths[i])
-    cuts: list[int] = []
-    for i in order:
-        boundary = i + 2  # first line of the next segment
-        if depths[i] <= cutoff or depths[i] <= 0:
-            break
-        edges = [1, *cuts, n + 1]
-        if all(abs(boundary - e) >= min_lines for e in edges):
-            cuts.append(boundary)
-    starts = [1, *sorted(cuts)]
-    return [(s, (starts[j + 1] - 1) if j + 1 < len(starts) else n) for j, s in enumerate(starts)]
+    cuts = sorted(starts[i + 1] + 1 for i, depth in enumerate(depths) if depth > max(cutoff, 0))
+    begins = [1, *cuts]
+    return [(b, (begins[j + 1] - 1) if j + 1 < len(begins) else n) for j, b in enumerate(begins)]
 
 
 def extractive_memo(lines: Sequence[str], embedder: Embedder) -> tuple[str, str]:

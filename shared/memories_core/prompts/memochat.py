@@ -363,6 +363,14 @@ def _words(text: str) -> set[str]:
     return {w.lower() for w in _CONTENT.findall(text)} - _COMMON
 
 
+def _said(said: Sequence[str]) -> str:
+    if not said:
+        return "The bot talks to the user."
+    if len(said) == 1:
+        return f"The user says: {said[0]}"
+    return f"The user says: {said[0]} ... {said[-1]}"
+
+
 def rule_following_reply(messages: Sequence[ChatMessage]) -> str | None:
     """Answer a MemoChat prompt of this module in its output format, by simple rules.
 
@@ -386,12 +394,13 @@ def rule_following_reply(messages: Sequence[ChatMessage]) -> str | None:
             words = _words(content)
             is_user = speaker.strip().lower() == "user"
             if not topics or (is_user and words and seen and not words & seen):
-                topics.append({"start": number, "end": number, "words": []})
+                topics.append({"start": number, "end": number, "words": [], "said": []})
                 seen = set()
             topics[-1]["end"] = number
             if is_user:
                 seen |= words
                 topics[-1]["words"] += [w.lower() for w in _CONTENT.findall(content)]
+                topics[-1]["said"].append(content.strip())
         out = []
         for topic in topics:
             counted = [w for w in topic["words"] if w not in _COMMON]
@@ -399,9 +408,7 @@ def rule_following_reply(messages: Sequence[ChatMessage]) -> str | None:
             out.append(
                 {
                     "topic": name,
-                    "summary": "The user talks with the bot about " + ", ".join(
-                        dict.fromkeys(counted[:6]) or ["small talk"]
-                    ) + ".",
+                    "summary": _said(topic["said"]),
                     "start": topic["start"],
                     "end": topic["end"],
                 }
