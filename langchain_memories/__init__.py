@@ -7,6 +7,7 @@
 * :class:`SelfReflectiveRetriever`: self-reflection around any LangChain retriever.
 * :class:`LangChainLLM`, :class:`LangChainEmbedder`: LangChain models as core models.
 * :class:`CoreEmbeddings`: a core embedder as LangChain ``Embeddings``.
+* :func:`create_memochat_chain`, :func:`memochat_retriever`: MemoChat's chat with memo.
 """
 
 try:
@@ -22,6 +23,7 @@ except ImportError as exc:
 from langchain_memories.bridges import CoreEmbeddings, LangChainEmbedder, LangChainLLM
 from langchain_memories.conditional import ConditionalMemoryChat
 from langchain_memories.legacy import LegacyChainMemory
+from langchain_memories.memochat import create_memochat_chain, memochat_retriever
 from langchain_memories.middleware import MemoryMiddleware
 from langchain_memories.reflective import SelfReflectiveRetriever
 from langchain_memories.retriever import MemoryRetriever
@@ -35,4 +37,6 @@ __all__ = [
     "MemoryMiddleware",
     "MemoryRetriever",
     "SelfReflectiveRetriever",
+    "create_memochat_chain",
+    "memochat_retriever",
 ]

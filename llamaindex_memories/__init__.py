@@ -8,6 +8,7 @@
   retriever finds, as a retriever or as a node postprocessor.
 * :class:`LlamaIndexLLM`, :class:`LlamaIndexEmbedder`: LlamaIndex models as core models.
 * :class:`CoreEmbedding`: a core embedder as a LlamaIndex embedding model.
+* :class:`MemoChatEngine`, :func:`memochat_retriever`: MemoChat's chat with memo.
 """
 
 try:
@@ -19,6 +20,7 @@ except ImportError as exc:
 
 from llamaindex_memories.bridges import CoreEmbedding, LlamaIndexEmbedder, LlamaIndexLLM
 from llamaindex_memories.conditional import ConditionalMemoryBlock, ConditionalMemoryLLM
+from llamaindex_memories.memochat import MemoChatEngine, memochat_retriever
 from llamaindex_memories.memory_block import MemoryBlock
 from llamaindex_memories.reflective import SelfReflectiveFilter, SelfReflectiveRetriever
 from llamaindex_memories.retriever import MemoryRetriever
@@ -29,8 +31,10 @@ __all__ = [
     "CoreEmbedding",
     "LlamaIndexEmbedder",
     "LlamaIndexLLM",
+    "MemoChatEngine",
     "MemoryBlock",
     "MemoryRetriever",
     "SelfReflectiveFilter",
     "SelfReflectiveRetriever",
+    "memochat_retriever",
 ]

@@ -17,6 +17,8 @@ EXPECTED_ALL = [
     "MemoryMiddleware",
     "MemoryRetriever",
     "SelfReflectiveRetriever",
+    "create_memochat_chain",
+    "memochat_retriever",
 ]
 
 

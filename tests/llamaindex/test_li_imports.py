@@ -16,10 +16,12 @@ EXPECTED_ALL = [
     "CoreEmbedding",
     "LlamaIndexEmbedder",
     "LlamaIndexLLM",
+    "MemoChatEngine",
     "MemoryBlock",
     "MemoryRetriever",
     "SelfReflectiveFilter",
     "SelfReflectiveRetriever",
+    "memochat_retriever",
 ]
 
 
