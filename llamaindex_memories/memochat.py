@@ -112,4 +112,4 @@ def memochat_retriever(
     memory: MemoChatMemory, user_id: str, *, k: int | None = None
 ) -> MemoryRetriever:
     """The generic retriever over a MemoChat memory: memo and turn records as nodes."""
-    return MemoryRetriever(memory=memory, user_id=user_id, k=k)
+    return MemoryRetriever(memory, user_id, similarity_top_k=k)
