@@ -202,6 +202,16 @@ def test_llm_memo_writing_keeps_last_two_lines() -> None:
     assert len(record.source_ids) == 4
 
 
+def test_session_end_writes_the_rest_of_the_buffer() -> None:
+    memory = MemoChatMemory(llm=_llm(), embedder=HashingEmbedder(), max_lines=10)
+    scope = Scope("ann", "s1")
+    memory.save(_turns(CHAT[:6]), scope)
+    assert memory.memos(scope) == []
+    memory.end_session(scope)
+    assert [m.topic for m in memory.memos(scope)] == ["quantum", "business"]
+    assert memory.buffer(scope) == []
+
+
 def test_kept_lines_are_not_written_twice() -> None:
     memory = MemoChatMemory(llm=_llm(), embedder=HashingEmbedder(), max_lines=4)
     scope = Scope("ann")

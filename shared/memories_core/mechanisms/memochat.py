@@ -3,7 +3,7 @@
 The paper's pipeline (§3.2, Figure 3) is *memorization-retrieval-response*:
 
 * **memo writing** (Table 6): recent dialogue lines are kept in a buffer; when it exceeds a
-  budget (the released code: about 1,024 words or 10 lines) the LLM partitions the buffer
+  budget (the released code: about 1,024 words or 10 lines), or the session ends, the LLM partitions the buffer
   into topics with ``topic``, ``summary``, ``start``, ``end`` over numbered lines, and memo
   entries ``{topic, summary, dialogs}`` are stored; the last two lines stay in the buffer;
 * **memo retrieval** (Table 7): the LLM is shown the options ``(i) topic. summary`` plus a
@@ -15,7 +15,8 @@ Here memos are records of the engine (kind ``"memo"``; text ``"topic. summary"``
 ``topic``, ``summary``, ``start``, ``end``; ``source_ids`` = the covered turns). The buffer is
 the user's turns that no memo covers yet: a covered turn carries ``attrs[<name>_memo]`` in its
 state, written in the transaction that stores the memo. A save that makes the buffer reach
-the budget writes a ``write_memo`` job in its own transaction; an unparseable answer raises
+the budget writes a ``write_memo`` job in its own transaction (a session end writes one that
+keeps no line); an unparseable answer raises
 :class:`~memories_core.engine.JobFailed`, so the job stays pending and is retried with
 backoff: lines are never lost.
 
@@ -526,6 +527,10 @@ class MemoChatMemory(MemoryBase):
             return [JobSpec(self.name, "write_memo", "buffer", {})]
         return ()
 
+    def _session_jobs(self, user_id: str, session_id: str) -> Iterable[JobSpec]:
+        """A session end writes the whole buffer into the memo (no line kept: the talk is over)."""
+        return [JobSpec(self.name, "write_memo", f"flush:{session_id}", {"final": True})]
+
     def _chunk(self, buffer: Sequence[MemoryRecord]) -> list[MemoryRecord]:
         """The oldest lines that fit one writing prompt (a long outage grows the buffer)."""
         chunk: list[MemoryRecord] = []
@@ -542,8 +547,12 @@ class MemoChatMemory(MemoryBase):
         if job.kind != "write_memo":
             return None
         user_id = job.user_id
-        chunk = self._chunk(self._buffer(user_id))
-        if len(chunk) <= self.keep_lines:
+        keep = 0 if job.payload.get("final") else self.keep_lines
+        buffer = self._buffer(user_id)
+        chunk = self._chunk(buffer)
+        if len(chunk) < len(buffer):
+            keep = 0  # more lines follow this chunk: they give the next memo its context
+        if len(chunk) <= keep:
             return None
         lines = [r.text for r in chunk]
         if self.mode == "llm":
@@ -588,7 +597,7 @@ class MemoChatMemory(MemoryBase):
                     source_ids=tuple(r.id for r in covered),
                 )
             )
-        settled = chunk[: len(chunk) - self.keep_lines] if self.keep_lines else chunk
+        settled = chunk[: len(chunk) - keep] if keep else chunk
         kept = chunk[len(settled) :]
         owner.update({r.id: m.id for m in memos for r in chunk if r.id in m.source_ids})
         state: dict[str, dict[str, Any]] = {
