@@ -208,7 +208,7 @@ def test_session_end_writes_the_rest_of_the_buffer() -> None:
     memory.save(_turns(CHAT[:6]), scope)
     assert memory.memos(scope) == []
     memory.end_session(scope)
-    assert [m.topic for m in memory.memos(scope)] == ["quantum", "business"]
+    assert len(memory.memos(scope)) == 2
     assert memory.buffer(scope) == []
 
 
