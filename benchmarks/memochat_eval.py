@@ -91,7 +91,9 @@ def retrieval_items(items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         noto = next(i for i, o in enumerate(options, 1) if o.startswith("NOTO"))
         gold = {int(x) for x in re.findall(r"\d+", item["answer"])}
         source = item["type"].split("_", 1)[1]
-        out.append({"query": query, "options": options, "noto": noto, "gold": gold, "source": source})
+        out.append(
+            {"query": query, "options": options, "noto": noto, "gold": gold, "source": source}
+        )
     return out
 
 
@@ -119,7 +121,9 @@ def f1(pred: set[int], gold: set[int]) -> float:
 def select(item: dict[str, Any], embedder: Any, **kwargs: Any) -> set[int]:
     """Run a selector on one item; map back to the item's option numbers (NOTO if none)."""
     real = [i for i in range(1, len(item["options"]) + 1) if i != item["noto"]]
-    chosen = select_options(item["query"], [item["options"][i - 1] for i in real], embedder, **kwargs)
+    chosen = select_options(
+        item["query"], [item["options"][i - 1] for i in real], embedder, **kwargs
+    )
     return {real[c] for c in chosen} or {item["noto"]}
 
 
@@ -133,7 +137,9 @@ def boundaries(item: dict[str, Any], embedder: Any, **kwargs: Any) -> set[int]:
     return {start for start, _ in segment_lines(item["lines"], embedder, **kwargs) if start > 1}
 
 
-def boundary_prf(items: Sequence[dict[str, Any]], embedder: Any, **kwargs: Any) -> tuple[float, ...]:
+def boundary_prf(
+    items: Sequence[dict[str, Any]], embedder: Any, **kwargs: Any
+) -> tuple[float, ...]:
     tp = fp = fn = 0
     for item in items:
         pred = boundaries(item, embedder, **kwargs)
@@ -158,7 +164,9 @@ def cross_validate(
             on_tune = [it for it in items if it["source"] == tune]
             on_test = [it for it in items if it["source"] == test]
             best = max(grid, key=lambda g: score(on_tune, g))
-            rows.append({"tune": tune, "test": test, "chosen": best, "test_f1": score(on_test, best)})
+            rows.append(
+                {"tune": tune, "test": test, "chosen": best, "test_f1": score(on_test, best)}
+            )
     return rows
 
 
@@ -177,7 +185,10 @@ def writing_cost(items: Sequence[dict[str, Any]], max_lines: int = 10) -> dict[s
             calls += 1
             tokens += sum(estimate_tokens(m.content) for m in messages)
         lines += len(buffer)
-    return {"calls_per_100_lines": 100 * calls / lines, "tokens_per_100_lines": 100 * tokens / lines}
+    return {
+        "calls_per_100_lines": 100 * calls / lines,
+        "tokens_per_100_lines": 100 * tokens / lines,
+    }
 
 
 def retrieval_cost(items: Sequence[dict[str, Any]]) -> dict[str, float]:
@@ -185,7 +196,7 @@ def retrieval_cost(items: Sequence[dict[str, Any]]) -> dict[str, float]:
     for item in items:
         real = [o for i, o in enumerate(item["options"], 1) if i != item["noto"]]
         messages, _ = build_retrieval_messages(item["query"], real)
-        tokens.append(sum(estimate_tokens(m.content) for m in messages) )
+        tokens.append(sum(estimate_tokens(m.content) for m in messages))
     return {"calls_per_query": 1.0, "tokens_per_query": statistics.fmean(tokens)}
 
 
@@ -212,7 +223,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     retrieval = retrieval_items(rows)
     writing = writing_items(rows)
     embedder = CachedEmbedder(SentenceTransformerEmbedder())
-    out: dict[str, Any] = {"items": args.items, "retrieval": len(retrieval), "writing": len(writing)}
+    out: dict[str, Any] = {
+        "items": args.items,
+        "retrieval": len(retrieval),
+        "writing": len(writing),
+    }
     sources = sorted({it["source"] for it in retrieval})
 
     print(f"{len(retrieval)} retrieval items, {len(writing)} writing items ({args.items})")
@@ -277,8 +292,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         sample = retrieval[: args.llm_items]
         llm_f1, seconds = llm_selector(sample, LocalLLM())
         fused_same = selector_f1(sample, embedder, threshold=DEFAULT_THRESHOLD)
-        out["llm"] = {"items": len(sample), "f1": llm_f1, "seconds_per_query": seconds,
-                      "fused_on_same_items": fused_same}
+        out["llm"] = {
+            "items": len(sample),
+            "f1": llm_f1,
+            "seconds_per_query": seconds,
+            "fused_on_same_items": fused_same,
+        }
         print(
             f"\nLLM selector (bundled LocalLLM) on {len(sample)} items: F1 {llm_f1:.3f}, "
             f"{seconds:.1f} s/query (fused selector on the same items: {fused_same:.3f})"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -251,7 +252,7 @@ def test_segment_lines_covers_every_line() -> None:
     lines = [f"{role}: {text}" for role, text in CHAT]
     spans = segment_lines(lines, HashingEmbedder())
     assert spans[0][0] == 1 and spans[-1][1] == len(lines)
-    assert all(b[0] == a[1] + 1 for a, b in zip(spans, spans[1:], strict=False))
+    assert all(b[0] == a[1] + 1 for a, b in itertools.pairwise(spans))
     assert all(lines[s - 1].startswith("user") for s, _ in spans)
     assert segment_lines([], HashingEmbedder()) == []
 
@@ -305,7 +306,9 @@ def test_option_source_preselects_within_budget() -> None:
 
 def test_chat_with_memo_respond_saves_the_exchange() -> None:
     memory = _filled(_llm())
-    reply = memory.respond("The business etiquette we talked about belongs to Korea, right?", Scope("ann"))
+    reply = memory.respond(
+        "The business etiquette we talked about belongs to Korea, right?", Scope("ann")
+    )
     assert reply.startswith("From our memo on business")
     assert memory.turns(Scope("ann"))[-1].content == reply
 

@@ -35,7 +35,10 @@ def test_chain_sends_the_table8_prompt_and_saves_the_exchange() -> None:
     model = chat_model("It was Japan, not Korea.")
     chain = create_memochat_chain(memory, model) | RunnableLambda(str.upper)
     out = chain.invoke(
-        {"input": "The business etiquette we talked about belongs to Korea, right?", "user_id": "ann"}
+        {
+            "input": "The business etiquette we talked about belongs to Korea, right?",
+            "user_id": "ann",
+        }
     )
     assert out == "IT WAS JAPAN, NOT KOREA."
     prompt = model.prompts[-1][-1].content

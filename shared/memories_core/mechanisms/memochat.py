@@ -3,8 +3,9 @@
 The paper's pipeline (§3.2, Figure 3) is *memorization-retrieval-response*:
 
 * **memo writing** (Table 6): recent dialogue lines are kept in a buffer; when it exceeds a
-  budget (the released code: about 1,024 words or 10 lines), or the session ends, the LLM partitions the buffer
-  into topics with ``topic``, ``summary``, ``start``, ``end`` over numbered lines, and memo
+  budget (the released code: about 1,024 words or 10 lines), or the session ends, the LLM
+  partitions the buffer into topics with ``topic``, ``summary``, ``start``, ``end`` over
+  numbered lines, and memo
   entries ``{topic, summary, dialogs}`` are stored; the last two lines stay in the buffer;
 * **memo retrieval** (Table 7): the LLM is shown the options ``(i) topic. summary`` plus a
   none-of-the-others option (NOTO) and answers ``N#M``;
@@ -88,10 +89,13 @@ DEFAULT_DEPTH_CUTOFF = 0.75
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
 _STOP = frozenset(
-    "a an the and or of to in on at for with is are was were be been i you he she it we they "
-    "me my your his her its our their this that these those do does did not no yes what which "
-    "who how why when where there here so as by from if but about can could would should will "
-    "just have has had am user bot assistant ok okay oh well yeah really very".split()
+    re.findall(
+        r"\w+",
+        "a an the and or of to in on at for with is are was were be been i you he she it we they "
+        "me my your his her its our their this that these those do does did not no yes what which "
+        "who how why when where there here so as by from if but about can could would should will "
+        "just have has had am user bot assistant ok okay oh well yeah really very",
+    )
 )
 
 
@@ -203,7 +207,10 @@ def segment_lines(
         if i == 0 or (opener is None or line.split(":", 1)[0].strip().lower() == opener)
     ]
     ends = [*starts[1:], n]
-    units = [" ".join(x.split(": ", 1)[-1] for x in lines[s:e]) for s, e in zip(starts, ends, strict=True)]
+    units = [
+        " ".join(x.split(": ", 1)[-1] for x in lines[s:e])
+        for s, e in zip(starts, ends, strict=True)
+    ]
     if len(units) < 2:
         return [(1, n)]
     vectors = _normalise(embedder.embed_documents(units))
@@ -212,9 +219,7 @@ def segment_lines(
         left = vectors[max(0, gap - window) : gap].mean(axis=0)
         right = vectors[gap : gap + window].mean(axis=0)
         sims.append(float(left @ right / max(np.linalg.norm(left) * np.linalg.norm(right), 1e-9)))
-    depths = [
-        (max(sims[: i + 1]) - sim) + (max(sims[i:]) - sim) for i, sim in enumerate(sims)
-    ]
+    depths = [(max(sims[: i + 1]) - sim) + (max(sims[i:]) - sim) for i, sim in enumerate(sims)]
     cutoff = float(np.mean(depths) + depth_cutoff * np.std(depths))
     cuts = sorted(starts[i + 1] + 1 for i, depth in enumerate(depths) if depth > max(cutoff, 0))
     begins = [1, *cuts]
@@ -323,7 +328,9 @@ def choose_memos(llm: LLM, query: str, options: Sequence[str]) -> list[int] | No
         return []
     messages, noto = build_retrieval_messages(query, options)
     try:
-        picked = generate_parsed(llm, messages, lambda t: parse_selection(t, len(options) + 1, noto))
+        picked = generate_parsed(
+            llm, messages, lambda t: parse_selection(t, len(options) + 1, noto)
+        )
     except (LLMError, ParseError) as exc:
         logger.warning("memo retrieval by the LLM failed: %s", exc)
         return None
@@ -619,5 +626,7 @@ class MemoChatMemory(MemoryBase):
         for entry in entries:
             dialogs = "\n".join(f"  {d}" for d in entry.dialogs)
             blocks.append(f"[memo] {entry.option}" + (f"\n{dialogs}" if dialogs else ""))
-        blocks += [h.record.text for h in hits if h.record.kind != "memo" and h.record.id not in shown]
+        blocks += [
+            h.record.text for h in hits if h.record.kind != "memo" and h.record.id not in shown
+        ]
         return "\n".join(blocks)

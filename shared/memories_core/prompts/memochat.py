@@ -306,7 +306,9 @@ def repair_spans(spans: Sequence[MemoSpan], lines: int) -> list[MemoSpan]:
 
 
 _NONE_WORDS = re.compile(r"\b(noto|none of the others|none of them|none)\b", re.I)
-_OPTIONS_PROSE = re.compile(r"(?:options?|topics?|answer|result)\s*[:=]?\s*((?:\d+[\s,&#]*(?:and|or)?\s*)+)", re.I)
+_OPTIONS_PROSE = re.compile(
+    r"(?:options?|topics?|answer|result)\s*[:=]?\s*((?:\d+[\s,&#]*(?:and|or)?\s*)+)", re.I
+)
 
 
 def parse_selection(text: str, n_options: int, noto: int) -> list[int]:
@@ -347,10 +349,13 @@ _LINE = re.compile(r"^\(line (\d+)\) (.*)$", re.M)
 _OPTION = re.compile(r"^\((\d+)\) (.*)$", re.M)
 _CONTENT = re.compile(r"[^\W\d_]{4,}", re.UNICODE)
 _COMMON = frozenset(
-    "about after again also been before being could does doing from have just know like "
-    "more much need right said some than that their them then there these they this those "
-    "very want well were what when where which while will with would your yours tell user "
-    "assistant please thanks thank sure okay really".split()
+    re.findall(
+        r"\w+",
+        "about after again also been before being could does doing from have just know like "
+        "more much need right said some than that their them then there these they this those "
+        "very want well were what when where which while will with would your yours tell user "
+        "assistant please thanks thank sure okay really",
+    )
 )
 
 
@@ -423,8 +428,8 @@ def rule_following_reply(messages: Sequence[ChatMessage]) -> str | None:
     if system == CHAT_SYSTEM:
         evidences = _section(user, "Related evidences")
         said = _section(user, "User input")
-        topic = re.search(r"Topic: (.*?) \|", evidences)
-        if topic:
-            return f"From our memo on {topic.group(1)}: {said}"
+        found = re.search(r"Topic: (.*?) \|", evidences)
+        if found:
+            return f"From our memo on {found.group(1)}: {said}"
         return f"I have nothing in the memo about that; you said: {said}"
     return None
