@@ -226,12 +226,15 @@ def segment_lines(
     return [(b, (begins[j + 1] - 1) if j + 1 < len(begins) else n) for j, b in enumerate(begins)]
 
 
-def extractive_memo(lines: Sequence[str], embedder: Embedder) -> tuple[str, str]:
+def extractive_memo(
+    lines: Sequence[str], embedder: Embedder, *, skip: Sequence[int] = ()
+) -> tuple[str, str]:
     """An extractive topic and summary of one segment (LLM-free memo writing).
 
     The topic is the segment's most frequent content words (up to three, by first use);
     the summary is its most central line (closest to the segment's mean embedding), cut to
-    200 characters.
+    200 characters. Lines at the 0-based positions ``skip`` (lines an earlier memo already
+    summarised) are not chosen unless no other line is left.
     """
     words = [w for line in lines for w in _tokens(line.split(": ", 1)[-1]) if len(w) > 2]
     counts = Counter(words)
@@ -239,7 +242,10 @@ def extractive_memo(lines: Sequence[str], embedder: Embedder) -> tuple[str, str]
     topic = " ".join(top) or "conversation"
     vectors = _normalise(embedder.embed_documents(list(lines)))
     centre = vectors.mean(axis=0)
-    best = lines[int(np.argmax(vectors @ centre))]
+    scores = vectors @ centre
+    if len(skip) < len(lines):
+        scores[list(skip)] = -np.inf
+    best = lines[int(np.argmax(scores))]
     summary = " ".join(best.split())
     return topic, summary[:197] + "..." if len(summary) > 200 else summary
 
@@ -575,7 +581,12 @@ class MemoChatMemory(MemoryBase):
         else:
             spans = []
             for start, end in segment_lines(lines, self.embedder):
-                topic, summary = extractive_memo(lines[start - 1 : end], self.embedder)
+                kept = [
+                    i - start
+                    for i in range(start, end + 1)
+                    if chunk[i - 1].state.attrs.get(self._kept_key)
+                ]
+                topic, summary = extractive_memo(lines[start - 1 : end], self.embedder, skip=kept)
                 spans.append(MemoSpan(topic, summary, start, end))
         memos = []
         owner: dict[str, str] = {}
