@@ -128,7 +128,9 @@ def test_parse_selection_table(text: str, n: int, noto: int, expected: list[int]
     assert parse_selection(text, n, noto) == expected
 
 
-@pytest.mark.parametrize("text", ["", "I cannot decide.", "lorem ipsum"])
+@pytest.mark.parametrize(
+    "text", ["", "I cannot decide.", "lorem ipsum", "(1) see off.\n(2) party.\n(3) NOTO."]
+)
 def test_parse_selection_rejects(text: str) -> None:
     with pytest.raises(ParseError):
         parse_selection(text, 4, 4)

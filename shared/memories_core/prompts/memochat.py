@@ -305,6 +305,7 @@ def repair_spans(spans: Sequence[MemoSpan], lines: int) -> list[MemoSpan]:
     return out
 
 
+_ECHOED_OPTION = re.compile(r"^\s*\(\d+\)\s+\S", re.M)
 _NONE_WORDS = re.compile(r"\b(noto|none of the others|none of them|none)\b", re.I)
 _OPTIONS_PROSE = re.compile(
     r"(?:options?|topics?|answer|result)\s*[:=]?\s*((?:\d+[\s,&#]*(?:and|or)?\s*)+)", re.I
@@ -314,7 +315,8 @@ _OPTIONS_PROSE = re.compile(
 def parse_selection(text: str, n_options: int, noto: int) -> list[int]:
     """Read a memo-retrieval answer: the chosen option numbers, NOTO excluded.
 
-    Tolerates prose, duplicates, spaces (``3 # 6``), ``Options: 2 and 4``, numbers out of
+    An answer that lists the options back (``(1) ...`` lines, what small models often do)
+    is not a choice. Tolerates prose, duplicates, spaces (``3 # 6``), ``Options: 2 and 4``, numbers out of
     range (dropped) and a NOTO chosen together with real options (the real ones win). An
     answer naming NOTO (by number or by the word) and no real option returns ``[]``.
 
@@ -328,6 +330,8 @@ def parse_selection(text: str, n_options: int, noto: int) -> list[int]:
     """
     if not isinstance(text, str) or not text.strip():
         raise ParseError("the model output is empty", text if isinstance(text, str) else "")
+    if len(_ECHOED_OPTION.findall(text)) >= 2:
+        raise ParseError("the model echoed the option list instead of choosing", text)
     try:
         chosen = parse_options(text, n_options, none_option=noto)
     except ParseError:
