@@ -316,9 +316,9 @@ def parse_selection(text: str, n_options: int, noto: int) -> list[int]:
     """Read a memo-retrieval answer: the chosen option numbers, NOTO excluded.
 
     An answer that lists the options back (``(1) ...`` lines, what small models often do)
-    is not a choice. Tolerates prose, duplicates, spaces (``3 # 6``), ``Options: 2 and 4``, numbers out of
-    range (dropped) and a NOTO chosen together with real options (the real ones win). An
-    answer naming NOTO (by number or by the word) and no real option returns ``[]``.
+    is not a choice. Tolerates prose, duplicates, spaces (``3 # 6``), ``Options: 2 and 4``,
+    numbers out of range (dropped) and a NOTO chosen together with real options (the real
+    ones win). An answer naming NOTO (by number or by the word) and no real option returns ``[]``.
 
     Args:
         text: Model output.
