@@ -581,12 +581,12 @@ class MemoChatMemory(MemoryBase):
         else:
             spans = []
             for start, end in segment_lines(lines, self.embedder):
-                kept = [
+                seen = [
                     i - start
                     for i in range(start, end + 1)
                     if chunk[i - 1].state.attrs.get(self._kept_key)
                 ]
-                topic, summary = extractive_memo(lines[start - 1 : end], self.embedder, skip=kept)
+                topic, summary = extractive_memo(lines[start - 1 : end], self.embedder, skip=seen)
                 spans.append(MemoSpan(topic, summary, start, end))
         memos = []
         owner: dict[str, str] = {}
