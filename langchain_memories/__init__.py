@@ -9,6 +9,7 @@
 * :class:`CoreEmbeddings`: a core embedder as LangChain ``Embeddings``.
 * :class:`MemoryStore`: a LangGraph ``BaseStore`` on the memory engine (LangMem runs on it).
 * :func:`create_memory_tools`: save / search / update / forget memory tools for agents.
+* :func:`create_memochat_chain`, :func:`memochat_retriever`: MemoChat's chat with memo.
 """
 
 try:
@@ -25,6 +26,7 @@ from langchain_memories.bridges import CoreEmbeddings, LangChainEmbedder, LangCh
 from langchain_memories.conditional import ConditionalMemoryChat
 from langchain_memories.forgetting import ForgettingCurveRetriever
 from langchain_memories.legacy import LegacyChainMemory
+from langchain_memories.memochat import create_memochat_chain, memochat_retriever
 from langchain_memories.middleware import MemoryMiddleware
 from langchain_memories.reflective import SelfReflectiveRetriever
 from langchain_memories.retriever import MemoryRetriever
@@ -42,5 +44,7 @@ __all__ = [
     "MemoryRetriever",
     "MemoryStore",
     "SelfReflectiveRetriever",
+    "create_memochat_chain",
     "create_memory_tools",
+    "memochat_retriever",
 ]

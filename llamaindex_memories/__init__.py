@@ -10,6 +10,7 @@
 * :class:`CoreEmbedding`: a core embedder as a LlamaIndex embedding model.
 * :class:`MemoryToolSpec`: save / search / update / forget memory tools for agents.
 * :class:`MemoryRecallEvent`, :class:`MemorySaveEvent`: instrumentation events of memory.
+* :class:`MemoChatEngine`, :func:`memochat_retriever`: MemoChat's chat with memo.
 """
 
 try:
@@ -22,6 +23,7 @@ except ImportError as exc:
 from llamaindex_memories.bridges import CoreEmbedding, LlamaIndexEmbedder, LlamaIndexLLM
 from llamaindex_memories.conditional import ConditionalMemoryBlock, ConditionalMemoryLLM
 from llamaindex_memories.forgetting import ForgettingCurvePostprocessor
+from llamaindex_memories.memochat import MemoChatEngine, memochat_retriever
 from llamaindex_memories.memory_block import MemoryBlock
 from llamaindex_memories.observability import MemoryRecallEvent, MemorySaveEvent
 from llamaindex_memories.reflective import SelfReflectiveFilter, SelfReflectiveRetriever
@@ -35,6 +37,7 @@ __all__ = [
     "ForgettingCurvePostprocessor",
     "LlamaIndexEmbedder",
     "LlamaIndexLLM",
+    "MemoChatEngine",
     "MemoryBlock",
     "MemoryRecallEvent",
     "MemoryRetriever",
@@ -42,4 +45,5 @@ __all__ = [
     "MemoryToolSpec",
     "SelfReflectiveFilter",
     "SelfReflectiveRetriever",
+    "memochat_retriever",
 ]

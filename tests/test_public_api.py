@@ -18,6 +18,8 @@ EXPECTED_ALL = [
     "HistoryMemory",
     "InvalidInputError",
     "LLMError",
+    "MemoChatMemory",
+    "MemoEntry",
     "MemoriesError",
     "MemoryBankMemory",
     "MemoryBase",

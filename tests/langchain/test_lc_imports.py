@@ -19,7 +19,9 @@ EXPECTED_ALL = [
     "MemoryRetriever",
     "MemoryStore",
     "SelfReflectiveRetriever",
+    "create_memochat_chain",
     "create_memory_tools",
+    "memochat_retriever",
 ]
 
 

@@ -17,6 +17,7 @@ EXPECTED_ALL = [
     "ForgettingCurvePostprocessor",
     "LlamaIndexEmbedder",
     "LlamaIndexLLM",
+    "MemoChatEngine",
     "MemoryBlock",
     "MemoryRecallEvent",
     "MemoryRetriever",
@@ -24,6 +25,7 @@ EXPECTED_ALL = [
     "MemoryToolSpec",
     "SelfReflectiveFilter",
     "SelfReflectiveRetriever",
+    "memochat_retriever",
 ]
 
 

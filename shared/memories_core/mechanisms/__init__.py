@@ -3,6 +3,7 @@
 from memories_core.mechanisms.base import MemoryBase
 from memories_core.mechanisms.conditional import ConditionalMemory, ConditionalReply
 from memories_core.mechanisms.history import HistoryMemory
+from memories_core.mechanisms.memochat import LLMOptionSource, MemoChatMemory, MemoEntry
 from memories_core.mechanisms.memorybank import ForgetReport, MemoryBankMemory
 from memories_core.mechanisms.multiview import MultiViewMemory
 from memories_core.mechanisms.reflection import (
@@ -17,6 +18,9 @@ __all__ = [
     "ConditionalReply",
     "ForgetReport",
     "HistoryMemory",
+    "LLMOptionSource",
+    "MemoChatMemory",
+    "MemoEntry",
     "MemoryBankMemory",
     "MemoryBase",
     "MultiViewMemory",

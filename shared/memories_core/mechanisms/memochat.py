@@ -1,0 +1,643 @@
+"""MemoChat (Lu et al., 2023): structured memos, memo retrieval and chat with memo.
+
+The paper's pipeline (§3.2, Figure 3) is *memorization-retrieval-response*:
+
+* **memo writing** (Table 6): recent dialogue lines are kept in a buffer; when it exceeds a
+  budget (the released code: about 1,024 words or 10 lines), or the session ends, the LLM
+  partitions the buffer into topics with ``topic``, ``summary``, ``start``, ``end`` over
+  numbered lines, and memo
+  entries ``{topic, summary, dialogs}`` are stored; the last two lines stay in the buffer;
+* **memo retrieval** (Table 7): the LLM is shown the options ``(i) topic. summary`` plus a
+  none-of-the-others option (NOTO) and answers ``N#M``;
+* **chat with memo** (Table 8): the reply prompt holds the related evidences, the recent
+  dialogs and the user input.
+
+Here memos are records of the engine (kind ``"memo"``; text ``"topic. summary"``; metadata
+``topic``, ``summary``, ``start``, ``end``; ``source_ids`` = the covered turns). The buffer is
+the user's turns that no memo covers yet: a covered turn carries ``attrs[<name>_memo]`` in its
+state, written in the transaction that stores the memo. A save that makes the buffer reach
+the budget writes a ``write_memo`` job in its own transaction (a session end writes one that
+keeps no line); an unparseable answer raises
+:class:`~memories_core.engine.JobFailed`, so the job stays pending and is retried with
+backoff: lines are never lost.
+
+**Memos as search keys of the raw turns.** Recall searches memos and turns together; a memo
+that ranks brings the dialog lines it covers (its turns are rendered under it), so a query
+that matches a topic or a summary but none of the turns' words still finds those turns.
+
+**LLM-free mode** (``llm=None`` or ``mode="llm_free"``): TextTiling-style segmentation by the
+embedding similarity of neighbouring lines (:func:`segment_lines`), an extractive topic and
+summary, and selection by a fused dense + BM25 ranking with a threshold
+(:func:`select_options`). Same records, same interfaces.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from memories_core.engine import Derivation, JobFailed, check_query, check_scope
+from memories_core.errors import ConfigurationError, LLMError, ParseError
+from memories_core.mechanisms.base import MemoryBase
+from memories_core.parsing import generate_parsed
+from memories_core.prompts.memochat import (
+    MemoSpan,
+    build_chat_messages,
+    build_retrieval_messages,
+    build_writing_messages,
+    parse_memo_spans,
+    parse_selection,
+    repair_spans,
+)
+from memories_core.retrieval import DenseSource, LexicalSource, Pipeline
+from memories_core.types import Job, JobSpec, MemoryRecord, Scope, ScoredRecord, new_id
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from memories_core.interfaces import LLM, Embedder
+    from memories_core.retrieval import RecallBackend, RecallRequest
+    from memories_core.retrieval.fusion import Ranking
+
+__all__ = [
+    "LLMOptionSource",
+    "MemoChatMemory",
+    "MemoEntry",
+    "extractive_memo",
+    "segment_lines",
+    "select_options",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Selector defaults, chosen by cross-validation over MemoChat's two sources (BENCHMARKS.md).
+DEFAULT_THRESHOLD = 0.05
+DEFAULT_DENSE_WEIGHT = 0.6
+DEFAULT_BM25_SATURATION = 0.5
+DEFAULT_SMOOTHING = 0.3
+#: Segmenter default: a gap is a boundary when its depth score exceeds mean + this * std.
+DEFAULT_DEPTH_CUTOFF = 0.75
+
+_WORD = re.compile(r"[^\W_]+", re.UNICODE)
+_SENTENCE = re.compile(r"(?<=[.!?])\s+")
+_STOP = frozenset(
+    re.findall(
+        r"\w+",
+        "a an the and or of to in on at for with is are was were be been i you he she it we they "
+        "me my your his her its our their this that these those do does did not no yes what which "
+        "who how why when where there here so as by from if but about can could would should will "
+        "just have has had am user bot assistant ok okay oh well yeah really very",
+    )
+)
+
+
+def _tokens(text: str) -> list[str]:
+    return [w for w in (m.lower() for m in _WORD.findall(text)) if w not in _STOP]
+
+
+def _normalise(vectors: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return np.asarray(vectors / np.maximum(norms, 1e-9), dtype=np.float32)
+
+
+def _bm25(query: Sequence[str], docs: Sequence[Sequence[str]]) -> npt.NDArray[np.float64]:
+    """Okapi BM25 (k1 = 1.2, b = 0.75) of one query against a small set of options."""
+    n = len(docs)
+    average = sum(len(d) for d in docs) / max(n, 1) or 1.0
+    frequency: Counter[str] = Counter(w for d in docs for w in set(d))
+    scores = np.zeros(n)
+    for i, doc in enumerate(docs):
+        counts = Counter(doc)
+        for word in set(query):
+            tf = counts.get(word, 0)
+            if tf:
+                idf = math.log(1 + (n - frequency[word] + 0.5) / (frequency[word] + 0.5))
+                scores[i] += idf * tf * 2.2 / (tf + 1.2 * (0.25 + 0.75 * len(doc) / average))
+    return scores
+
+
+# ------------------------------------------------------------------------------ LLM-free
+def select_options(
+    query: str,
+    options: Sequence[str],
+    embedder: Embedder,
+    *,
+    threshold: float = DEFAULT_THRESHOLD,
+    dense_weight: float = DEFAULT_DENSE_WEIGHT,
+    bm25_saturation: float = DEFAULT_BM25_SATURATION,
+    smoothing: float = DEFAULT_SMOOTHING,
+) -> list[int]:
+    """The LLM-free memo selector: which options ``query`` relates to (0-based, sorted).
+
+    The query is split into sentences (a MemoChat query mixes lines of several topics,
+    Table 7). Each sentence scores each option by a fused dense + lexical score,
+    ``dense_weight * cosine + (1 - dense_weight) * bm25 / (bm25 + bm25_saturation)``; scores
+    are smoothed with the neighbouring sentences (weight ``smoothing``, since neighbouring
+    lines usually share a topic), and each sentence votes for its best option if that
+    option's score reaches ``threshold``. No vote means none of the others (NOTO).
+
+    Args:
+        query: The query sentence(s).
+        options: ``"topic. summary"`` texts.
+        embedder: Embeds sentences and options (the memory's embedder).
+        threshold: Lowest fused score that counts as related.
+        dense_weight: Weight of the cosine similarity in the fused score.
+        bm25_saturation: BM25 scores ``s`` enter as ``s / (s + bm25_saturation)``.
+        smoothing: Weight of each neighbouring sentence's scores.
+
+    Returns:
+        Indices into ``options``; empty when none is related.
+    """
+    if not options or not query.strip():
+        return []
+    sentences = [s for s in _SENTENCE.split(query.strip()) if s.strip()] or [query]
+    vectors = _normalise(embedder.embed_documents([*sentences, *options]))
+    cosine = vectors[: len(sentences)] @ vectors[len(sentences) :].T
+    docs = [_tokens(o) for o in options]
+    lexical = np.array([_bm25(_tokens(s), docs) for s in sentences])
+    scores = dense_weight * cosine + (1 - dense_weight) * lexical / (lexical + bm25_saturation)
+    if len(sentences) > 1 and smoothing:
+        padded = np.vstack([np.zeros_like(scores[:1]), scores, np.zeros_like(scores[:1])])
+        scores = (scores + smoothing * (padded[:-2] + padded[2:])) / (1 + 2 * smoothing)
+    chosen = {int(row.argmax()) for row in scores if row.max() >= threshold}
+    return sorted(chosen)
+
+
+def segment_lines(
+    lines: Sequence[str],
+    embedder: Embedder,
+    *,
+    window: int = 2,
+    depth_cutoff: float = DEFAULT_DEPTH_CUTOFF,
+) -> list[tuple[int, int]]:
+    """TextTiling-style topic segmentation by embedding similarity (LLM-free memo writing).
+
+    Lines are grouped into exchanges: a line by the speaker of the first line (the user,
+    in a chat) opens one, the replies that follow join it; topics change between exchanges
+    (on MemoChat's writing items every reference topic starts at a user line). Each gap
+    between two exchanges gets the cosine similarity of the mean embeddings of the
+    ``window`` exchanges before and after it; a gap's *depth* is how far that similarity
+    lies below the highest similarity on each side (Hearst's TextTiling, with embeddings
+    for word counts). Gaps deeper than ``mean + depth_cutoff * std`` are boundaries.
+
+    Args:
+        lines: ``"speaker: content"`` lines, oldest first.
+        embedder: Embeds the exchanges.
+        window: Exchanges on each side of a gap.
+        depth_cutoff: Standard deviations above the mean depth a boundary needs.
+
+    Returns:
+        1-based inclusive ``(start, end)`` ranges covering every line, in order.
+    """
+    n = len(lines)
+    if n == 0:
+        return []
+    opener = lines[0].split(":", 1)[0].strip().lower() if ":" in lines[0] else None
+    starts = [
+        i
+        for i, line in enumerate(lines)
+        if i == 0 or (opener is None or line.split(":", 1)[0].strip().lower() == opener)
+    ]
+    ends = [*starts[1:], n]
+    units = [
+        " ".join(x.split(": ", 1)[-1] for x in lines[s:e])
+        for s, e in zip(starts, ends, strict=True)
+    ]
+    if len(units) < 2:
+        return [(1, n)]
+    vectors = _normalise(embedder.embed_documents(units))
+    sims = []
+    for gap in range(1, len(units)):
+        left = vectors[max(0, gap - window) : gap].mean(axis=0)
+        right = vectors[gap : gap + window].mean(axis=0)
+        sims.append(float(left @ right / max(np.linalg.norm(left) * np.linalg.norm(right), 1e-9)))
+    depths = [(max(sims[: i + 1]) - sim) + (max(sims[i:]) - sim) for i, sim in enumerate(sims)]
+    cutoff = float(np.mean(depths) + depth_cutoff * np.std(depths))
+    cuts = sorted(starts[i + 1] + 1 for i, depth in enumerate(depths) if depth > max(cutoff, 0))
+    begins = [1, *cuts]
+    return [(b, (begins[j + 1] - 1) if j + 1 < len(begins) else n) for j, b in enumerate(begins)]
+
+
+def extractive_memo(
+    lines: Sequence[str], embedder: Embedder, *, skip: Sequence[int] = ()
+) -> tuple[str, str]:
+    """An extractive topic and summary of one segment (LLM-free memo writing).
+
+    The topic is the segment's most frequent content words (up to three, by first use);
+    the summary is its most central line (closest to the segment's mean embedding), cut to
+    200 characters. Lines at the 0-based positions ``skip`` (lines an earlier memo already
+    summarised) are not chosen unless no other line is left.
+    """
+    words = [w for line in lines for w in _tokens(line.split(": ", 1)[-1]) if len(w) > 2]
+    counts = Counter(words)
+    top = sorted(counts, key=lambda w: (-counts[w], words.index(w)))[:3]
+    topic = " ".join(top) or "conversation"
+    vectors = _normalise(embedder.embed_documents(list(lines)))
+    centre = vectors.mean(axis=0)
+    scores = vectors @ centre
+    if len(skip) < len(lines):
+        scores[list(skip)] = -np.inf
+    best = lines[int(np.argmax(scores))]
+    summary = " ".join(best.split())
+    return topic, summary[:197] + "..." if len(summary) > 200 else summary
+
+
+# ------------------------------------------------------------------------------ entries
+@dataclass(frozen=True)
+class MemoEntry:
+    """One memo entry ``{topic, summary, dialogs}`` (§3.2) as recalled.
+
+    Attributes:
+        id: The memo record's id.
+        topic: Topic phrase.
+        summary: One or two sentences.
+        dialogs: The covered dialogue lines ``"speaker: content"``, oldest first.
+        created_at: When the last covered line was said.
+        score: Retrieval score (1.0 for an LLM's choice).
+    """
+
+    id: str
+    topic: str
+    summary: str
+    dialogs: tuple[str, ...] = ()
+    created_at: datetime | None = None
+    score: float = 0.0
+
+    @property
+    def option(self) -> str:
+        """The option text shown for retrieval: ``"topic. summary"`` (Table 7)."""
+        return f"{self.topic}. {self.summary}".strip()
+
+
+@dataclass(frozen=True)
+class LLMOptionSource:
+    """A candidate source where an LLM chooses among memo options (Table 7).
+
+    Memo candidates are pre-selected by the engine's dense and lexical rankings (at most
+    ``max_options``, so a memo that grows without bound still fits one prompt); the LLM is
+    shown them as ``(i) topic. summary`` with a NOTO option and its ``N#M`` answer is parsed
+    tolerantly. Chosen memos come back with score 1.0, in option order. A failed model call
+    or an unparseable answer yields no candidates (the other sources still answer).
+
+    Attributes:
+        llm: The model choosing.
+        max_options: Options in one prompt.
+        weight: Fusion weight.
+        name: Label.
+        kind: Record kind of the options.
+    """
+
+    llm: LLM
+    max_options: int = 20
+    weight: float = 1.0
+    name: str = "llm_options"
+    kind: str = "memo"
+    calls: list[int] = field(default_factory=list, compare=False, repr=False)
+
+    def candidates(self, request: RecallRequest, backend: RecallBackend, depth: int) -> Ranking:
+        """Ask the LLM which pre-selected memos the query relates to."""
+        where: Any = {"kind": self.kind}
+        if request.filter is not None:
+            where = {"$and": [request.filter, where]}
+        vector = backend.embed_query(request.query)
+        dense = backend.dense(vector, user_id=request.user_id, depth=self.max_options, where=where)
+        lexical = backend.lexical(
+            request.query, user_id=request.user_id, depth=self.max_options, where=where
+        )
+        ids: list[str] = []
+        for pair in zip(lexical, dense, strict=False):
+            ids += [i for i, _ in pair if i not in ids]
+        ids += [i for i, _ in [*lexical, *dense] if i not in ids]
+        ids = ids[: self.max_options]
+        if not ids:
+            return []
+        loaded = backend.load(ids, user_id=request.user_id)
+        memos = [loaded[i] for i in ids if i in loaded]
+        chosen = choose_memos(self.llm, request.query, [m.text for m in memos])
+        self.calls.append(len(memos))
+        if chosen is None:
+            return []
+        return [(memos[i].id, 1.0) for i in chosen]
+
+
+def choose_memos(llm: LLM, query: str, options: Sequence[str]) -> list[int] | None:
+    """Ask ``llm`` which of ``options`` relate to ``query`` (0-based; ``None`` on failure)."""
+    if not options:
+        return []
+    messages, noto = build_retrieval_messages(query, options)
+    try:
+        picked = generate_parsed(
+            llm, messages, lambda t: parse_selection(t, len(options) + 1, noto)
+        )
+    except (LLMError, ParseError) as exc:
+        logger.warning("memo retrieval by the LLM failed: %s", exc)
+        return None
+    return [(p - 1) if p < noto else (p - 2) for p in picked]
+
+
+# ------------------------------------------------------------------------------ memory
+class MemoChatMemory(MemoryBase):
+    """MemoChat's memo (Lu et al., 2023, §3.2): topic memos written from a buffer of lines.
+
+    Example:
+        >>> from memories_core import MemoChatMemory, Scope, Turn
+        >>> from memories_core.embedders import HashingEmbedder
+        >>> memory = MemoChatMemory(embedder=HashingEmbedder(), max_lines=4)
+        >>> memory.save([Turn("user", "I study quantum entanglement."),
+        ...              Turn("assistant", "Entangled particles share one state."),
+        ...              Turn("user", "Bowing is polite in Japan."),
+        ...              Turn("assistant", "Yes, business cards are given with two hands.")],
+        ...             Scope("ann"))
+        >>> len(memory.memos(Scope("ann"))) >= 1
+        True
+
+    Args:
+        llm: Writes memos and chooses among them. ``None`` (and no engine model): the
+            LLM-free mode.
+        mode: ``"llm"``, ``"llm_free"`` or ``None`` (``"llm"`` if a model is available).
+        max_lines: Buffer size (lines) that triggers memo writing (released code: 10).
+        max_words: Buffer size (words) that triggers memo writing (released code: 1,024).
+        keep_lines: Lines kept in the buffer after a memo is written (paper: 2).
+        k: Records a recall returns by default.
+        threshold: Threshold of the LLM-free selector (:func:`select_options`).
+        max_options: Memo options shown to the LLM in one retrieval prompt.
+        **kwargs: Engine or storage options of :class:`~memories_core.mechanisms.base.MemoryBase`.
+    """
+
+    mechanism_name: ClassVar[str] = "memochat"
+    recall_kinds: ClassVar[tuple[str, ...]] = ("memo", "turn")
+    index_turns: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        *,
+        llm: LLM | None = None,
+        mode: str | None = None,
+        max_lines: int = 10,
+        max_words: int = 1024,
+        keep_lines: int = 2,
+        k: int = 3,
+        threshold: float = DEFAULT_THRESHOLD,
+        max_options: int = 20,
+        **kwargs: Any,
+    ) -> None:
+        if mode not in (None, "llm", "llm_free"):
+            raise ConfigurationError(f"mode must be 'llm' or 'llm_free', got {mode!r}")
+        if not (isinstance(max_lines, int) and max_lines >= 2 and 0 <= keep_lines < max_lines):
+            raise ConfigurationError("need max_lines >= 2 and 0 <= keep_lines < max_lines")
+        if not (isinstance(max_words, int) and max_words >= 1):
+            raise ConfigurationError("max_words must be a positive int")
+        super().__init__(k=k, llm=llm, **kwargs)
+        if mode is None:
+            mode = "llm" if (llm is not None or self.engine.llm is not None) else "llm_free"
+        if mode == "llm" and llm is None and self.engine.llm is None:
+            raise ConfigurationError("mode='llm' needs an llm")
+        self.mode = mode
+        self.max_lines = max_lines
+        self.max_words = max_words
+        self.keep_lines = keep_lines
+        self.threshold = threshold
+        self.max_options = max_options
+        if mode == "llm" and self.pipeline is None:
+            self.pipeline = Pipeline(
+                sources=(DenseSource(), LexicalSource(), self._option_source()),
+                rerankers=(),
+            )
+
+    @property
+    def _covered_key(self) -> str:
+        return f"{self.name}_memo"
+
+    @property
+    def _kept_key(self) -> str:
+        return f"{self.name}_kept"
+
+    def _option_source(self) -> LLMOptionSource:
+        llm = self.llm if self.llm is not None else self.engine.llm
+        assert llm is not None
+        return LLMOptionSource(llm, max_options=self.max_options)
+
+    # ------------------------------------------------------------------ reading
+    def buffer(self, scope: Scope) -> list[MemoryRecord]:
+        """``scope.user_id``'s turns not covered by a memo yet, oldest first."""
+        scope = check_scope(scope)
+        return self._buffer(scope.user_id)
+
+    def _buffer(self, user_id: str) -> list[MemoryRecord]:
+        where = {"kind": "turn", f"attrs.{self._covered_key}": {"$exists": False}}
+        return self.engine.records(user_id, where=where)
+
+    def memos(self, scope: Scope) -> list[MemoEntry]:
+        """Every memo entry of ``scope.user_id``, oldest first, with its dialogs."""
+        scope = check_scope(scope)
+        records = self.engine.records(scope.user_id, where={"kind": "memo"})
+        return self._entries(scope.user_id, [(r, 0.0) for r in records])
+
+    def _entries(
+        self, user_id: str, pairs: Sequence[tuple[MemoryRecord, float]]
+    ) -> list[MemoEntry]:
+        wanted = [i for record, _ in pairs for i in record.source_ids]
+        turns = {r.id: r for r in self.engine.get(user_id, wanted)} if wanted else {}
+        out = []
+        for record, score in pairs:
+            meta = record.metadata
+            dialogs = tuple(turns[i].text for i in record.source_ids if i in turns)
+            out.append(
+                MemoEntry(
+                    record.id,
+                    str(meta.get("topic", record.text)),
+                    str(meta.get("summary", "")),
+                    dialogs,
+                    record.created_at,
+                    score,
+                )
+            )
+        return out
+
+    def retrieve(self, query: str, scope: Scope, *, now: datetime | None = None) -> list[MemoEntry]:
+        """Memo retrieval (§3.2, Table 7): the memo entries ``query`` relates to.
+
+        With an LLM, memo candidates are pre-selected by the fused ranking and the LLM
+        chooses among them (a NOTO answer returns ``[]``). LLM-free, the fused selector
+        :func:`select_options` chooses with this memory's threshold.
+
+        Raises:
+            InvalidInputError: on an empty query.
+            MissingUserError: if ``scope`` has no user.
+        """
+        scope = check_scope(scope)
+        check_query(query)
+        hits = self.engine.search(
+            query, scope.user_id, k=self.max_options, kinds=("memo",), now=now, fusion=self.fusion
+        )
+        if not hits:
+            return []
+        texts = [h.record.text for h in hits]
+        if self.mode == "llm":
+            chosen = choose_memos(self._llm(scope), query, texts)
+            if chosen is None:
+                chosen = []
+        else:
+            chosen = select_options(query, texts, self.embedder, threshold=self.threshold)
+        return self._entries(scope.user_id, [(hits[i].record, hits[i].score) for i in chosen])
+
+    def respond(
+        self,
+        user_input: str,
+        scope: Scope,
+        *,
+        llm: LLM | None = None,
+        recent: int = 10,
+        save: bool = True,
+    ) -> str:
+        """Chat with memo (§3.2, Table 8): retrieve evidences, reply, and save the exchange.
+
+        Args:
+            user_input: What the user says.
+            scope: Whose memo.
+            llm: The model replying (default: this memory's).
+            recent: Recent dialog lines shown (from the end of the buffer).
+            save: Save the user input and the reply as turns afterwards.
+
+        Raises:
+            ConfigurationError: without any model.
+            LLMError: if the model call fails (nothing is saved then).
+        """
+        scope = check_scope(scope)
+        model = llm or self._llm(scope)
+        messages = self.chat_messages(user_input, scope, recent=recent)
+        reply = model.generate(messages).strip()
+        if save:
+            from memories_core.types import Turn
+
+            self.save([Turn("user", user_input), Turn("assistant", reply)], scope)
+        return reply
+
+    def chat_messages(self, user_input: str, scope: Scope, *, recent: int = 10) -> list[Any]:
+        """The Table 8 prompt for ``user_input``: related evidences, recent dialogs, input."""
+        scope = check_scope(scope)
+        evidences = self.retrieve(user_input, scope)
+        lines = [r.text for r in self._buffer(scope.user_id)][-recent:] if recent else []
+        return build_chat_messages(user_input, evidences, lines)
+
+    # ------------------------------------------------------------------ engine hooks
+    def _turn_jobs(self, records: Sequence[MemoryRecord]) -> Iterable[JobSpec]:
+        if not records:
+            return ()
+        user_id = records[0].user_id
+        buffered = {r.id: r for r in self._buffer(user_id)}
+        buffered.update({r.id: r for r in records})
+        words = sum(len(r.text.split()) for r in buffered.values())
+        if len(buffered) >= self.max_lines or words >= self.max_words:
+            return [JobSpec(self.name, "write_memo", "buffer", {})]
+        return ()
+
+    def _session_jobs(self, user_id: str, session_id: str) -> Iterable[JobSpec]:
+        """A session end writes the whole buffer into the memo (no line kept: the talk is over)."""
+        return [JobSpec(self.name, "write_memo", f"flush:{session_id}", {"final": True})]
+
+    def _chunk(self, buffer: Sequence[MemoryRecord]) -> list[MemoryRecord]:
+        """The oldest lines that fit one writing prompt (a long outage grows the buffer)."""
+        chunk: list[MemoryRecord] = []
+        words = 0
+        for record in buffer:
+            size = len(record.text.split())
+            if chunk and (len(chunk) >= 2 * self.max_lines or words + size > 2 * self.max_words):
+                break
+            chunk.append(record)
+            words += size
+        return chunk
+
+    def _run_job(self, job: Job) -> Derivation | None:
+        if job.kind != "write_memo":
+            return None
+        user_id = job.user_id
+        keep = 0 if job.payload.get("final") else self.keep_lines
+        buffer = self._buffer(user_id)
+        chunk = self._chunk(buffer)
+        if len(chunk) < len(buffer):
+            keep = 0  # more lines follow this chunk: they give the next memo its context
+        if len(chunk) <= keep:
+            return None
+        lines = [r.text for r in chunk]
+        if self.mode == "llm":
+            messages = build_writing_messages(lines)
+            try:
+                spans = generate_parsed(
+                    self._llm(Scope(user_id)),
+                    messages,
+                    lambda out: repair_spans(parse_memo_spans(out), len(lines)),
+                )
+            except (LLMError, ParseError) as exc:
+                raise JobFailed("memochat", f"memo writing failed: {exc}") from exc
+        else:
+            spans = []
+            for start, end in segment_lines(lines, self.embedder):
+                seen = [
+                    i - start
+                    for i in range(start, end + 1)
+                    if chunk[i - 1].state.attrs.get(self._kept_key)
+                ]
+                topic, summary = extractive_memo(lines[start - 1 : end], self.embedder, skip=seen)
+                spans.append(MemoSpan(topic, summary, start, end))
+        memos = []
+        owner: dict[str, str] = {}
+        for span in spans:
+            covered = chunk[span.start - 1 : span.end]
+            earlier = [r.state.attrs.get(self._kept_key) for r in covered]
+            if all(earlier):
+                # Only lines kept from the previous memo: they are in it already.
+                owner.update({r.id: str(m) for r, m in zip(covered, earlier, strict=True)})
+                continue
+            memos.append(
+                MemoryRecord(
+                    id=new_id(),
+                    user_id=user_id,
+                    kind="memo",
+                    text=f"{span.topic}. {span.summary}".strip(),
+                    created_at=covered[-1].created_at,
+                    session_id=covered[-1].session_id,
+                    metadata={
+                        "topic": span.topic,
+                        "summary": span.summary,
+                        "start": span.start,
+                        "end": span.end,
+                        "mode": self.mode,
+                    },
+                    source_ids=tuple(r.id for r in covered),
+                )
+            )
+        settled = chunk[: len(chunk) - keep] if keep else chunk
+        kept = chunk[len(settled) :]
+        owner.update({r.id: m.id for m in memos for r in chunk if r.id in m.source_ids})
+        state: dict[str, dict[str, Any]] = {
+            r.id: {"attrs": {self._covered_key: owner[r.id]}} for r in settled
+        }
+        state.update({r.id: {"attrs": {self._kept_key: owner[r.id]}} for r in kept})
+        return Derivation(add=memos, state=state, reason="memochat: written into a memo")
+
+    # ------------------------------------------------------------------ recall
+    def _render(self, hits: Sequence[ScoredRecord]) -> str:
+        """Memos with their dialogs, then turns no shown memo covers (one block)."""
+        memos = [h for h in hits if h.record.kind == "memo"]
+        if not memos:
+            return "\n".join(h.record.text for h in hits)
+        user_id = memos[0].record.user_id
+        entries = self._entries(user_id, [(h.record, h.score) for h in memos])
+        shown = {i for h in memos for i in h.record.source_ids}
+        blocks = []
+        for entry in entries:
+            dialogs = "\n".join(f"  {d}" for d in entry.dialogs)
+            blocks.append(f"[memo] {entry.option}" + (f"\n{dialogs}" if dialogs else ""))
+        blocks += [
+            h.record.text for h in hits if h.record.kind != "memo" and h.record.id not in shown
+        ]
+        return "\n".join(blocks)

@@ -1,0 +1,74 @@
+"""MemoChat in LangChain: the chat-with-memo runnable inside a real LCEL chain, the retriever."""
+
+from __future__ import annotations
+
+import pytest
+from langchain_core.output_parsers import StrOutputParser
+from langchain_core.runnables import RunnableLambda
+from lc_fakes import chat_model
+
+from langchain_memories import create_memochat_chain, memochat_retriever
+from memories_core import InvalidInputError, MemoChatMemory, Scope, Turn
+from memories_core.embedders import HashingEmbedder
+from memories_core.llms import ScriptedLLM
+from memories_core.prompts.memochat import rule_following_reply
+
+TOPICS = [
+    ("user", "Next week I meet business partners in Japan. How should I bow?"),
+    ("assistant", "In Japan a business bow is about fifteen degrees."),
+    ("user", "Is a gift expected at a Japanese business meeting?"),
+    ("assistant", "A modest wrapped gift is polite at Japanese business meetings."),
+    ("user", "Can you factor the polynomial x squared minus five x plus six?"),
+    ("assistant", "The polynomial factors as (x - 2)(x - 3)."),
+]
+
+
+def _memory() -> MemoChatMemory:
+    llm = ScriptedLLM(default=lambda m: rule_following_reply(m) or "")
+    memory = MemoChatMemory(llm=llm, embedder=HashingEmbedder(), max_lines=6)
+    memory.save([Turn(r, t) for r, t in TOPICS], Scope("ann"))
+    return memory
+
+
+def test_chain_sends_the_table8_prompt_and_saves_the_exchange() -> None:
+    memory = _memory()
+    model = chat_model("It was Japan, not Korea.")
+    chain = create_memochat_chain(memory, model) | RunnableLambda(str.upper)
+    out = chain.invoke(
+        {
+            "input": "The business etiquette we talked about belongs to Korea, right?",
+            "user_id": "ann",
+        }
+    )
+    assert out == "IT WAS JAPAN, NOT KOREA."
+    prompt = model.prompts[-1][-1].content
+    assert "Related evidences:" in prompt and "fifteen degrees" in prompt
+    assert "Recent dialogs:" in prompt and "User input:" in prompt
+    assert memory.turns(Scope("ann"))[-1].content == "It was Japan, not Korea."
+
+
+def test_chain_is_scoped_by_user() -> None:
+    memory = _memory()
+    model = chat_model("No idea.")
+    create_memochat_chain(memory, model).invoke({"input": "business in Japan?", "user_id": "bo"})
+    assert "fifteen degrees" not in model.prompts[-1][-1].content
+
+
+def test_chain_needs_a_user() -> None:
+    chain = create_memochat_chain(_memory(), chat_model("x"))
+    with pytest.raises(InvalidInputError):
+        chain.invoke({"input": "hi"})
+
+
+async def test_chain_async() -> None:
+    memory = _memory()
+    chain = create_memochat_chain(memory, chat_model("Async."), save=False) | StrOutputParser()
+    assert await chain.ainvoke({"input": "polynomial?", "user_id": "ann"}) == "Async."
+    assert memory.turns(Scope("ann"))[-1].content != "Async."
+
+
+def test_retriever_returns_memo_documents() -> None:
+    docs = memochat_retriever(_memory(), "ann", k=5).invoke("business etiquette japan")
+    assert any(d.metadata.get("kind") == "memo" for d in docs) or any(
+        "business" in d.page_content for d in docs
+    )
