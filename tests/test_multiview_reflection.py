@@ -65,6 +65,10 @@ def seeded_history() -> HistoryMemory:
     return memory
 
 
+def llm_again() -> ScriptedLLM:
+    return ScriptedLLM(["<Memory>: My cat Tom needs a vaccine appointment"])
+
+
 def test_sufficient_candidates_are_selected_in_one_call() -> None:
     llm = ScriptedLLM(["<Memory>: My cat Tom needs a vaccine appointment"])
     memory = SelfReflectiveMemory(seeded_history(), llm)
@@ -73,30 +77,29 @@ def test_sufficient_candidates_are_selected_in_one_call() -> None:
     assert [h.record.text for h in recall.records] == [
         "user: My cat Tom needs a vaccine appointment"
     ]
-    assert memory.last_result is not None
-    assert (memory.last_result.rounds, memory.last_result.llm_calls) == (1, 1)
+    result = SelfReflectiveMemory(seeded_history(), llm_again()).reflect("what does Tom need?", S)
+    assert (result.rounds, result.llm_calls) == (1, 1)
 
 
 def test_insufficient_candidates_extend_the_query_once() -> None:
     llm = ScriptedLLM(["<Query>: vet clinic, opening hours"])
     memory = SelfReflectiveMemory(seeded_history(), llm)
-    recall = memory.recall("when can I take Tom", S, k=1)
-    assert memory.last_result is not None
-    assert memory.last_result.queries == [
+    result = memory.reflect("when can I take Tom", S, k=1)
+    assert result.queries == [
         "when can I take Tom",
         "when can I take Tom vet clinic opening hours",
     ]
-    assert memory.last_result.llm_calls == 1
-    assert memory.last_result.keywords == ("vet clinic", "opening hours")
-    assert "Elm Street" in recall.context
+    assert result.llm_calls == 1
+    assert result.keywords == ("vet clinic", "opening hours")
+    assert any("Elm Street" in h.record.text for h in result.items)
 
 
 def test_garbled_reflection_falls_back_to_the_candidates() -> None:
     llm = ScriptedLLM(["???", "no idea"])
     memory = SelfReflectiveMemory(seeded_history(), llm)
-    recall = memory.recall("bicycle", S, k=1)
-    assert "bicycle" in recall.context
-    assert memory.last_result is not None and memory.last_result.failed
+    result = memory.reflect("bicycle", S, k=1)
+    assert any("bicycle" in h.record.text for h in result.items)
+    assert result.failed
     assert memory.reflection.failures.snapshot().failures == 1
 
 

@@ -262,7 +262,6 @@ class SelfReflectiveMemory:
         self.base = base
         self.reflection = SelfReflectiveRetrieval(llm, max_rounds=max_rounds)
         self.llm_for = llm_for
-        self.last_result: ReflectionResult[ScoredRecord] | None = None
         # Every model that reflected (the default and routed ones), for usage.
         self._models: dict[int, LLM] = {id(llm): llm}
         self._models_lock = threading.Lock()
@@ -298,18 +297,41 @@ class SelfReflectiveMemory:
         """Save through the wrapped mechanism."""
         self.base.save(turns, scope)
 
-    def recall(
+    def reflect(
         self, query: str, scope: Scope, *, k: int | None = None, now: datetime | None = None
-    ) -> Recall:
-        """Recall through the wrapped mechanism, reflecting on the candidates."""
-        result = self.reflection.run(
+    ) -> ReflectionResult[ScoredRecord]:
+        """Run the reflective retrieval and return its whole result.
+
+        The result holds the queries, keywords, model calls and whether the reflection
+        failed; :meth:`recall` returns the same as a ``Recall``.
+
+        Returned per call, never kept on the instance: concurrent recalls of several users
+        cannot see each other's results.
+        """
+        return self.reflection.run(
             query,
             lambda q: self.base.recall(q, scope, k=k, now=now).records,
             lambda hit: hit.record.text,
             llm=self._model(scope),
         )
-        self.last_result = result
-        return _to_recall(query, result)
+
+    async def areflect(
+        self, query: str, scope: Scope, *, k: int | None = None, now: datetime | None = None
+    ) -> ReflectionResult[ScoredRecord]:
+        """Async twin of :meth:`reflect`."""
+
+        async def search(q: str) -> Sequence[ScoredRecord]:
+            return (await self.base.arecall(q, scope, k=k, now=now)).records
+
+        return await self.reflection.arun(
+            query, search, lambda hit: hit.record.text, llm=self._model(scope)
+        )
+
+    def recall(
+        self, query: str, scope: Scope, *, k: int | None = None, now: datetime | None = None
+    ) -> Recall:
+        """Recall through the wrapped mechanism, reflecting on the candidates."""
+        return _to_recall(query, self.reflect(query, scope, k=k, now=now))
 
     def clear(self, scope: Scope) -> None:
         """Clear through the wrapped mechanism."""
@@ -327,15 +349,7 @@ class SelfReflectiveMemory:
         self, query: str, scope: Scope, *, k: int | None = None, now: datetime | None = None
     ) -> Recall:
         """Async twin of :meth:`recall`."""
-
-        async def search(q: str) -> Sequence[ScoredRecord]:
-            return (await self.base.arecall(q, scope, k=k, now=now)).records
-
-        result = await self.reflection.arun(
-            query, search, lambda hit: hit.record.text, llm=self._model(scope)
-        )
-        self.last_result = result
-        return _to_recall(query, result)
+        return _to_recall(query, await self.areflect(query, scope, k=k, now=now))
 
     def __getattr__(self, name: str) -> Any:
         # Mechanism-specific operations (end_session, retry_pending, usage, ...) stay reachable.
