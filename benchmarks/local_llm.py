@@ -12,7 +12,7 @@ measures:
 
     python benchmarks/local_llm.py                      # table, JSON, PNG, Markdown
     python benchmarks/local_llm.py --threads 1 --max-tokens 48
-    python benchmarks/local_llm.py --extra-site /tmp/llamacpp-venv/lib/python3.11/site-packages
+    python benchmarks/local_llm.py --extra-site VENV/lib/python3.11/site-packages
 
 ``--extra-site`` appends a site-packages folder (e.g. a throwaway venv holding
 llama-cpp-python) to the workers' ``sys.path``, so llama.cpp can be measured without

@@ -66,7 +66,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from locomo_retrieval import CachedEmbedder
 from machine_info import machine
 
-DEFAULT_DATA = Path("/work/shared/datasets/locomo/locomo_dev.json")
+DEFAULT_DATA = (
+    Path(__file__).resolve().parents[1].parent
+    / "shared"
+    / "datasets"
+    / "locomo"
+    / "locomo_dev.json"
+)
 OUT = Path(__file__).resolve().parent / "out"
 STEM = "locomo_views"
 KS = (1, 5, 10, 25)

@@ -21,14 +21,14 @@ On a loaded machine the 80 calls can take longer than wanted; the committed resu
 run in two halves and joined (the second half reads the first's JSON):
 
     python benchmarks/parse_rate.py --limit 4 --threads 2
-    cp benchmarks/out/parse_rate.json /tmp/part1.json
-    python benchmarks/parse_rate.py --start 4 --limit 4 --threads 2 --merge /tmp/part1.json
+    cp benchmarks/out/parse_rate.json part1.json
+    python benchmarks/parse_rate.py --start 4 --limit 4 --threads 2 --merge part1.json
 
 After the JSON prompts changed (their example answers were dropped, because the model
 copied them), only the ``json_schema`` layer was run again, reusing the prompt layer:
 
-    cp benchmarks/out/parse_rate.json /tmp/full.json
-    python benchmarks/parse_rate.py --threads 2 --only-json /tmp/full.json
+    cp benchmarks/out/parse_rate.json full.json
+    python benchmarks/parse_rate.py --threads 2 --only-json full.json
 
 Generation limits are small (16-96 tokens, :data:`MAX_TOKENS`) to bound the runtime; a JSON
 answer cut by the limit does not parse, which the real calls (up to 200 tokens) avoid.

@@ -58,7 +58,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from locomo_retrieval import CachedEmbedder
 from machine_info import machine
 
-DEFAULT_DATA = Path("/work/shared/datasets/locomo/locomo_dev.json")
+DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
+DEFAULT_DATA = DATASETS / "locomo" / "locomo_dev.json"
 OUT = Path(__file__).resolve().parent / "out"
 STEM = "reflection_loop"
 ROUNDS = (0, 1, 2)

@@ -34,9 +34,9 @@ from memories_core.errors import (
     ConfigurationError,
     EmbedderMismatchError,
     InvalidInputError,
-    MissingUserError,
 )
 from memories_core.interfaces import Filter
+from memories_core.types import check_user_id
 
 __all__ = ["ChromaIndex"]
 
@@ -410,8 +410,7 @@ class ChromaIndex:
             EmbedderMismatchError: if the query's dimension differs from the index's.
             BackendError: if Chroma fails.
         """
-        if not isinstance(user_id, str) or not user_id.strip():
-            raise MissingUserError("user_id is required")
+        check_user_id(user_id)
         if k < 1:
             raise InvalidInputError("k must be >= 1")
         check_filter(where)

@@ -19,6 +19,7 @@ import numpy.typing as npt
 from memories_core.errors import EmbedderMismatchError, InvalidInputError, MissingUserError
 from memories_core.filters import MISSING, FilterExpr, compile_filter, index_prefilter
 from memories_core.interfaces import Filter
+from memories_core.types import check_user_id
 
 __all__ = ["NumpyIndex", "check_metadata", "matches_filter"]
 
@@ -293,8 +294,7 @@ class NumpyIndex:
             InvalidInputError: if ``k < 1``, the vector is malformed or the filter invalid.
             EmbedderMismatchError: if the query's dimension differs from the index's.
         """
-        if not isinstance(user_id, str) or not user_id.strip():
-            raise MissingUserError("user_id is required")
+        check_user_id(user_id)
         if k < 1:
             raise InvalidInputError("k must be >= 1")
         # Keys the index does not hold (state, created_at) are left to the caller's re-check.

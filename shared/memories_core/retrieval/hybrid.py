@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any, Literal
 
-from memories_core.errors import ConfigurationError, InvalidInputError, MissingUserError
+from memories_core.errors import ConfigurationError, InvalidInputError
 from memories_core.interfaces import Embedder, Filter, RecordStore, VectorIndex
 from memories_core.retrieval.context import DEFAULT_CONTEXT_GAP, ContextSpreading
 from memories_core.retrieval.fusion import DEFAULT_MISSING_MARGIN, Fusion, Ranking
@@ -33,7 +33,7 @@ from memories_core.retrieval.pipeline import (
     Reranker,
 )
 from memories_core.retrieval.store_backend import StoreBackend, adjacent_via_list
-from memories_core.types import MemoryRecord, ScoredRecord
+from memories_core.types import MemoryRecord, ScoredRecord, check_user_id
 
 __all__ = ["FusionConfig", "HybridRetriever", "SearchMode", "index_metadata"]
 
@@ -332,8 +332,7 @@ class HybridRetriever:
         """
         if not isinstance(query, str) or not query.strip():
             raise InvalidInputError("query is empty or only whitespace")
-        if not isinstance(user_id, str) or not user_id.strip():
-            raise MissingUserError("user_id is required and must be a non-empty string")
+        check_user_id(user_id)
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise InvalidInputError(f"k must be an int >= 1, got {k!r}")
         if mode not in ("hybrid", "dense", "lexical"):

@@ -43,10 +43,10 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from memories_core.errors import ConfigurationError, InvalidInputError, MissingUserError
+from memories_core.errors import ConfigurationError, InvalidInputError
 from memories_core.retrieval.context import ContextSpreading
 from memories_core.retrieval.fusion import Fusion, Ranking
-from memories_core.types import MemoryRecord, ScoredRecord, ensure_utc, utcnow
+from memories_core.types import MemoryRecord, ScoredRecord, check_user_id, ensure_utc, utcnow
 
 __all__ = [
     "DEFAULT_DEPTH",
@@ -99,8 +99,7 @@ class RecallRequest:
     def __post_init__(self) -> None:
         if not isinstance(self.query, str) or not self.query.strip():
             raise InvalidInputError("query is empty or only whitespace")
-        if not isinstance(self.user_id, str) or not self.user_id.strip():
-            raise MissingUserError("user_id is required and must be a non-empty string")
+        check_user_id(self.user_id)
         if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
             raise InvalidInputError(f"k must be an int >= 1, got {self.k!r}")
         if self.now is not None:
