@@ -54,13 +54,7 @@ class TestMemoryBankContract(MechanismContract):
     needs_llm = True
     derives_records = True
     end_session_derives = True
-    known_failures: ClassVar[dict[str, str]] = {
-        "test_async_twins_match_sync": (
-            "by design: a recall reinforces what it returns (Zhong et al. §2.3), so the "
-            "suite's second recall of the same memory ranks differently; tests/"
-            "test_memorybank.py checks the twins with reinforcement off"
-        ),
-    }
+    known_failures: ClassVar[dict[str, str]] = {}
 
     def make_memory(self, path: Path | None, llm: LLM) -> Mechanism:
         return MemoryBankMemory(path=path, llm=aware(llm), embedder=HashingEmbedder(dimension=64))
