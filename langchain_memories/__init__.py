@@ -24,7 +24,7 @@ except ImportError as exc:
 
 from langchain_memories.bridges import CoreEmbeddings, LangChainEmbedder, LangChainLLM
 from langchain_memories.conditional import ConditionalMemoryChat
-from langchain_memories.forgetting import ForgettingCurveRetriever
+from langchain_memories.forgetting import ForgettingCurveRetriever, MemoryBankRetriever
 from langchain_memories.legacy import LegacyChainMemory
 from langchain_memories.memochat import create_memochat_chain, memochat_retriever
 from langchain_memories.middleware import MemoryMiddleware
@@ -40,6 +40,7 @@ __all__ = [
     "LangChainEmbedder",
     "LangChainLLM",
     "LegacyChainMemory",
+    "MemoryBankRetriever",
     "MemoryMiddleware",
     "MemoryRetriever",
     "MemoryStore",

@@ -18,10 +18,12 @@ from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 from pydantic import ConfigDict, Field
 
+from langchain_memories.retriever import MemoryRetriever
 from memories_core.mechanisms.forgetting import ForgettingCurve, apply_forgetting
+from memories_core.mechanisms.memorybank import MemoryBankMemory
 from memories_core.types import ensure_utc, utcnow
 
-__all__ = ["ForgettingCurveRetriever"]
+__all__ = ["ForgettingCurveRetriever", "MemoryBankRetriever"]
 
 
 class ForgettingCurveRetriever(BaseRetriever):
@@ -125,3 +127,57 @@ class ForgettingCurveRetriever(BaseRetriever):
 def _score(doc: Document) -> float | None:
     value = doc.metadata.get("score")
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+class MemoryBankRetriever(MemoryRetriever):
+    """:class:`~langchain_memories.MemoryRetriever` for a core ``MemoryBankMemory``.
+
+    Returns the recalled memories (turns and daily summaries, re-weighted by the forgetting
+    curve and reinforced on recall, Zhong et al. §2.2-2.3) and, first, the user's global
+    portrait and global event summary as two documents (``metadata["kind"]`` is
+    ``"global_portrait"`` / ``"global_summary"``), so that a chain's prompt holds what
+    SiliconFriend's prompt holds (§3) without a second lookup.
+
+    Instantiate:
+        .. code-block:: python
+
+            from langchain_memories import MemoryBankRetriever
+            from memories_core import MemoryBankMemory
+
+            bank = MemoryBankMemory(path="./memories")
+            retriever = MemoryBankRetriever(memory=bank, user_id="gary", k=3)
+            retriever.invoke("How can I relieve stress?")
+    """
+
+    memory: MemoryBankMemory = Field(description="The core MemoryBank memory.")
+
+    def _get_relevant_documents(
+        self,
+        query: str,
+        *,
+        run_manager: CallbackManagerForRetrieverRun,
+        k: int | None = None,
+    ) -> list[Document]:
+        recalled = super()._get_relevant_documents(query, run_manager=run_manager, k=k)
+        return [*self._globals(), *recalled]
+
+    async def _aget_relevant_documents(
+        self,
+        query: str,
+        *,
+        run_manager: AsyncCallbackManagerForRetrieverRun,
+        k: int | None = None,
+    ) -> list[Document]:
+        recalled = await super()._aget_relevant_documents(query, run_manager=run_manager, k=k)
+        return [*self._globals(), *recalled]
+
+    def _globals(self) -> list[Document]:
+        parts = (
+            ("global_portrait", self.memory.portrait(self.user_id)),
+            ("global_summary", self.memory.global_summary(self.user_id)),
+        )
+        return [
+            Document(page_content=text, metadata={"kind": kind, "user_id": self.user_id})
+            for kind, text in parts
+            if text
+        ]

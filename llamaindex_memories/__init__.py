@@ -22,7 +22,7 @@ except ImportError as exc:
 
 from llamaindex_memories.bridges import CoreEmbedding, LlamaIndexEmbedder, LlamaIndexLLM
 from llamaindex_memories.conditional import ConditionalMemoryBlock, ConditionalMemoryLLM
-from llamaindex_memories.forgetting import ForgettingCurvePostprocessor
+from llamaindex_memories.forgetting import ForgettingCurvePostprocessor, MemoryBankBlock
 from llamaindex_memories.memochat import MemoChatEngine, memochat_retriever
 from llamaindex_memories.memory_block import MemoryBlock
 from llamaindex_memories.observability import MemoryRecallEvent, MemorySaveEvent
@@ -38,6 +38,7 @@ __all__ = [
     "LlamaIndexEmbedder",
     "LlamaIndexLLM",
     "MemoChatEngine",
+    "MemoryBankBlock",
     "MemoryBlock",
     "MemoryRecallEvent",
     "MemoryRetriever",

@@ -14,10 +14,12 @@ from llama_index.core.bridge.pydantic import Field
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
+from llamaindex_memories.memory_block import MemoryBlock
 from memories_core.mechanisms.forgetting import ForgettingCurve, apply_forgetting
+from memories_core.mechanisms.memorybank import MemoryBankMemory
 from memories_core.types import ensure_utc, utcnow
 
-__all__ = ["ForgettingCurvePostprocessor"]
+__all__ = ["ForgettingCurvePostprocessor", "MemoryBankBlock"]
 
 _HIDDEN = ["retention"]
 
@@ -115,3 +117,37 @@ class ForgettingCurvePostprocessor(BaseNodePostprocessor):
 
 def _hide(keys: list[str]) -> list[str]:
     return [*keys, *(k for k in _HIDDEN if k not in keys)]
+
+
+class MemoryBankBlock(MemoryBlock):
+    """A :class:`~llamaindex_memories.MemoryBlock` for a core ``MemoryBankMemory``.
+
+    Messages that ``Memory`` flushes (or :meth:`~llamaindex_memories.MemoryBlock.flush` at the
+    end of a session) are saved with their timestamps; a new day rolls the old one over into
+    its daily summary and personality note (Zhong et al. §2.1). Before each model call the
+    block recalls for the latest user message: the relevant memories, re-weighted by the
+    forgetting curve and reinforced (§2.2-2.3), plus the global portrait and global event
+    summary, as SiliconFriend's prompt has them (§3).
+
+    Instantiate and use in a chat engine:
+        .. code-block:: python
+
+            from llama_index.core.chat_engine import SimpleChatEngine
+            from llama_index.core.memory import Memory
+            from llamaindex_memories import MemoryBankBlock
+            from memories_core import MemoryBankMemory
+
+            block = MemoryBankBlock(memory=MemoryBankMemory(path="./memories"), user_id="gary")
+            memory = Memory.from_defaults(session_id="day-1", memory_blocks=[block])
+            engine = SimpleChatEngine.from_defaults(llm=llm, memory=memory)
+    """
+
+    name: str = Field(default="memory_bank", description="Name of the block in the prompt.")
+    memory: MemoryBankMemory = Field(
+        exclude=True, description="The core MemoryBank memory that stores, forgets and recalls."
+    )
+
+    @classmethod
+    def class_name(cls) -> str:
+        """Name used by LlamaIndex serialization."""
+        return "MemoryBankBlock"

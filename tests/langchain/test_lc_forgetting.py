@@ -81,3 +81,34 @@ def test_reinforcement_is_written_back_for_documents_of_our_store() -> None:
     assert doc.metadata["retention"] == pytest.approx(math.exp(-1))
     (record,) = memory.engine.get("ann", [doc.metadata["record_id"]])
     assert record.state.strength == 2 and record.state.recall_count == 1
+
+
+def test_memorybank_retriever_leads_with_portrait_and_global_summary_in_a_chain() -> None:
+    from langchain_memories import MemoryBankRetriever
+
+    clock = FixedClock(NOW - timedelta(days=2))
+    memory = MemoryBankMemory(
+        llm=ScriptedLLM(default=memorybank_reply), embedder=HashingEmbedder(), clock=clock
+    )
+    memory.save(
+        [Turn("user", "Work stress is high; a walk helps me", timestamp=clock.now())], Scope("gary")
+    )
+    clock.set(NOW)
+    memory.save([Turn("user", "New day, new plans", timestamp=clock.now())], Scope("gary"))
+    retriever = MemoryBankRetriever(memory=memory, user_id="gary", k=2)
+    seen: list[str] = []
+    prompt = ChatPromptTemplate.from_template("{context}\n\nQ: {question}")
+    chain = (
+        {
+            "context": retriever | (lambda docs: "\n".join(d.page_content for d in docs)),
+            "question": RunnablePassthrough(),
+        }
+        | prompt
+        | (lambda value: seen.append(value.to_string()) or "ok")
+    )
+    chain.invoke("how do I relieve stress?")
+    docs = retriever.invoke("how do I relieve stress?")
+    kinds = [d.metadata["kind"] for d in docs]
+    assert kinds[:2] == ["global_portrait", "global_summary"]
+    assert any("walk" in d.page_content for d in docs[2:])
+    assert memory.portrait("gary") in seen[0]

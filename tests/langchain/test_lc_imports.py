@@ -15,6 +15,7 @@ EXPECTED_ALL = [
     "LangChainEmbedder",
     "LangChainLLM",
     "LegacyChainMemory",
+    "MemoryBankRetriever",
     "MemoryMiddleware",
     "MemoryRetriever",
     "MemoryStore",

@@ -76,3 +76,37 @@ def test_reinforcement_is_written_back_for_nodes_of_our_store() -> None:
     (record,) = memory.engine.get("ann", [nodes[0].node.metadata["record_id"]])
     assert record.state.strength == 2
     assert record.state.last_recalled_at == NOW
+
+
+def test_memorybank_block_gives_a_chat_engine_memories_portrait_and_summary() -> None:
+    from llama_index.core.chat_engine import SimpleChatEngine
+    from llama_index.core.memory import Memory
+
+    from llamaindex_memories import MemoryBankBlock
+
+    Settings.llm = MockLLM()
+    Settings.embed_model = CoreEmbedding(HashingEmbedder())
+    clock = FixedClock(NOW - timedelta(days=2))
+    bank = MemoryBankMemory(
+        llm=ScriptedLLM(default=memorybank_reply), embedder=HashingEmbedder(), clock=clock
+    )
+    bank.save(
+        [Turn("user", "A walk after lunch relieves my stress", timestamp=clock.now())],
+        Scope("gary"),
+    )
+    clock.set(NOW)
+    bank.save([Turn("user", "Today I start a new project", timestamp=clock.now())], Scope("gary"))
+    block = MemoryBankBlock(memory=bank, user_id="gary")
+    assert block.name == "memory_bank"
+    memory = Memory.from_defaults(session_id="d3", memory_blocks=[block])
+    seen: list[str] = []
+
+    class Recording(MockLLM):
+        def chat(self, messages, **kwargs):  # type: ignore[no-untyped-def,override]
+            seen.append("\n".join(str(m.content) for m in messages))
+            return super().chat(messages, **kwargs)
+
+    engine = SimpleChatEngine.from_defaults(llm=Recording(), memory=memory)
+    engine.chat("How can I relieve stress?")
+    assert "walk after lunch" in seen[0]
+    assert bank.portrait("gary") in seen[0]

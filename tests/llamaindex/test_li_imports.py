@@ -18,6 +18,7 @@ EXPECTED_ALL = [
     "LlamaIndexEmbedder",
     "LlamaIndexLLM",
     "MemoChatEngine",
+    "MemoryBankBlock",
     "MemoryBlock",
     "MemoryRecallEvent",
     "MemoryRetriever",
