@@ -49,14 +49,14 @@ from memories_core.errors import ConfigurationError, LLMError, ParseError
 from memories_core.mechanisms.base import MemoryBase
 from memories_core.parsing import generate_parsed
 from memories_core.prompts.memochat import (
+    MEMO_WRITING,
     MemoSpan,
+    WritingInput,
     build_chat_messages,
     build_retrieval_messages,
-    build_writing_messages,
-    parse_memo_spans,
     parse_selection,
-    repair_spans,
 )
+from memories_core.prompts.spec import run_spec
 from memories_core.retrieval import DenseSource, LexicalSource, Pipeline
 from memories_core.types import Job, JobSpec, MemoryRecord, Scope, ScoredRecord, new_id
 
@@ -569,12 +569,9 @@ class MemoChatMemory(MemoryBase):
             return None
         lines = [r.text for r in chunk]
         if self.mode == "llm":
-            messages = build_writing_messages(lines)
             try:
-                spans = generate_parsed(
-                    self._llm(Scope(user_id)),
-                    messages,
-                    lambda out: repair_spans(parse_memo_spans(out), len(lines)),
+                spans = run_spec(
+                    self._llm(Scope(user_id)), MEMO_WRITING, WritingInput(tuple(lines))
                 )
             except (LLMError, ParseError) as exc:
                 raise JobFailed("memochat", f"memo writing failed: {exc}") from exc

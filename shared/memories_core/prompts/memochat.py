@@ -25,16 +25,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import pydantic
+
 from memories_core.errors import ParseError
 from memories_core.parsing import parse_json, parse_options
+from memories_core.prompts.spec import PromptSpec
 from memories_core.types import ChatMessage
 
 __all__ = [
     "CHAT_SYSTEM",
+    "MEMO_WRITING",
     "NOTO",
     "RETRIEVE_SYSTEM",
     "WRITE_SYSTEM",
     "MemoSpan",
+    "MemoTopic",
+    "MemoWritingAnswer",
+    "WritingInput",
     "build_chat_messages",
     "build_retrieval_messages",
     "build_writing_messages",
@@ -437,3 +444,47 @@ def rule_following_reply(messages: Sequence[ChatMessage]) -> str | None:
             return f"From our memo on {found.group(1)}: {said}"
         return f"I have nothing in the memo about that; you said: {said}"
     return None
+
+
+# ------------------------------------------------------------------- memo writing as a spec
+@dataclass(frozen=True)
+class WritingInput:
+    """Input of the memo-writing prompt (Table 6): the buffered dialogue lines, oldest first."""
+
+    lines: tuple[str, ...]
+
+
+class MemoTopic(pydantic.BaseModel):
+    """One topic of a memo-writing answer (Table 6's fields)."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+    topic: str = pydantic.Field(min_length=1, max_length=120, description="The topic")
+    summary: str = pydantic.Field(max_length=600, description="What was said about it")
+    start: int = pydantic.Field(ge=1, description="First line of the topic")
+    end: int = pydantic.Field(ge=1, description="Last line of the topic")
+
+
+class MemoWritingAnswer(pydantic.BaseModel):
+    """JSON form of a memo-writing answer, for schema-constrained decoding."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+    topics: list[MemoTopic] = pydantic.Field(min_length=1, description="Topics in line order")
+
+
+def _writing_stand_in(inputs: WritingInput) -> str:
+    reply = rule_following_reply(build_writing_messages(inputs.lines))
+    assert reply is not None  # the stand-in knows this module's prompts
+    return reply
+
+
+#: Memo writing (Lu et al., Table 6) as a prompt spec: the runner uses schema-constrained
+#: JSON where the model offers it (``{"topics": [...]}``), else the prompt's JSON list with
+#: tolerant parsing, a repair retry, and range validation/repair (:func:`repair_spans`).
+MEMO_WRITING: PromptSpec[WritingInput, list[MemoSpan]] = PromptSpec(
+    name="memochat.writing",
+    build=lambda i: build_writing_messages(i.lines),
+    parse=lambda text, i: repair_spans(parse_memo_spans(text), len(i.lines)),
+    stand_in=_writing_stand_in,
+    response_model=MemoWritingAnswer,
+    max_tokens=600,
+)
