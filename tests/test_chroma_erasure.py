@@ -273,3 +273,26 @@ def test_erasure_resumes_after_a_crash_and_with_an_injected_client(tmp_path: Pat
     del client
     gc.collect()
     assert grep(path, needles) == []
+
+
+def test_stale_memory_in_other_users_hnsw_files_is_scrubbed_at_close(tmp_path: Path) -> None:
+    # Chroma's HNSW writer persists an index's whole preallocated buffer; past the stored
+    # elements it is uninitialised memory, which held a deleted user's bytes in 2 of 30 runs.
+    # Simulate such stale bytes in the keeper's live segment, delete another user, close.
+    path = tmp_path / "chroma"
+    index = ChromaIndex(path=path)
+    keeper = {"user_id": "keeper", "kind": "turn"}
+    index.add([f"k{i}" for i in range(5)], vectors(5, 3), [keeper] * 5)
+    index.add(["v1"], vectors(1, 4), [{"user_id": "victim", "kind": "turn"}])
+    planted = b"STALE-victim-bytes"
+    for data in path.glob("*/data_level0.bin"):
+        with data.open("r+b") as handle:
+            handle.seek(data.stat().st_size - 64)
+            handle.write(planted)
+    index.delete_user("victim")
+    index.close()
+    assert grep(path, [planted]) == []
+    again = ChromaIndex(path=path)
+    assert again.count("keeper") == 5
+    found = again.search(vectors(5, 3)[2], user_id="keeper", k=1)
+    assert found[0][0] == "k2"
