@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from memories_core.backends import ChromaIndex, NumpyIndex, SQLiteRecordStore
 from memories_core.backends.numpy_index import check_filter, matches_filter
+from memories_core.backends.sqlite_store import _STATE_FILTER_COLUMNS
 from memories_core.errors import InvalidInputError
 from memories_core.filters import (
     MISSING,
@@ -376,19 +377,8 @@ def test_record_getter_reads_fields_state_and_metadata() -> None:
 
 # -- to_sql with a full column map (how the engine wires state fields) ----------------------
 
-STATE_COLUMNS: Mapping[str, tuple[str, Any]] = {
-    "id": ("r.id", "text"),
-    "kind": ("r.kind", "text"),
-    "session_id": ("r.session_id", "text"),
-    "created_at": ("r.created_at", "datetime"),
-    "strength": ("COALESCE(s.strength, 1.0)", "real"),
-    "recall_count": ("COALESCE(s.recall_count, 0)", "int"),
-    "last_recalled_at": ("s.last_recalled_at", "datetime"),
-    "tier": ("s.tier", "text"),
-    "valid_from": ("s.valid_from", "datetime"),
-    "valid_until": ("s.valid_until", "datetime"),
-    "archived": ("COALESCE(s.archived, 0)", "bool"),
-}
+# The store's own column map: the test checks the wiring the engine uses, not a copy of it.
+STATE_COLUMNS: Mapping[str, tuple[str, Any]] = _STATE_FILTER_COLUMNS
 
 
 def state_rows() -> list[dict[str, Any]]:
