@@ -25,6 +25,7 @@ import re
 from collections.abc import Sequence
 
 from memories_core.errors import ParseError
+from memories_core.prompts.spec import fence, read_section
 from memories_core.types import ChatMessage
 
 __all__ = [
@@ -81,9 +82,8 @@ _TASKS = {
 
 
 def _fence(tag: str, lines: Sequence[str]) -> str:
-    # Untrusted text must not close the section it sits in.
-    body = "\n".join(line.replace(f"</{tag}>", f"</ {tag}>") for line in lines)
-    return f"<{tag}>\n{body}\n</{tag}>"
+    # Untrusted text is escaped (the shared prompt-spec fence), so it cannot close its section.
+    return fence(tag, "\n".join(lines))
 
 
 def build_daily_summary_messages(day: str, dialogue: Sequence[str]) -> list[ChatMessage]:
@@ -350,8 +350,7 @@ _INTEREST = re.compile(
 
 
 def _section(text: str, tag: str) -> list[str]:
-    match = re.search(rf"<{tag}>\n(.*?)\n</{tag}>", text, re.S)
-    return [line for line in (match.group(1) if match else "").splitlines() if line.strip()]
+    return [line for line in read_section(text, tag).splitlines() if line.strip()]
 
 
 def _first_sentence(text: str, limit: int = 160) -> str:
