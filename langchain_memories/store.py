@@ -213,21 +213,19 @@ class MemoryStore(BaseStore):
             created_at=old[0].created_at if old else now,
             metadata=meta,
         )
-        self.engine.add_records([record], index=op.index is not False)
         ttl = op.ttl
         had_ttl = bool(old) and old[0].state.attrs.get(_TTL) is not None
-        if ttl is None and not had_ttl:
-            emit_memory_event("memory_saved", {"user_id": user, "record_id": rid, "key": op.key})
-            return
-        self.engine.update_state(
-            user,
-            {
+        state = None
+        if ttl is not None or had_ttl:
+            state = {
                 rid: {
                     "valid_until": None if ttl is None else now + timedelta(minutes=float(ttl)),
                     "attrs": {_TTL: ttl},
                 }
-            },
-            reason="store put",
+            }
+        # The item and its TTL in one transaction: a crash cannot leave an item that never expires.
+        self.engine.add_records(
+            [record], index=op.index is not False, state=state, reason="store put"
         )
         emit_memory_event("memory_saved", {"user_id": user, "record_id": rid, "key": op.key})
 

@@ -455,3 +455,16 @@ def test_deleting_records_keeps_an_audit_trail_unless_erased() -> None:
     assert entries[kept.id].old["text"] == "old address: 12 Elm St"
     assert "text" not in entries[erased.id].old and entries[erased.id].reason == "user asked"
     assert engine.records("u") == []
+
+
+def test_records_and_their_state_are_written_in_one_transaction() -> None:
+    engine = make_engine()
+    voucher = note("u", "hotel voucher AMS-2291")
+    until = T0 + timedelta(days=1)
+    engine.add_records([voucher], state={voucher.id: {"valid_until": until}}, reason="expires")
+    assert engine.get("u", [voucher.id])[0].state.valid_until == until
+    assert [h.reason for h in engine.history("u")] == ["expires"]
+    broken = note("u", "never stored")
+    with pytest.raises(InvalidInputError):
+        engine.add_records([broken], state={broken.id: {"valid_until": "tomorrow"}})
+    assert engine.get("u", [broken.id]) == []

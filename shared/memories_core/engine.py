@@ -479,20 +479,38 @@ class MemoryEngine:
         return records, new_jobs
 
     def add_records(
-        self, records: Sequence[MemoryRecord], *, replace: Sequence[str] = (), index: bool = True
+        self,
+        records: Sequence[MemoryRecord],
+        *,
+        replace: Sequence[str] = (),
+        index: bool = True,
+        state: Mapping[str, Mapping[str, Any]] | None = None,
+        reason: str | None = None,
     ) -> None:
-        """Store derived records (and delete ``replace``) in one transaction, then index them.
+        """Store records (delete ``replace``, set ``state``) in one transaction, then index them.
+
+        Args:
+            records: The records (of one user when ``replace`` or ``state`` is given).
+            replace: Ids of that user's records deleted in the same transaction.
+            index: Whether the records get vectors.
+            state: State changes (record id -> ``{field: value}``) of the new records, written
+                in the same transaction, so that e.g. a validity end can never be missing.
+            reason: Kept in the update history for ``state``.
 
         Raises:
-            InvalidInputError: if records of several users are mixed with ``replace``.
+            InvalidInputError: if records of several users are mixed with ``replace``/``state``.
         """
         owners = {r.user_id for r in records}
-        if replace and len(owners) > 1:
-            raise InvalidInputError("replace= needs records of one user")
+        if (replace or state) and len(owners) > 1:
+            raise InvalidInputError("replace= and state= need records of one user")
         with self.store.transaction():
             self.store.add(records, indexed=index)
             if replace:
                 self.store.delete(list(replace), user_id=next(iter(owners)))
+            if state and owners:
+                self.store.update_state(
+                    next(iter(owners)), state, at=self.clock.now(), reason=reason
+                )
         if replace:
             self._drop_vectors(next(iter(owners)), replace)
         self._index_pending()
