@@ -178,8 +178,9 @@ class ChromaIndex:
         # The folder of an embedded persistent store, whose files erasure cleans.
         self._folder: Path | None = Path(path) if path is not None else _local_folder(client)
         self._erase_on_close = False
-        for late in self._orphan_segment_folders():
-            shutil.rmtree(late, ignore_errors=True)
+        with suppress(BackendError):  # best effort on open; a delete_user repeats it
+            for late in self._orphan_segment_folders():
+                shutil.rmtree(late, ignore_errors=True)
         self._dimension: int | None = None
         # user_id -> that user's Chroma collection, filled as collections are opened.
         self._collections: dict[str, Any] = {}
@@ -750,14 +751,9 @@ class ChromaIndex:
         if folder is None or not (folder / _SQLITE_FILE).is_file():
             return
         with self._lock:
-            # Folders are listed before segment rows are read: Chroma writes a segment's row
-            # (when the collection is created) before its folder, so a folder seen here whose
-            # row is absent below belongs to a dropped segment, never to one being created.
-            listed = [
-                entry
-                for entry in folder.iterdir()
-                if entry.is_dir() and _SEGMENT_DIR.fullmatch(entry.name)
-            ]
+            orphans = self._orphan_segment_folders()
+            for entry in orphans:
+                shutil.rmtree(entry, ignore_errors=True)
             try:
                 with closing(
                     sqlite3.connect(
@@ -768,21 +764,22 @@ class ChromaIndex:
                 ) as conn:
                     conn.execute(f"PRAGMA busy_timeout = {_ERASE_BUSY_TIMEOUT_MS}")
                     conn.execute("PRAGMA secure_delete = ON")
-                    live = {str(row[0]) for row in conn.execute("SELECT id FROM segments")}
-                    for entry in listed:
-                        if entry.name not in live:
-                            shutil.rmtree(entry, ignore_errors=True)
                     _purge_orphan_rows(conn)
                     conn.execute("VACUUM")
                     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             except sqlite3.Error as exc:
                 raise BackendError(f"cannot erase deleted Chroma data: {exc}") from exc
-            for entry in listed:
-                if entry.name not in live and entry.exists():
+            for entry in orphans:
+                if entry.exists():
                     raise BackendError(f"cannot remove the dropped Chroma segment {entry}")
 
     def _orphan_segment_folders(self) -> list[Path]:
-        """Segment folders that no segment row refers to (a dropped collection's files)."""
+        """Segment folders that no segment row refers to (a dropped collection's files).
+
+        Folders are listed before segment rows are read: Chroma writes a segment's row (when
+        the collection is created) before its folder, so a folder listed whose row is absent
+        belongs to a dropped segment, never to one being created.
+        """
         folder = self._folder
         if folder is None or not (folder / _SQLITE_FILE).is_file():
             return []
@@ -794,8 +791,8 @@ class ChromaIndex:
                 sqlite3.connect(folder / _SQLITE_FILE, timeout=_ERASE_BUSY_TIMEOUT_MS / 1000)
             ) as conn:
                 live = {str(row[0]) for row in conn.execute("SELECT id FROM segments")}
-        except sqlite3.Error:
-            return []
+        except sqlite3.Error as exc:
+            raise BackendError(f"cannot read Chroma's segments: {exc}") from exc
         return [entry for entry in listed if entry.name not in live]
 
     def _sweep_late_segment_folders(self, *, seconds: float = 3.0, quiet: int = 3) -> None:
@@ -810,7 +807,10 @@ class ChromaIndex:
         deadline = time.monotonic() + seconds
         calm = 0
         while calm < quiet and time.monotonic() < deadline:
-            late = self._orphan_segment_folders()
+            try:
+                late = self._orphan_segment_folders()
+            except BackendError:
+                return
             for entry in late:
                 shutil.rmtree(entry, ignore_errors=True)
             calm = 0 if late else calm + 1
