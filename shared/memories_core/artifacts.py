@@ -14,10 +14,12 @@ Folder names are hashes: neither the user id nor the artifact name appears on di
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -81,11 +83,21 @@ class ArtifactStore:
         root: Folder for the bytes; ``None`` uses a private temporary folder removed by
             :meth:`close` (in-memory memories).
         clock: Time of writes.
+        keep_younger_than: Seconds; unregistered folders modified more recently are not
+            removed on open (a shared folder: another process may be writing one).
     """
 
-    def __init__(self, store: EngineStore, root: Path | None, clock: Clock) -> None:
+    def __init__(
+        self,
+        store: EngineStore,
+        root: Path | None,
+        clock: Clock,
+        *,
+        keep_younger_than: float = 0.0,
+    ) -> None:
         self._store = store
         self._clock = clock
+        self._keep_younger_than = keep_younger_than
         self._temp: tempfile.TemporaryDirectory[str] | None = None
         if root is None:
             self._temp = tempfile.TemporaryDirectory(prefix="llm-memories-artifacts-")
@@ -230,14 +242,26 @@ class ArtifactStore:
     def _remove_unregistered(self) -> None:
         """Remove folders no registry entry points at (left by a crash mid-write)."""
         registered = {row["folder"] for row in self._store.artifact_rows()}
+        cutoff = time.time() - self._keep_younger_than
         for user_dir in self.root.iterdir() if self.root.exists() else []:
             if not user_dir.is_dir():
                 continue
             for folder in user_dir.iterdir():
-                if f"{user_dir.name}/{folder.name}" not in registered:
-                    shutil.rmtree(folder, ignore_errors=True)
+                if f"{user_dir.name}/{folder.name}" in registered:
+                    continue
+                if self._keep_younger_than > 0 and _mtime(folder) > cutoff:
+                    continue
+                shutil.rmtree(folder, ignore_errors=True)
             if not any(user_dir.iterdir()):
-                user_dir.rmdir()
+                with contextlib.suppress(OSError):  # another process may have written one
+                    user_dir.rmdir()
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def _digest(folder: Path) -> tuple[int, str]:

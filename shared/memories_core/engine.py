@@ -341,9 +341,15 @@ class MemoryEngine:
         from memories_core.retrieval.store_backend import StoreBackend
 
         self.graph: GraphStore = GraphStore(self.store)
-        self.artifacts: ArtifactStore = ArtifactStore(
-            self.store, self.path / "artifacts" if self.path is not None else None, self.clock
-        )
+        # A store shared by several processes may bring its own artifact store (e.g. bytes
+        # in a folder every worker mounts); a memory with a path keeps them under it.
+        make_artifacts = getattr(self.store, "artifact_store", None)
+        if self.path is None and callable(make_artifacts):
+            self.artifacts: ArtifactStore = make_artifacts(self.clock)
+        else:
+            self.artifacts = ArtifactStore(
+                self.store, self.path / "artifacts" if self.path is not None else None, self.clock
+            )
         self.retriever = HybridRetriever(self.store, self.index, self.embedder, fusion=fusion)
         self._backend = StoreBackend(
             self.store,

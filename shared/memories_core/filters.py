@@ -6,7 +6,7 @@ A filter is a mapping, e.g.::
 
 :func:`compile_filter` validates it and returns a small immutable tree (:class:`FilterExpr`)
 that every backend uses: :meth:`FilterExpr.matches` evaluates it against any record-like
-value source, :meth:`FilterExpr.to_sql` translates it for SQLite, and :meth:`FilterExpr.split`
+value source, :meth:`FilterExpr.to_sql` translates it for SQLite or PostgreSQL, and :meth:`FilterExpr.split`
 keeps the part a partial backend (a vector index) can pre-filter on.
 
 Keys (the field namespace of ``ENGINE_SPEC.md``):
@@ -56,6 +56,7 @@ __all__ = [
     "ColumnType",
     "Condition",
     "FilterExpr",
+    "PostgresTranslator",
     "SQLiteTranslator",
     "compile_filter",
     "from_micros",
@@ -258,10 +259,11 @@ class FilterExpr(ABC):
                 missing, so give defaults with ``COALESCE`` where the Python side has them.
             metadata_column: SQL expression of the metadata JSON (keys not in ``columns``).
             attrs_column: SQL expression of the state ``attrs`` JSON, if the query has it.
-            dialect: Only ``"sqlite"`` for now (see :class:`SQLiteTranslator`).
+            dialect: ``"sqlite"`` (:class:`SQLiteTranslator`) or ``"postgres"``
+                (:class:`PostgresTranslator`).
 
         Returns:
-            ``(condition, params)`` with ``?`` placeholders, ready to AND into a ``WHERE``.
+            ``(condition, params)`` with the dialect's placeholders (``?`` / ``%s``), ready to AND into a ``WHERE``.
 
         Raises:
             InvalidInputError: if the filter names a field the query does not provide
@@ -579,6 +581,10 @@ class SQLiteTranslator:
     """
 
     placeholder = "?"
+    #: Placeholder of a number compared with a JSON number (a dialect may cast it).
+    number_placeholder = "?"
+    #: SQL literal of a condition that is never true.
+    false_sql = "0"
     #: ``json_type`` results for JSON numbers, text, true, false, and every scalar.
     number_types: tuple[str, ...] = ("integer", "real")
     text_types: tuple[str, ...] = ("text",)
@@ -609,6 +615,14 @@ class SQLiteTranslator:
     def json_value(self, column: str, key: str) -> tuple[str, list[Any]]:
         """SQL for the SQL value of the scalar ``column[key]``."""
         return f"json_extract({column}, {self.placeholder})", [self.json_path(key)]
+
+    def json_number(self, column: str, key: str) -> tuple[str, list[Any]]:
+        """SQL for ``column[key]`` compared as a number (used under a number type check)."""
+        return self.json_value(column, key)
+
+    def json_text(self, column: str, key: str) -> tuple[str, list[Any]]:
+        """SQL for ``column[key]`` compared as text (used under a text type check)."""
+        return self.json_value(column, key)
 
     # -- translation ------------------------------------------------------------------------
 
@@ -646,7 +660,7 @@ class SQLiteTranslator:
             values = [v for v in (self._column_param(w, kind) for w in cond.value) if v is not None]
             if cond.op == "in":
                 if not values:
-                    return "0", []
+                    return self.false_sql, []
                 return f"{sql} IN ({', '.join(p for _ in values)})", values
             if not values:
                 return present, []
@@ -655,7 +669,7 @@ class SQLiteTranslator:
         if cond.op == "ne":
             return (present, []) if value is None else (f"({present} AND {sql} <> {p})", [value])
         if value is None or (cond.op in _RANGES and kind in ("text", "bool")):
-            return "0", []  # a value of another type never compares
+            return self.false_sql, []  # a value of another type never compares
         symbol = {"eq": "=", "gt": ">", "gte": ">=", "lt": "<", "lte": "<="}[cond.op]
         return f"{sql} {symbol} {p}", [value]
 
@@ -688,21 +702,23 @@ class SQLiteTranslator:
             )
             # On a present scalar, the IN condition is never NULL, so NOT is exact.
             return f"({type_sql} IN {scalars} AND NOT {sql})", [*type_params, *params]
-        value_sql, value_params = self.json_value(column, key)
         symbol = {"gt": ">", "gte": ">=", "lt": "<", "lte": "<="}[cond.op]
         if isinstance(cond.value, datetime):
             types, param = self.text_types, to_iso(cond.value)
+            value_sql, value_params = self.json_text(column, key)
+            mark = self.placeholder
         else:
             types, param = self.number_types, cond.value
+            value_sql, value_params = self.json_number(column, key)
+            mark = self.number_placeholder
         return (
-            f"({type_sql} IN {self._types(types)} AND {value_sql} {symbol} {self.placeholder})",
+            f"({type_sql} IN {self._types(types)} AND {value_sql} {symbol} {mark})",
             [*type_params, *value_params, param],
         )
 
     def _json_in(self, values: Sequence[Scalar], column: str, key: str) -> tuple[str, list[Any]]:
         """Condition: ``column[key]`` equals one of ``values`` (typed), never NULL."""
         type_sql, type_params = self.json_type(column, key)
-        value_sql, value_params = self.json_value(column, key)
         bool_types = tuple(
             dict.fromkeys(
                 t
@@ -718,15 +734,20 @@ class SQLiteTranslator:
         if bool_types:
             clauses.append(f"{type_sql} IN {self._types(bool_types)}")
             params += type_params
-        for types, group in ((self.number_types, numbers), (self.text_types, texts)):
+        groups = (
+            (self.number_types, numbers, self.json_number, self.number_placeholder),
+            (self.text_types, texts, self.json_text, self.placeholder),
+        )
+        for types, group, typed_value, mark in groups:
             if group:
-                marks = ", ".join(self.placeholder for _ in group)
+                value_sql, value_params = typed_value(column, key)
+                marks = ", ".join(mark for _ in group)
                 clauses.append(f"({type_sql} IN {self._types(types)} AND {value_sql} IN ({marks}))")
                 params += [*type_params, *value_params, *group]
         if not clauses:
-            return "0", []
+            return self.false_sql, []
         # COALESCE: json_type is NULL for an absent key, and this may sit under a NOT.
-        return "COALESCE(" + " OR ".join(clauses) + ", 0)", params
+        return "COALESCE(" + " OR ".join(clauses) + f", {self.false_sql})", params
 
     @staticmethod
     def _types(names: Sequence[str]) -> str:
@@ -737,4 +758,58 @@ def _is_text(value: Scalar) -> bool:
     return isinstance(value, (str, datetime))
 
 
-_TRANSLATORS: dict[str, type[SQLiteTranslator]] = {"sqlite": SQLiteTranslator}
+class PostgresTranslator(SQLiteTranslator):
+    """Translates a :class:`FilterExpr` into a PostgreSQL condition (psycopg ``%s`` style).
+
+    JSON columns are of type ``json`` (kept as written, so numbers round-trip exactly).
+    The JSON type of a key is ``json_typeof`` with booleans split into ``'true'`` and
+    ``'false'`` (as SQLite's ``json_type`` does); values are read with ``->>`` and converted
+    only under a ``CASE`` that checked the type first (Postgres does not promise to evaluate
+    ``AND`` left to right, so a bare ``::numeric`` could meet a string). Numbers compare as
+    ``numeric`` (exact for 64-bit integers; a float parameter compares by its shortest
+    decimal form, as ``json.dumps`` writes it), text with ``COLLATE "C"`` (code-point
+    order, as in Python and SQLite). Bool columns are ``boolean``; datetime columns hold
+    integer microseconds (:func:`to_micros`), as in SQLite.
+    """
+
+    placeholder = "%s"
+    number_placeholder = "%s::numeric"
+    false_sql = "FALSE"
+    number_types = ("number",)
+    text_types = ("string",)
+
+    def json_type(self, column: str, key: str) -> tuple[str, list[Any]]:  # noqa: D102
+        return (
+            f"(CASE json_typeof({column} -> %s::text) WHEN 'boolean' THEN ({column} ->> %s::text) "
+            f"ELSE json_typeof({column} -> %s::text) END)",
+            [key, key, key],
+        )
+
+    def json_value(self, column: str, key: str) -> tuple[str, list[Any]]:  # noqa: D102
+        return f"({column} ->> %s::text)", [key]
+
+    def json_number(self, column: str, key: str) -> tuple[str, list[Any]]:  # noqa: D102
+        return (
+            f"(CASE WHEN json_typeof({column} -> %s::text) = 'number' "
+            f"THEN ({column} ->> %s::text)::numeric END)",
+            [key, key],
+        )
+
+    def json_text(self, column: str, key: str) -> tuple[str, list[Any]]:  # noqa: D102
+        return (
+            f"(CASE WHEN json_typeof({column} -> %s::text) = 'string' "
+            f'THEN ({column} ->> %s::text) END) COLLATE "C"',
+            [key, key],
+        )
+
+    @staticmethod
+    def _column_param(value: Scalar, kind: ColumnType) -> Any:
+        if kind == "bool":
+            return value if isinstance(value, bool) else None
+        return SQLiteTranslator._column_param(value, kind)
+
+
+_TRANSLATORS: dict[str, type[SQLiteTranslator]] = {
+    "sqlite": SQLiteTranslator,
+    "postgres": PostgresTranslator,
+}

@@ -1,0 +1,361 @@
+"""pgvector index: record vectors in PostgreSQL, HNSW with cosine distance.
+
+One table (``vectors`` by default, in the schema given as ``schema=``; versioned in
+``schema_version``, component ``pgvector``): ``id`` (the record's id), ``user_id``,
+``metadata`` (``json``: ``kind``, ``session_id`` and the record's scalar metadata, see
+:func:`~memories_core.retrieval.index_metadata`) and ``embedding vector(dimension)``, with an
+HNSW index (``vector_cosine_ops``) and a B-tree on ``user_id``.
+
+Searches filter by user **inside** the SQL query (``WHERE user_id = %s ... ORDER BY
+embedding <=> query LIMIT k``), together with the part of the caller's filter the metadata can
+answer (:func:`~memories_core.filters.index_prefilter`, translated by
+:class:`~memories_core.filters.PostgresTranslator`). pgvector >= 0.8 keeps scanning the HNSW
+graph until ``k`` rows pass the filter (``hnsw.iterative_scan = strict_order``, set per query),
+so a user with few vectors among many users still gets ``k`` results; for a small table the
+planner uses the ``user_id`` index and an exact sort instead.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from memories_core.backends.numpy_index import as_matrix, as_query, check_filter, check_metadata
+from memories_core.backends.pg_common import check_schema, make_pool, migrate, redact_dsn
+from memories_core.errors import (
+    BackendError,
+    ConfigurationError,
+    EmbedderMismatchError,
+    InvalidInputError,
+)
+from memories_core.filters import ColumnType, index_prefilter
+from memories_core.interfaces import Filter
+from memories_core.types import check_user_id
+
+__all__ = ["PgVectorIndex"]
+
+_FILTER_COLUMNS: dict[str, tuple[str, ColumnType]] = {
+    "id": ("v.id", "text"),
+    "kind": ("(v.metadata ->> 'kind')", "text"),
+    "session_id": ("(v.metadata ->> 'session_id')", "text"),
+}
+
+
+def _literal(vector: npt.NDArray[np.float32]) -> str:
+    """pgvector's text form of a vector (9 significant digits: exact for float32)."""
+    return "[" + ",".join(format(float(x), ".9g") for x in vector) + "]"
+
+
+def _parse(text: str) -> npt.NDArray[np.float32]:
+    return np.asarray(json.loads(text), dtype=np.float32)
+
+
+class PgVectorIndex:
+    """A :class:`~memories_core.interfaces.VectorIndex` on PostgreSQL with pgvector.
+
+    Setup:
+        ``pip install 'llm-memories[postgres]'`` and a server with the ``vector`` extension
+        (>= 0.8 for iterative filtered scans). The extension is created if missing (which
+        needs the right to create it; otherwise a DBA runs ``CREATE EXTENSION vector``).
+
+    Key init args:
+        dsn: libpq connection string or URI (never logged; see
+            :class:`~memories_core.backends.postgres.PostgresRecordStore`).
+        dimension: Length of the vectors (the embedder's ``dimension``).
+        schema: Schema of the table (default ``llm_memories``, shared with the record store).
+        table: Table name (several indexes can share a schema).
+        pool_size: Maximum connections of this process's pool.
+        ef_search: HNSW candidate list size per query (at least ``k`` is used).
+
+    Instantiate:
+        .. code-block:: python
+
+            from memories_core.backends.pgvector_index import PgVectorIndex
+
+            index = PgVectorIndex("postgresql://app@db/app", dimension=384)
+
+    Scores:
+        Cosine similarity, ``1 - (embedding <=> query)``, higher is better. HNSW search is
+        approximate (pgvector's defaults: ``m = 16``, ``ef_construction = 64``).
+
+    Embedder change:
+        A table built for another dimension is left as it is; adding or searching with
+        the new dimension raises :class:`EmbedderMismatchError` until :meth:`reset` (called
+        by ``reindex``) recreates the table with this index's ``dimension``.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        dimension: int,
+        schema: str = "llm_memories",
+        table: str = "vectors",
+        pool_size: int = 4,
+        timeout: float = 30.0,
+        ef_search: int = 100,
+    ) -> None:
+        if isinstance(dimension, bool) or not isinstance(dimension, int) or dimension < 1:
+            raise ConfigurationError("dimension must be a positive int")
+        if dimension > 16000:
+            raise ConfigurationError("pgvector stores at most 16000 dimensions")
+        self.dimension = dimension
+        self.schema = check_schema(schema)
+        self.table = check_schema(table)
+        self.ef_search = max(1, int(ef_search))
+        self._dsn_redacted = redact_dsn(dsn)
+        self._lock = threading.Lock()
+        self._closed = False
+        self._pool = make_pool(
+            dsn,
+            schema=schema,
+            min_size=1,
+            max_size=pool_size,
+            timeout=timeout,
+            name=f"llm-memories-pgvector-{schema}",
+        )
+        try:
+            with self._pool.connection() as conn:
+                migrate(
+                    conn,
+                    schema=schema,
+                    component=f"pgvector:{table}",
+                    migrations=(self._create_table,),
+                )
+                self._stored_dimension = self._read_dimension(conn)
+        except BackendError:
+            self._pool.close()
+            raise
+        except Exception as exc:
+            self._pool.close()
+            raise BackendError(
+                f"cannot prepare the pgvector table at {self._dsn_redacted}: {exc}"
+            ) from exc
+
+    def __repr__(self) -> str:
+        return (
+            f"PgVectorIndex({self._dsn_redacted!r}, dimension={self.dimension}, "
+            f"schema={self.schema!r}, table={self.table!r})"
+        )
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _create_table(self, conn: Any) -> None:
+        from psycopg import errors
+
+        exists = conn.execute("SELECT 1 FROM pg_extension WHERE extname = 'vector'").fetchone()
+        if exists is None:
+            try:
+                with conn.transaction():
+                    conn.execute("CREATE EXTENSION IF NOT EXISTS vector SCHEMA public")
+            except errors.Error as exc:
+                raise BackendError(
+                    "the pgvector extension is not installed and could not be created "
+                    f"({type(exc).__name__}); run CREATE EXTENSION vector as a superuser"
+                ) from exc
+        t = self.table
+        conn.execute(
+            f"CREATE TABLE {t} (id text PRIMARY KEY, user_id text NOT NULL, "
+            f"metadata json NOT NULL, embedding vector({self.dimension}) NOT NULL)"
+        )
+        conn.execute(f"CREATE INDEX {t}_user ON {t} (user_id)")
+        conn.execute(f"CREATE INDEX {t}_hnsw ON {t} USING hnsw (embedding vector_cosine_ops)")
+
+    def _read_dimension(self, conn: Any) -> int:
+        row = conn.execute(
+            "SELECT a.atttypmod FROM pg_attribute AS a "
+            "JOIN pg_class AS c ON c.oid = a.attrelid "
+            "JOIN pg_namespace AS n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = %s AND c.relname = %s AND a.attname = 'embedding'",
+            (self.schema, self.table),
+        ).fetchone()
+        if row is None:
+            raise BackendError(f"table {self.schema}.{self.table} has no embedding column")
+        return int(row[0])
+
+    @contextmanager
+    def _conn(self, *, transaction: bool = False) -> Iterator[Any]:
+        import psycopg
+
+        if self._closed:
+            raise BackendError("the vector index is closed")
+        try:
+            with self._pool.connection() as conn:
+                if transaction:
+                    with conn.transaction():
+                        yield conn
+                else:
+                    yield conn
+        except psycopg.Error as exc:
+            raise BackendError(f"pgvector call failed: {exc}") from exc
+
+    def _check_dimension(self, dimension: int) -> None:
+        if dimension != self._stored_dimension:
+            raise EmbedderMismatchError(
+                f"vectors have dimension {dimension} but table {self.schema}.{self.table} "
+                f"holds dimension {self._stored_dimension}; use the original embedder or "
+                "reindex"
+            )
+
+    # -- the protocol -----------------------------------------------------------------------
+
+    def add(
+        self,
+        ids: Sequence[str],
+        vectors: npt.NDArray[np.float32],
+        metadatas: Sequence[Mapping[str, str | int | float | bool]],
+    ) -> None:
+        """Add or replace vectors (an id given again replaces its vector, user and metadata).
+
+        Raises:
+            InvalidInputError: on mismatched lengths, bad shapes or non-scalar metadata.
+            MissingUserError: if a metadata has no ``user_id``.
+            EmbedderMismatchError: if the dimension differs from the table's.
+        """
+        if len(ids) != len(metadatas):
+            raise InvalidInputError(f"{len(ids)} ids but {len(metadatas)} metadatas")
+        if not ids:
+            return
+        matrix = as_matrix(vectors, len(ids))
+        metas = [check_metadata(meta) for meta in metadatas]
+        self._check_dimension(matrix.shape[1])
+        rows = []
+        for vid, vector, meta in zip(ids, matrix, metas, strict=True):
+            encoded = json.dumps(meta, ensure_ascii=False)
+            if "\\u0000" in encoded or "\x00" in vid:
+                raise InvalidInputError("vector ids and metadata may not contain NUL")
+            rows.append((vid, str(meta["user_id"]), encoded, _literal(vector)))
+        with self._conn(transaction=True) as conn, conn.cursor() as cur:
+            cur.executemany(
+                f"INSERT INTO {self.table} (id, user_id, metadata, embedding) "
+                "VALUES (%s, %s, %s, %s::vector) ON CONFLICT (id) DO UPDATE SET "
+                "user_id = excluded.user_id, metadata = excluded.metadata, "
+                "embedding = excluded.embedding",
+                rows,
+            )
+
+    def search(
+        self, vector: npt.NDArray[np.float32], *, user_id: str, k: int, where: Filter | None = None
+    ) -> builtins.list[tuple[str, float]]:
+        """Up to ``k`` ``(id, cosine)`` pairs of ``user_id``'s vectors, best first.
+
+        The user and the index-answerable part of ``where`` are in the SQL ``WHERE``; the
+        caller re-checks the full filter on the loaded records.
+
+        Raises:
+            InvalidInputError: if ``k < 1``, the vector is malformed or the filter invalid.
+            EmbedderMismatchError: if the query's dimension differs from the table's.
+        """
+        check_user_id(user_id)
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise InvalidInputError("k must be an int >= 1")
+        usable = index_prefilter(check_filter(where), with_id=True)
+        query = as_query(vector)
+        self._check_dimension(query.shape[0])
+        clause, params = "", []
+        if usable is not None:
+            sql, params = usable.to_sql(
+                _FILTER_COLUMNS, metadata_column="v.metadata", dialect="postgres"
+            )
+            clause = f" AND {sql}"
+        literal = _literal(query)
+        with self._conn(transaction=True) as conn:
+            conn.execute(
+                "SELECT set_config('hnsw.iterative_scan', 'strict_order', true), "
+                "set_config('hnsw.ef_search', %s, true)",
+                (str(max(self.ef_search, min(k, 1000))),),
+            )
+            rows = conn.execute(
+                f"SELECT v.id, 1 - (v.embedding <=> %s::vector) AS score FROM {self.table} AS v "
+                f"WHERE v.user_id = %s{clause} ORDER BY v.embedding <=> %s::vector LIMIT %s",
+                [literal, user_id, *params, literal, k],
+            ).fetchall()
+        return [(vid, float(score)) for vid, score in rows]
+
+    def delete(self, ids: Sequence[str], *, user_id: str) -> None:
+        """Delete vectors by id; ids of other users are left alone."""
+        check_user_id(user_id)
+        if not ids:
+            return
+        with self._conn() as conn:
+            conn.execute(
+                f"DELETE FROM {self.table} WHERE user_id = %s AND id = ANY(%s)",
+                (user_id, builtins.list(ids)),
+            )
+
+    def delete_user(self, user_id: str) -> None:
+        """Delete every vector of ``user_id``."""
+        check_user_id(user_id)
+        with self._conn() as conn:
+            conn.execute(f"DELETE FROM {self.table} WHERE user_id = %s", (user_id,))
+
+    def count(self, user_id: str | None = None) -> int:
+        """Number of vectors, of one user or of all."""
+        with self._conn() as conn:
+            if user_id is None:
+                row = conn.execute(f"SELECT count(*) FROM {self.table}").fetchone()
+            else:
+                check_user_id(user_id)
+                row = conn.execute(
+                    f"SELECT count(*) FROM {self.table} WHERE user_id = %s", (user_id,)
+                ).fetchone()
+        return int(row[0])
+
+    def reset(self) -> None:
+        """Delete every vector; the table is recreated with this index's ``dimension``."""
+        with self._lock, self._conn(transaction=True) as conn:
+            conn.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                (f"llm-memories:migrate:{self.schema}",),
+            )
+            conn.execute(f"DROP TABLE IF EXISTS {self.table}")
+            self._create_table(conn)
+            self._stored_dimension = self._read_dimension(conn)
+
+    # -- verification and export ------------------------------------------------------------
+
+    def ids(self, user_id: str) -> set[str]:
+        """Every id of ``user_id``'s vectors."""
+        check_user_id(user_id)
+        with self._conn() as conn:
+            rows = conn.execute(f"SELECT id FROM {self.table} WHERE user_id = %s", (user_id,))
+            return {row[0] for row in rows}
+
+    def users(self) -> set[str]:
+        """Every user with at least one vector."""
+        with self._conn() as conn:
+            return {row[0] for row in conn.execute(f"SELECT DISTINCT user_id FROM {self.table}")}
+
+    def vectors(self, ids: Sequence[str], *, user_id: str) -> dict[str, npt.NDArray[np.float32]]:
+        """The stored vectors of those ``ids`` that ``user_id`` has."""
+        check_user_id(user_id)
+        if not ids:
+            return {}
+        with self._conn() as conn:
+            rows = conn.execute(
+                f"SELECT id, embedding::text FROM {self.table} WHERE user_id = %s "
+                "AND id = ANY(%s)",
+                (user_id, builtins.list(ids)),
+            ).fetchall()
+        return {vid: _parse(text) for vid, text in rows}
+
+    def close(self) -> None:
+        """Close the pool. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        with suppress(Exception):
+            self._pool.close()
+
+    def __enter__(self) -> PgVectorIndex:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
