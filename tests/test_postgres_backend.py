@@ -1,0 +1,616 @@
+"""PostgreSQL record store and pgvector index: parity with SQLite, isolation, concurrency.
+
+Every test here needs the session's PostgreSQL server (``postgres_dsn`` in conftest.py) and
+works in a schema of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from memories_core import HistoryMemory, MemoryBankMemory, Scope, Turn
+from memories_core.backends import PgVectorIndex, PostgresRecordStore, SQLiteRecordStore
+from memories_core.backends import postgres as postgres_module
+from memories_core.cli import main
+from memories_core.embedders import HashingEmbedder
+from memories_core.engine import MemoryEngine
+from memories_core.errors import (
+    BackendError,
+    EmbedderMismatchError,
+    InvalidInputError,
+    MemoriesError,
+)
+from memories_core.portable import export_user, import_user
+from memories_core.retrieval import index_metadata
+from memories_core.types import GraphEdge, GraphNode, JobSpec, MemoryRecord, RecordState, new_id
+
+T0 = datetime(2024, 5, 1, 12, 0, tzinfo=timezone.utc)
+DIM = 32
+
+
+@pytest.fixture
+def store(postgres_dsn: str, pg_schema: str) -> Iterator[PostgresRecordStore]:
+    with PostgresRecordStore(postgres_dsn, schema=pg_schema) as opened:
+        yield opened
+
+
+def _record(user: str, rid: str, text: str, minutes: int = 0, **kw: Any) -> MemoryRecord:
+    return MemoryRecord(
+        id=rid,
+        user_id=user,
+        kind=kw.pop("kind", "turn"),
+        text=text,
+        created_at=T0 + timedelta(minutes=minutes),
+        session_id=kw.pop("session_id", "s1"),
+        metadata=kw.pop("metadata", {}),
+        source_ids=tuple(kw.pop("source_ids", ())),
+    )
+
+
+# -- parity: the same calls give the same answers on SQLite and PostgreSQL ----------------------
+
+
+def _exercise(store: Any) -> list[Any]:
+    """Drive every EngineStore method; return a transcript of what came back."""
+    out: list[Any] = []
+    alice, bob = "alice", "bob"
+    store.add(
+        [
+            _record(alice, "a1", "I adopted a puppy named Rex", 0, metadata={"topic": "pets"}),
+            _record(alice, "a2", "Rex loves the beach", 1, metadata={"topic": "pets", "n": 2}),
+            _record(alice, "a3", "I work as a nurse", 2, metadata={"n": 1e300}),
+            _record(alice, "a4", "note on pets", 3, kind="note", source_ids=["a1", "a2"]),
+            _record(bob, "b1", "my puppy is called Rex too", 0, metadata={"topic": "pets"}),
+        ]
+    )
+    store.add([_record(alice, "a5", "kept out of the index", 4)], indexed=False)
+    with pytest.raises(InvalidInputError, match="another user"):
+        store.add([_record(bob, "a1", "steal")])
+    out.append([r.id for r in store.get(["a3", "b1", "a1", "zz", "a1"], user_id=alice)])
+    out.append([(r.id, dict(r.metadata), r.source_ids) for r in store.list(user_id=alice)])
+    out.append([r.id for r in store.list(user_id=alice, where={"topic": "pets", "n": {"$gt": 1}})])
+    out.append([r.id for r in store.list(user_id=alice, since=T0 + timedelta(minutes=1), limit=2)])
+    out.append(sorted(i for i, _ in store.search_text("puppy Rex", user_id=alice, k=10)))
+    out.append(store.search_text("the of and", user_id=alice, k=10))
+    out.append(store.adjacent(["a2", "b1"], user_id=alice))
+    out.append(store.users())
+    out.append(sorted(r.id for r in store.pending_index()))
+    store.mark_indexed(["a1", "a2", "b1"])
+    store.mark_index_failed(["a3"])
+    out.append(store.index_states(alice))
+    store.mark_pending(["a3"], user_id=alice)
+    out.append(store.include_in_index(kind="turn", user_id=alice))
+    out.append(store.mark_all_pending())
+    changes = store.update_state(
+        alice,
+        {"a1": {"strength": 2.5, "attrs": {"x": 1}}, "a2": {"archived": True}, "b1": {"tier": "x"}},
+        at=T0,
+        reason="test",
+    )
+    out.append([(c.record_id, c.old, c.new, c.reason) for c in changes])
+    out.append([r.id for r in store.list(user_id=alice, where={"archived": False})])
+    out.append([r.id for r in store.list(user_id=alice, where={"attrs.x": {"$gte": 1}})])
+    out.append(store.get(["b1"], user_id=bob)[0].state == RecordState())
+    store.add_history(alice, "a3", old={"text": "x"}, new={"text": "y"}, at=T0, reason="edit")
+    out.append([(h.record_id, h.old, h.new) for h in store.history(alice)])
+    out.append(store.edit_text("a3", "I work as a doctor", user_id=alice))
+    out.append(store.edit_text("b1", "hijack", user_id=alice))
+    out.append(store.add_jobs(alice, [JobSpec("m", "k", "key1", {"p": 1})] * 2, now=T0))
+    out.append(store.add_jobs(bob, [JobSpec("m", "k", "key1", {"p": 2})], now=T0))
+    job = store.jobs(user_id=alice)[0]
+    out.append(store.claim_job(job.id, now=T0, lease=timedelta(minutes=5)))
+    out.append(store.claim_job(job.id, now=T0 + timedelta(minutes=1), lease=timedelta(minutes=5)))
+    out.append(len(store.jobs(user_id=alice, due_at=T0 + timedelta(minutes=1))))
+    store.fail_job(job.id, error="boom", retry_at=T0 + timedelta(minutes=2))
+    store.update_job(job.id, {"p": 3})
+    got = store.jobs(user_id=alice, mechanisms=["m"], key="key1")[0]
+    out.append((got.attempts, got.last_error, got.payload, got.next_attempt_at))
+    out.append(store.finish_job(job.id))
+    out.append(store.finish_job(job.id))
+    out.append(store.restore_jobs(alice, [got, got]))
+    store.put_graph(
+        alice,
+        nodes=[GraphNode("n1", "entity", "Rex"), GraphNode("n2", "entity", "beach")],
+        edges=[GraphEdge("e1", "n1", "n2", "loves", record_id="a2")],
+    )
+    with pytest.raises(InvalidInputError, match="nodes this user does not have"):
+        store.put_graph(bob, edges=[GraphEdge("e2", "n1", "n2", "x")])
+    out.append(store.graph_nodes(alice))
+    out.append(store.graph_edges(alice, node_id="n2"))
+    out.append(store.graph_edges(bob))
+    store.delete_graph(alice, node_ids=["n1"])
+    out.append((store.graph_nodes(alice), store.graph_edges(alice)))
+    store.register_artifact(alice, "lora", folder="f/1", size=3, sha256="abc", at=T0, meta={"r": 8})
+    out.append(store.artifact_rows(alice))
+    out.append(store.artifact_rows(bob))
+    store.unregister_artifact(alice, "lora")
+    out.append(store.artifact_rows())
+    store.set_state("k", {"v": [1, 2.5, "x"]}, user_id=alice)
+    store.set_state("k", 7)
+    out.append((store.get_state("k", user_id=alice), store.get_state("k"), store.user_state(bob)))
+    store.set_state("k", None, user_id=alice)
+    out.append(store.user_state(alice))
+    store.restore_state(alice, {"a4": RecordState(strength=0.5, tier="ltm")})
+    out.append(store.get(["a4"], user_id=alice)[0].state)
+    with store.transaction():
+        store.add([_record(alice, "a6", "inside", 5)])
+        store.set_state("t", 1, user_id=alice)
+    with pytest.raises(RuntimeError), store.transaction():
+        store.add([_record(alice, "a7", "rolled back", 6)])
+        raise RuntimeError("abort")
+    out.append([r.id for r in store.list(user_id=alice)][-2:])
+    store.delete(["a6", "b1"], user_id=alice)
+    out.append((store.count(alice), store.count(bob)))
+    store.mark_deleting(bob, at=T0)
+    out.append((store.deleting_users(), store.is_deleting(bob), store.is_deleting(alice)))
+    store.purge_user(bob)
+    out.append((store.users(), store.deleting_users(), store.jobs(user_id=bob)))
+    return out
+
+
+def test_postgres_store_answers_like_the_sqlite_store(store: PostgresRecordStore) -> None:
+    with SQLiteRecordStore() as sqlite:
+        expected = _exercise(sqlite)
+    assert _exercise(store) == expected
+
+
+# -- isolation: every query path with a second user's data present ---------------------------
+
+
+def test_postgres_every_query_path_keeps_users_apart(store: PostgresRecordStore) -> None:
+    secret = "zqsecretbob"
+    for user, word in (("alice", "alicetext"), ("bob", secret)):
+        store.add([_record(user, f"{user}-1", f"puppy {word}", metadata={"w": word})])
+        store.update_state(user, {f"{user}-1": {"tier": word}}, at=T0)
+        store.add_history(user, f"{user}-1", old={}, new={"w": word}, at=T0)
+        store.add_jobs(user, [JobSpec("m", "k", word, {"w": word})], now=T0)
+        store.put_graph(user, nodes=[GraphNode("n", "e", word)])
+        store.register_artifact(user, "a", folder=word, size=1, sha256=word, at=T0)
+        store.set_state("k", word, user_id=user)
+    seen = repr(
+        [
+            store.get(["alice-1", "bob-1"], user_id="alice"),
+            store.list(user_id="alice"),
+            store.list(user_id="alice", where={"w": secret}),
+            store.search_text(f"puppy {secret}", user_id="alice", k=10),
+            store.adjacent(["bob-1", "alice-1"], user_id="alice"),
+            store.history("alice"),
+            store.history("alice", record_id="bob-1"),
+            store.jobs(user_id="alice"),
+            store.graph_nodes("alice"),
+            store.graph_edges("alice"),
+            store.artifact_rows("alice"),
+            store.user_state("alice"),
+            store.get_state("k", user_id="alice"),
+            store.index_states("alice"),
+        ]
+    )
+    assert "alicetext" in seen and secret not in seen and "bob-1" not in seen
+    # Writes naming another user's ids change nothing of theirs.
+    store.delete(["bob-1"], user_id="alice")
+    store.update_state("alice", {"bob-1": {"tier": "hacked"}}, at=T0)
+    store.mark_pending(["bob-1"], user_id="alice")
+    assert store.edit_text("bob-1", "hacked", user_id="alice") is None
+    store.delete_graph("alice", node_ids=["n"])
+    (bob_record,) = store.get(["bob-1"], user_id="bob")
+    assert bob_record.text == f"puppy {secret}" and bob_record.state.tier == secret
+    assert [n.label for n in store.graph_nodes("bob")] == [secret]
+
+
+def test_postgres_statements_name_the_user(
+    store: PostgresRecordStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every statement the store runs on a user's table names ``user_id``, with listed exceptions.
+
+    All of the store's methods run (through :func:`_exercise`) while every statement is
+    recorded. The exceptions: statements keyed by a job id (job ids are only handed out per
+    user, by ``jobs(user_id=...)``), the vector-index bookkeeping keyed by record ids (ids
+    that come from ``pending_index`` and the index itself), counts over all users and
+    ``VACUUM``.
+    """
+    import psycopg
+
+    seen: list[str] = []
+    execute, executemany = psycopg.Connection.execute, psycopg.Cursor.executemany
+
+    def text(query: Any, conn: Any) -> str:
+        return query if isinstance(query, str) else query.as_string(conn)
+
+    def logged_execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(text(query, self))
+        return execute(self, query, *args, **kwargs)
+
+    def logged_executemany(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(text(query, self.connection))
+        return executemany(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Connection, "execute", logged_execute)
+    monkeypatch.setattr(psycopg.Cursor, "executemany", logged_executemany)
+    _exercise(store)
+    store.pending_count()
+    store.count()
+    store.compact()
+    monkeypatch.undo()
+    tables = re.compile(
+        r"\b(records|record_state|record_history|jobs|graph_nodes|graph_edges|artifacts|"
+        r"state|deletions)\b"
+    )
+    allowed = re.compile(
+        r"^(UPDATE jobs SET .* WHERE id = |DELETE FROM jobs WHERE id = %s$|"
+        r"UPDATE records SET index_state = \d WHERE index_state (= \d|IN \(\d, \d\))"
+        r"( AND id = ANY\(%s\))?$|"
+        r"SELECT count\(\*\) FROM records( WHERE index_state = \d)?$|VACUUM \w+$)"
+    )
+    touching = {q for q in seen if tables.search(q) and "pg_advisory" not in q}
+    unscoped = sorted(q for q in touching if "user_id" not in q and not allowed.match(q))
+    assert len(touching) > 40 and not unscoped, unscoped
+
+
+def test_postgres_erasure_leaves_no_row_of_the_user(
+    postgres_dsn: str, pg_schema: str, tmp_path: Path
+) -> None:
+    import psycopg
+
+    marker = "zqerase" + new_id()[:8]
+    victim = f"victim-{marker}"
+    store = PostgresRecordStore(postgres_dsn, schema=pg_schema, artifacts_path=tmp_path / "art")
+    index = PgVectorIndex(postgres_dsn, dimension=64, schema=pg_schema)
+    memory = MemoryBankMemory(
+        store=store, index=index, embedder=HashingEmbedder(dimension=64), llm=_bank_llm()
+    )
+    scope = Scope(victim, f"session-{marker}")
+    memory.save([Turn("user", f"remember {marker}", metadata={"tag": marker})], scope)
+    memory.end_session(scope)
+    memory.save([Turn("user", "keeper text")], Scope("keeper"))
+    memory.engine.artifacts.put(victim, "adapter", {"w.bin": marker.encode()})
+    store.put_graph(victim, nodes=[GraphNode("n", "entity", marker)])
+    memory.delete_user(victim)
+    memory.close()
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        tables = [
+            row[0]
+            for row in conn.execute(
+                "SELECT tablename FROM pg_tables WHERE schemaname = %s", (pg_schema,)
+            )
+        ]
+        found = {}
+        for table in tables:
+            rows = conn.execute(f'SELECT t::text FROM "{pg_schema}"."{table}" AS t').fetchall()
+            found[table] = [r[0] for r in rows if marker in r[0]]
+    assert "records" in tables and "vectors" in tables
+    assert not any(found.values()), found
+    assert not list((tmp_path / "art").rglob("*.bin"))
+
+
+def _bank_llm() -> Any:
+    from test_contract_memorybank import aware
+
+    from memories_core.llms.rule_following import rule_following_reply
+    from memories_core.llms.scripted import ScriptedLLM
+
+    return aware(ScriptedLLM(default=rule_following_reply))
+
+
+# -- jobs, transactions and many processes --------------------------------------------------
+
+
+def test_postgres_a_job_is_claimed_by_one_store_only(postgres_dsn: str, pg_schema: str) -> None:
+    with (
+        PostgresRecordStore(postgres_dsn, schema=pg_schema) as one,
+        PostgresRecordStore(postgres_dsn, schema=pg_schema) as two,
+    ):
+        one.add_jobs("u", [JobSpec("m", "k", "key")], now=T0)
+        (job,) = two.jobs(user_id="u")
+        lease = timedelta(minutes=5)
+        assert one.claim_job(job.id, now=T0, lease=lease)
+        assert not two.claim_job(job.id, now=T0 + timedelta(minutes=1), lease=lease)
+        # After the lease ends another worker may take it over; the first worker's commit
+        # then finds the job gone and must roll back.
+        assert two.claim_job(job.id, now=T0 + timedelta(minutes=6), lease=lease)
+        with two.transaction():
+            assert two.finish_job(job.id)
+        with pytest.raises(RuntimeError), one.transaction():
+            one.add([_record("u", "derived", "derived twice?")])
+            if not one.finish_job(job.id):
+                raise RuntimeError("job gone: roll back")
+        assert one.get(["derived"], user_id="u") == []
+
+
+_WORKER = textwrap.dedent(
+    """
+    import os, sys, time
+    from datetime import datetime, timezone
+    from memories_core import Scope, Turn
+    from memories_core.backends import PgVectorIndex, PostgresRecordStore
+    from memories_core.embedders import HashingEmbedder
+    from memories_core.engine import Derivation, MechanismHooks, MemoryEngine
+    from memories_core.types import JobSpec, MemoryRecord, new_id
+
+    dsn, schema, worker, count, log = sys.argv[1:6]
+    engine = MemoryEngine(
+        store=PostgresRecordStore(dsn, schema=schema, pool_size=2),
+        index=PgVectorIndex(dsn, dimension=32, schema=schema, pool_size=2),
+        embedder=HashingEmbedder(dimension=32),
+    )
+
+    def on_turns(records):
+        return [JobSpec("echo", "note", "turn:" + r.id, {"id": r.id, "text": r.text})
+                for r in records]
+
+    def run_job(job):
+        with open(log, "a") as handle:
+            handle.write(job.key + "\\n")
+        time.sleep(0.005)
+        note = MemoryRecord(new_id(), job.user_id, "note", "note: " + job.payload["text"],
+                            datetime.now(timezone.utc), source_ids=(job.payload["id"],))
+        return Derivation(add=[note])
+
+    engine.attach(MechanismHooks("echo", on_turns=on_turns, run_job=run_job))
+    for i in range(int(count)):
+        engine.save([Turn("user", f"w{worker} message {i}")], Scope("shared"))
+    engine.run_pending("shared", force=True)
+    engine.close()
+    """
+)
+
+
+def test_postgres_concurrent_processes_lose_and_duplicate_nothing(
+    postgres_dsn: str, pg_schema: str, tmp_path: Path
+) -> None:
+    workers, count = 3, 12
+    log = tmp_path / "ran.log"
+    # Create the schema once, so that the workers race on data, not on the migration.
+    PostgresRecordStore(postgres_dsn, schema=pg_schema).close()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _WORKER, postgres_dsn, pg_schema, str(w), str(count), str(log)],
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for w in range(workers)
+    ]
+    for proc in procs:
+        _, err = proc.communicate(timeout=240)
+        assert proc.returncode == 0, err[-3000:]
+    with PostgresRecordStore(postgres_dsn, schema=pg_schema) as store:
+        records = store.list(user_id="shared")
+        jobs_left = store.jobs(user_id="shared")
+    turns = Counter(r.text for r in records if r.kind == "turn")
+    expected = {f"user: w{w} message {i}" for w in range(workers) for i in range(count)}
+    assert set(turns) == expected and set(turns.values()) == {1}
+    notes = Counter(r.source_ids for r in records if r.kind == "note")
+    assert len(notes) == workers * count and set(notes.values()) == {1}
+    ran = Counter(log.read_text().split())
+    assert len(ran) == workers * count and set(ran.values()) == {1}, ran.most_common(3)
+    assert jobs_left == []
+
+
+async def test_postgres_async_twins_run_concurrently(postgres_dsn: str, pg_schema: str) -> None:
+    memory = HistoryMemory(
+        store=PostgresRecordStore(postgres_dsn, schema=pg_schema, pool_size=3),
+        index=PgVectorIndex(postgres_dsn, dimension=DIM, schema=pg_schema),
+        embedder=HashingEmbedder(dimension=DIM),
+    )
+    try:
+        users = [f"u{i}" for i in range(6)]
+        await asyncio.gather(
+            *(memory.asave([Turn("user", f"{u} likes kayaking")], Scope(u)) for u in users)
+        )
+        recalls = await asyncio.gather(*(memory.arecall("kayaking", Scope(u)) for u in users))
+        for user, recall in zip(users, recalls, strict=True):
+            assert [r.record.text for r in recall.records] == [f"user: {user} likes kayaking"]
+    finally:
+        memory.close()
+
+
+# -- schema versions, credentials, artifacts ------------------------------------------------
+
+
+def test_postgres_schema_is_versioned_and_a_newer_one_is_refused(
+    postgres_dsn: str, pg_schema: str
+) -> None:
+    import psycopg
+
+    PostgresRecordStore(postgres_dsn, schema=pg_schema).close()
+    PostgresRecordStore(postgres_dsn, schema=pg_schema).close()  # reopening migrates nothing
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            f'SELECT component, version FROM "{pg_schema}".schema_version ORDER BY 1'
+        ).fetchall()
+        assert rows == [("store", postgres_module.SCHEMA_VERSION)]
+        conn.execute(
+            f'INSERT INTO "{pg_schema}".schema_version (component, version) VALUES (%s, %s)',
+            ("store", postgres_module.SCHEMA_VERSION + 1),
+        )
+    with pytest.raises(BackendError, match="reads up to"):
+        PostgresRecordStore(postgres_dsn, schema=pg_schema)
+
+
+def test_postgres_credentials_never_shown(caplog: pytest.LogCaptureFixture) -> None:
+    dsn = "postgresql://carol:hunter2secret@/nowhere?host=/nonexistent-socket-dir"
+    with pytest.raises(BackendError) as info:
+        PostgresRecordStore(dsn, timeout=1.0)
+    assert "hunter2secret" not in str(info.value) and "carol@unix-socket/nowhere" in str(info.value)
+    assert "hunter2secret" not in caplog.text
+    with pytest.raises(MemoriesError):
+        PostgresRecordStore(dsn, schema="bad name;")
+
+
+def test_postgres_repr_hides_the_password(postgres_dsn: str, pg_schema: str) -> None:
+    with PostgresRecordStore(postgres_dsn, schema=pg_schema) as store:
+        assert "postgres@" in repr(store) and pg_schema in repr(store)
+        assert ":@" not in repr(store) and "password" not in repr(store)
+
+
+def test_postgres_refuses_nul_with_a_typed_error(store: PostgresRecordStore) -> None:
+    with pytest.raises(InvalidInputError, match="NUL"):
+        store.add([_record("u", "r1", "a\x00b")])
+    with pytest.raises(InvalidInputError, match="NUL"):
+        store.add([_record("u", "r1", "ok", metadata={"k": "a\x00b"})])
+    assert store.list(user_id="u") == []
+
+
+def test_postgres_workers_share_artifacts_through_the_folder(
+    postgres_dsn: str, pg_schema: str, tmp_path: Path
+) -> None:
+    def worker() -> MemoryEngine:
+        return MemoryEngine(
+            store=PostgresRecordStore(
+                postgres_dsn, schema=pg_schema, artifacts_path=tmp_path / "shared"
+            ),
+            index=PgVectorIndex(postgres_dsn, dimension=DIM, schema=pg_schema),
+            embedder=HashingEmbedder(dimension=DIM),
+        )
+
+    one, two = worker(), worker()
+    try:
+        one.artifacts.put("alice", "policy", {"weights.bin": b"\x01\x02"})
+        # A third worker opening meanwhile must not remove a folder it has no row for yet.
+        inflight = tmp_path / "shared" / "0123abcd" / ".tmp-inflight"
+        inflight.mkdir(parents=True)
+        (inflight / "part.bin").write_bytes(b"...")
+        worker().close()
+        assert (inflight / "part.bin").exists()
+        assert two.artifacts.read("alice", "policy", "weights.bin") == b"\x01\x02"
+        assert two.artifacts.get("bob", "policy") is None
+    finally:
+        one.close()
+        two.close()
+
+
+# -- pgvector ------------------------------------------------------------------------------
+
+
+def _unit(seed: int, dim: int = DIM) -> np.ndarray:
+    vector = np.random.default_rng(seed).normal(size=dim).astype(np.float32)
+    return vector / np.linalg.norm(vector)
+
+
+def test_pgvector_index_scopes_filters_and_round_trips(postgres_dsn: str, pg_schema: str) -> None:
+    with PgVectorIndex(postgres_dsn, dimension=DIM, schema=pg_schema) as index:
+        records = [
+            _record("alice", f"a{i}", "t", kind="turn" if i % 2 else "note", metadata={"n": i})
+            for i in range(20)
+        ] + [_record("bob", "b0", "t")]
+        vectors = np.stack([_unit(i) for i in range(21)])
+        index.add([r.id for r in records], vectors, [index_metadata(r) for r in records])
+        hits = index.search(vectors[3], user_id="alice", k=5)
+        assert hits[0][0] == "a3" and hits[0][1] == pytest.approx(1.0, abs=1e-5)
+        assert all(h.startswith("a") for h, _ in index.search(vectors[20], user_id="alice", k=50))
+        assert [h for h, _ in index.search(vectors[3], user_id="bob", k=5)] == ["b0"]
+        notes = index.search(vectors[3], user_id="alice", k=50, where={"kind": "note"})
+        assert {h for h, _ in notes} == {f"a{i}" for i in range(0, 20, 2)}
+        ranged = index.search(vectors[3], user_id="alice", k=50, where={"n": {"$gte": 15}})
+        assert {h for h, _ in ranged} == {f"a{i}" for i in range(15, 20)}
+        stored = index.vectors(["a1", "b0"], user_id="alice")
+        assert list(stored) == ["a1"] and np.allclose(stored["a1"], vectors[1], atol=1e-6)
+        assert index.count() == 21 and index.count("alice") == 20
+        assert index.ids("bob") == {"b0"} and index.users() == {"alice", "bob"}
+        index.delete(["b0", "a1"], user_id="alice")
+        assert index.count("bob") == 1 and "a1" not in index.ids("alice")
+        index.delete_user("alice")
+        assert index.count() == 1
+        with pytest.raises(EmbedderMismatchError):
+            index.search(_unit(1, DIM + 1), user_id="bob", k=1)
+        with pytest.raises(InvalidInputError):
+            index.search(vectors[0], user_id="bob", k=0)
+    # Another dimension: refused until reset (what reindex does) rebuilds the table.
+    with PgVectorIndex(postgres_dsn, dimension=DIM + 8, schema=pg_schema) as wider:
+        with pytest.raises(EmbedderMismatchError):
+            wider.add(["x"], np.stack([_unit(1, DIM + 8)]), [{"user_id": "u", "kind": "turn"}])
+        wider.reset()
+        wider.add(["x"], np.stack([_unit(1, DIM + 8)]), [{"user_id": "u", "kind": "turn"}])
+        assert wider.count() == 1
+
+
+def test_postgres_engine_reindexes_after_an_embedder_change(
+    postgres_dsn: str, pg_schema: str
+) -> None:
+    def open_memory(dim: int, **kw: Any) -> HistoryMemory:
+        return HistoryMemory(
+            store=PostgresRecordStore(postgres_dsn, schema=pg_schema),
+            index=PgVectorIndex(postgres_dsn, dimension=dim, schema=pg_schema),
+            embedder=HashingEmbedder(dimension=dim),
+            **kw,
+        )
+
+    memory = open_memory(DIM)
+    memory.save([Turn("user", "I play the cello")], Scope("u"))
+    memory.close()
+    with pytest.raises(EmbedderMismatchError):
+        open_memory(DIM * 2)
+    memory = open_memory(DIM * 2, allow_embedder_change=True)
+    try:
+        assert "cello" in memory.recall("cello", Scope("u")).context
+        assert memory.engine.index.count("u") >= 1
+    finally:
+        memory.close()
+
+
+# -- the command line and the portable file on a DSN -----------------------------------------
+
+
+def test_postgres_cli_and_export_import_on_a_dsn(
+    postgres_dsn: str, pg_schema: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    memory = MemoryBankMemory(
+        store=PostgresRecordStore(postgres_dsn, schema=pg_schema),
+        index=PgVectorIndex(postgres_dsn, dimension=64, schema=pg_schema),
+        embedder=HashingEmbedder(dimension=64),
+        llm=_bank_llm(),
+    )
+    memory.save([Turn("user", "I moved to Lisbon last spring")], Scope("alice", "s1"))
+    memory.end_session(Scope("alice", "s1"))
+    memory.save([Turn("user", "bob's own words")], Scope("bob"))
+    memory.close()
+    base = ["--path", postgres_dsn, "--schema", pg_schema, "--embedder", "hashing-64", "-q"]
+
+    def run(*args: str) -> str:
+        capsys.readouterr()
+        assert main([*base, *args]) == 0
+        return capsys.readouterr().out
+
+    assert re.search(r"alice\s+\d+", run("users")) and "bob" in run("users")
+    assert "Lisbon" in run("show", "alice") and "bob's own words" not in run("show", "alice")
+    assert "Lisbon" in run("search", "alice", "Lisbon")
+    stats = run("stats")
+    assert "users: 2" in stats and "PostgreSQL" in stats and postgres_dsn not in stats
+    file = tmp_path / "alice.memories.zip"
+    assert "exported alice" in run("export", "alice", str(file))
+    # Import into a fresh schema of the same server, through the library and the CLI.
+    other = pg_schema + "_copy"
+    engine = MemoryEngine(
+        store=PostgresRecordStore(postgres_dsn, schema=other),
+        index=PgVectorIndex(postgres_dsn, dimension=64, schema=other),
+        embedder=HashingEmbedder(dimension=64),
+    )
+    try:
+        report = import_user(engine, file)
+        assert report.user_id == "alice" and report.records >= 1 and not report.reembedded
+        assert engine.users() == ["alice"]
+        assert "Lisbon" in " ".join(r.text for r in engine.records("alice"))
+        again = tmp_path / "again.memories.zip"
+        export_user(engine, "alice", again)
+    finally:
+        engine.close()
+    assert "imported alice" in run("import", str(again), "--merge")
+    assert "erased alice" in run("forget", "alice", "--yes")
+    assert "alice" not in run("users")
+    capsys.readouterr()
+    assert main(["--path", postgres_dsn, "--schema", "lmt_missing_schema", "users"]) == 2
+    assert "no memory in schema" in capsys.readouterr().err
