@@ -14,7 +14,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memories_core.backends import ChromaIndex, NumpyIndex, SQLiteRecordStore
+from memories_core.backends import (
+    ChromaIndex,
+    NumpyIndex,
+    PgVectorIndex,
+    PostgresRecordStore,
+    SQLiteRecordStore,
+)
 from memories_core.backends.numpy_index import check_filter, matches_filter
 from memories_core.backends.sqlite_store import _STATE_FILTER_COLUMNS
 from memories_core.errors import InvalidInputError
@@ -676,6 +682,48 @@ def test_property_every_backend_returns_the_same_ids(
         assert {i for i, _ in chroma.search(query, user_id=user, k=k, where=where)} == expected
     finally:
         chroma.delete_user(user)
+
+
+@pytest.fixture(scope="module")
+def postgres_backends(postgres_dsn: str) -> Iterator[tuple[PostgresRecordStore, PgVectorIndex]]:
+    schema = f"lmt_filters_{uuid.uuid4().hex[:12]}"
+    with (
+        PostgresRecordStore(postgres_dsn, schema=schema) as store,
+        PgVectorIndex(postgres_dsn, dimension=8, schema=schema) as index,
+    ):
+        yield store, index
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(records=record_sets(), where=filters(FULL_KEYS))
+def test_property_postgres_store_and_pgvector_match_the_evaluator(
+    postgres_backends: tuple[PostgresRecordStore, PgVectorIndex],
+    records: list[MemoryRecord],
+    where: dict[str, Any],
+) -> None:
+    """The Postgres translation (PostgresTranslator) keeps the evaluator's semantics."""
+    store, index = postgres_backends
+    expected = evaluator_ids(records, where)
+    expr = compile_filter(where)
+    assert expr is not None
+    prefiltered = evaluator_ids(records, index_prefilter(expr, with_id=True))
+    try:
+        store.add(records)
+        assert {r.id for r in store.list(user_id=USER, where=where)} == expected
+        lexical = store.search_text("pizza", user_id=USER, k=50, where=where)
+        assert {i for i, _ in lexical} == expected
+        index.add(
+            [r.id for r in records], vectors(len(records)), [index_metadata(r) for r in records]
+        )
+        got = {i for i, _ in index.search(vectors(1)[0], user_id=USER, k=50, where=where)}
+        assert got == prefiltered and got >= expected
+    finally:
+        store.purge_user(USER)
+        index.delete_user(USER)
 
 
 def test_filter_expr_is_the_public_base() -> None:

@@ -54,9 +54,9 @@ def test_all_is_pinned() -> None:
 
 def test_import_stays_light() -> None:
     code = (
-        "import sys, memories_core, memories_core.engine; "
-        "print(sorted(m for m in ('chromadb', 'torch', 'sentence_transformers', 'networkx') "
-        "if m in sys.modules))"
+        "import sys, memories_core, memories_core.engine, memories_core.backends; "
+        "print(sorted(m for m in ('chromadb', 'torch', 'sentence_transformers', 'networkx', "
+        "'psycopg', 'psycopg_pool') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

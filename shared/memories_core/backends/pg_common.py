@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from memories_core.errors import BackendError, ConfigurationError
+from memories_core.errors import BackendError, ConfigurationError, MissingExtraError
 
 __all__ = ["SCHEMA_NAME", "make_pool", "migrate", "redact_dsn"]
 
@@ -65,7 +65,8 @@ def make_pool(
     """An open :class:`psycopg_pool.ConnectionPool` on ``dsn`` with ``search_path`` set.
 
     Raises:
-        ConfigurationError: if the ``postgres`` extra is not installed or sizes are invalid.
+        MissingExtraError: if the ``postgres`` extra is not installed.
+        ConfigurationError: if the DSN is empty or the sizes are invalid.
         BackendError: if no connection can be made within ``timeout`` seconds (the message
             names the redacted DSN only).
     """
@@ -78,9 +79,7 @@ def make_pool(
         from psycopg import sql
         from psycopg_pool import ConnectionPool
     except ImportError as exc:  # pragma: no cover - depends on the installation
-        raise ConfigurationError(
-            "the PostgreSQL backend needs the 'postgres' extra: pip install 'llm-memories[postgres]'"
-        ) from exc
+        raise MissingExtraError("psycopg", "postgres") from exc
     # The memory's schema, then public, then wherever the vector extension lives.
     search_path = sql.SQL(
         "SELECT set_config('search_path', {} || ', public' || coalesce(("
