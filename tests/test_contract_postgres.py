@@ -24,14 +24,14 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from conftest import PG_SCHEMA_PREFIX
-from test_contract_memorybank import aware
 
+from conftest import PG_SCHEMA_PREFIX
 from memories_core import HistoryMemory, MemoryBankMemory, SummaryMemory
 from memories_core.backends import ChromaIndex, PgVectorIndex, PostgresRecordStore
 from memories_core.embedders import HashingEmbedder
 from memories_core.interfaces import LLM, Mechanism, VectorIndex
 from memories_core.testing import MechanismContract
+from test_contract_memorybank import aware
 
 _DIM = 64
 _CHROMA_PORT_ENV = "LLM_MEMORIES_TEST_CHROMA_PORT"
@@ -40,9 +40,9 @@ _CHROMA_PORT_ENV = "LLM_MEMORIES_TEST_CHROMA_PORT"
 def _name_for(path: Path | None) -> str:
     if path is None:
         return f"{PG_SCHEMA_PREFIX}{uuid.uuid4().hex[:20]}"
-    return PG_SCHEMA_PREFIX + hashlib.sha1(str(path).encode(), usedforsecurity=False).hexdigest()[
-        :20
-    ]
+    return (
+        PG_SCHEMA_PREFIX + hashlib.sha1(str(path).encode(), usedforsecurity=False).hexdigest()[:20]
+    )
 
 
 def postgres_parts(path: Path | None, *, vectors: str = "pgvector") -> dict[str, Any]:
@@ -108,9 +108,10 @@ def chroma_server_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int
     port = _free_port()
     chroma = Path(sys.executable).with_name("chroma")
     log = (folder / "chroma.log").open("w")
+    command = [str(chroma), "run", "--path", str(folder / "db")]
+    command += ["--host", "127.0.0.1", "--port", str(port)]
     proc = subprocess.Popen(
-        [str(chroma), "run", "--path", str(folder / "db"), "--host", "127.0.0.1"]
-        + ["--port", str(port)],
+        command,
         stdout=log,
         stderr=subprocess.STDOUT,
     )

@@ -6,8 +6,8 @@ A filter is a mapping, e.g.::
 
 :func:`compile_filter` validates it and returns a small immutable tree (:class:`FilterExpr`)
 that every backend uses: :meth:`FilterExpr.matches` evaluates it against any record-like
-value source, :meth:`FilterExpr.to_sql` translates it for SQLite or PostgreSQL, and :meth:`FilterExpr.split`
-keeps the part a partial backend (a vector index) can pre-filter on.
+value source, :meth:`FilterExpr.to_sql` translates it for SQLite or PostgreSQL, and
+:meth:`FilterExpr.split` keeps the part a partial backend (a vector index) can pre-filter on.
 
 Keys (the field namespace of ``ENGINE_SPEC.md``):
 
@@ -263,7 +263,8 @@ class FilterExpr(ABC):
                 (:class:`PostgresTranslator`).
 
         Returns:
-            ``(condition, params)`` with the dialect's placeholders (``?`` / ``%s``), ready to AND into a ``WHERE``.
+            ``(condition, params)`` with the dialect's placeholders (``?`` / ``%s``), ready
+            to AND into a ``WHERE``.
 
         Raises:
             InvalidInputError: if the filter names a field the query does not provide

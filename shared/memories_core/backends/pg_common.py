@@ -41,7 +41,8 @@ def redact_dsn(dsn: str) -> str:
     port = parts.get("port")
     user = parts.get("user")
     where = f"{host}:{port}" if port else host
-    return f"{user + '@' if user else ''}{where}/{parts.get('dbname') or ''}"
+    login = f"{user}@" if user else ""
+    return f"{login}{where}/{parts.get('dbname') or ''}"
 
 
 def check_schema(schema: Any) -> str:

@@ -49,7 +49,7 @@ _FILTER_COLUMNS: dict[str, tuple[str, ColumnType]] = {
 
 
 def _literal(vector: npt.NDArray[np.float32]) -> str:
-    """pgvector's text form of a vector (9 significant digits: exact for float32)."""
+    """The pgvector text form of a vector (9 significant digits: exact for float32)."""
     return "[" + ",".join(format(float(x), ".9g") for x in vector) + "]"
 
 
@@ -259,7 +259,7 @@ class PgVectorIndex:
         usable = index_prefilter(check_filter(where), with_id=True)
         query = as_query(vector)
         self._check_dimension(query.shape[0])
-        clause, params = "", []
+        clause, params = "", list[Any]()
         if usable is not None:
             sql, params = usable.to_sql(
                 _FILTER_COLUMNS, metadata_column="v.metadata", dialect="postgres"
@@ -340,8 +340,7 @@ class PgVectorIndex:
             return {}
         with self._conn() as conn:
             rows = conn.execute(
-                f"SELECT id, embedding::text FROM {self.table} WHERE user_id = %s "
-                "AND id = ANY(%s)",
+                f"SELECT id, embedding::text FROM {self.table} WHERE user_id = %s AND id = ANY(%s)",
                 (user_id, builtins.list(ids)),
             ).fetchall()
         return {vid: _parse(text) for vid, text in rows}

@@ -687,8 +687,7 @@ class PostgresRecordStore:
         _no_nul(text, "text")
         with self._write([user_id]) as conn:
             row = conn.execute(
-                "SELECT text, index_state FROM records WHERE id = %s AND user_id = %s "
-                "FOR UPDATE",
+                "SELECT text, index_state FROM records WHERE id = %s AND user_id = %s FOR UPDATE",
                 (record_id, user_id),
             ).fetchone()
             if row is None:
@@ -1319,9 +1318,7 @@ class PostgresRecordStore:
     def unregister_artifact(self, user_id: str, name: str) -> None:
         """Remove an artifact's registry entry."""
         with self._write([user_id]) as conn:
-            conn.execute(
-                "DELETE FROM artifacts WHERE user_id = %s AND name = %s", (user_id, name)
-            )
+            conn.execute("DELETE FROM artifacts WHERE user_id = %s AND name = %s", (user_id, name))
 
     # -- deletion ---------------------------------------------------------------------------
 
