@@ -2,7 +2,9 @@
 
 The embedded combinations (SQLite + embedded Chroma on disk, SQLite + numpy in memory) run
 in ``tests/test_contract.py``; this module runs the same suite with the record store in
-PostgreSQL and the vectors in pgvector or in a Chroma server started with ``chroma run``.
+PostgreSQL and the vectors in pgvector (HistoryMemory; MemoryBank, whose jobs, state updates and
+``user_lock`` blocks exercise the store's transactions) or in a Chroma server started with
+``chroma run`` (HistoryMemory).
 
 A memory "path" maps to a schema named after it (so a reopen finds the same data, and the
 crash test's child process too); ``path=None`` gets a fresh schema. The server comes from the
@@ -26,7 +28,7 @@ from typing import Any, ClassVar
 import pytest
 
 from conftest import PG_SCHEMA_PREFIX
-from memories_core import HistoryMemory, MemoryBankMemory, SummaryMemory
+from memories_core import HistoryMemory, MemoryBankMemory
 from memories_core.backends import ChromaIndex, PgVectorIndex, PostgresRecordStore
 from memories_core.embedders import HashingEmbedder
 from memories_core.interfaces import LLM, Mechanism, VectorIndex
@@ -67,6 +69,9 @@ def postgres_parts(path: Path | None, *, vectors: str = "pgvector") -> dict[str,
 
 class _OnPostgres(MechanismContract):
     """Runs every contract test against the session's PostgreSQL server."""
+
+    # A server has no in-memory variant: "memory" would only be another schema name.
+    storages: ClassVar[tuple[str, ...]] = ("disk",)
 
     @pytest.fixture(autouse=True)
     def _postgres(self, postgres_dsn: str) -> None:
@@ -144,6 +149,8 @@ def chroma_server_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int
 
 @pytest.mark.server
 class _OnPostgresAndChroma(MechanismContract):
+    storages: ClassVar[tuple[str, ...]] = ("disk",)
+
     @pytest.fixture(autouse=True)
     def _servers(self, postgres_dsn: str, chroma_server_port: int) -> None:
         assert os.environ[_CHROMA_PORT_ENV] == str(chroma_server_port)
@@ -154,13 +161,3 @@ class TestHistoryMemoryPostgresChromaContract(_OnPostgresAndChroma):
 
     def make_memory(self, path: Path | None, llm: LLM) -> Mechanism:
         return HistoryMemory(**postgres_parts(path, vectors="chroma"))
-
-
-class TestSummaryMemoryPostgresChromaContract(_OnPostgresAndChroma):
-    needs_llm = True
-    derives_records = True
-    end_session_derives = True
-    known_failures: ClassVar[dict[str, str]] = {}
-
-    def make_memory(self, path: Path | None, llm: LLM) -> Mechanism:
-        return SummaryMemory(llm=llm, **postgres_parts(path, vectors="chroma"))

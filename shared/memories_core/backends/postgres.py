@@ -1053,6 +1053,13 @@ class PostgresRecordStore:
     def finish_job(self, job_id: str) -> bool:
         """Delete a done job; ``False`` if it was gone (the caller must roll back)."""
         with self._write() as conn:
+            # The user's lock before the job's row lock: the order every other transaction
+            # takes them in (a save holds the user's lock when it enqueues a job whose key
+            # may collide with this row), so the two can never wait on each other.
+            owner = conn.execute("SELECT user_id FROM jobs WHERE id = %s", (job_id,)).fetchone()
+            if owner is None:
+                return False
+            self._lock_users(conn, [owner[0]])
             return bool(conn.execute("DELETE FROM jobs WHERE id = %s", (job_id,)).rowcount == 1)
 
     def fail_job(self, job_id: str, *, error: str, retry_at: datetime) -> None:
