@@ -88,7 +88,12 @@ def test_reindex_stats_and_errors(memory_path: Path, capsys: pytest.CaptureFixtu
     assert code == 2
     assert "hashing-256" in capsys.readouterr().err
     assert run("--path", str(memory_path / "nowhere"), "--embedder", "hashing", "users")[0] == 2
-    assert run("--path", "postgresql://x/y", "users")[0] == 2
+    # An unreachable PostgreSQL server: a clear error that shows no password.
+    capsys.readouterr()
+    dsn = "postgresql://u:pw-hidden@/y?host=/nonexistent-socket-dir&connect_timeout=2"
+    assert run("--path", dsn, "users")[0] == 2
+    err = capsys.readouterr().err
+    assert "cannot connect to PostgreSQL" in err and "pw-hidden" not in err
 
 
 def test_retry_pending_runs_jobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

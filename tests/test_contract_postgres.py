@@ -27,15 +27,16 @@ from typing import Any, ClassVar
 
 import pytest
 
-from conftest import PG_SCHEMA_PREFIX
 from memories_core import HistoryMemory, MemoryBankMemory
-from memories_core.backends import ChromaIndex, PgVectorIndex, PostgresRecordStore
+from memories_core.backends import postgres_storage
 from memories_core.embedders import HashingEmbedder
-from memories_core.interfaces import LLM, Mechanism, VectorIndex
+from memories_core.interfaces import LLM, Mechanism
 from memories_core.testing import MechanismContract
 from test_contract_memorybank import aware
 
 _DIM = 64
+# Schemas with this prefix are dropped at the end of the session (tests/conftest.py).
+PG_SCHEMA_PREFIX = "lmt_"
 _CHROMA_PORT_ENV = "LLM_MEMORIES_TEST_CHROMA_PORT"
 
 
@@ -48,23 +49,20 @@ def _name_for(path: Path | None) -> str:
 
 
 def postgres_parts(path: Path | None, *, vectors: str = "pgvector") -> dict[str, Any]:
-    """``store=`` and ``index=`` of a memory on the test server (``vectors``: or ``chroma``)."""
-    dsn = os.environ["LLM_MEMORIES_TEST_DSN"]
-    schema = _name_for(path)
-    store = PostgresRecordStore(
-        dsn,
-        schema=schema,
-        pool_size=3,
-        artifacts_path=None if path is None else path / "artifacts",
-    )
-    index: VectorIndex
-    if vectors == "pgvector":
-        index = PgVectorIndex(dsn, dimension=_DIM, schema=schema, pool_size=2)
-    else:
-        index = ChromaIndex(
-            host="127.0.0.1", port=int(os.environ[_CHROMA_PORT_ENV]), collection=schema
-        )
-    return {"store": store, "index": index, "embedder": HashingEmbedder(dimension=_DIM)}
+    """``store=``, ``index=``, ``embedder=`` of a memory on the test server(s)."""
+    chroma = vectors == "chroma"
+    return {
+        **postgres_storage(
+            os.environ["LLM_MEMORIES_TEST_DSN"],
+            dimension=_DIM,
+            schema=_name_for(path),
+            pool_size=2,
+            artifacts_path=None if path is None else path / "artifacts",
+            chroma_host="127.0.0.1" if chroma else None,
+            chroma_port=int(os.environ[_CHROMA_PORT_ENV]) if chroma else 8000,
+        ),
+        "embedder": HashingEmbedder(dimension=_DIM),
+    }
 
 
 class _OnPostgres(MechanismContract):

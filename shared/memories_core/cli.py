@@ -74,34 +74,32 @@ def _open(args: argparse.Namespace, *, create: bool = False) -> MemoryEngine:
 
 def _open_postgres(dsn: str, args: argparse.Namespace, *, create: bool) -> MemoryEngine:
     """A memory in PostgreSQL: records in ``--schema``, vectors in pgvector or a Chroma server."""
-    from memories_core.backends.pgvector_index import PgVectorIndex
-    from memories_core.backends.postgres import PostgresRecordStore
+    from memories_core.backends.postgres import postgres_storage
     from memories_core.engine import MemoryEngine
-    from memories_core.interfaces import VectorIndex
 
     embedder = _embedder(args.embedder)
     if not create and not _postgres_schema_exists(dsn, args.schema):
         raise CLIError(f"no memory in schema {args.schema!r} of that database")
-    store = PostgresRecordStore(dsn, schema=args.schema, artifacts_path=args.artifacts)
+    parts = postgres_storage(
+        dsn,
+        dimension=embedder.dimension,
+        schema=args.schema,
+        artifacts_path=args.artifacts,
+        chroma_host=args.chroma_host,
+        chroma_port=args.chroma_port,
+    )
     try:
-        index: VectorIndex
-        if args.chroma_host:
-            from memories_core.backends import ChromaIndex
-
-            index = ChromaIndex(
-                host=args.chroma_host, port=args.chroma_port, collection=args.schema
-            )
-        else:
-            index = PgVectorIndex(dsn, dimension=embedder.dimension, schema=args.schema)
-        return MemoryEngine(store=store, index=index, embedder=embedder)
-    except EmbedderMismatchError as exc:
-        store.close()
-        raise CLIError(
-            f"{exc}\nhint: pass the embedder the memory was built with, e.g. "
-            "--embedder hashing (hashing-<dimension>) or --embedder minilm"
-        ) from exc
-    except BaseException:
-        store.close()
+        return MemoryEngine(**parts, embedder=embedder)
+    except BaseException as exc:
+        parts["store"].close()
+        close = getattr(parts["index"], "close", None)
+        if callable(close):
+            close()
+        if isinstance(exc, EmbedderMismatchError):
+            raise CLIError(
+                f"{exc}\nhint: pass the embedder the memory was built with, e.g. "
+                "--embedder hashing (hashing-<dimension>) or --embedder minilm"
+            ) from exc
         raise
 
 

@@ -15,7 +15,14 @@ from __future__ import annotations
 from memories_core.backends.chroma_index import ChromaIndex
 from memories_core.backends.numpy_index import NumpyIndex
 from memories_core.backends.pgvector_index import PgVectorIndex
-from memories_core.backends.postgres import PostgresRecordStore
+from memories_core.backends.postgres import PostgresRecordStore, postgres_storage
 from memories_core.backends.sqlite_store import SQLiteRecordStore
 
-__all__ = ["ChromaIndex", "NumpyIndex", "PgVectorIndex", "PostgresRecordStore", "SQLiteRecordStore"]
+__all__ = [
+    "ChromaIndex",
+    "NumpyIndex",
+    "PgVectorIndex",
+    "PostgresRecordStore",
+    "SQLiteRecordStore",
+    "postgres_storage",
+]

@@ -72,7 +72,7 @@ if TYPE_CHECKING:
     from memories_core.artifacts import ArtifactStore
     from memories_core.interfaces import Clock
 
-__all__ = ["PostgresRecordStore"]
+__all__ = ["PostgresRecordStore", "postgres_storage"]
 
 logger = logging.getLogger(__name__)
 
@@ -1381,3 +1381,52 @@ class PostgresRecordStore:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def postgres_storage(
+    dsn: str,
+    *,
+    dimension: int,
+    schema: str = "llm_memories",
+    pool_size: int = 4,
+    artifacts_path: str | Path | None = None,
+    chroma_host: str | None = None,
+    chroma_port: int = 8000,
+) -> dict[str, Any]:
+    """``store=`` and ``index=`` of a memory in PostgreSQL, to pass to a mechanism or engine.
+
+    Records in :class:`PostgresRecordStore`; vectors in
+    :class:`~memories_core.backends.pgvector_index.PgVectorIndex` (same database and schema),
+    or in a Chroma server when ``chroma_host`` is given (one collection per user, prefixed
+    with ``schema``).
+
+    .. code-block:: python
+
+        memory = HistoryMemory(**postgres_storage(dsn, dimension=384))
+
+    Args:
+        dsn: libpq connection string or URI (credentials are never logged).
+        dimension: The embedder's dimension (for pgvector).
+        schema: Schema of the tables.
+        pool_size: Connections per pool (store and index each have one).
+        artifacts_path: Folder of artifact bytes shared by the workers.
+        chroma_host: Host of a Chroma server for the vectors instead of pgvector.
+        chroma_port: Its port.
+    """
+    from memories_core.backends.pgvector_index import PgVectorIndex
+
+    store = PostgresRecordStore(
+        dsn, schema=schema, pool_size=pool_size, artifacts_path=artifacts_path
+    )
+    try:
+        index: Any
+        if chroma_host is not None:
+            from memories_core.backends.chroma_index import ChromaIndex
+
+            index = ChromaIndex(host=chroma_host, port=chroma_port, collection=schema)
+        else:
+            index = PgVectorIndex(dsn, dimension=dimension, schema=schema, pool_size=pool_size)
+    except BaseException:
+        store.close()
+        raise
+    return {"store": store, "index": index}
