@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 from urllib.parse import urlparse
 
 import pytest
@@ -71,18 +72,24 @@ def postgres_dsn() -> Iterator[str]:
     try:
         yield dsn
     finally:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            names = [
-                row[0]
-                for row in conn.execute(
-                    "SELECT nspname FROM pg_namespace WHERE starts_with(nspname, %s)",
-                    (PG_SCHEMA_PREFIX,),
-                )
-            ]
-            for name in names:
-                conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
         if server is not None:
-            server.cleanup()
+            os.environ.pop("LLM_MEMORIES_TEST_DSN", None)
+            server.cleanup()  # stops the server and deletes its data folder
+        else:
+            _drop_test_schemas(psycopg, dsn)
+
+
+def _drop_test_schemas(psycopg: Any, dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        names = [
+            row[0]
+            for row in conn.execute(
+                "SELECT nspname FROM pg_namespace WHERE starts_with(nspname, %s)",
+                (PG_SCHEMA_PREFIX,),
+            )
+        ]
+        for name in names:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
 
 
 @pytest.fixture

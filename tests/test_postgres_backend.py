@@ -154,6 +154,8 @@ def _exercise(store: Any) -> list[Any]:
     out.append([r.id for r in store.list(user_id=alice)][-2:])
     store.delete(["a6", "b1"], user_id=alice)
     out.append((store.count(alice), store.count(bob)))
+    store.put_graph("carol", nodes=[GraphNode("c", "entity", "only a graph")])
+    out.append(list(store.iter_user_ids()))
     store.mark_deleting(bob, at=T0)
     out.append((store.deleting_users(), store.is_deleting(bob), store.is_deleting(alice)))
     store.purge_user(bob)

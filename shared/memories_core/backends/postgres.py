@@ -1360,9 +1360,10 @@ class PostgresRecordStore:
         """Every user id known to any table (records, state, jobs, graph, artifacts)."""
         with self._read() as conn:
             rows = conn.execute(
-                "SELECT user_id FROM records UNION SELECT user_id FROM jobs "
+                "SELECT user_id FROM (SELECT user_id FROM records UNION SELECT user_id FROM jobs "
                 "UNION SELECT user_id FROM graph_nodes UNION SELECT user_id FROM artifacts "
-                "UNION SELECT user_id FROM state WHERE user_id <> '' ORDER BY 1"
+                "UNION SELECT user_id FROM state WHERE user_id <> '') AS known "
+                'ORDER BY user_id COLLATE "C"'
             ).fetchall()
         yield from (row[0] for row in rows)
 
