@@ -213,7 +213,7 @@ def test_postgres_every_query_path_keeps_users_apart(store: PostgresRecordStore)
 
 
 def test_postgres_statements_name_the_user(
-    store: PostgresRecordStore, monkeypatch: pytest.MonkeyPatch
+    store: PostgresRecordStore, postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every statement the store runs on a user's table names ``user_id``, with listed exceptions.
 
@@ -221,10 +221,11 @@ def test_postgres_statements_name_the_user(
     recorded. The exceptions: statements keyed by a job id (job ids are only handed out per
     user, by ``jobs(user_id=...)``), the vector-index bookkeeping keyed by record ids (ids
     that come from ``pending_index`` and the index itself), counts over all users and
-    ``VACUUM``.
+    ``VACUUM``. The pgvector index's statements are checked the same way.
     """
     import psycopg
 
+    index = PgVectorIndex(postgres_dsn, dimension=DIM, schema=store.schema)
     seen: list[str] = []
     execute, executemany = psycopg.Connection.execute, psycopg.Cursor.executemany
 
@@ -245,10 +246,18 @@ def test_postgres_statements_name_the_user(
     store.pending_count()
     store.count()
     store.compact()
+    index.add(["v1"], np.stack([_unit(1)]), [{"user_id": "alice", "kind": "turn", "n": 1}])
+    index.search(_unit(1), user_id="alice", k=3, where={"kind": "turn", "n": {"$gt": 0}})
+    index.vectors(["v1"], user_id="alice")
+    index.ids("alice")
+    index.count("alice")
+    index.delete(["v1"], user_id="alice")
+    index.delete_user("alice")
     monkeypatch.undo()
+    index.close()
     tables = re.compile(
         r"\b(records|record_state|record_history|jobs|graph_nodes|graph_edges|artifacts|"
-        r"state|deletions)\b"
+        r"state|deletions|vectors)\b"
     )
     allowed = re.compile(
         r"^(UPDATE jobs SET .* WHERE id = |DELETE FROM jobs WHERE id = %s$|"
