@@ -410,6 +410,56 @@ def test_postgres_concurrent_processes_lose_and_duplicate_nothing(
     assert jobs_left == []
 
 
+_REINFORCER = textwrap.dedent(
+    """
+    import sys
+    from memories_core import MemoryBankMemory
+    from memories_core.backends import postgres_storage
+    from memories_core.embedders import HashingEmbedder
+    from memories_core.llms import ScriptedLLM
+
+    dsn, schema, record_id, times = sys.argv[1:5]
+    memory = MemoryBankMemory(
+        **postgres_storage(dsn, dimension=32, schema=schema, pool_size=2),
+        embedder=HashingEmbedder(dimension=32),
+        llm=ScriptedLLM([]),
+    )
+    for _ in range(int(times)):
+        memory.reinforce_records("shared", [record_id])
+    memory.close()
+    """
+)
+
+
+def test_postgres_read_modify_write_of_one_user_is_serialized_across_processes(
+    postgres_dsn: str, pg_schema: str
+) -> None:
+    """MemoryBank's reinforcement (read strength, write strength + 1 under ``user_lock``)
+    loses no increment when several processes reinforce the same memory at once."""
+    with PostgresRecordStore(postgres_dsn, schema=pg_schema) as store:
+        store.add([_record("shared", "m1", "a memory")])
+    workers, times = 3, 15
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _REINFORCER, postgres_dsn, pg_schema, "m1", str(times)],
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(workers)
+    ]
+    for proc in procs:
+        _, err = proc.communicate(timeout=240)
+        assert proc.returncode == 0, err[-3000:]
+    with PostgresRecordStore(postgres_dsn, schema=pg_schema) as store:
+        (record,) = store.get(["m1"], user_id="shared")
+        history = store.history("shared", record_id="m1")
+    assert record.state.recall_count == workers * times
+    assert record.state.strength == 1.0 + workers * times
+    assert len(history) == workers * times
+
+
 async def test_postgres_async_twins_run_concurrently(postgres_dsn: str, pg_schema: str) -> None:
     memory = HistoryMemory(
         store=PostgresRecordStore(postgres_dsn, schema=pg_schema, pool_size=3),
