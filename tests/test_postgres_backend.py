@@ -580,6 +580,7 @@ def test_pgvector_index_scopes_filters_and_round_trips(postgres_dsn: str, pg_sch
         stored = index.vectors(["a1", "b0"], user_id="alice")
         assert list(stored) == ["a1"] and np.allclose(stored["a1"], vectors[1], atol=1e-6)
         assert index.count() == 21 and index.count("alice") == 20
+        assert index.probe(["a0", "a5", "b0", "missing"], user_id="alice") == set()
         assert index.ids("bob") == {"b0"} and index.users() == {"alice", "bob"}
         index.delete(["b0", "a1"], user_id="alice")
         assert index.count("bob") == 1 and "a1" not in index.ids("alice")

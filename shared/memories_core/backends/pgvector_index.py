@@ -27,7 +27,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from memories_core.backends.numpy_index import as_matrix, as_query, check_filter, check_metadata
+from memories_core.backends.numpy_index import (
+    PROBE_DEPTH,
+    as_matrix,
+    as_query,
+    check_filter,
+    check_metadata,
+)
 from memories_core.backends.pg_common import check_schema, make_pool, migrate, redact_dsn
 from memories_core.errors import (
     BackendError,
@@ -40,6 +46,9 @@ from memories_core.interfaces import Filter
 from memories_core.types import check_user_id
 
 __all__ = ["PgVectorIndex"]
+
+# How much lower a score may be and still tie with a probed vector's own score.
+_TIE = 1e-5
 
 _FILTER_COLUMNS: dict[str, tuple[str, ColumnType]] = {
     "id": ("v.id", "text"),
@@ -344,6 +353,26 @@ class PgVectorIndex:
                 (user_id, builtins.list(ids)),
             ).fetchall()
         return {vid: _parse(text) for vid, text in rows}
+
+    def probe(self, ids: Sequence[str], *, user_id: str, k: int = PROBE_DEPTH) -> set[str]:
+        """The ids among ``ids`` that a search with their own stored vector does not return.
+
+        As :meth:`NumpyIndex.probe <memories_core.backends.NumpyIndex.probe>`: an id counts
+        as reachable when a ``k``-neighbour search with its stored vector returns it, or
+        when ``k`` results tie with its own score (exact duplicates). Used by
+        ``MemoryEngine.verify`` to find vectors the HNSW graph no longer reaches.
+        """
+        if k < 1:
+            raise InvalidInputError("k must be >= 1")
+        lost: set[str] = set()
+        for vid, vector in self.vectors(builtins.list(dict.fromkeys(ids)), user_id=user_id).items():
+            hits = self.search(vector, user_id=user_id, k=k)
+            if any(hit == vid for hit, _ in hits):
+                continue
+            # A unit vector's cosine with itself is 1: beaten by k others only on exact ties.
+            if not (len(hits) >= k and abs(hits[-1][1] - 1.0) <= _TIE):
+                lost.add(vid)
+        return lost
 
     def close(self) -> None:
         """Close the pool. Idempotent."""
