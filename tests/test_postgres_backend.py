@@ -651,6 +651,7 @@ def test_postgres_cli_and_export_import_on_a_dsn(
     assert "Lisbon" in run("search", "alice", "Lisbon")
     stats = run("stats")
     assert "users: 2" in stats and "PostgreSQL" in stats and postgres_dsn not in stats
+    assert "index: ok" in stats
     file = tmp_path / "alice.memories.zip"
     assert "exported alice" in run("export", "alice", str(file))
     # Import into a fresh schema of the same server, through the library and the CLI.
