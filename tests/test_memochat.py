@@ -12,7 +12,7 @@ from memories_core.embedders import HashingEmbedder
 from memories_core.engine import MemoryEngine
 from memories_core.errors import ConfigurationError
 from memories_core.llms import ScriptedLLM
-from memories_core.mechanisms.memochat import segment_lines, select_options
+from memories_core.mechanisms.memochat import SEARCH_KEY_KIND, segment_lines, select_options
 from memories_core.prompts.memochat import (
     NOTO,
     MemoSpan,
@@ -357,3 +357,75 @@ def test_shares_an_engine_with_other_mechanisms() -> None:
 
 def test_noto_constant() -> None:
     assert NOTO.startswith("NOTO")
+
+
+# --------------------------------------------------------------------------- search keys
+@pytest.mark.parametrize("llm", [_llm, None], ids=["llm", "llm_free"])
+def test_memo_writing_writes_a_search_key_per_covered_turn(llm: object) -> None:
+    memory = MemoChatMemory(
+        llm=llm() if callable(llm) else None, embedder=HashingEmbedder(), max_lines=10
+    )
+    scope = Scope("ann")
+    memory.save(_turns(CHAT), scope)
+    memory.save(_turns(CHAT[:4]), Scope("bo"))  # below the budget: no memo, no key
+    memos = memory.records(scope, kind="memo")
+    turns = {r.id: r for r in memory.records(scope, kind="turn")}
+    keys = memory.engine.records("ann", where={"kind": SEARCH_KEY_KIND})
+    assert memos and keys
+    expected = {(m.id, t) for m in memos for t in m.source_ids}
+    got = {(k.metadata["memo_id"], k.metadata["key_for"]) for k in keys}
+    assert got == expected and len(keys) == len(expected)
+    by_id = {m.id: m for m in memos}
+    for key in keys:
+        target = turns[key.metadata["key_for"]]
+        memo = by_id[key.metadata["memo_id"]]
+        assert key.user_id == target.user_id == "ann"
+        assert key.text == memo.text == f"{memo.metadata['topic']}. {memo.metadata['summary']}"
+        assert key.session_id == target.session_id
+    assert memory.engine.records("bo", where={"kind": SEARCH_KEY_KIND}) == []
+
+
+def test_search_keys_are_written_in_the_memo_transaction() -> None:
+    replies = iter(["lorem ipsum", "still nothing"])
+    llm = ScriptedLLM(default=lambda m: next(replies, None) or rule_following_reply(m) or "")
+    memory = MemoChatMemory(llm=llm, embedder=HashingEmbedder(), max_lines=10)
+    scope = Scope("ann")
+    memory.save(_turns(CHAT), scope)
+    assert (
+        memory.memos(scope) == []
+        and memory.engine.records("ann", where={"kind": SEARCH_KEY_KIND}) == []
+    )  # the failed writing left neither memos nor keys behind
+    memory.retry_pending("ann")
+    assert memory.memos(scope)
+    assert memory.engine.records("ann", where={"kind": SEARCH_KEY_KIND})
+
+
+def test_search_keys_never_leak_into_results() -> None:
+    from memories_core import HistoryMemory
+
+    engine = MemoryEngine(embedder=HashingEmbedder())
+    memo = MemoChatMemory(engine=engine, llm=_llm())
+    history = HistoryMemory(engine=engine)
+    memo.save(_turns(CHAT), Scope("ann"))
+    assert engine.records("ann", where={"kind": SEARCH_KEY_KIND})
+    for query in ("business etiquette in japan", "quantum", "polynomial roots"):
+        for recall in (
+            memo.recall(query, Scope("ann"), k=20),
+            history.recall(query, Scope("ann"), k=20),
+        ):
+            assert recall.records
+            assert {h.record.kind for h in recall.records} <= {"memo", "turn"}
+        assert all(isinstance(m, MemoEntry) for m in memo.retrieve(query, Scope("ann")))
+    assert {r.kind for r in memo.records(Scope("ann"))} == {"memo", "turn"}
+
+
+def test_search_keys_go_with_their_session_and_user() -> None:
+    memory = MemoChatMemory(llm=_llm(), embedder=HashingEmbedder(), max_lines=10)
+    memory.save(_turns(CHAT), Scope("ann", "s1"))
+    memory.save(_turns(CHAT), Scope("bo", "s1"))
+    assert memory.engine.records("ann", where={"kind": SEARCH_KEY_KIND})
+    memory.clear(Scope("ann", "s1"))
+    assert memory.engine.records("ann", where={"kind": SEARCH_KEY_KIND}) == []
+    assert memory.engine.records("bo", where={"kind": SEARCH_KEY_KIND})
+    memory.delete_user("bo")
+    assert memory.engine.records("bo", where={"kind": SEARCH_KEY_KIND}) == []

@@ -24,6 +24,12 @@ backoff: lines are never lost.
 **Memos as search keys of the raw turns.** Recall searches memos and turns together; a memo
 that ranks brings the dialog lines it covers (its turns are rendered under it), so a query
 that matches a topic or a summary but none of the turns' words still finds those turns.
+The memo-writing transaction also writes, for every covered turn, a record of kind
+``"search_key"`` whose text is the memo's ``"topic. summary"`` and whose
+``metadata["key_for"]`` is the turn's id (``metadata["memo_id"]`` the memo's; the key takes
+the turn's session, so clearing that session or the user removes it with the turn). The
+engine's plain recall can rank a turn by its keys; MemoChat's own searches name their kinds
+(``memo``, ``turn``), so the keys never show up as results themselves.
 
 **LLM-free mode** (``llm=None`` or ``mode="llm_free"``): TextTiling-style segmentation by the
 embedding similarity of neighbouring lines (:func:`segment_lines`), an extractive topic and
@@ -68,6 +74,7 @@ if TYPE_CHECKING:
     from memories_core.retrieval.fusion import Ranking
 
 __all__ = [
+    "SEARCH_KEY_KIND",
     "LLMOptionSource",
     "MemoChatMemory",
     "MemoEntry",
@@ -83,6 +90,8 @@ DEFAULT_THRESHOLD = 0.05
 DEFAULT_DENSE_WEIGHT = 0.6
 DEFAULT_BM25_SATURATION = 0.5
 DEFAULT_SMOOTHING = 0.3
+#: Record kind of the extra search keys a memo gives the raw turns it covers.
+SEARCH_KEY_KIND = "search_key"
 #: Segmenter default: a gap is a boundary when its depth score exceeds mean + this * std.
 DEFAULT_DEPTH_CUTOFF = 0.75
 
@@ -612,6 +621,21 @@ class MemoChatMemory(MemoryBase):
                     source_ids=tuple(r.id for r in covered),
                 )
             )
+        keys = [
+            MemoryRecord(
+                id=new_id(),
+                user_id=user_id,
+                kind=SEARCH_KEY_KIND,
+                text=memo.text,
+                created_at=turn.created_at,
+                session_id=turn.session_id,
+                metadata={"key_for": turn.id, "memo_id": memo.id, "mechanism": self.name},
+                source_ids=(turn.id,),
+            )
+            for memo in memos
+            for turn in chunk
+            if turn.id in memo.source_ids
+        ]
         settled = chunk[: len(chunk) - keep] if keep else chunk
         kept = chunk[len(settled) :]
         owner.update({r.id: m.id for m in memos for r in chunk if r.id in m.source_ids})
@@ -619,7 +643,7 @@ class MemoChatMemory(MemoryBase):
             r.id: {"attrs": {self._covered_key: owner[r.id]}} for r in settled
         }
         state.update({r.id: {"attrs": {self._kept_key: owner[r.id]}} for r in kept})
-        return Derivation(add=memos, state=state, reason="memochat: written into a memo")
+        return Derivation(add=[*memos, *keys], state=state, reason="memochat: written into a memo")
 
     # ------------------------------------------------------------------ recall
     def _render(self, hits: Sequence[ScoredRecord]) -> str:
