@@ -429,3 +429,13 @@ def test_search_keys_go_with_their_session_and_user() -> None:
     assert memory.engine.records("bo", where={"kind": SEARCH_KEY_KIND})
     memory.delete_user("bo")
     assert memory.engine.records("bo", where={"kind": SEARCH_KEY_KIND}) == []
+
+
+def test_select_options_answer_rule() -> None:
+    embedder = HashingEmbedder()
+    options = ["Sam Wood", "Kings Row. a film directed in 1942"]
+    query = "who directed the film Kings Row? Sam Wood."
+    assert select_options(query, options, embedder, answer_penalty=0.0) == [0, 1]
+    assert select_options(query, options, embedder, answer_penalty=1.0) == [1]
+    # Not an answer (no question before it): naming the option still selects it.
+    assert select_options("I met Sam Wood.", options, embedder, answer_penalty=1.0) == [0]

@@ -90,6 +90,8 @@ DEFAULT_THRESHOLD = 0.05
 DEFAULT_DENSE_WEIGHT = 0.6
 DEFAULT_BM25_SATURATION = 0.5
 DEFAULT_SMOOTHING = 0.3
+#: Selector default: score taken off an option whose whole title an answer names (BENCHMARKS.md).
+DEFAULT_ANSWER_PENALTY = 0.5
 #: Record kind of the extra search keys a memo gives the raw turns it covers.
 SEARCH_KEY_KIND = "search_key"
 #: Segmenter default: a gap is a boundary when its depth score exceeds mean + this * std.
@@ -143,6 +145,7 @@ def select_options(
     dense_weight: float = DEFAULT_DENSE_WEIGHT,
     bm25_saturation: float = DEFAULT_BM25_SATURATION,
     smoothing: float = DEFAULT_SMOOTHING,
+    answer_penalty: float = DEFAULT_ANSWER_PENALTY,
 ) -> list[int]:
     """The LLM-free memo selector: which options ``query`` relates to (0-based, sorted).
 
@@ -153,6 +156,13 @@ def select_options(
     lines usually share a topic), and each sentence votes for its best option if that
     option's score reaches ``threshold``. No vote means none of the others (NOTO).
 
+    *Answer rule*: a sentence that answers the question just before it (it follows a
+    sentence ending in ``?`` and is not a question itself) and names every content word of
+    an option (``"who directed it? Sam Wood"`` against the option ``"Sam Wood"``) is about
+    what the question asked after, which the question's pronoun points at ("it": the film),
+    not about the person or thing it names; that option's score there is lowered by
+    ``answer_penalty`` before smoothing. Options with summaries rarely have every word named.
+
     Args:
         query: The query sentence(s).
         options: ``"topic. summary"`` texts.
@@ -161,6 +171,7 @@ def select_options(
         dense_weight: Weight of the cosine similarity in the fused score.
         bm25_saturation: BM25 scores ``s`` enter as ``s / (s + bm25_saturation)``.
         smoothing: Weight of each neighbouring sentence's scores.
+        answer_penalty: Score taken off an option an answer sentence names whole.
 
     Returns:
         Indices into ``options``; empty when none is related.
@@ -173,6 +184,13 @@ def select_options(
     docs = [_tokens(o) for o in options]
     lexical = np.array([_bm25(_tokens(s), docs) for s in sentences])
     scores = dense_weight * cosine + (1 - dense_weight) * lexical / (lexical + bm25_saturation)
+    if answer_penalty:
+        for i in range(1, len(sentences)):
+            if sentences[i - 1].rstrip().endswith("?") and not sentences[i].rstrip().endswith("?"):
+                said = set(_tokens(sentences[i]))
+                for j, doc in enumerate(docs):
+                    if doc and set(doc) <= said:
+                        scores[i, j] -= answer_penalty
     if len(sentences) > 1 and smoothing:
         padded = np.vstack([np.zeros_like(scores[:1]), scores, np.zeros_like(scores[:1])])
         scores = (scores + smoothing * (padded[:-2] + padded[2:])) / (1 + 2 * smoothing)
