@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,10 +13,19 @@ from memories_core.embedders import HashingEmbedder
 from memories_core.engine import MemoryEngine
 from memories_core.errors import ConfigurationError
 from memories_core.llms import ScriptedLLM
-from memories_core.mechanisms.memochat import SEARCH_KEY_KIND, segment_lines, select_options
+from memories_core.llms.base import LLMResult
+from memories_core.mechanisms.memochat import (
+    SEARCH_KEY_KIND,
+    choose_memos,
+    segment_lines,
+    select_options,
+)
 from memories_core.prompts.memochat import (
+    MEMO_RETRIEVAL,
+    MEMO_RETRIEVAL_JSON,
     NOTO,
     MemoSpan,
+    RetrievalInput,
     build_chat_messages,
     build_retrieval_messages,
     build_writing_messages,
@@ -25,6 +35,7 @@ from memories_core.prompts.memochat import (
     repair_spans,
     rule_following_reply,
 )
+from memories_core.types import ChatMessage
 
 CHAT = [
     ("user", "I am reading about quantum entanglement and qubits."),
@@ -439,3 +450,107 @@ def test_select_options_answer_rule() -> None:
     assert select_options(query, options, embedder, answer_penalty=1.0) == [1]
     # Not an answer (no question before it): naming the option still selects it.
     assert select_options("I met Sam Wood.", options, embedder, answer_penalty=1.0) == [0]
+
+
+# --------------------------------------------------------------------------- retrieval spec
+class _StructuredFake(ScriptedLLM):
+    """A scripted model offering JSON-schema output; records each response_format."""
+
+    def __init__(self, responses: list[str]) -> None:
+        super().__init__(responses)
+        self.formats: list[object] = []
+
+    @property
+    def structured_output(self) -> frozenset[str]:
+        return frozenset({"json_schema"})
+
+    def _generate(self, messages: tuple[ChatMessage, ...], **kwargs: Any) -> LLMResult:
+        self.formats.append(None)
+        return super()._generate(messages, **kwargs)
+
+    def _generate_structured(
+        self, messages: tuple[ChatMessage, ...], *, response_format: Any, **kwargs: Any
+    ) -> LLMResult:
+        self.formats.append(response_format)
+        return super()._generate(messages, **kwargs)
+
+
+OPTIONS = (
+    "see off. Mr. Wang sees the user off at the airport.",
+    "party preparation. The bot helps the user prepare a party.",
+    "loan for renovations. The bot asks for a loan.",
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("party preparation", [2]),
+        ("The topics are party preparation and loan for renovations.", [2, 3]),
+        ("NOTO. None of the others.", []),
+    ],
+)
+def test_parse_selection_reads_topic_text(text: str, expected: list[int]) -> None:
+    shown = [*OPTIONS, NOTO]
+    assert parse_selection(text, 4, 4, shown) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "see off.\nparty preparation.\nloan for renovations.\nNOTO.",  # the list copied back
+        "(1) see off.\n(2) party preparation.\n(3) loan for renovations.\n(4) NOTO.",
+        "I like parties",
+    ],
+)
+def test_parse_selection_refuses_copied_lists_and_unknown_text(text: str) -> None:
+    with pytest.raises(ParseError):
+        parse_selection(text, 4, 4, [*OPTIONS, NOTO])
+
+
+def test_retrieval_spec_text_answer_maps_topics_back() -> None:
+    inputs = RetrievalInput("we plan the office party", OPTIONS)
+    assert MEMO_RETRIEVAL.parse("Answer: party preparation.", inputs) == [2]
+    assert MEMO_RETRIEVAL.parse("2#4", inputs) == [2]
+    assert MEMO_RETRIEVAL.parse("4", inputs) == []
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ('{"options": [2, 3]}', [2, 3]),
+        ('{"options": [3, 2, 2, 9]}', [2, 3]),  # duplicates and out-of-range dropped
+        ('{"options": [4]}', []),  # NOTO
+        ('{"options": []}', []),
+    ],
+)
+def test_retrieval_json_parse(raw: str, expected: list[int]) -> None:
+    assert MEMO_RETRIEVAL_JSON.parse(raw, RetrievalInput("q", OPTIONS)) == expected
+
+
+@pytest.mark.parametrize("raw", ['{"options": [9]}', '{"choice": 2}', "2#3", '{"options": "2"}'])
+def test_retrieval_json_parse_rejects(raw: str) -> None:
+    with pytest.raises(ParseError):
+        MEMO_RETRIEVAL_JSON.parse(raw, RetrievalInput("q", OPTIONS))
+
+
+def test_retrieval_uses_schema_constrained_output_when_offered() -> None:
+    memory = _filled(None)  # memos written LLM-free
+    llm = _StructuredFake(['{"options": [1]}'])
+    options = [m.option for m in memory.memos(Scope("ann"))]
+    chosen = choose_memos(llm, "japan bowing", options)
+    (used,) = llm.formats
+    assert used == MEMO_RETRIEVAL.structured.response_format()  # type: ignore[union-attr]
+    assert used.schema["properties"].keys() == {"options"}  # type: ignore[attr-defined]
+    assert chosen == [0]
+    assert '{"options": [N, M]}' in llm.calls[0][-1].content
+
+
+def test_retrieval_prompt_json_snapshot() -> None:
+    messages, noto = build_retrieval_messages("q", ["a. b"], json_answer=True)
+    assert noto == 2
+    assert messages[-1].content.endswith(
+        "Answer with JSON only, the chosen option numbers in a list: if options N and M are "
+        'chosen, answer {"options": [N, M]}. Every number lies between 1 and 2, the number of '
+        "options.\n\nResult:"
+    )

@@ -53,14 +53,13 @@ import numpy as np
 from memories_core.engine import Derivation, JobFailed, check_query, check_scope
 from memories_core.errors import ConfigurationError, LLMError, ParseError
 from memories_core.mechanisms.base import MemoryBase
-from memories_core.parsing import generate_parsed
 from memories_core.prompts.memochat import (
+    MEMO_RETRIEVAL,
     MEMO_WRITING,
     MemoSpan,
+    RetrievalInput,
     WritingInput,
     build_chat_messages,
-    build_retrieval_messages,
-    parse_selection,
 )
 from memories_core.prompts.spec import run_spec
 from memories_core.retrieval import DenseSource, LexicalSource, Pipeline
@@ -359,11 +358,10 @@ def choose_memos(llm: LLM, query: str, options: Sequence[str]) -> list[int] | No
     """Ask ``llm`` which of ``options`` relate to ``query`` (0-based; ``None`` on failure)."""
     if not options:
         return []
-    messages, noto = build_retrieval_messages(query, options)
+    inputs = RetrievalInput(query, tuple(options))
+    noto = inputs.noto()
     try:
-        picked = generate_parsed(
-            llm, messages, lambda t: parse_selection(t, len(options) + 1, noto)
-        )
+        picked = run_spec(llm, MEMO_RETRIEVAL, inputs)
     except (LLMError, ParseError) as exc:
         logger.warning("memo retrieval by the LLM failed: %s", exc)
         return None
