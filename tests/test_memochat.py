@@ -554,3 +554,35 @@ def test_retrieval_prompt_json_snapshot() -> None:
         'chosen, answer {"options": [N, M]}. Every number lies between 1 and 2, the number of '
         "options.\n\nResult:"
     )
+
+
+HORMONES = [
+    "user: tell me about cortisol, a hormone",
+    "bot: cortisol is a stress hormone of the adrenal gland",
+    "user: is cortisol made in the adrenal gland?",
+    "bot: yes, in the adrenal cortex",
+    "user: and the third hormone mentioned above?",
+    "bot: melatonin is a hormone for sleep",
+    "user: does melatonin help me sleep?",
+    "bot: yes, melatonin helps sleep",
+    "user: is melatonin sold as a pill?",
+    "bot: yes, melatonin pills are sold",
+]
+
+
+def test_segmenter_shift_cue_adds_a_boundary_at_a_back_reference() -> None:
+    embedder = HashingEmbedder()
+    # A cutoff no depth reaches: only the cue can make the boundary.
+    assert segment_lines(HORMONES, embedder, depth_cutoff=3.0, shift_cue=0.0) == [(1, 10)]
+    assert segment_lines(HORMONES, embedder, depth_cutoff=3.0, shift_cue=5.0) == [(1, 4), (5, 10)]
+
+
+def test_segmenter_continuation_cue_keeps_a_pronoun_on_its_topic() -> None:
+    embedder = HashingEmbedder()
+    lines = [*HORMONES]
+    lines[4] = "user: does it help me sleep?"
+    assert segment_lines(lines, embedder, depth_cutoff=0.0, continuation_cue=0.0) == [
+        (1, 4),
+        (5, 10),
+    ]
+    assert segment_lines(lines, embedder, depth_cutoff=0.0, continuation_cue=5.0) == [(1, 10)]

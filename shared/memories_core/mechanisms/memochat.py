@@ -93,10 +93,24 @@ DEFAULT_SMOOTHING = 0.3
 DEFAULT_ANSWER_PENALTY = 0.5
 #: Record kind of the extra search keys a memo gives the raw turns it covers.
 SEARCH_KEY_KIND = "search_key"
-#: Segmenter default: a gap is a boundary when its depth score exceeds mean + this * std.
-DEFAULT_DEPTH_CUTOFF = 0.75
+#: Segmenter defaults, chosen by cross-validation over MemoChat's two sources (BENCHMARKS.md):
+#: exchanges on each side of a gap, the cutoff (mean + this * std of the depth scores), and
+#: what a back-reference (shift cue) adds and a bare pronoun (continuation cue) takes off.
+DEFAULT_WINDOW = 3
+DEFAULT_DEPTH_CUTOFF = 1.0
+DEFAULT_SHIFT_CUE = 0.4
+DEFAULT_CONTINUATION_CUE = 0.2
 
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
+# A user line that points back at something said earlier ("the hormone mentioned above",
+# "the third one", "the latter") moves the talk to that thing; one that goes on with a bare
+# pronoun ("is it also found in animals?") stays on the topic.
+_SHIFT_CUE = re.compile(
+    r"\b(mentioned|aforesaid|aforementioned|latter|former|above|(?:the|this|that)\s+"
+    r"(?:first|second|third|fourth|fifth|last|other|next)\b)",
+    re.I,
+)
+_CONTINUATION_CUE = re.compile(r"\b(it|its|they|them|their|he|she|his|her|him)\b", re.I)
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
 _STOP = frozenset(
     re.findall(
@@ -201,8 +215,10 @@ def segment_lines(
     lines: Sequence[str],
     embedder: Embedder,
     *,
-    window: int = 2,
+    window: int = DEFAULT_WINDOW,
     depth_cutoff: float = DEFAULT_DEPTH_CUTOFF,
+    shift_cue: float = DEFAULT_SHIFT_CUE,
+    continuation_cue: float = DEFAULT_CONTINUATION_CUE,
 ) -> list[tuple[int, int]]:
     """TextTiling-style topic segmentation by embedding similarity (LLM-free memo writing).
 
@@ -214,11 +230,19 @@ def segment_lines(
     lies below the highest similarity on each side (Hearst's TextTiling, with embeddings
     for word counts). Gaps deeper than ``mean + depth_cutoff * std`` are boundaries.
 
+    Speaker-turn cues move that cutoff per gap: when the line opening the next exchange
+    points back at something said earlier (``"the hormone mentioned above"``, ``"the third
+    one"``, ``"the latter"``: the user turns to a thing an answer named) its depth counts
+    ``shift_cue`` more; when it goes on with a bare pronoun (``"is it also found in
+    animals?"``) it counts ``continuation_cue`` less. A gap with no depth is never a boundary.
+
     Args:
         lines: ``"speaker: content"`` lines, oldest first.
         embedder: Embeds the exchanges.
         window: Exchanges on each side of a gap.
         depth_cutoff: Standard deviations above the mean depth a boundary needs.
+        shift_cue: Depth added at a gap whose next exchange opens with a back-reference.
+        continuation_cue: Depth taken off at a gap whose next exchange opens with a pronoun.
 
     Returns:
         1-based inclusive ``(start, end)`` ranges covering every line, in order.
@@ -247,7 +271,17 @@ def segment_lines(
         sims.append(float(left @ right / max(np.linalg.norm(left) * np.linalg.norm(right), 1e-9)))
     depths = [(max(sims[: i + 1]) - sim) + (max(sims[i:]) - sim) for i, sim in enumerate(sims)]
     cutoff = float(np.mean(depths) + depth_cutoff * np.std(depths))
-    cuts = sorted(starts[i + 1] + 1 for i, depth in enumerate(depths) if depth > max(cutoff, 0))
+    cuts = []
+    for i, depth in enumerate(depths):
+        opening = lines[starts[i + 1]].split(": ", 1)[-1]
+        if _SHIFT_CUE.search(opening):
+            depth_score = depth + shift_cue
+        elif _CONTINUATION_CUE.search(opening):
+            depth_score = depth - continuation_cue
+        else:
+            depth_score = depth
+        if depth > 0 and depth_score > cutoff:
+            cuts.append(starts[i + 1] + 1)
     begins = [1, *cuts]
     return [(b, (begins[j + 1] - 1) if j + 1 < len(begins) else n) for j, b in enumerate(begins)]
 
