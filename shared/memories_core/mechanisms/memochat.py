@@ -90,7 +90,7 @@ DEFAULT_DENSE_WEIGHT = 0.6
 DEFAULT_BM25_SATURATION = 0.5
 DEFAULT_SMOOTHING = 0.3
 #: Selector default: score taken off an option whose whole title an answer names (BENCHMARKS.md).
-DEFAULT_ANSWER_PENALTY = 0.5
+DEFAULT_ANSWER_PENALTY = 0.75
 #: Record kind of the extra search keys a memo gives the raw turns it covers.
 SEARCH_KEY_KIND = "search_key"
 #: Segmenter defaults, chosen by cross-validation over MemoChat's two sources (BENCHMARKS.md):

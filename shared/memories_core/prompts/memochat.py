@@ -446,7 +446,8 @@ class MemoSelectionAnswer(pydantic.BaseModel):
     """JSON form of a memo-retrieval answer, for schema-constrained decoding."""
 
     model_config = pydantic.ConfigDict(extra="forbid")
-    options: list[int] = pydantic.Field(max_length=32, description="Chosen option numbers")
+    # At most 10 numbers: a schema-constrained small model then has to close the list.
+    options: list[int] = pydantic.Field(max_length=10, description="Chosen option numbers")
 
 
 def _retrieval_stand_in(inputs: RetrievalInput) -> str:
@@ -467,7 +468,7 @@ MEMO_RETRIEVAL_JSON: PromptSpec[RetrievalInput, list[int]] = PromptSpec(
         options=[int(n) for n in _retrieval_stand_in(i).split("#")]
     ).model_dump_json(),
     response_model=MemoSelectionAnswer,
-    max_tokens=40,
+    max_tokens=64,
 )
 
 #: Table 7: which options the query relates to, answered ``N#M``; returns the chosen option
