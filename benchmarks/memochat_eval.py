@@ -31,6 +31,7 @@ documented defaults (no tuning on the file).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import re
 import statistics
@@ -59,31 +60,56 @@ THRESHOLDS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4)
 PENALTIES = (0.0, 0.25, 0.5, 0.75, 1.0)
 SEGMENTER_GRID = [
     (w, c, shift, cont)
-    for w in (2, 3, 4)
-    for c in (0.0, 0.5, 1.0, 1.5)
-    for shift in (0.0, 0.2, 0.4, 0.6)
-    for cont in (0.0, 0.1, 0.2, 0.3)
+    for w in (2, 3)
+    for c in (0.5, 1.0, 1.5)
+    for shift in (0.0, 0.4, 0.8)
+    for cont in (0.0, 0.2, 0.4)
 ]
 _OPTION = re.compile(r"^\((\d+)\) ?(.*)$", re.M)
 _LINE = re.compile(r"^\(line \d+\) (.*)$", re.M)
 
 
 class CachedEmbedder:
-    """Wraps an embedder with a text -> vector cache (the sweep embeds the same texts)."""
+    """Wraps an embedder with a text -> vector cache (the sweeps embed the same texts).
 
-    def __init__(self, inner: Any) -> None:
+    With ``file`` set, vectors persist in that ``.npz`` (keyed by the text's SHA-1) between
+    runs; :meth:`save` writes it.
+    """
+
+    def __init__(self, inner: Any, file: Path | None = None) -> None:
         self.inner = inner
+        self.file = file
         self.cache: dict[str, np.ndarray] = {}
+        self.stored: dict[str, np.ndarray] = {}
+        if file is not None and file.exists():
+            data = np.load(file)
+            self.stored = {key: data[key] for key in data.files}
+        self.dirty = False
+
+    @staticmethod
+    def key(text: str) -> str:
+        return hashlib.sha1(text.encode("utf-8")).hexdigest()
+
+    def save(self) -> None:
+        if self.file is not None and self.dirty:
+            self.file.parent.mkdir(parents=True, exist_ok=True)
+            np.savez(self.file, **self.stored)  # type: ignore[arg-type]
+            self.dirty = False
 
     @property
     def usage(self) -> Any:
         return self.inner.usage
 
     def embed_documents(self, texts: Sequence[str]) -> np.ndarray:
+        for text in texts:
+            if text not in self.cache and self.key(text) in self.stored:
+                self.cache[text] = self.stored[self.key(text)]
         missing = list(dict.fromkeys(t for t in texts if t not in self.cache))
         if missing:
+            self.dirty = True
             for text, vector in zip(missing, self.inner.embed_documents(missing), strict=True):
                 self.cache[text] = vector
+                self.stored[self.key(text)] = np.asarray(vector)
         return np.array([self.cache[t] for t in texts])
 
     def embed_query(self, text: str) -> np.ndarray:
@@ -246,7 +272,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     rows = [json.loads(line) for line in Path(args.items).read_text().splitlines() if line.strip()]
     retrieval = retrieval_items(rows)
     writing = writing_items(rows)
-    embedder = CachedEmbedder(SentenceTransformerEmbedder())
+    cache = Path(__file__).resolve().parent / "out" / "cache" / "memochat_minilm.npz"
+    embedder = CachedEmbedder(SentenceTransformerEmbedder(), cache)
     out: dict[str, Any] = {
         "items": args.items,
         "retrieval": len(retrieval),
@@ -392,6 +419,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     default_selector = selector_f1(retrieval, embedder)
     default_segmenter = boundary_prf(writing, embedder)
+    embedder.save()
     out["default"] = {"selector_f1": default_selector, "segmenter": default_segmenter}
     if args.json is not None:
         args.json.write_text(json.dumps(out, indent=2, default=list))
