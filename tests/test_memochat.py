@@ -16,6 +16,7 @@ from memories_core.llms import ScriptedLLM
 from memories_core.llms.base import LLMResult
 from memories_core.mechanisms.memochat import (
     SEARCH_KEY_KIND,
+    LLMOptionSource,
     choose_memos,
     segment_lines,
     select_options,
@@ -313,7 +314,9 @@ def test_option_source_preselects_within_budget() -> None:
     llm = _llm()
     memory = _filled(llm, max_options=2)
     memory.recall("japan business", Scope("ann"))
-    source = memory.pipeline.sources[-1]  # type: ignore[union-attr]
+    assert memory.pipeline is not None
+    source = memory.pipeline.sources[-1]
+    assert isinstance(source, LLMOptionSource)
     assert source.calls and max(source.calls) <= 2
 
 

@@ -8,7 +8,8 @@ The paper's pipeline (§3.2, Figure 3) is *memorization-retrieval-response*:
   numbered lines, and memo
   entries ``{topic, summary, dialogs}`` are stored; the last two lines stay in the buffer;
 * **memo retrieval** (Table 7): the LLM is shown the options ``(i) topic. summary`` plus a
-  none-of-the-others option (NOTO) and answers ``N#M``;
+  none-of-the-others option (NOTO) and answers ``N#M`` (``{"options": [N, M]}`` under
+  schema-constrained decoding, where the model offers it);
 * **chat with memo** (Table 8): the reply prompt holds the related evidences, the recent
   dialogs and the user input.
 
@@ -32,9 +33,10 @@ engine's plain recall can rank a turn by its keys; MemoChat's own searches name 
 (``memo``, ``turn``), so the keys never show up as results themselves.
 
 **LLM-free mode** (``llm=None`` or ``mode="llm_free"``): TextTiling-style segmentation by the
-embedding similarity of neighbouring lines (:func:`segment_lines`), an extractive topic and
-summary, and selection by a fused dense + BM25 ranking with a threshold
-(:func:`select_options`). Same records, same interfaces.
+embedding similarity of neighbouring exchanges with speaker-turn cues
+(:func:`segment_lines`), an extractive topic and summary, and selection by a fused dense +
+BM25 score with a threshold and an answer rule (:func:`select_options`). Same records, same
+interfaces.
 """
 
 from __future__ import annotations
