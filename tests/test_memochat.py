@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,10 +13,20 @@ from memories_core.embedders import HashingEmbedder
 from memories_core.engine import MemoryEngine
 from memories_core.errors import ConfigurationError
 from memories_core.llms import ScriptedLLM
-from memories_core.mechanisms.memochat import segment_lines, select_options
+from memories_core.llms.base import LLMResult
+from memories_core.mechanisms.memochat import (
+    SEARCH_KEY_KIND,
+    LLMOptionSource,
+    choose_memos,
+    segment_lines,
+    select_options,
+)
 from memories_core.prompts.memochat import (
+    MEMO_RETRIEVAL,
+    MEMO_RETRIEVAL_JSON,
     NOTO,
     MemoSpan,
+    RetrievalInput,
     build_chat_messages,
     build_retrieval_messages,
     build_writing_messages,
@@ -25,6 +36,7 @@ from memories_core.prompts.memochat import (
     repair_spans,
     rule_following_reply,
 )
+from memories_core.types import ChatMessage
 
 CHAT = [
     ("user", "I am reading about quantum entanglement and qubits."),
@@ -302,7 +314,9 @@ def test_option_source_preselects_within_budget() -> None:
     llm = _llm()
     memory = _filled(llm, max_options=2)
     memory.recall("japan business", Scope("ann"))
-    source = memory.pipeline.sources[-1]  # type: ignore[union-attr]
+    assert memory.pipeline is not None
+    source = memory.pipeline.sources[-1]
+    assert isinstance(source, LLMOptionSource)
     assert source.calls and max(source.calls) <= 2
 
 
@@ -357,3 +371,221 @@ def test_shares_an_engine_with_other_mechanisms() -> None:
 
 def test_noto_constant() -> None:
     assert NOTO.startswith("NOTO")
+
+
+# --------------------------------------------------------------------------- search keys
+@pytest.mark.parametrize("llm", [_llm, None], ids=["llm", "llm_free"])
+def test_memo_writing_writes_a_search_key_per_covered_turn(llm: object) -> None:
+    memory = MemoChatMemory(
+        llm=llm() if callable(llm) else None, embedder=HashingEmbedder(), max_lines=10
+    )
+    scope = Scope("ann")
+    memory.save(_turns(CHAT), scope)
+    memory.save(_turns(CHAT[:4]), Scope("bo"))  # below the budget: no memo, no key
+    memos = memory.records(scope, kind="memo")
+    turns = {r.id: r for r in memory.records(scope, kind="turn")}
+    keys = memory.engine.records("ann", where={"kind": SEARCH_KEY_KIND})
+    assert memos and keys
+    expected = {(m.id, t) for m in memos for t in m.source_ids}
+    got = {(k.metadata["memo_id"], k.metadata["key_for"]) for k in keys}
+    assert got == expected and len(keys) == len(expected)
+    by_id = {m.id: m for m in memos}
+    for key in keys:
+        target = turns[key.metadata["key_for"]]
+        memo = by_id[key.metadata["memo_id"]]
+        assert key.user_id == target.user_id == "ann"
+        assert key.text == memo.text == f"{memo.metadata['topic']}. {memo.metadata['summary']}"
+        assert key.session_id == target.session_id
+    assert memory.engine.records("bo", where={"kind": SEARCH_KEY_KIND}) == []
+
+
+def test_search_keys_are_written_in_the_memo_transaction() -> None:
+    replies = iter(["lorem ipsum", "still nothing"])
+    llm = ScriptedLLM(default=lambda m: next(replies, None) or rule_following_reply(m) or "")
+    memory = MemoChatMemory(llm=llm, embedder=HashingEmbedder(), max_lines=10)
+    scope = Scope("ann")
+    memory.save(_turns(CHAT), scope)
+    assert (
+        memory.memos(scope) == []
+        and memory.engine.records("ann", where={"kind": SEARCH_KEY_KIND}) == []
+    )  # the failed writing left neither memos nor keys behind
+    memory.retry_pending("ann")
+    assert memory.memos(scope)
+    assert memory.engine.records("ann", where={"kind": SEARCH_KEY_KIND})
+
+
+def test_search_keys_never_leak_into_results() -> None:
+    from memories_core import HistoryMemory
+
+    engine = MemoryEngine(embedder=HashingEmbedder())
+    memo = MemoChatMemory(engine=engine, llm=_llm())
+    history = HistoryMemory(engine=engine)
+    memo.save(_turns(CHAT), Scope("ann"))
+    assert engine.records("ann", where={"kind": SEARCH_KEY_KIND})
+    for query in ("business etiquette in japan", "quantum", "polynomial roots"):
+        for recall in (
+            memo.recall(query, Scope("ann"), k=20),
+            history.recall(query, Scope("ann"), k=20),
+        ):
+            assert recall.records
+            assert {h.record.kind for h in recall.records} <= {"memo", "turn"}
+        assert all(isinstance(m, MemoEntry) for m in memo.retrieve(query, Scope("ann")))
+    assert {r.kind for r in memo.records(Scope("ann"))} == {"memo", "turn"}
+
+
+def test_search_keys_go_with_their_session_and_user() -> None:
+    memory = MemoChatMemory(llm=_llm(), embedder=HashingEmbedder(), max_lines=10)
+    memory.save(_turns(CHAT), Scope("ann", "s1"))
+    memory.save(_turns(CHAT), Scope("bo", "s1"))
+    assert memory.engine.records("ann", where={"kind": SEARCH_KEY_KIND})
+    memory.clear(Scope("ann", "s1"))
+    assert memory.engine.records("ann", where={"kind": SEARCH_KEY_KIND}) == []
+    assert memory.engine.records("bo", where={"kind": SEARCH_KEY_KIND})
+    memory.delete_user("bo")
+    assert memory.engine.records("bo", where={"kind": SEARCH_KEY_KIND}) == []
+
+
+def test_select_options_answer_rule() -> None:
+    embedder = HashingEmbedder()
+    options = ["Sam Wood", "Kings Row. a film directed in 1942"]
+    query = "who directed the film Kings Row? Sam Wood."
+    assert select_options(query, options, embedder, answer_penalty=0.0) == [0, 1]
+    assert select_options(query, options, embedder, answer_penalty=1.0) == [1]
+    # Not an answer (no question before it): naming the option still selects it.
+    assert select_options("I met Sam Wood.", options, embedder, answer_penalty=1.0) == [0]
+
+
+# --------------------------------------------------------------------------- retrieval spec
+class _StructuredFake(ScriptedLLM):
+    """A scripted model offering JSON-schema output; records each response_format."""
+
+    def __init__(self, responses: list[str]) -> None:
+        super().__init__(responses)
+        self.formats: list[object] = []
+
+    @property
+    def structured_output(self) -> frozenset[str]:
+        return frozenset({"json_schema"})
+
+    def _generate(self, messages: tuple[ChatMessage, ...], **kwargs: Any) -> LLMResult:
+        self.formats.append(None)
+        return super()._generate(messages, **kwargs)
+
+    def _generate_structured(
+        self, messages: tuple[ChatMessage, ...], *, response_format: Any, **kwargs: Any
+    ) -> LLMResult:
+        self.formats.append(response_format)
+        return super()._generate(messages, **kwargs)
+
+
+OPTIONS = (
+    "see off. Mr. Wang sees the user off at the airport.",
+    "party preparation. The bot helps the user prepare a party.",
+    "loan for renovations. The bot asks for a loan.",
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("party preparation", [2]),
+        ("The topics are party preparation and loan for renovations.", [2, 3]),
+        ("NOTO. None of the others.", []),
+    ],
+)
+def test_parse_selection_reads_topic_text(text: str, expected: list[int]) -> None:
+    shown = [*OPTIONS, NOTO]
+    assert parse_selection(text, 4, 4, shown) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "see off.\nparty preparation.\nloan for renovations.\nNOTO.",  # the list copied back
+        "(1) see off.\n(2) party preparation.\n(3) loan for renovations.\n(4) NOTO.",
+        "I like parties",
+    ],
+)
+def test_parse_selection_refuses_copied_lists_and_unknown_text(text: str) -> None:
+    with pytest.raises(ParseError):
+        parse_selection(text, 4, 4, [*OPTIONS, NOTO])
+
+
+def test_retrieval_spec_text_answer_maps_topics_back() -> None:
+    inputs = RetrievalInput("we plan the office party", OPTIONS)
+    assert MEMO_RETRIEVAL.parse("Answer: party preparation.", inputs) == [2]
+    assert MEMO_RETRIEVAL.parse("2#4", inputs) == [2]
+    assert MEMO_RETRIEVAL.parse("4", inputs) == []
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ('{"options": [2, 3]}', [2, 3]),
+        ('{"options": [3, 2, 2, 9]}', [2, 3]),  # duplicates and out-of-range dropped
+        ('{"options": [4]}', []),  # NOTO
+        ('{"options": []}', []),
+    ],
+)
+def test_retrieval_json_parse(raw: str, expected: list[int]) -> None:
+    assert MEMO_RETRIEVAL_JSON.parse(raw, RetrievalInput("q", OPTIONS)) == expected
+
+
+@pytest.mark.parametrize("raw", ['{"options": [9]}', '{"choice": 2}', "2#3", '{"options": "2"}'])
+def test_retrieval_json_parse_rejects(raw: str) -> None:
+    with pytest.raises(ParseError):
+        MEMO_RETRIEVAL_JSON.parse(raw, RetrievalInput("q", OPTIONS))
+
+
+def test_retrieval_uses_schema_constrained_output_when_offered() -> None:
+    memory = _filled(None)  # memos written LLM-free
+    llm = _StructuredFake(['{"options": [1]}'])
+    options = [m.option for m in memory.memos(Scope("ann"))]
+    chosen = choose_memos(llm, "japan bowing", options)
+    (used,) = llm.formats
+    assert used == MEMO_RETRIEVAL.structured.response_format()  # type: ignore[union-attr]
+    assert used.schema["properties"].keys() == {"options"}  # type: ignore[attr-defined]
+    assert chosen == [0]
+    assert '{"options": [N, M]}' in llm.calls[0][-1].content
+
+
+def test_retrieval_prompt_json_snapshot() -> None:
+    messages, noto = build_retrieval_messages("q", ["a. b"], json_answer=True)
+    assert noto == 2
+    assert messages[-1].content.endswith(
+        "Answer with JSON only, the chosen option numbers in a list: if options N and M are "
+        'chosen, answer {"options": [N, M]}. Every number lies between 1 and 2, the number of '
+        "options.\n\nResult:"
+    )
+
+
+HORMONES = [
+    "user: tell me about cortisol, a hormone",
+    "bot: cortisol is a stress hormone of the adrenal gland",
+    "user: is cortisol made in the adrenal gland?",
+    "bot: yes, in the adrenal cortex",
+    "user: and the third hormone mentioned above?",
+    "bot: melatonin is a hormone for sleep",
+    "user: does melatonin help me sleep?",
+    "bot: yes, melatonin helps sleep",
+    "user: is melatonin sold as a pill?",
+    "bot: yes, melatonin pills are sold",
+]
+
+
+def test_segmenter_shift_cue_adds_a_boundary_at_a_back_reference() -> None:
+    embedder = HashingEmbedder()
+    # A cutoff no depth reaches: only the cue can make the boundary.
+    assert segment_lines(HORMONES, embedder, depth_cutoff=3.0, shift_cue=0.0) == [(1, 10)]
+    assert segment_lines(HORMONES, embedder, depth_cutoff=3.0, shift_cue=5.0) == [(1, 4), (5, 10)]
+
+
+def test_segmenter_continuation_cue_keeps_a_pronoun_on_its_topic() -> None:
+    embedder = HashingEmbedder()
+    lines = [*HORMONES]
+    lines[4] = "user: does it help me sleep?"
+    assert segment_lines(lines, embedder, depth_cutoff=0.0, continuation_cue=0.0) == [
+        (1, 4),
+        (5, 10),
+    ]
+    assert segment_lines(lines, embedder, depth_cutoff=0.0, continuation_cue=5.0) == [(1, 10)]

@@ -8,7 +8,8 @@ The paper's pipeline (§3.2, Figure 3) is *memorization-retrieval-response*:
   numbered lines, and memo
   entries ``{topic, summary, dialogs}`` are stored; the last two lines stay in the buffer;
 * **memo retrieval** (Table 7): the LLM is shown the options ``(i) topic. summary`` plus a
-  none-of-the-others option (NOTO) and answers ``N#M``;
+  none-of-the-others option (NOTO) and answers ``N#M`` (``{"options": [N, M]}`` under
+  schema-constrained decoding, where the model offers it);
 * **chat with memo** (Table 8): the reply prompt holds the related evidences, the recent
   dialogs and the user input.
 
@@ -24,11 +25,18 @@ backoff: lines are never lost.
 **Memos as search keys of the raw turns.** Recall searches memos and turns together; a memo
 that ranks brings the dialog lines it covers (its turns are rendered under it), so a query
 that matches a topic or a summary but none of the turns' words still finds those turns.
+The memo-writing transaction also writes, for every covered turn, a record of kind
+``"search_key"`` whose text is the memo's ``"topic. summary"`` and whose
+``metadata["key_for"]`` is the turn's id (``metadata["memo_id"]`` the memo's; the key takes
+the turn's session, so clearing that session or the user removes it with the turn). The
+engine's plain recall can rank a turn by its keys; MemoChat's own searches name their kinds
+(``memo``, ``turn``), so the keys never show up as results themselves.
 
 **LLM-free mode** (``llm=None`` or ``mode="llm_free"``): TextTiling-style segmentation by the
-embedding similarity of neighbouring lines (:func:`segment_lines`), an extractive topic and
-summary, and selection by a fused dense + BM25 ranking with a threshold
-(:func:`select_options`). Same records, same interfaces.
+embedding similarity of neighbouring exchanges with speaker-turn cues
+(:func:`segment_lines`), an extractive topic and summary, and selection by a fused dense +
+BM25 score with a threshold and an answer rule (:func:`select_options`). Same records, same
+interfaces.
 """
 
 from __future__ import annotations
@@ -47,14 +55,13 @@ import numpy as np
 from memories_core.engine import Derivation, JobFailed, check_query, check_scope
 from memories_core.errors import ConfigurationError, LLMError, ParseError
 from memories_core.mechanisms.base import MemoryBase
-from memories_core.parsing import generate_parsed
 from memories_core.prompts.memochat import (
+    MEMO_RETRIEVAL,
     MEMO_WRITING,
     MemoSpan,
+    RetrievalInput,
     WritingInput,
     build_chat_messages,
-    build_retrieval_messages,
-    parse_selection,
 )
 from memories_core.prompts.spec import run_spec
 from memories_core.retrieval import DenseSource, LexicalSource, Pipeline
@@ -68,6 +75,7 @@ if TYPE_CHECKING:
     from memories_core.retrieval.fusion import Ranking
 
 __all__ = [
+    "SEARCH_KEY_KIND",
     "LLMOptionSource",
     "MemoChatMemory",
     "MemoEntry",
@@ -83,10 +91,28 @@ DEFAULT_THRESHOLD = 0.05
 DEFAULT_DENSE_WEIGHT = 0.6
 DEFAULT_BM25_SATURATION = 0.5
 DEFAULT_SMOOTHING = 0.3
-#: Segmenter default: a gap is a boundary when its depth score exceeds mean + this * std.
-DEFAULT_DEPTH_CUTOFF = 0.75
+#: Selector default: score taken off an option whose whole title an answer names (BENCHMARKS.md).
+DEFAULT_ANSWER_PENALTY = 0.75
+#: Record kind of the extra search keys a memo gives the raw turns it covers.
+SEARCH_KEY_KIND = "search_key"
+#: Segmenter defaults, chosen by cross-validation over MemoChat's two sources (BENCHMARKS.md):
+#: exchanges on each side of a gap, the cutoff (mean + this * std of the depth scores), and
+#: what a back-reference (shift cue) adds and a bare pronoun (continuation cue) takes off.
+DEFAULT_WINDOW = 3
+DEFAULT_DEPTH_CUTOFF = 1.0
+DEFAULT_SHIFT_CUE = 0.4
+DEFAULT_CONTINUATION_CUE = 0.2
 
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
+# A user line that points back at something said earlier ("the hormone mentioned above",
+# "the third one", "the latter") moves the talk to that thing; one that goes on with a bare
+# pronoun ("is it also found in animals?") stays on the topic.
+_SHIFT_CUE = re.compile(
+    r"\b(mentioned|aforesaid|aforementioned|latter|former|above|(?:the|this|that)\s+"
+    r"(?:first|second|third|fourth|fifth|last|other|next)\b)",
+    re.I,
+)
+_CONTINUATION_CUE = re.compile(r"\b(it|its|they|them|their|he|she|his|her|him)\b", re.I)
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
 _STOP = frozenset(
     re.findall(
@@ -134,6 +160,7 @@ def select_options(
     dense_weight: float = DEFAULT_DENSE_WEIGHT,
     bm25_saturation: float = DEFAULT_BM25_SATURATION,
     smoothing: float = DEFAULT_SMOOTHING,
+    answer_penalty: float = DEFAULT_ANSWER_PENALTY,
 ) -> list[int]:
     """The LLM-free memo selector: which options ``query`` relates to (0-based, sorted).
 
@@ -144,6 +171,13 @@ def select_options(
     lines usually share a topic), and each sentence votes for its best option if that
     option's score reaches ``threshold``. No vote means none of the others (NOTO).
 
+    *Answer rule*: a sentence that answers the question just before it (it follows a
+    sentence ending in ``?`` and is not a question itself) and names every content word of
+    an option (``"who directed it? Sam Wood"`` against the option ``"Sam Wood"``) is about
+    what the question asked after, which the question's pronoun points at ("it": the film),
+    not about the person or thing it names; that option's score there is lowered by
+    ``answer_penalty`` before smoothing. Options with summaries rarely have every word named.
+
     Args:
         query: The query sentence(s).
         options: ``"topic. summary"`` texts.
@@ -152,6 +186,7 @@ def select_options(
         dense_weight: Weight of the cosine similarity in the fused score.
         bm25_saturation: BM25 scores ``s`` enter as ``s / (s + bm25_saturation)``.
         smoothing: Weight of each neighbouring sentence's scores.
+        answer_penalty: Score taken off an option an answer sentence names whole.
 
     Returns:
         Indices into ``options``; empty when none is related.
@@ -164,6 +199,13 @@ def select_options(
     docs = [_tokens(o) for o in options]
     lexical = np.array([_bm25(_tokens(s), docs) for s in sentences])
     scores = dense_weight * cosine + (1 - dense_weight) * lexical / (lexical + bm25_saturation)
+    if answer_penalty:
+        for i in range(1, len(sentences)):
+            if sentences[i - 1].rstrip().endswith("?") and not sentences[i].rstrip().endswith("?"):
+                said = set(_tokens(sentences[i]))
+                for j, doc in enumerate(docs):
+                    if doc and set(doc) <= said:
+                        scores[i, j] -= answer_penalty
     if len(sentences) > 1 and smoothing:
         padded = np.vstack([np.zeros_like(scores[:1]), scores, np.zeros_like(scores[:1])])
         scores = (scores + smoothing * (padded[:-2] + padded[2:])) / (1 + 2 * smoothing)
@@ -175,8 +217,10 @@ def segment_lines(
     lines: Sequence[str],
     embedder: Embedder,
     *,
-    window: int = 2,
+    window: int = DEFAULT_WINDOW,
     depth_cutoff: float = DEFAULT_DEPTH_CUTOFF,
+    shift_cue: float = DEFAULT_SHIFT_CUE,
+    continuation_cue: float = DEFAULT_CONTINUATION_CUE,
 ) -> list[tuple[int, int]]:
     """TextTiling-style topic segmentation by embedding similarity (LLM-free memo writing).
 
@@ -188,11 +232,19 @@ def segment_lines(
     lies below the highest similarity on each side (Hearst's TextTiling, with embeddings
     for word counts). Gaps deeper than ``mean + depth_cutoff * std`` are boundaries.
 
+    Speaker-turn cues move that cutoff per gap: when the line opening the next exchange
+    points back at something said earlier (``"the hormone mentioned above"``, ``"the third
+    one"``, ``"the latter"``: the user turns to a thing an answer named) its depth counts
+    ``shift_cue`` more; when it goes on with a bare pronoun (``"is it also found in
+    animals?"``) it counts ``continuation_cue`` less. A gap with no depth is never a boundary.
+
     Args:
         lines: ``"speaker: content"`` lines, oldest first.
         embedder: Embeds the exchanges.
         window: Exchanges on each side of a gap.
         depth_cutoff: Standard deviations above the mean depth a boundary needs.
+        shift_cue: Depth added at a gap whose next exchange opens with a back-reference.
+        continuation_cue: Depth taken off at a gap whose next exchange opens with a pronoun.
 
     Returns:
         1-based inclusive ``(start, end)`` ranges covering every line, in order.
@@ -221,7 +273,17 @@ def segment_lines(
         sims.append(float(left @ right / max(np.linalg.norm(left) * np.linalg.norm(right), 1e-9)))
     depths = [(max(sims[: i + 1]) - sim) + (max(sims[i:]) - sim) for i, sim in enumerate(sims)]
     cutoff = float(np.mean(depths) + depth_cutoff * np.std(depths))
-    cuts = sorted(starts[i + 1] + 1 for i, depth in enumerate(depths) if depth > max(cutoff, 0))
+    cuts = []
+    for i, depth in enumerate(depths):
+        opening = lines[starts[i + 1]].split(": ", 1)[-1]
+        if _SHIFT_CUE.search(opening):
+            depth_score = depth + shift_cue
+        elif _CONTINUATION_CUE.search(opening):
+            depth_score = depth - continuation_cue
+        else:
+            depth_score = depth
+        if depth > 0 and depth_score > cutoff:
+            cuts.append(starts[i + 1] + 1)
     begins = [1, *cuts]
     return [(b, (begins[j + 1] - 1) if j + 1 < len(begins) else n) for j, b in enumerate(begins)]
 
@@ -332,11 +394,10 @@ def choose_memos(llm: LLM, query: str, options: Sequence[str]) -> list[int] | No
     """Ask ``llm`` which of ``options`` relate to ``query`` (0-based; ``None`` on failure)."""
     if not options:
         return []
-    messages, noto = build_retrieval_messages(query, options)
+    inputs = RetrievalInput(query, tuple(options))
+    noto = inputs.noto()
     try:
-        picked = generate_parsed(
-            llm, messages, lambda t: parse_selection(t, len(options) + 1, noto)
-        )
+        picked = run_spec(llm, MEMO_RETRIEVAL, inputs)
     except (LLMError, ParseError) as exc:
         logger.warning("memo retrieval by the LLM failed: %s", exc)
         return None
@@ -612,6 +673,21 @@ class MemoChatMemory(MemoryBase):
                     source_ids=tuple(r.id for r in covered),
                 )
             )
+        keys = [
+            MemoryRecord(
+                id=new_id(),
+                user_id=user_id,
+                kind=SEARCH_KEY_KIND,
+                text=memo.text,
+                created_at=turn.created_at,
+                session_id=turn.session_id,
+                metadata={"key_for": turn.id, "memo_id": memo.id, "mechanism": self.name},
+                source_ids=(turn.id,),
+            )
+            for memo in memos
+            for turn in chunk
+            if turn.id in memo.source_ids
+        ]
         settled = chunk[: len(chunk) - keep] if keep else chunk
         kept = chunk[len(settled) :]
         owner.update({r.id: m.id for m in memos for r in chunk if r.id in m.source_ids})
@@ -619,7 +695,7 @@ class MemoChatMemory(MemoryBase):
             r.id: {"attrs": {self._covered_key: owner[r.id]}} for r in settled
         }
         state.update({r.id: {"attrs": {self._kept_key: owner[r.id]}} for r in kept})
-        return Derivation(add=memos, state=state, reason="memochat: written into a memo")
+        return Derivation(add=[*memos, *keys], state=state, reason="memochat: written into a memo")
 
     # ------------------------------------------------------------------ recall
     def _render(self, hits: Sequence[ScoredRecord]) -> str:

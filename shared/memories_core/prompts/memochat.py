@@ -29,18 +29,22 @@ import pydantic
 
 from memories_core.errors import ParseError
 from memories_core.parsing import parse_json, parse_options
-from memories_core.prompts.spec import PromptSpec
+from memories_core.prompts.spec import PromptSpec, parse_model
 from memories_core.types import ChatMessage
 
 __all__ = [
     "CHAT_SYSTEM",
+    "MEMO_RETRIEVAL",
+    "MEMO_RETRIEVAL_JSON",
     "MEMO_WRITING",
     "NOTO",
     "RETRIEVE_SYSTEM",
     "WRITE_SYSTEM",
+    "MemoSelectionAnswer",
     "MemoSpan",
     "MemoTopic",
     "MemoWritingAnswer",
+    "RetrievalInput",
     "WritingInput",
     "build_chat_messages",
     "build_retrieval_messages",
@@ -87,6 +91,12 @@ _RETRIEVE_TASK = (
     "option but the NOTO option is related, choose only NOTO. Answer with the option numbers "
     "only, separated by '#': if options N and M are chosen, answer N#M. Every number lies "
     "between 1 and {options}, the number of options."
+)
+_RETRIEVE_JSON_TASK = (
+    "Task: choose the topic options that the query sentence above is related to. If no "
+    "option but the NOTO option is related, choose only NOTO. Answer with JSON only, the "
+    'chosen option numbers in a list: if options N and M are chosen, answer {"options": [N, M]}. '
+    "Every number lies between 1 and {options}, the number of options."
 )
 _CHAT_TASK = (
     "Task: reply to the user input above as the bot, in a few sentences. Use the related "
@@ -138,7 +148,7 @@ def build_writing_messages(lines: Sequence[str]) -> list[ChatMessage]:
 
 
 def build_retrieval_messages(
-    query: str, options: Sequence[str], *, noto_at: int | None = None
+    query: str, options: Sequence[str], *, noto_at: int | None = None, json_answer: bool = False
 ) -> tuple[list[ChatMessage], int]:
     """Messages asking which options ``query`` relates to, with a NOTO option (Table 7).
 
@@ -147,6 +157,8 @@ def build_retrieval_messages(
         options: ``"topic. summary"`` strings, one per memo entry.
         noto_at: 1-based position of the NOTO option (default: after the last option; the
             paper inserts it at a random position, which callers may do).
+        json_answer: Ask for ``{"options": [N, M]}`` instead of ``N#M`` (the JSON twin, for
+            models with schema-constrained decoding).
 
     Returns:
         The messages, and the 1-based number of the NOTO option.
@@ -155,9 +167,12 @@ def build_retrieval_messages(
     shown = [_one_line(o) for o in options]
     shown.insert(position - 1, NOTO)
     listed = "\n".join(f"({i}) {text}" for i, text in enumerate(shown, 1))
+    task = (_RETRIEVE_JSON_TASK if json_answer else _RETRIEVE_TASK).replace(
+        "{options}", str(len(shown))
+    )
     user = (
         f"{fence(_one_line(query), 'Query sentence')}\n\n{fence(listed, 'Topic options')}\n\n"
-        f"{_RETRIEVE_TASK.replace('{options}', str(len(shown)))}\n\nResult:"
+        f"{task}\n\nResult:"
     )
     return [ChatMessage("system", RETRIEVE_SYSTEM), ChatMessage("user", user)], position
 
@@ -319,18 +334,24 @@ _OPTIONS_PROSE = re.compile(
 )
 
 
-def parse_selection(text: str, n_options: int, noto: int) -> list[int]:
+def parse_selection(
+    text: str, n_options: int, noto: int, options: Sequence[str] | None = None
+) -> list[int]:
     """Read a memo-retrieval answer: the chosen option numbers, NOTO excluded.
 
     An answer that lists the options back (``(1) ...`` lines, what small models often do)
     is not a choice. Tolerates prose, duplicates, spaces (``3 # 6``), ``Options: 2 and 4``,
     numbers out of range (dropped) and a NOTO chosen together with real options (the real
-    ones win). An answer naming NOTO (by number or by the word) and no real option returns ``[]``.
+    ones win). An answer naming NOTO (by number or by the word) and no real option returns
+    ``[]``. With ``options`` given, an answer without numbers that names some options' topics
+    (``"party preparation"``) chooses those options; naming every option is no choice.
 
     Args:
         text: Model output.
         n_options: Options shown, NOTO included.
         noto: The NOTO option's number.
+        options: The options as shown, NOTO included (``"topic. summary"``), to read an
+            answer given as topic text.
 
     Raises:
         ParseError: if the answer names no option at all.
@@ -342,6 +363,9 @@ def parse_selection(text: str, n_options: int, noto: int) -> list[int]:
     try:
         chosen = parse_options(text, n_options, none_option=noto)
     except ParseError:
+        named = _named_options(text, options or (), noto)
+        if named:
+            return named
         if _NONE_WORDS.search(text):
             return []
         raise
@@ -353,6 +377,110 @@ def parse_selection(text: str, n_options: int, noto: int) -> list[int]:
             if noto in chosen and len(chosen) > 1:
                 chosen.remove(noto)
     return [c for c in chosen if c != noto]
+
+
+def _named_options(text: str, options: Sequence[str], noto: int) -> list[int]:
+    """Options (1-based, NOTO excluded) whose topic phrase the answer text contains.
+
+    Raises:
+        ParseError: if it names every option (a copy of the list is no choice).
+    """
+    said = " ".join(_tokenise(text))
+    named = []
+    for number, option in enumerate(options, 1):
+        if number == noto:
+            continue
+        topic = " ".join(_tokenise(option.split(". ", 1)[0]))
+        if len(topic) >= 3 and f" {topic} " in f" {said} ":
+            named.append(number)
+    real = len(options) - (1 if 1 <= noto <= len(options) else 0)
+    if len(named) == real and real > 1:
+        raise ParseError("the model named every option back instead of choosing", text)
+    return named
+
+
+def _tokenise(text: str) -> list[str]:
+    return re.findall(r"[^\W_]+", text.lower())
+
+
+def _parse_selection_json(text: str, inputs: RetrievalInput) -> list[int]:
+    shown = len(inputs.options) + 1
+    noto = inputs.noto()
+    answer = parse_model(text, MemoSelectionAnswer, [inputs.query])
+    numbers = sorted({n for n in answer.options if 1 <= n <= shown})
+    if answer.options and not numbers:
+        raise ParseError(f"no chosen option lies between 1 and {shown}", text)
+    return [n for n in numbers if n != noto]
+
+
+def _parse_selection_text(text: str, inputs: RetrievalInput) -> list[int]:
+    messages, noto = build_retrieval_messages(inputs.query, inputs.options, noto_at=inputs.noto_at)
+    shown = [text for _, text in _OPTION.findall(_section(messages[-1].content, "Topic options"))]
+    return parse_selection(text, len(inputs.options) + 1, noto, shown)
+
+
+@dataclass(frozen=True)
+class RetrievalInput:
+    """Input of the memo-retrieval prompt (Table 7).
+
+    Attributes:
+        query: The query sentence(s).
+        options: ``"topic. summary"`` strings (NOTO not included; it is inserted).
+        noto_at: 1-based position of NOTO (default: last).
+    """
+
+    query: str
+    options: tuple[str, ...]
+    noto_at: int | None = None
+
+    def noto(self) -> int:
+        """The NOTO option's number as shown."""
+        return (
+            len(self.options) + 1
+            if self.noto_at is None
+            else max(1, min(self.noto_at, len(self.options) + 1))
+        )
+
+
+class MemoSelectionAnswer(pydantic.BaseModel):
+    """JSON form of a memo-retrieval answer, for schema-constrained decoding."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+    # At most 10 numbers: a schema-constrained small model then has to close the list.
+    options: list[int] = pydantic.Field(max_length=10, description="Chosen option numbers")
+
+
+def _retrieval_stand_in(inputs: RetrievalInput) -> str:
+    messages, _ = build_retrieval_messages(inputs.query, inputs.options, noto_at=inputs.noto_at)
+    reply = rule_following_reply(messages)
+    assert reply is not None
+    return reply
+
+
+#: Table 7 as JSON: ``{"options": [N, M]}`` (used when the model offers structured output).
+MEMO_RETRIEVAL_JSON: PromptSpec[RetrievalInput, list[int]] = PromptSpec(
+    name="memochat.retrieval.json",
+    build=lambda i: build_retrieval_messages(
+        i.query, i.options, noto_at=i.noto_at, json_answer=True
+    )[0],
+    parse=_parse_selection_json,
+    stand_in=lambda i: MemoSelectionAnswer(
+        options=[int(n) for n in _retrieval_stand_in(i).split("#")]
+    ).model_dump_json(),
+    response_model=MemoSelectionAnswer,
+    max_tokens=64,
+)
+
+#: Table 7: which options the query relates to, answered ``N#M``; returns the chosen option
+#: numbers as shown, NOTO excluded (``[]`` for NOTO).
+MEMO_RETRIEVAL: PromptSpec[RetrievalInput, list[int]] = PromptSpec(
+    name="memochat.retrieval",
+    build=lambda i: build_retrieval_messages(i.query, i.options, noto_at=i.noto_at)[0],
+    parse=_parse_selection_text,
+    stand_in=_retrieval_stand_in,
+    max_tokens=40,
+    structured=MEMO_RETRIEVAL_JSON,
+)
 
 
 # --------------------------------------------------------------------------- stand-in model
