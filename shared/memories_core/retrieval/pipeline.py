@@ -365,10 +365,20 @@ class Pipeline:
             ranked = reranker.rerank(ranked, request, ctx)
         return ranked, ctx
 
-    def run(self, request: RecallRequest, backend: RecallBackend) -> list[ScoredRecord]:
-        """Return ``request.k`` records that best match, best first (then call the hook)."""
+    def run(
+        self, request: RecallRequest, backend: RecallBackend, *, limit: int | None = None
+    ) -> list[ScoredRecord]:
+        """Return ``request.k`` records that best match, best first (then call the hook).
+
+        Args:
+            request: The recall.
+            backend: Where the records are.
+            limit: Return up to this many records of the same ranking instead of ``k``
+                (the candidates are still those of ``k``, so the first ``k`` results do not
+                change; the engine reads a little past ``k`` to drop archived records).
+        """
         ranked, ctx = self.rank(request, backend)
-        hits = _load(ranked, ctx)
+        hits = _load(ranked, ctx, request.k if limit is None else limit)
         if hits and self.on_recalled is not None:
             now = ctx.request.now
             assert now is not None  # set by rank()
@@ -380,10 +390,9 @@ class Pipeline:
         return await asyncio.to_thread(self.run, request, backend)
 
 
-def _load(ranked: Ranking, ctx: RecallContext) -> list[ScoredRecord]:
+def _load(ranked: Ranking, ctx: RecallContext, k: int) -> list[ScoredRecord]:
     """Load ranked ids in order; drop unknown, foreign and no-longer-matching records."""
     request = ctx.request
-    k = request.k
     where = request.filter
     hits: list[ScoredRecord] = []
     ids = list(dict.fromkeys(item for item, _ in ranked))
