@@ -9,7 +9,7 @@ rejected. Also: a smaller ``k`` returns a prefix of a larger one (item 5), on Ch
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -157,10 +157,10 @@ def test_clearing_a_session_or_a_user_deletes_keys() -> None:
 def test_a_mechanism_writes_keys_with_its_derivation() -> None:
     engine = MemoryEngine(embedder=HashingEmbedder(), clock=FixedClock(T0))
 
-    def on_turns(records: object) -> list[JobSpec]:
+    def on_turns(records: Sequence[MemoryRecord]) -> list[JobSpec]:
         return [
             JobSpec(mechanism="keyer", kind="key", key=r.id, payload={"id": r.id}) for r in records
-        ]  # type: ignore[attr-defined]
+        ]
 
     def run_job(job: Job) -> Derivation:
         target = str(job.payload["id"])
@@ -182,7 +182,7 @@ def test_a_mechanism_writes_keys_with_its_derivation() -> None:
 def test_a_bad_key_in_a_derivation_fails_the_job_and_keeps_the_turn() -> None:
     engine = MemoryEngine(embedder=HashingEmbedder(), clock=FixedClock(T0))
 
-    def on_turns(records: object) -> list[JobSpec]:
+    def on_turns(records: Sequence[MemoryRecord]) -> list[JobSpec]:
         return [JobSpec(mechanism="bad", kind="key", key="k", payload={})]
 
     def run_job(job: Job) -> Derivation:
@@ -197,10 +197,11 @@ def test_a_bad_key_in_a_derivation_fails_the_job_and_keeps_the_turn() -> None:
 
 # ---------------------------------------------------------------- prefix property (item 5)
 
-WORDS = (
-    "dog cat garden train dinner sister phone attic beach paint museum guitar yoga "
-    "marathon pottery camping recipe concert library bakery violin hiking school"
-).split()
+WORDS = [
+    *("dog", "cat", "garden", "train", "dinner", "sister", "phone", "attic", "beach"),
+    *("paint", "museum", "guitar", "yoga", "marathon", "pottery", "camping", "recipe"),
+    *("concert", "library", "bakery", "violin", "hiking", "school"),
+]
 
 
 def dialogue(rng: random.Random, n: int) -> list[str]:
@@ -229,7 +230,9 @@ def test_a_smaller_k_returns_a_prefix_of_a_larger_one_on_chroma(tmp_path: Path) 
         ]
         memory.save(turns, Scope("u"))
     checked = 0
-    for query in [f"when did we talk about the {a} and {b}?" for a, b in zip(WORDS, WORDS[3:])]:
+    for query in [
+        f"when did we talk about the {a} and {b}?" for a, b in zip(WORDS, WORDS[3:], strict=False)
+    ]:
         small = [h.record.id for h in memory.recall(query, Scope("u"), k=10).records]
         large = [h.record.id for h in memory.recall(query, Scope("u"), k=50).records]
         middle = [h.record.id for h in memory.recall(query, Scope("u"), k=45).records]
