@@ -241,3 +241,43 @@ def test_a_smaller_k_returns_a_prefix_of_a_larger_one_on_chroma(tmp_path: Path) 
         checked += 1
     assert checked >= 10
     memory.close()
+
+
+def test_conditional_memory_keys_the_turn_with_its_knowledge_line() -> None:
+    from memories_core import ConditionalMemory
+    from memories_core.llms import ScriptedLLM
+    from memories_core.types import ChatMessage
+
+    def writer(messages: Sequence[ChatMessage]) -> str:
+        if "three steps" in messages[0].content:
+            return (
+                "<Context>: NaN\n<Summary>: The user shared a visit.\n"
+                "<Note>: She attended an LGBTQ support group"
+            )
+        return "<Decision>: yes"
+
+    conditional = ConditionalMemory(
+        llm=ScriptedLLM(default=writer), embedder=HashingEmbedder(), clock=FixedClock(T0)
+    )
+    history = HistoryMemory(engine=conditional.engine)
+    for text in FILLER:
+        conditional.save([Turn("user", text)], Scope("u"))
+    conditional.save([Turn("user", "I went there yesterday and it felt like home")], Scope("u"))
+    engine = conditional.engine
+    keys = engine.records("u", where={"kind": "search_key"})
+    turns = {r.id: r for r in engine.records("u", where={"kind": "turn"})}
+    assert len(keys) == len(FILLER) + 1
+    assert all(k.metadata["key_for"] in turns for k in keys)
+    assert {k.text for k in keys} == {"She attended an LGBTQ support group"}
+    # The raw-turn memory on the same engine now finds turns by the derived knowledge.
+    hits = history.recall(QUESTION, Scope("u"), k=7).records
+    assert {h.record.kind for h in hits} == {"turn"}
+    assert len(hits) == 7
+    # Deleting the user's turn deletes the key of that turn (the conditional record stays).
+    target = next(r for r in turns.values() if "felt like home" in r.text)
+    engine.delete_records("u", [target.id])
+    assert all(
+        k.metadata["key_for"] != target.id
+        for k in engine.records("u", where={"kind": "search_key"})
+    )
+    conditional.close()
