@@ -521,10 +521,11 @@ def public_rows(
     keys: dict[str, list[tuple[str, str]]],
     *,
     backends: Sequence[str] = ("chroma", "numpy"),
-    variants: Sequence[tuple[str, bool]] = (
-        ("session ids", False),
-        ("no session ids", False),
-        ("no session ids", True),
+    variants: Sequence[tuple[str, bool, str]] = (
+        ("session ids", False, ""),
+        ("no session ids", False, ""),
+        ("no session ids", True, ""),
+        ("no session ids", False, "candidate depth 60"),
     ),
     prefix_check: int = 1,
 ) -> dict[str, Any]:
@@ -536,7 +537,9 @@ def public_rows(
     with its timestamp. With keys, each LoCoMo observation is added through
     ``engine.add_records`` as a search key of its turn. For the first ``prefix_check``
     conversations every question is also asked with ``k=10``, and its top 5 compared with
-    the top 5 of ``k=50``.
+    the top 5 of ``k=50``. The ``candidate depth 60`` row reproduces what ``recall(k=50)``
+    did before issue 9 (the engine asked the pipeline for ``k + 10`` results, which raised
+    the candidate depth from 50 to 60 and changed the fusion statistics).
     """
     import tempfile
 
@@ -544,7 +547,7 @@ def public_rows(
 
     results: dict[str, Any] = {}
     for backend_name in backends:
-        for storage, with_keys in variants:
+        for storage, with_keys, note in variants:
             rows: list[Row] = []
             mismatches = checked = 0
             started = time.perf_counter()
@@ -555,6 +558,7 @@ def public_rows(
                     path=folder if backend_name == "chroma" else None,
                     embedder=embedder,
                     clock=FixedClock(question_time(conversation)),
+                    fusion=FusionConfig(min_candidates=60) if note else None,
                 )
                 for number, dated in dated_sessions(conversation).items():
                     turns = [
@@ -607,7 +611,7 @@ def public_rows(
                 shutil.rmtree(folder, ignore_errors=True)
             label = f"HistoryMemory.recall, {backend_name}, {storage}" + (
                 ", observation keys" if with_keys else ""
-            )
+            ) + (f", {note}" if note else "")
             results[label] = summarise_rows(rows) | {
                 "seconds": round(time.perf_counter() - started, 1),
                 "prefix_checked": checked,

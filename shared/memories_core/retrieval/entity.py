@@ -20,7 +20,7 @@ from memories_core.errors import ConfigurationError
 from memories_core.retrieval.fusion import Ranking
 from memories_core.retrieval.pipeline import RecallContext, RecallRequest
 
-__all__ = ["EntityBoost", "QueryEntities", "query_entities"]
+__all__ = ["DEFAULT_ENTITY_WEIGHT", "EntityBoost", "QueryEntities", "query_entities"]
 
 _QUOTED = re.compile(r"\"([^\"]{2,80})\"|“([^”]{2,80})”|(?<!\w)'([^']{2,80}\s[^']{1,80})'(?!\w)")
 _WORD = re.compile(r"[A-Z][\w\-]*(?:'s|’s)?")
@@ -73,6 +73,12 @@ def query_entities(query: str) -> QueryEntities:
 
 def _contains_word(text: str, word: str) -> bool:
     return re.search(rf"(?<!\w){re.escape(word)}(?!\w)", text) is not None
+
+
+#: Weight of the entity boost in the default pipeline (``FusionConfig.entity_weight``), chosen by
+#: leave-one-conversation-out cross-validation on LoCoMo dev (BENCHMARKS.md, "Retrieval
+#: quality (issue 9)"); 0 would switch it off.
+DEFAULT_ENTITY_WEIGHT = 0.0
 
 
 @dataclass(frozen=True)

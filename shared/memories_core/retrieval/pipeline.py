@@ -44,7 +44,6 @@ import numpy as np
 import numpy.typing as npt
 
 from memories_core.errors import ConfigurationError, InvalidInputError
-from memories_core.retrieval.context import ContextSpreading
 from memories_core.retrieval.fusion import Fusion, Ranking
 from memories_core.types import MemoryRecord, ScoredRecord, check_user_id, ensure_utc, utcnow
 
@@ -291,7 +290,11 @@ def _default_sources() -> tuple[CandidateSource, ...]:
 
 
 def _default_rerankers() -> tuple[Reranker, ...]:
-    return (ContextSpreading(),)
+    # The engine's default (FusionConfig): context spreading plus the query-side boosts
+    # whose cross-validated weights are above 0.
+    from memories_core.retrieval.hybrid import FusionConfig
+
+    return FusionConfig().pipeline().rerankers
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from memories_core.errors import ConfigurationError
 from memories_core.retrieval.fusion import Ranking
 from memories_core.retrieval.pipeline import RecallContext, RecallRequest
 
-__all__ = ["TemporalBoost", "TimeWindow", "parse_time_window"]
+__all__ = ["DEFAULT_TEMPORAL_WEIGHT", "TemporalBoost", "TimeWindow", "parse_time_window"]
 
 _MONTHS = {name.lower(): n for n, name in enumerate(calendar.month_name) if name}
 _MONTHS.update({name.lower(): n for n, name in enumerate(calendar.month_abbr) if name})
@@ -194,6 +194,13 @@ def parse_time_window(query: str, now: datetime) -> TimeWindow | None:
             if window is not None:
                 return TimeWindow(window[0], window[1], match.group(0).strip())
     return None
+
+
+#: Weight of the temporal boost in the default pipeline (``FusionConfig.temporal_weight``),
+#: chosen by
+#: leave-one-conversation-out cross-validation on LoCoMo dev (BENCHMARKS.md, "Retrieval
+#: quality (issue 9)"); 0 would switch it off.
+DEFAULT_TEMPORAL_WEIGHT = 0.0
 
 
 @dataclass(frozen=True)
