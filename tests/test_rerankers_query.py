@@ -165,3 +165,26 @@ def test_engine_search_with_the_query_rerankers() -> None:
     hits = engine.search(question, "u", k=2, pipeline=pipeline)
     assert [h.record.id for h in hits] == [march.id, july.id]
     engine.close()
+
+
+def test_the_default_pipeline_boosts_the_named_period_and_the_knob_switches_it_off() -> None:
+    from memories_core.retrieval import FusionConfig
+    from memories_core.retrieval.temporal import DEFAULT_TEMPORAL_WEIGHT
+
+    assert DEFAULT_TEMPORAL_WEIGHT > 0
+    engine = MemoryEngine(embedder=HashingEmbedder(), clock=FixedClock(NOW))
+    march = rec("we had dinner at the harbour restaurant", day(2023, 3, 12))
+    july = rec("we had dinner at the harbour restaurant again", day(2023, 7, 2))
+    filler = [rec(f"I fixed the {thing}", day(2023, 5, 1)) for thing in ("bike", "roof", "sink")]
+    engine.add_records([july, march, *filler])
+    question = "where did we have dinner in March 2023?"
+    off = FusionConfig(temporal_weight=0.0, entity_weight=0.0)
+    top_off = engine.search(question, "u", k=1, fusion=off)[0].record.id
+    top_in_july = engine.search("where did we have dinner in July 2023?", "u", k=1)[0].record.id
+    assert engine.search(question, "u", k=1)[0].record.id == march.id
+    assert top_in_july == july.id
+    assert top_off == engine.search("where did we have dinner?", "u", k=1)[0].record.id
+    assert [type(r).__name__ for r in off.pipeline().rerankers] == ["ContextSpreading"]
+    with pytest.raises(ConfigurationError):
+        FusionConfig(temporal_weight=-1.0)
+    engine.close()

@@ -78,7 +78,7 @@ def _contains_word(text: str, word: str) -> bool:
 #: Weight of the entity boost in the default pipeline (``FusionConfig.entity_weight``), chosen by
 #: leave-one-conversation-out cross-validation on LoCoMo dev (BENCHMARKS.md, "Retrieval
 #: quality (issue 9)"); 0 would switch it off.
-DEFAULT_ENTITY_WEIGHT = 0.0
+DEFAULT_ENTITY_WEIGHT = 0.1
 
 
 @dataclass(frozen=True)

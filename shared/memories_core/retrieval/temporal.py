@@ -200,7 +200,7 @@ def parse_time_window(query: str, now: datetime) -> TimeWindow | None:
 #: chosen by
 #: leave-one-conversation-out cross-validation on LoCoMo dev (BENCHMARKS.md, "Retrieval
 #: quality (issue 9)"); 0 would switch it off.
-DEFAULT_TEMPORAL_WEIGHT = 0.0
+DEFAULT_TEMPORAL_WEIGHT = 1.0
 
 
 @dataclass(frozen=True)
