@@ -690,7 +690,9 @@ def variant_table(rows: dict[str, Any]) -> str:
 def category_table(rows: dict[str, Any], labels: Sequence[str]) -> str:
     categories = list(next(iter(rows.values()))["categories"])
     lines = [
-        "| category (n) | " + " | ".join(f"{label}: R@5 / R@10 / S@10" for label in labels) + " |",
+        "| category (n) | "
+        + " | ".join(f"{label.split(' | ')[0]}: R@5 / R@10 / S@10" for label in labels)
+        + " |",
         "|" + " --- |" * (len(labels) + 1),
     ]
     for category in categories:

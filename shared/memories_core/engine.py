@@ -703,8 +703,8 @@ class MemoryEngine:
             if len(hits) >= k or want >= MAX_K:
                 break
             if len(ranked) < want:
-                if depth_k >= want:
-                    break
+                if depth_k >= want or len(ranked) < chosen.candidate_depth(depth_k):
+                    break  # every candidate was read: the user has no more matches
                 depth_k = want  # the ranking ran out: ask the sources for more candidates
                 continue
             want = min(MAX_K, want * 4)
