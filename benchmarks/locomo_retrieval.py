@@ -25,38 +25,45 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import pickle
 import platform
 import random
 import shlex
+import shutil
 import statistics
 import sys
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from tqdm import tqdm
 
 from memories_core.backends import NumpyIndex, SQLiteRecordStore
 from memories_core.embedders.base import BaseEmbedder
 from memories_core.evaluation import CATEGORY_NAMES, LocomoConversation, load_locomo, recall_at_k
-from memories_core.evaluation.locomo import LocomoTurn
+from memories_core.evaluation.locomo import LocomoTurn, normalise_evidence
 from memories_core.interfaces import Embedder
 from memories_core.retrieval import (
-    DEFAULT_CONTEXT_GAP,
     ContextSpreading,
+    DenseSource,
     FusionConfig,
     HybridRetriever,
+    LexicalSource,
     Pipeline,
     RecallRequest,
     SearchMode,
 )
+from memories_core.retrieval.entity import EntityBoost
+from memories_core.retrieval.keys import DEFAULT_KEY_FUSION, KEY_FOR, SEARCH_KEY_KIND, KeyedBackend
 from memories_core.retrieval.memory_backend import InMemoryBackend
-from memories_core.types import MemoryRecord, ensure_utc
+from memories_core.retrieval.temporal import TemporalBoost
+from memories_core.types import MemoryRecord, ensure_utc, new_id
 
 #: The shared datasets folder next to the repository (see shared/datasets/README.md).
 DEFAULT_DATA = (
@@ -203,18 +210,13 @@ def summarise_categories(per_category: dict[int, list[dict[int, float]]]) -> dic
 
 #: Seconds between two turns of a session in the pipeline rows.
 TURN_SECONDS = 30
-#: How the pipeline rows store a conversation: with session ids, or without them, saving
-#: each session in one call (one batch) or each turn in its own call.
-STORAGE = ("session ids", "no session ids, one save per session", "no session ids, turn by turn")
-#: Context gaps swept for the turn-by-turn storage (None: no gap, neighbours by batch only).
-GAPS: tuple[timedelta | None, ...] = (
-    None,
-    timedelta(seconds=10),
-    timedelta(minutes=1),
-    DEFAULT_CONTEXT_GAP,
-    timedelta(hours=6),
-    timedelta(days=2),
-)
+#: Session-level cut-offs: sessions ranked by their best turn.
+SESSION_KS = (1, 3, 5, 10)
+#: How a conversation is stored: each session under its own session id (one save call per
+#: session), or every turn saved alone without a session id (neighbours by time gap).
+STORAGE = ("session ids", "no session ids")
+#: Turns returned per question (turn R@k for k <= 25; sessions ranked from these turns).
+DEPTH_K = 50
 
 
 def dated_sessions(
@@ -233,11 +235,76 @@ def dated_sessions(
     return sessions
 
 
-def pipeline_backend(
-    conversation: LocomoConversation, embedder: CachedEmbedder, storage: str
+def question_time(conversation: LocomoConversation) -> datetime:
+    """When the questions are asked: a day after the conversation's last turn."""
+    last = max(when for dated in dated_sessions(conversation).values() for _, when in dated)
+    return last + timedelta(days=1)
+
+
+def observation_keys(path: Path) -> dict[str, list[tuple[str, str]]]:
+    """LoCoMo's per-session observations as ``(text, dia_id)`` pairs per conversation."""
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    keys: dict[str, list[tuple[str, str]]] = {}
+    for sample in raw:
+        pairs: list[tuple[str, str]] = []
+        for _, by_speaker in sorted((sample.get("observation") or {}).items()):
+            for facts in (by_speaker or {}).values():
+                for fact in facts or []:
+                    if not isinstance(fact, list) or len(fact) < 2 or not str(fact[0]).strip():
+                        continue
+                    evidence = fact[1] if isinstance(fact[1], list) else [fact[1]]
+                    for item in evidence:
+                        for dia_id in normalise_evidence(str(item)):
+                            pairs.append((str(fact[0]).strip(), dia_id))
+        keys[str(sample.get("sample_id", ""))] = pairs
+    return keys
+
+
+def session_of(dia_id: str) -> str:
+    """``D12:3`` -> ``D12``."""
+    return dia_id.split(":", 1)[0]
+
+
+def score_question(ranked: Sequence[str], evidence: Sequence[str]) -> dict[str, float]:
+    """Turn R@k and session R@k (sessions ranked by their best turn) of one question."""
+    sessions = list(dict.fromkeys(session_of(item) for item in ranked))
+    wanted = {session_of(item) for item in evidence}
+    row = {f"R@{k}": recall_at_k(ranked, evidence, k) for k in KS}
+    row |= {f"S@{k}": recall_at_k(sessions, wanted, k) for k in SESSION_KS}
+    return row
+
+
+#: One scored question: conversation id, category, metrics.
+Row = tuple[str, int, dict[str, float]]
+METRICS = tuple(f"R@{k}" for k in KS) + tuple(f"S@{k}" for k in SESSION_KS)
+
+
+def summarise_rows(rows: Sequence[Row]) -> dict[str, Any]:
+    """Mean metrics overall and per category."""
+
+    def mean_of(part: Sequence[Row]) -> dict[str, float]:
+        return {m: statistics.fmean(r[2][m] for r in part) for m in METRICS} | {"n": len(part)}
+
+    by_category: dict[int, list[Row]] = defaultdict(list)
+    for row in rows:
+        by_category[row[1]].append(row)
+    return {
+        "overall": mean_of(rows),
+        "categories": {
+            CATEGORY_NAMES.get(c, str(c)): mean_of(part) for c, part in sorted(by_category.items())
+        },
+    }
+
+
+def build_backend(
+    conversation: LocomoConversation,
+    embedder: CachedEmbedder,
+    storage: str,
+    keys: Sequence[tuple[str, str]] = (),
 ) -> InMemoryBackend:
-    """One in-memory backend per conversation; turns dated by their session."""
+    """One in-memory backend per conversation (record id = dia_id), optionally with keys."""
     backend = InMemoryBackend(embedder)
+    times: dict[str, datetime] = {}
     for dated in dated_sessions(conversation).values():
         records = [
             MemoryRecord(
@@ -251,99 +318,465 @@ def pipeline_backend(
             )
             for turn, when in dated
         ]
+        times.update((r.id, r.created_at) for r in records)
         vectors = embedder.embed_documents([r.text for r in records])
-        if storage == "no session ids, turn by turn":
+        if storage == "session ids":
+            backend.add(records, vectors)
+        else:
             for record, vector in zip(records, vectors, strict=True):
                 backend.add([record], vector[None, :])
-        else:
-            backend.add(records, vectors)
+    key_records = [
+        MemoryRecord(
+            id=f"key{n}",
+            user_id=conversation.sample_id,
+            kind=SEARCH_KEY_KIND,
+            text=text,
+            created_at=times[dia_id],
+            metadata={KEY_FOR: dia_id},
+        )
+        for n, (text, dia_id) in enumerate(keys)
+        if dia_id in times
+    ]
+    if key_records:
+        backend.add(key_records, embedder.embed_documents([r.text for r in key_records]))
     return backend
 
 
-def evaluate_pipeline(
-    conversations: Sequence[LocomoConversation],
-    backends: dict[str, InMemoryBackend],
-    pipeline: Pipeline,
+@dataclass(frozen=True)
+class Config:
+    """One point of the parameter grid (every knob the default pipeline exposes)."""
+
+    lexical: float = 0.65
+    previous: float = 0.4
+    following: float = 0.3
+    temporal: float = 0.0
+    entity: float = 0.0
+    key_fusion: str = "max"
+
+    def label(self) -> str:
+        return (
+            f"lex {self.lexical:.2f} ctx {self.previous:.1f}/{self.following:.1f} "
+            f"temporal {self.temporal:.2f} entity {self.entity:.2f} keys {self.key_fusion}"
+        )
+
+    def rerankers(self) -> tuple[Any, ...]:
+        stages: list[Any] = []
+        if self.previous or self.following:
+            stages.append(
+                ContextSpreading(previous_weight=self.previous, next_weight=self.following)
+            )
+        if self.temporal:
+            stages.append(TemporalBoost(weight=self.temporal))
+        if self.entity:
+            stages.append(EntityBoost(name_weight=self.entity))
+        return tuple(stages)
+
+
+#: The configuration of the previous default (issue 8): context spreading only.
+PREVIOUS = Config()
+
+
+class Harness:
+    """Fast evaluation: fused rankings are computed once per first-stage setting and every
+    reranker setting reuses them (the same code path as ``Pipeline.run``, split in two)."""
+
+    def __init__(
+        self,
+        conversations: Sequence[LocomoConversation],
+        embedder: CachedEmbedder,
+        keys: dict[str, list[tuple[str, str]]],
+    ) -> None:
+        self.conversations = conversations
+        self.embedder = embedder
+        self.keys = keys
+        self.backends: dict[tuple[str, bool], dict[str, InMemoryBackend]] = {}
+        self.stage1: dict[tuple[str, bool, float, str], list[tuple[str, Any, Any, Any]]] = {}
+
+    def backend(self, storage: str, with_keys: bool) -> dict[str, InMemoryBackend]:
+        if (storage, with_keys) not in self.backends:
+            self.backends[(storage, with_keys)] = {
+                c.sample_id: build_backend(
+                    c, self.embedder, storage, self.keys.get(c.sample_id, []) if with_keys else ()
+                )
+                for c in self.conversations
+            }
+        return self.backends[(storage, with_keys)]
+
+    def first_stage(
+        self, storage: str, with_keys: bool, config: Config
+    ) -> list[tuple[str, Any, Any, Any]]:
+        """Per question: (conversation id, qa, fused ranking, recall context)."""
+        signature = (storage, with_keys, config.lexical, config.key_fusion if with_keys else "")
+        if signature not in self.stage1:
+            pipeline = Pipeline(
+                sources=(
+                    DenseSource(weight=round(1 - config.lexical, 2)),
+                    LexicalSource(weight=config.lexical),
+                ),
+                rerankers=(),
+            )
+            items = []
+            for conversation in self.conversations:
+                inner = self.backend(storage, with_keys)[conversation.sample_id]
+                backend: Any = (
+                    KeyedBackend(inner, key_fusion=config.key_fusion)  # type: ignore[arg-type]
+                    if with_keys
+                    else inner
+                )
+                now = question_time(conversation)
+                for qa in conversation.qa:
+                    if not qa.evidence:
+                        continue
+                    request = RecallRequest(
+                        qa.question, user_id=conversation.sample_id, k=DEPTH_K, now=now
+                    )
+                    ranked, ctx = pipeline.rank(request, backend)
+                    items.append((conversation.sample_id, qa, ranked, ctx))
+            self.stage1[signature] = items
+        return self.stage1[signature]
+
+    def rows(self, storage: str, with_keys: bool, config: Config) -> list[Row]:
+        rows: list[Row] = []
+        rerankers = config.rerankers()
+        for sample_id, qa, ranked, ctx in self.first_stage(storage, with_keys, config):
+            for reranker in rerankers:
+                ranked = reranker.rerank(ranked, ctx.request, ctx)
+            ids = list(dict.fromkeys(item for item, _ in ranked))
+            known = ctx.load(ids[: DEPTH_K + 20], user_id=sample_id)
+            top = [item for item in ids if item in known][:DEPTH_K]
+            rows.append((sample_id, qa.category, score_question(top, qa.evidence)))
+        return rows
+
+
+def objective(summary: dict[str, float]) -> float:
+    """What cross-validation maximises: the mean of turn R@5 and R@10."""
+    return (summary["R@5"] + summary["R@10"]) / 2
+
+
+def no_category_worse(candidate: dict[str, Any], baseline: dict[str, Any]) -> bool:
+    """Whether every category's R@5 and R@10 is at least the baseline's."""
+    return all(
+        candidate["categories"][c][m] >= baseline["categories"][c][m] - 1e-12
+        for c in baseline["categories"]
+        for m in ("R@5", "R@10")
+    )
+
+
+def cross_validate(
+    results: dict[Config, list[Row]], folds: Sequence[str], *, constrained: bool
 ) -> dict[str, Any]:
-    """Recall@k overall and per category of a pipeline over per-conversation backends."""
-    per_category: dict[int, list[dict[int, float]]] = defaultdict(list)
-    for conversation in conversations:
-        backend = backends[conversation.sample_id]
-        for qa in conversation.qa:
-            if not qa.evidence:
+    """Leave-one-conversation-out: each fold picks the grid point best on the other
+    conversations and is scored on the held-out one; ties keep grid order.
+
+    With ``constrained``, only grid points with no category worse (R@5 and R@10) than the
+    previous default on the training conversations are eligible (the issue's constraint);
+    the previous default, first in the grid, always is.
+    """
+    held: list[Row] = []
+    chosen: dict[str, str] = {}
+    per_fold: dict[str, dict[str, float]] = {}
+    baseline_rows = results[next(iter(results))]
+    for fold in folds:
+        best: Config | None = None
+        best_value = -1.0
+        baseline = summarise_rows([r for r in baseline_rows if r[0] != fold])
+        for config, rows in results.items():
+            train = summarise_rows([r for r in rows if r[0] != fold])
+            if constrained and not no_category_worse(train, baseline):
                 continue
-            request = RecallRequest(qa.question, user_id=conversation.sample_id, k=max(KS))
-            ranked = [hit.record.id for hit in pipeline.run(request, backend)]
-            per_category[qa.category].append({k: recall_at_k(ranked, qa.evidence, k) for k in KS})
-    return summarise_categories(per_category)
+            value = objective(train["overall"])
+            if value > best_value + 1e-12:
+                best, best_value = config, value
+        assert best is not None
+        test = [r for r in results[best] if r[0] == fold]
+        held += test
+        chosen[fold] = best.label()
+        per_fold[fold] = summarise_rows(test)["overall"]
+    spread = {
+        metric: {
+            "min": min(f[metric] for f in per_fold.values()),
+            "max": max(f[metric] for f in per_fold.values()),
+            "sd": statistics.pstdev(f[metric] for f in per_fold.values()),
+        }
+        for metric in ("R@5", "R@10", "S@10")
+    }
+    counts: dict[str, int] = defaultdict(int)
+    for label in chosen.values():
+        counts[label] += 1
+    everywhere = max(
+        (
+            c
+            for c in results
+            if not constrained
+            or no_category_worse(summarise_rows(results[c]), summarise_rows(baseline_rows))
+        ),
+        key=lambda c: objective(summarise_rows(results[c])["overall"]),
+    )
+    return {
+        "held_out": summarise_rows(held),
+        "chosen": chosen,
+        "chosen_counts": dict(counts),
+        "folds": per_fold,
+        "spread": spread,
+        "best_on_all": everywhere.label(),
+        "best_on_all_result": summarise_rows(results[everywhere])["overall"],
+    }
 
 
-def pipeline_rows(
-    conversations: Sequence[LocomoConversation], embedder: CachedEmbedder
-) -> dict[str, Any]:
-    """The pipeline with and without session ids, and the gap sweep without them."""
-    results: dict[str, Any] = {}
-    for storage in STORAGE:
-        backends = {c.sample_id: pipeline_backend(c, embedder, storage) for c in conversations}
-        results[f"pipeline, {storage}"] = evaluate_pipeline(conversations, backends, Pipeline())
-        if storage == "no session ids, turn by turn":
-            for gap in GAPS:
-                pipeline = Pipeline(rerankers=(ContextSpreading(gap=gap),))
-                label = f"pipeline, turn by turn, gap {gap_label(gap)}"
-                results[label] = evaluate_pipeline(conversations, backends, pipeline)
-        for backend in backends.values():
-            backend.close()
-    return results
+def grid(with_keys: bool) -> list[Config]:
+    """The parameter grid; the previous default comes first (it wins ties)."""
+    points = [PREVIOUS]
+    for lexical in LEXICAL_GRID:
+        for previous, following in CONTEXT_GRID:
+            for temporal in TEMPORAL_GRID:
+                for entity in ENTITY_GRID:
+                    for key_fusion in KEY_FUSION_GRID if with_keys else ("max",):
+                        config = Config(lexical, previous, following, temporal, entity, key_fusion)
+                        if config not in points:
+                            points.append(config)
+    return points
 
 
-PUBLIC_STORAGE = ("session ids", "no session ids, turn by turn")
+LEXICAL_GRID = (0.5, 0.65, 0.8)
+CONTEXT_GRID = ((0.4, 0.3), (0.6, 0.4), (0.8, 0.6))
+TEMPORAL_GRID = (0.0, 0.25, 0.5, 1.0, 2.0)
+ENTITY_GRID = (0.0, 0.1, 0.3)
+KEY_FUSION_GRID = ("max", "sum")
 
 
 def public_rows(
-    conversations: Sequence[LocomoConversation], embedder: CachedEmbedder
+    conversations: Sequence[LocomoConversation],
+    embedder: CachedEmbedder,
+    keys: dict[str, list[tuple[str, str]]],
+    *,
+    backends: Sequence[str] = ("chroma", "numpy"),
+    variants: Sequence[tuple[str, bool, str]] = (
+        ("session ids", False, ""),
+        ("no session ids", False, ""),
+        ("no session ids", True, ""),
+        ("no session ids", False, "candidate depth 60"),
+    ),
+    prefix_check: int = 1,
 ) -> dict[str, Any]:
-    """What users get: ``HistoryMemory.save`` / ``recall`` (engine defaults, in memory).
+    """What users get: ``HistoryMemory.save`` / ``recall(k=50)`` with the library defaults.
 
-    With session ids every session is saved under its own ``Scope(user, session_id)``;
-    without, every turn is saved alone under ``Scope(user)`` with its timestamp, and the
-    engine's session tracker (idle gap) supplies the sessions.
+    ``chroma`` is the default backend (``path=``: SQLite file + embedded Chroma), ``numpy``
+    the in-memory one. With session ids every session is saved under its own
+    ``Scope(user, session_id)``; without, every turn is saved alone under ``Scope(user)``
+    with its timestamp. With keys, each LoCoMo observation is added through
+    ``engine.add_records`` as a search key of its turn. For the first ``prefix_check``
+    conversations every question is also asked with ``k=10``, and its top 5 compared with
+    the top 5 of ``k=50``. The ``candidate depth 60`` row reproduces what ``recall(k=50)``
+    did before issue 9 (the engine asked the pipeline for ``k + 10`` results, which raised
+    the candidate depth from 50 to 60 and changed the fusion statistics).
     """
+    import tempfile
+
     from memories_core import FixedClock, HistoryMemory, Scope, Turn
 
     results: dict[str, Any] = {}
-    fallback = datetime(2023, 1, 1, tzinfo=timezone.utc)
-    for storage in PUBLIC_STORAGE:
-        per_category: dict[int, list[dict[int, float]]] = defaultdict(list)
-        for conversation in conversations:
-            memory = HistoryMemory(embedder=embedder, clock=FixedClock(fallback))
-            user = conversation.sample_id
-            for number, dated in dated_sessions(conversation).items():
-                turns = [
-                    Turn(
-                        "user",
-                        t.text,
-                        speaker=t.speaker,
-                        timestamp=when,
-                        metadata={"dia_id": t.dia_id},
-                    )
-                    for t, when in dated
-                ]
-                if storage == "session ids":
-                    memory.save(turns, Scope(user, f"session_{number}"))
-                else:
-                    for one in turns:
-                        memory.save([one], Scope(user))
-            for qa in conversation.qa:
-                if not qa.evidence:
-                    continue
-                hits = memory.recall(qa.question, Scope(user), k=max(KS)).records
-                ranked = [str(hit.record.metadata["dia_id"]) for hit in hits]
-                per_category[qa.category].append(
-                    {k: recall_at_k(ranked, qa.evidence, k) for k in KS}
+    for backend_name in backends:
+        for storage, with_keys, note in variants:
+            rows: list[Row] = []
+            mismatches = checked = 0
+            started = time.perf_counter()
+            for number_of, conversation in enumerate(conversations):
+                user = conversation.sample_id
+                folder = tempfile.mkdtemp(prefix="locomo_public_")
+                memory = HistoryMemory(
+                    path=folder if backend_name == "chroma" else None,
+                    embedder=embedder,
+                    clock=FixedClock(question_time(conversation)),
+                    fusion=FusionConfig(min_candidates=60) if note else None,
                 )
-            memory.close()
-        results[f"HistoryMemory.recall, {storage}"] = summarise_categories(per_category)
+                for number, dated in dated_sessions(conversation).items():
+                    turns = [
+                        Turn(
+                            "user",
+                            t.text,
+                            speaker=t.speaker,
+                            timestamp=when,
+                            metadata={"dia_id": t.dia_id},
+                        )
+                        for t, when in dated
+                    ]
+                    if storage == "session ids":
+                        memory.save(turns, Scope(user, f"session_{number}"))
+                    else:
+                        for one in turns:
+                            memory.save([one], Scope(user))
+                if with_keys:
+                    by_dia = {
+                        str(r.metadata["dia_id"]): r
+                        for r in memory.engine.records(user, where={"kind": "turn"})
+                    }
+                    memory.engine.add_records(
+                        [
+                            MemoryRecord(
+                                id=new_id(),
+                                user_id=user,
+                                kind=SEARCH_KEY_KIND,
+                                text=text,
+                                created_at=by_dia[dia_id].created_at,
+                                metadata={KEY_FOR: by_dia[dia_id].id},
+                            )
+                            for text, dia_id in keys.get(user, [])
+                            if dia_id in by_dia
+                        ]
+                    )
+                for qa in conversation.qa:
+                    if not qa.evidence:
+                        continue
+                    hits = memory.recall(qa.question, Scope(user), k=DEPTH_K).records
+                    ranked = [str(hit.record.metadata["dia_id"]) for hit in hits]
+                    rows.append((user, qa.category, score_question(ranked, qa.evidence)))
+                    if number_of < prefix_check:
+                        small = memory.recall(qa.question, Scope(user), k=10).records
+                        checked += 1
+                        mismatches += [h.record.id for h in small[:5]] != [
+                            h.record.id for h in hits[:5]
+                        ]
+                memory.close()
+                shutil.rmtree(folder, ignore_errors=True)
+            label = (
+                f"HistoryMemory.recall, {backend_name}, {storage}"
+                + (", observation keys" if with_keys else "")
+                + (f", {note}" if note else "")
+            )
+            results[label] = summarise_rows(rows) | {
+                "seconds": round(time.perf_counter() - started, 1),
+                "prefix_checked": checked,
+                "prefix_mismatches": mismatches,
+            }
+            print(f"  {label}: {fmt_overall(results[label]['overall'])}", flush=True)
     return results
+
+
+def fmt_overall(overall: dict[str, float]) -> str:
+    return (
+        f"R@5 {overall['R@5']:.3f} R@10 {overall['R@10']:.3f} R@25 {overall['R@25']:.3f} "
+        f"S@10 {overall['S@10']:.3f}"
+    )
+
+
+#: Named rows of the variant table: (label, config, with keys).
+NAMED: tuple[tuple[str, Config, bool], ...] = (
+    ("hybrid, no context", Config(previous=0.0, following=0.0), False),
+    ("previous default (context spreading)", PREVIOUS, False),
+    ("+ temporal", replace(PREVIOUS, temporal=0.5), False),
+    ("+ entity", replace(PREVIOUS, entity=0.1), False),
+    ("+ temporal + entity", replace(PREVIOUS, temporal=0.5, entity=0.1), False),
+    ("+ observation keys", PREVIOUS, True),
+    ("+ observation keys + temporal + entity", replace(PREVIOUS, temporal=0.5, entity=0.1), True),
+)
+
+
+def variant_table(rows: dict[str, Any]) -> str:
+    lines = [
+        "| variant | storage | R@1 | R@5 | R@10 | R@25 | session R@1 | session R@5 "
+        "| session R@10 |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for label, result in rows.items():
+        name, _, storage = label.rpartition(" | ")
+        o = result["overall"]
+        lines.append(
+            f"| {name} | {storage} | {o['R@1']:.3f} | {o['R@5']:.3f} | {o['R@10']:.3f} | "
+            f"{o['R@25']:.3f} | {o['S@1']:.3f} | {o['S@5']:.3f} | {o['S@10']:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def category_table(rows: dict[str, Any], labels: Sequence[str]) -> str:
+    categories = list(next(iter(rows.values()))["categories"])
+    lines = [
+        "| category (n) | "
+        + " | ".join(f"{label.split(' | ')[0]}: R@5 / R@10 / S@10" for label in labels)
+        + " |",
+        "|" + " --- |" * (len(labels) + 1),
+    ]
+    for category in categories:
+        n = rows[labels[0]]["categories"][category]["n"]
+        cells = []
+        for label in labels:
+            c = rows[label]["categories"][category]
+            cells.append(f"{c['R@5']:.3f} / {c['R@10']:.3f} / {c['S@10']:.3f}")
+        lines.append(f"| {category} ({n}) | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def cv_table(cv: dict[str, dict[str, Any]]) -> str:
+    lines = [
+        "| condition | held-out R@5 | R@10 | R@25 | session R@10 | fold R@5 min-max (sd) | "
+        "fold R@10 min-max (sd) | fold session R@10 min-max | grid points | chosen (folds) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for label, result in cv.items():
+        o = result["held_out"]["overall"]
+        s = result["spread"]
+        chosen = "; ".join(f"{k} ({v})" for k, v in result["chosen_counts"].items())
+        lines.append(
+            f"| {label} | {o['R@5']:.3f} | {o['R@10']:.3f} | {o['R@25']:.3f} | {o['S@10']:.3f} | "
+            f"{s['R@5']['min']:.3f}-{s['R@5']['max']:.3f} ({s['R@5']['sd']:.3f}) | "
+            f"{s['R@10']['min']:.3f}-{s['R@10']['max']:.3f} ({s['R@10']['sd']:.3f}) | "
+            f"{s['S@10']['min']:.3f}-{s['S@10']['max']:.3f} | {result['grid_points']} | {chosen} |"
+        )
+    return "\n".join(lines)
+
+
+#: Published LLM-free figures on LoCoMo (see the issue): turn-level and session-level.
+PUBLISHED_TURN = {"DRAGON on turns (LoCoMo paper, published)": {5: 0.588, 10: 0.675}}
+PUBLISHED_SESSION = {
+    "BM25 + MiniLM, sessions (published)": 0.89,
+    "BM25 + bge-large, sessions (published)": 0.92,
+    "+ cross-encoder, sessions (published)": 0.96,
+}
+
+
+def plot_variants(rows: dict[str, Any], path: Path) -> None:
+    """R@k per variant (no session ids) beside the published anchors."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (turns, sessions) = plt.subplots(1, 2, figsize=(12, 4.8))
+    for label, result in rows.items():
+        o = result["overall"]
+        style = "--" if "HistoryMemory" in label else "-"
+        turns.plot(KS, [o[f"R@{k}"] for k in KS], style, marker="o", label=label)
+        sessions.plot(SESSION_KS, [o[f"S@{k}"] for k in SESSION_KS], style, marker="o", label=label)
+    for label, points in PUBLISHED_TURN.items():
+        turns.scatter(
+            list(points),
+            list(points.values()),
+            marker="*",
+            s=160,
+            color="black",
+            zorder=5,
+            label=label,
+        )
+    for n, (label, value) in enumerate(PUBLISHED_SESSION.items()):
+        sessions.scatter(
+            [10], [value], marker=("*", "P", "X")[n], s=140, color="black", zorder=5, label=label
+        )
+    for ax, ks, title in (
+        (turns, KS, "turn-level recall@k of evidence turns"),
+        (sessions, SESSION_KS, "session-level recall@k (sessions by best turn)"),
+    ):
+        ax.set_xscale("log")
+        ax.set_xticks(ks, [str(k) for k in ks])
+        ax.set_xlabel("k")
+        ax.set_ylim(0.2, 1.0)
+        ax.grid(alpha=0.3)
+        ax.set_title(title, fontsize=10)
+    turns.set_ylabel("recall@k")
+    turns.legend(fontsize=6, loc="lower right")
+    sessions.legend(fontsize=6, loc="lower right")
+    fig.suptitle("LoCoMo dev, no session ids (5 conversations, 997 questions), MiniLM")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def gap_label(gap: timedelta | None) -> str:
@@ -354,21 +787,6 @@ def gap_label(gap: timedelta | None) -> str:
         if seconds >= size and seconds % size == 0:
             return f"{seconds // size} {unit}"
     return f"{seconds} s"
-
-
-def pipeline_table(rows: dict[str, Any]) -> str:
-    base = rows["pipeline, session ids"]["overall"]
-    lines = [
-        "| pipeline row | R@5 | R@10 | R@25 | R@5 vs session ids |",
-        "| --- | --- | --- | --- | --- |",
-    ]
-    for label, result in rows.items():
-        overall = result["overall"]
-        lines.append(
-            f"| {label} | {overall['R@5']:.3f} | {overall['R@10']:.3f} | {overall['R@25']:.3f} "
-            f"| {overall['R@5'] - base['R@5']:+.3f} |"
-        )
-    return "\n".join(lines)
 
 
 def sweep(
@@ -522,9 +940,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=OUT, help="output folder")
     parser.add_argument("--embedder", choices=("minilm", "hashing"), default="minilm")
-    parser.add_argument("--sweep", action="store_true", help="also score a fusion grid")
+    parser.add_argument("--sweep", action="store_true", help="also score the old fusion grid")
     parser.add_argument(
         "--latency-rows", type=int, default=0, help="also time search_text on N records"
+    )
+    parser.add_argument("--no-cv", action="store_true", help="skip the cross-validated grid")
+    parser.add_argument(
+        "--public",
+        default="chroma,numpy",
+        help="backends of the HistoryMemory.recall rows (comma-separated; '' = none)",
     )
     args = parser.parse_args(argv)
 
@@ -532,6 +956,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"no LoCoMo file at {args.data}; pass --data")
     host = machine()
     conversations = load_locomo(args.data)
+    keys = observation_keys(args.data)
     inner: Embedder
     if args.embedder == "minilm":
         from memories_core.embedders import SentenceTransformerEmbedder
@@ -544,13 +969,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     embedder = CachedEmbedder(inner, args.out / "cache")
     started = time.perf_counter()
     embedder.warm(
-        [t.render() for c in conversations for t in c.turns if t.text.strip()], query=False
+        [t.render() for c in conversations for t in c.turns if t.text.strip()]
+        + [text for pairs in keys.values() for text, _ in pairs],
+        query=False,
     )
     embedder.warm([qa.question for c in conversations for qa in c.qa], query=True)
     embedder.save()
     embed_s = time.perf_counter() - started
     print(f"embedded with {inner.name} in {embed_s:.1f}s", flush=True)
 
+    # 1. The internal harness of the earlier issues (HybridRetriever over a numpy index).
     retrievers = {c.sample_id: build(c, embedder) for c in conversations}
     started = time.perf_counter()
     results: dict[str, Any] = {
@@ -560,28 +988,80 @@ def main(argv: Sequence[str] | None = None) -> int:
     search_s = time.perf_counter() - started
     questions = results["hybrid"]["overall"]["n"]
     print(table(results))
+
+    # 2. Named pipeline variants, with and without session ids.
+    harness = Harness(conversations, embedder, keys)
     started = time.perf_counter()
-    pipelines = pipeline_rows(conversations, embedder)
-    pipelines.update(public_rows(conversations, embedder))
-    pipeline_s = time.perf_counter() - started
-    print(pipeline_table(pipelines))
+    variants: dict[str, Any] = {}
+    default = library_default()
+    named = (*NAMED, (f"library default ({default.label()})", default, False))
+    for storage in STORAGE:
+        for label, config, with_keys in named:
+            key = f"{label} | {storage}"
+            variants[key] = summarise_rows(harness.rows(storage, with_keys, config))
+            print(f"  {key}: {fmt_overall(variants[key]['overall'])}", flush=True)
+    variants_s = time.perf_counter() - started
+
+    # 3. Leave-one-conversation-out cross-validation of every knob.
+    cv: dict[str, Any] = {}
+    cv_s = 0.0
+    if not args.no_cv:
+        started = time.perf_counter()
+        folds = [c.sample_id for c in conversations]
+        # Only without session ids (the goal's condition): on LoCoMo the rankings with session
+        # ids are identical (sessions are days apart; see the variant table).
+        storage = "no session ids"
+        for with_keys in (False, True):
+            points = grid(with_keys)
+            scored = {}
+            for config in tqdm(points, desc=f"grid {storage}{' + keys' if with_keys else ''}"):
+                scored[config] = harness.rows(storage, with_keys, config)
+            with (args.out / f"cv_rows{'_keys' if with_keys else ''}.pkl").open("wb") as handle:
+                pickle.dump({c.label(): rows for c, rows in scored.items()}, handle)
+            for constrained in (True, False):
+                label = f"{storage}{', observation keys' if with_keys else ''}, " + (
+                    "no category worse" if constrained else "unconstrained"
+                )
+                cv[label] = cross_validate(scored, folds, constrained=constrained) | {
+                    "grid_points": len(points)
+                }
+                print(f"  CV {label}: {fmt_overall(cv[label]['held_out']['overall'])}", flush=True)
+        cv_s = time.perf_counter() - started
+
+    # 4. What users get, through the public API.
+    public: dict[str, Any] = {}
+    public_s = 0.0
+    backends = [b for b in args.public.split(",") if b]
+    if backends:
+        started = time.perf_counter()
+        public = public_rows(conversations, embedder, keys, backends=backends)
+        public_s = time.perf_counter() - started
+
     report: dict[str, Any] = {
         "data": args.data.name,
         "conversations": [c.sample_id for c in conversations],
         "turns": sum(len(c.turns) for c in conversations),
         "questions_with_evidence": questions,
+        "observation_keys": sum(len(v) for v in keys.values()),
         "embedder": inner.name,
-        "fusion": asdict(FusionConfig()),
         "machine": host,
         "embed_seconds": round(embed_s, 1),
-        "search_seconds_all_variants": round(search_s, 1),
-        "results": results,
-        "pipeline": {
-            "turn_seconds": TURN_SECONDS,
-            "default": repr(Pipeline()),
-            "seconds": round(pipeline_s, 1),
-            "results": pipelines,
+        "internal_harness": {"fusion": asdict(FusionConfig()), "results": results},
+        "variants": {"seconds": round(variants_s, 1), "results": variants},
+        "cross_validation": {
+            "objective": "mean of turn R@5 and R@10 on the training conversations (constrained: "
+            "among grid points with no category's R@5 or R@10 below the previous default's)",
+            "grid": {
+                "lexical_weight": LEXICAL_GRID,
+                "context_previous_next": CONTEXT_GRID,
+                "temporal_weight": TEMPORAL_GRID,
+                "entity_name_weight": ENTITY_GRID,
+                "key_fusion": KEY_FUSION_GRID,
+            },
+            "seconds": round(cv_s, 1),
+            "results": cv,
         },
+        "public": {"seconds": round(public_s, 1), "results": public},
     }
     if args.sweep:
         print("fusion sweep (hybrid):", flush=True)
@@ -597,34 +1077,70 @@ def main(argv: Sequence[str] | None = None) -> int:
         json.dumps(report, indent=2, default=str), encoding="utf-8"
     )
     plot(results, args.out / f"{stem}.png")
+    chart_rows = {
+        label.split(" | ")[0]: result
+        for label, result in variants.items()
+        if label.endswith("| no session ids")
+    }
+    chart_rows |= {label: r for label, r in public.items() if "no session ids" in label}
+    plot_variants(chart_rows, args.out / f"{stem}_variants.png")
     command = "python benchmarks/locomo_retrieval.py " + " ".join(
         shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])
     )
     markdown = [
-        "## LoCoMo retrieval (recall@k of evidence turns)",
+        "## LoCoMo retrieval (recall@k of evidence turns and sessions)",
         "",
         f"- data: `{args.data.name}` ({len(conversations)} conversations, {report['turns']} turns, "
-        f"{questions} questions with evidence)",
-        f"- records: raw turns `speaker: text`; embedder `{inner.name}`; fusion `{FusionConfig()}`",
-        f"- machine: {report['machine']}",
+        f"{questions} questions with evidence, {report['observation_keys']} observation keys)",
+        f"- embedder `{inner.name}`; machine: {report['machine']}",
         f"- command: `{command.strip()}`",
-        f"- time: embedding {embed_s:.1f}s (vectors are cached under benchmarks/out/cache; "
-        f"a cold run embeds every turn and question once), {len(VARIANTS)} x {questions} "
-        f"searches {search_s:.1f}s",
+        f"- time: embedding {embed_s:.1f}s, internal harness {search_s:.1f}s, variants "
+        f"{variants_s:.1f}s, cross-validation {cv_s:.1f}s, public API {public_s:.1f}s",
+        "",
+        "Internal harness (HybridRetriever over a numpy index, session ids, k=25):",
         "",
         table(results),
         "",
-        "Pipeline (library defaults: dense + BM25, z-score fusion, context spreading; "
-        f"in-memory reference backend; turns {TURN_SECONDS} s apart from their session's date; "
-        f"k=25 searches, {pipeline_s:.1f}s for all rows). Without session ids, neighbours come "
-        "from the save call (one per session) or, turn by turn, from the time gap "
-        f"(default {gap_label(DEFAULT_CONTEXT_GAP)}). The `HistoryMemory.recall` rows go "
-        "through the public API and the engine (SQLite in memory + numpy index); without "
-        "session ids, the engine's session tracker (idle gap 30 min) supplies the sessions:",
+        "Pipeline variants (in-memory reference backend, the library's own pipeline code; "
+        f"turns {TURN_SECONDS} s apart from their session's date; question time = a day after "
+        "the last session; session R@k ranks sessions by their best turn among the top "
+        f"{DEPTH_K} turns):",
         "",
-        pipeline_table(pipelines),
+        variant_table(variants),
+        "",
+        category_table(
+            variants,
+            [
+                "previous default (context spreading) | no session ids",
+                f"library default ({default.label()}) | no session ids",
+                "+ observation keys + temporal + entity | no session ids",
+            ],
+        ),
         "",
     ]
+    if cv:
+        markdown += [
+            "Leave-one-conversation-out cross-validation (each fold picks the grid point with "
+            "the best mean of R@5 and R@10 on the other 4 conversations; held-out = every "
+            "question scored by the fold that held its conversation out):",
+            "",
+            cv_table(cv),
+            "",
+        ]
+    if public:
+        markdown += [
+            f"Through the public API (`HistoryMemory.save` / `recall(k={DEPTH_K})`, library "
+            "defaults; chroma = `path=` default backend, numpy = in memory):",
+            "",
+            variant_table({f"{k} | -": v for k, v in public.items()}),
+            "",
+            "Prefix check (top 5 of `recall(k=10)` vs `recall(k=50)`, first conversation): "
+            + "; ".join(
+                f"{k}: {v['prefix_mismatches']} of {v['prefix_checked']} differ"
+                for k, v in public.items()
+            ),
+            "",
+        ]
     if "latency" in report:
         lat = report["latency"]
         markdown += [
@@ -642,8 +1158,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         markdown.append("")
     (args.out / f"{stem}.md").write_text("\n".join(markdown), encoding="utf-8")
     embedder.save()
-    print(f"wrote {args.out / stem}.json/.png/.md")
+    print(f"wrote {args.out / stem}.json/.md/.png and {stem}_variants.png")
     return 0
+
+
+def library_default() -> Config:
+    """The grid point the library's default pipeline corresponds to."""
+    config = FusionConfig()
+    return Config(
+        lexical=config.lexical_weight,
+        previous=config.previous_context_weight,
+        following=config.next_context_weight,
+        temporal=getattr(config, "temporal_weight", 0.0),
+        entity=getattr(config, "entity_weight", 0.0),
+        key_fusion=DEFAULT_KEY_FUSION,
+    )
 
 
 if __name__ == "__main__":

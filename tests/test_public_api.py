@@ -34,6 +34,7 @@ EXPECTED_ALL = [
     "RecordState",
     "Scope",
     "ScoredRecord",
+    "SearchKeyError",
     "SelfReflectiveMemory",
     "SelfReflectiveRetrieval",
     "StateChange",

@@ -20,6 +20,7 @@ from memories_core.errors import (
     MissingExtraError,
     MissingUserError,
     ParseError,
+    SearchKeyError,
 )
 from memories_core.types import (
     ChatMessage,
@@ -79,6 +80,7 @@ __all__ = [
     "RecordState",
     "Scope",
     "ScoredRecord",
+    "SearchKeyError",
     "SelfReflectiveMemory",
     "SelfReflectiveRetrieval",
     "StateChange",

@@ -44,6 +44,7 @@ from memories_core.errors import (
     InvalidInputError,
     LLMError,
     MemoriesError,
+    SearchKeyError,
 )
 from memories_core.types import (
     Job,
@@ -503,15 +504,22 @@ class MemoryEngine:
                 in the same transaction, so that e.g. a validity end can never be missing.
             reason: Kept in the update history for ``state``.
 
+        Search keys (``kind="search_key"``, ``metadata["key_for"]`` = a record of the same
+        user, stored before or in this call) make that record easier to find; deleting a
+        record, here through ``replace`` or elsewhere, deletes its keys.
+
         Raises:
             InvalidInputError: if records of several users are mixed with ``replace``/``state``.
+            SearchKeyError: if a search key points to a missing record or another user's.
         """
         owners = {r.user_id for r in records}
         if (replace or state) and len(owners) > 1:
             raise InvalidInputError("replace= and state= need records of one user")
         with self.store.transaction():
+            self._check_keys(records)
             self.store.add(records, indexed=index)
             if replace:
+                replace = self._with_keys(next(iter(owners)), replace)
                 self.store.delete(list(replace), user_id=next(iter(owners)))
             if state and owners:
                 self.store.update_state(
@@ -586,10 +594,10 @@ class MemoryEngine:
                 when and why); otherwise the history keeps the old text, as an audit trail.
 
         Returns:
-            How many records were deleted.
+            How many records were deleted (the records' search keys included).
         """
         check_user_id(user_id)
-        found = self.store.get(list(ids), user_id=user_id)
+        found = self.store.get(self._with_keys(user_id, ids), user_id=user_id)
         if not found:
             return 0
         now = self.clock.now()
@@ -674,32 +682,65 @@ class MemoryEngine:
             self._finish_deletion(user_id)
             return []
         from memories_core.retrieval import RecallRequest
+        from memories_core.retrieval.keys import KeyedBackend
 
         chosen = pipeline or (fusion or self.retriever.fusion).pipeline()
+        # Search keys count for their targets and are never returned (retrieval.keys).
+        backend = KeyedBackend(self._backend)
         # Archived and expired records are dropped after ranking (they are rare, and a state
-        # filter inside the lexical query would cost a join per match); fetch a little deeper
-        # and, if too many were dropped, deeper again. Ranks stay a prefix-stable order.
+        # filter inside the lexical query would cost a join per match); read a little past k
+        # in the ranking of k (same candidates, so a smaller k returns a prefix of a larger
+        # one) and, if too many were dropped, rank deeper.
         want = k if include_archived else min(MAX_K, k + 10)
+        depth_k = k
         while True:
             request = RecallRequest(
                 query=query,
                 user_id=user_id,
-                k=want,
+                k=depth_k,
                 where=where,
                 now=when,
                 kinds=tuple(kinds) if kinds else None,
             )
-            ranked = chosen.run(request, self._backend)
+            ranked = chosen.run(request, backend, limit=want)
             hits = (
                 ranked if include_archived else [h for h in ranked if h.record.state.is_live(when)]
             )
-            if len(hits) >= k or len(ranked) < want or want >= MAX_K:
+            if len(hits) >= k or want >= MAX_K:
                 break
+            if len(ranked) < want:
+                if depth_k >= want or len(ranked) < chosen.candidate_depth(depth_k):
+                    break  # every candidate was read: the user has no more matches
+                depth_k = want  # the ranking ran out: ask the sources for more candidates
+                continue
             want = min(MAX_K, want * 4)
         hits = hits[:k]
         if on_recalled is not None and hits:
             on_recalled(hits, when)
         return hits
+
+    def _check_keys(self, records: Sequence[MemoryRecord]) -> None:
+        """Reject search keys whose target is missing or another user's (retrieval.keys)."""
+        from memories_core.retrieval.keys import SEARCH_KEY_KIND, check_keys
+
+        if any(r.kind == SEARCH_KEY_KIND for r in records):
+            check_keys(records, lambda ids, user_id: self.store.get(list(ids), user_id=user_id))
+
+    def _with_keys(self, user_id: str, ids: Sequence[str]) -> list[str]:
+        """``ids`` plus the ids of the search keys that point to them."""
+        from memories_core.retrieval.keys import SEARCH_KEY_KIND, key_filter
+
+        ids = list(dict.fromkeys(ids))
+        if not ids or not self.store.list(
+            user_id=user_id, where={"kind": SEARCH_KEY_KIND}, limit=1
+        ):
+            return ids
+        keys: list[str] = []
+        for start in range(0, len(ids), 500):
+            chunk = ids[start : start + 500]
+            found = self.store.list(user_id=user_id, where=key_filter(chunk))
+            keys += [r.id for r in found if r.id not in chunk]
+        return ids + list(dict.fromkeys(keys))
 
     # ------------------------------------------------------------------ sessions
     def _route(self, scope: Scope, times: Sequence[datetime]) -> tuple[str, list[str]]:
@@ -855,6 +896,9 @@ class MemoryEngine:
             self._commit(job, result)
         except _JobGone:
             logger.info("job %s was finished by another worker; its result is dropped", job.id)
+        except SearchKeyError as exc:
+            # A derivation with a bad search key commits nothing; the job stays pending.
+            self._fail(job, job.kind, exc)
         return True
 
     def _commit(self, job: Job, result: Derivation | None) -> None:
@@ -865,9 +909,10 @@ class MemoryEngine:
                     raise _JobGone(job.id)
                 if result is not None:
                     if result.add:
+                        self._check_keys(result.add)
                         self.store.add(list(result.add), indexed=True)
                     if result.replace:
-                        replaced = list(result.replace)
+                        replaced = self._with_keys(job.user_id, result.replace)
                         self.store.delete(replaced, user_id=job.user_id)
                     if result.state:
                         self.store.update_state(
@@ -1036,7 +1081,7 @@ class MemoryEngine:
             self.delete_user(scope.user_id)
             return
         records = self.store.list(user_id=scope.user_id, where={"session_id": scope.session_id})
-        ids = [r.id for r in records]
+        ids = self._with_keys(scope.user_id, [r.id for r in records])
         with self.store.transaction():
             self.store.delete(ids, user_id=scope.user_id)
             opened = self.store.get_state(_SESSION_KEY, user_id=scope.user_id)

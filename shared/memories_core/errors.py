@@ -16,6 +16,7 @@ __all__ = [
     "MissingExtraError",
     "MissingUserError",
     "ParseError",
+    "SearchKeyError",
 ]
 
 
@@ -29,6 +30,10 @@ class InvalidInputError(MemoriesError, ValueError):
 
 class MissingUserError(InvalidInputError):
     """A read or write came without a ``user_id``; every operation must be scoped."""
+
+
+class SearchKeyError(InvalidInputError):
+    """A search key whose ``key_for`` target is missing, another user's, or itself a key."""
 
 
 class ConfigurationError(MemoriesError, ValueError):

@@ -42,6 +42,7 @@ from memories_core.prompts.conditional import (
     render_record,
 )
 from memories_core.prompts.spec import run_spec
+from memories_core.retrieval.keys import KEY_FOR, SEARCH_KEY_KIND
 from memories_core.types import Job, JobSpec, MemoryRecord, Recall, Scope, Turn, new_id
 
 __all__ = ["ConditionalMemory", "ConditionalReply"]
@@ -269,7 +270,19 @@ class ConditionalMemory(MemoryBase):
             metadata={"context": note.summary, "knowledge": note.note, "turn_id": turn.id},
             source_ids=(turn.id, *(r.id for r in context)),
         )
-        return Derivation(add=[record])
+        # The knowledge line also becomes a search key of the turn it came from, so recall
+        # of raw turns (e.g. HistoryMemory on the same engine) finds the turn by its meaning
+        # (issue 9, item 2; retrieval.keys).
+        key = MemoryRecord(
+            id=new_id(),
+            user_id=user_id,
+            kind=SEARCH_KEY_KIND,
+            text=note.note,
+            created_at=turn.created_at,
+            session_id=turn.session_id,
+            metadata={KEY_FOR: turn.id, "mechanism": self.name},
+        )
+        return Derivation(add=[record, key] if note.note.strip() else [record])
 
     # ------------------------------------------------------------------ internals
     def _job_of(self, user_id: str, turn_id: str) -> Job | None:

@@ -23,6 +23,7 @@ from typing import Any, Literal
 from memories_core.errors import ConfigurationError, InvalidInputError
 from memories_core.interfaces import Embedder, Filter, RecordStore, VectorIndex
 from memories_core.retrieval.context import DEFAULT_CONTEXT_GAP, ContextSpreading
+from memories_core.retrieval.entity import DEFAULT_ENTITY_WEIGHT, EntityBoost
 from memories_core.retrieval.fusion import DEFAULT_MISSING_MARGIN, Fusion, Ranking
 from memories_core.retrieval.pipeline import (
     CandidateSource,
@@ -33,6 +34,7 @@ from memories_core.retrieval.pipeline import (
     Reranker,
 )
 from memories_core.retrieval.store_backend import StoreBackend, adjacent_via_list
+from memories_core.retrieval.temporal import DEFAULT_TEMPORAL_WEIGHT, TemporalBoost
 from memories_core.types import MemoryRecord, ScoredRecord, check_user_id
 
 __all__ = ["FusionConfig", "HybridRetriever", "SearchMode", "index_metadata"]
@@ -85,6 +87,13 @@ class FusionConfig:
             (``None``: never).
         missing_margin: z-score fusion: how far below a ranking's weakest candidate an
             item it did not return is placed (> 0; defect 9).
+        temporal_weight: Weight of :class:`~memories_core.retrieval.temporal.TemporalBoost`
+            (a question naming a time boosts records written near it); 0 = off.
+        entity_weight: Name weight of :class:`~memories_core.retrieval.entity.EntityBoost`
+            (records containing the question's person names and quoted phrases); 0 = off.
+
+    The defaults were chosen by leave-one-conversation-out cross-validation on LoCoMo dev
+    (BENCHMARKS.md, "Retrieval quality (issue 9)").
     """
 
     method: Literal["zscore", "rrf"] = "zscore"
@@ -100,6 +109,8 @@ class FusionConfig:
     context_kinds: tuple[str, ...] = ("turn",)
     context_gap: timedelta | None = DEFAULT_CONTEXT_GAP
     missing_margin: float = DEFAULT_MISSING_MARGIN
+    temporal_weight: float = DEFAULT_TEMPORAL_WEIGHT
+    entity_weight: float = DEFAULT_ENTITY_WEIGHT
 
     def __post_init__(self) -> None:
         if self.method not in ("zscore", "rrf"):
@@ -109,6 +120,8 @@ class FusionConfig:
             "lexical_weight",
             "previous_context_weight",
             "next_context_weight",
+            "temporal_weight",
+            "entity_weight",
         ):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
@@ -171,6 +184,10 @@ class FusionConfig:
                     gap=self.context_gap,
                 ),
             )
+        if self.temporal_weight > 0:
+            rerankers += (TemporalBoost(weight=self.temporal_weight),)
+        if self.entity_weight > 0:
+            rerankers += (EntityBoost(name_weight=self.entity_weight),)
         return Pipeline(sources=sources, fusion=self._fusion(), rerankers=rerankers, depth=depth)
 
 

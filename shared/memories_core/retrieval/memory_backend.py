@@ -132,6 +132,11 @@ class InMemoryBackend:
             depth,
         )
 
+    def has_kind(self, user_id: str, kind: str) -> bool:
+        """Whether ``user_id`` has a record of ``kind``."""
+        part = self._parts.get(user_id)
+        return part is not None and any(r.kind == kind for r in part.records)
+
     def load(self, ids: Sequence[str], *, user_id: str) -> dict[str, MemoryRecord]:
         """Records of ``user_id`` among ``ids``."""
         found = (self._by_id.get(item) for item in ids)

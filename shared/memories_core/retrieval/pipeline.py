@@ -44,7 +44,6 @@ import numpy as np
 import numpy.typing as npt
 
 from memories_core.errors import ConfigurationError, InvalidInputError
-from memories_core.retrieval.context import ContextSpreading
 from memories_core.retrieval.fusion import Fusion, Ranking
 from memories_core.types import MemoryRecord, ScoredRecord, check_user_id, ensure_utc, utcnow
 
@@ -291,7 +290,11 @@ def _default_sources() -> tuple[CandidateSource, ...]:
 
 
 def _default_rerankers() -> tuple[Reranker, ...]:
-    return (ContextSpreading(),)
+    # The engine's default (FusionConfig): context spreading plus the query-side boosts
+    # whose cross-validated weights are above 0.
+    from memories_core.retrieval.hybrid import FusionConfig
+
+    return FusionConfig().pipeline().rerankers
 
 
 @dataclass(frozen=True)
@@ -365,10 +368,20 @@ class Pipeline:
             ranked = reranker.rerank(ranked, request, ctx)
         return ranked, ctx
 
-    def run(self, request: RecallRequest, backend: RecallBackend) -> list[ScoredRecord]:
-        """Return ``request.k`` records that best match, best first (then call the hook)."""
+    def run(
+        self, request: RecallRequest, backend: RecallBackend, *, limit: int | None = None
+    ) -> list[ScoredRecord]:
+        """Return ``request.k`` records that best match, best first (then call the hook).
+
+        Args:
+            request: The recall.
+            backend: Where the records are.
+            limit: Return up to this many records of the same ranking instead of ``k``
+                (the candidates are still those of ``k``, so the first ``k`` results do not
+                change; the engine reads a little past ``k`` to drop archived records).
+        """
         ranked, ctx = self.rank(request, backend)
-        hits = _load(ranked, ctx)
+        hits = _load(ranked, ctx, request.k if limit is None else limit)
         if hits and self.on_recalled is not None:
             now = ctx.request.now
             assert now is not None  # set by rank()
@@ -380,10 +393,9 @@ class Pipeline:
         return await asyncio.to_thread(self.run, request, backend)
 
 
-def _load(ranked: Ranking, ctx: RecallContext) -> list[ScoredRecord]:
+def _load(ranked: Ranking, ctx: RecallContext, k: int) -> list[ScoredRecord]:
     """Load ranked ids in order; drop unknown, foreign and no-longer-matching records."""
     request = ctx.request
-    k = request.k
     where = request.filter
     hits: list[ScoredRecord] = []
     ids = list(dict.fromkeys(item for item, _ in ranked))

@@ -114,6 +114,10 @@ class StoreBackend:
         """Records of ``user_id`` among ``ids``."""
         return {r.id: r for r in self.store.get(list(ids), user_id=user_id) if r.user_id == user_id}
 
+    def has_kind(self, user_id: str, kind: str) -> bool:
+        """Whether ``user_id`` has a record of ``kind`` (one indexed lookup)."""
+        return bool(self.store.list(user_id=user_id, where={"kind": kind}, limit=1))
+
     def adjacent(
         self, ids: Sequence[str], *, user_id: str, gap: timedelta | None
     ) -> dict[str, tuple[str | None, str | None]]:
