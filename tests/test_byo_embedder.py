@@ -13,13 +13,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from langchain_core.documents import Document
 from langchain_core.embeddings import DeterministicFakeEmbedding
-from langchain_core.runnables import RunnableLambda
+from langchain_core.runnables import Runnable, RunnableLambda
 from llama_index.core.base.embeddings.base import BaseEmbedding, Embedding
 
 from langchain_memories import LangChainEmbedder, MemoryRetriever
 from llamaindex_memories import LlamaIndexEmbedder
-from memories_core import EmbedderMismatchError, HistoryMemory, Scope, Turn
+from memories_core import EmbedderMismatchError, HistoryMemory, MemoryBase, Scope, Turn
 from memories_core.embedders import HashingEmbedder
 from memories_core.engine import MemoryEngine
 from memories_core.retrieval import DenseSource, Pipeline
@@ -73,12 +74,16 @@ class KeywordEmbedding(BaseEmbedding):
         return self._get_query_embedding(query)
 
 
-def save_all(memory: HistoryMemory) -> None:
+def contents(docs: list[Document]) -> list[str]:
+    return sorted(d.page_content for d in docs)
+
+
+def save_all(memory: MemoryBase) -> None:
     for text in TURNS:
         memory.save([Turn("user", text)], ANA)
 
 
-def dense_top(memory: HistoryMemory, query: str) -> str:
+def dense_top(memory: MemoryBase, query: str) -> str:
     return memory.recall(query, ANA, k=1).records[0].record.text
 
 
@@ -102,9 +107,9 @@ def test_langchain_embeddings_then_llamaindex_embedding_change_check_and_reindex
     with HistoryMemory(path=path, embedder=fake, pipeline=DENSE) as memory:
         save_all(memory)
         # The memory runs inside a LangChain chain through the retriever.
-        chain = MemoryRetriever(memory=memory, user_id="ana", k=3) | RunnableLambda(
-            lambda docs: sorted(d.page_content for d in docs)
-        )
+        chain: Runnable[str, list[str]] = MemoryRetriever(
+            memory=memory, user_id="ana", k=3
+        ) | RunnableLambda(contents)
         assert chain.invoke("anything") == sorted(f"user: {t}" for t in TURNS)
 
     keywords = LlamaIndexEmbedder(KeywordEmbedding(), name="keywords-8")
