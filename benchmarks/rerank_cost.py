@@ -20,6 +20,7 @@ tokenisation cache) on a fixed sample of questions, for several settings.
 
     python benchmarks/rerank_cost.py                 # table, JSON, PNG, Markdown
     python benchmarks/rerank_cost.py --timing-questions 100
+    python benchmarks/rerank_cost.py --timing-questions 0   # tables again, last costs kept
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ KS = (1, 5, 10)
 MAX_LENGTHS = (48, 128)
 CANDIDATES = (10, 20, 30)
 #: Candidates scored per max_length (the long pairs cost more; 30 is the sweep's top).
-SCORED = {48: 30, 128: 20}
+SCORED = {48: 30, 128: 30}
 WEIGHTS = (1.0, 0.85, 0.7, 0.5)
 #: Settings timed live: (candidates, max_length, onnxruntime threads).
 TIMED = ((10, 48, 1), (20, 48, 1), (30, 48, 1), (30, 128, 1), (20, 48, 2))
@@ -128,8 +129,14 @@ def score_all(
     backends: dict[str, InMemoryBackend],
     max_length: int,
     cache_dir: Path,
+    shorter: tuple[int, dict[str, dict[str, float]]] | None,
+    exact: dict[tuple[str, str], set[int]],
 ) -> dict[str, dict[str, float]]:
-    """Cross-encoder logits of the top ``SCORED[max_length]`` of every question (cached)."""
+    """Cross-encoder logits of the top ``SCORED[max_length]`` of every question (cached).
+
+    A pair that a shorter ``max_length`` already scored whole (nothing cut) is fed to the
+    model exactly as before, so its score is copied; only the pairs it cut are run.
+    """
     file = cache_dir / f"rerank_cost_scores_{max_length}.json"
     cached: dict[str, dict[str, float]] = (
         json.loads(file.read_text(encoding="utf-8")) if file.exists() else {}
@@ -140,8 +147,16 @@ def score_all(
         ids = [item for item, _ in question.ranking[: SCORED[max_length]]]
         records = backends[question.conv].load(ids, user_id=question.conv)
         known = [item for item in ids if item in records]
-        values = scorer(question.query, [records[item].text for item in known])
-        cached[question.key] = dict(zip(known, values, strict=True))
+        row: dict[str, float] = {}
+        if shorter is not None:
+            limit, previous = shorter
+            for item in known:
+                if item in previous[question.key] and limit in exact[question.key, item]:
+                    row[item] = previous[question.key][item]
+        run = [item for item in known if item not in row]
+        values = scorer(question.query, [records[item].text for item in run])
+        row.update(zip(run, values, strict=True))
+        cached[question.key] = {item: row[item] for item in known}
         if len(cached) % 100 == 0:
             file.parent.mkdir(parents=True, exist_ok=True)
             file.write_text(json.dumps(cached), encoding="utf-8")
@@ -184,7 +199,7 @@ def cross_validate(
     cells: dict[tuple[int, int, float], dict[str, list[dict[str, float]]]], convs: Sequence[str]
 ) -> dict[str, Any]:
     """Leave one conversation out: choose the cell on four, score it on the fifth."""
-    folds = []
+    folds: list[dict[str, Any]] = []
     for held in convs:
         train = [c for c in convs if c != held]
 
@@ -198,11 +213,11 @@ def cross_validate(
     return {
         "folds": folds,
         **{
-            f"{key} mean": statistics.fmean(f[key] for f in folds)
+            f"{key} mean": statistics.fmean(float(f[key]) for f in folds)
             for key in ("R@5", "R@10", "S@10")
         },
         **{
-            f"{key} stdev": statistics.stdev(f[key] for f in folds)
+            f"{key} stdev": statistics.stdev(float(f[key]) for f in folds)
             for key in ("R@5", "R@10", "S@10")
         },
     }
@@ -241,6 +256,7 @@ def time_settings(
                 "wall_p50_ms": round(statistics.median(wall), 1),
                 "wall_p95_ms": round(wall[int(0.95 * (len(wall) - 1))], 1),
                 "cpu_mean_ms": round(statistics.fmean(cpu), 1),
+                "load_average": round(__import__("os").getloadavg()[0], 1),
             }
         )
         print(rows[-1], flush=True)
@@ -343,11 +359,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     # How many pairs a max_length cuts (tokenisation only; the full pair is the reference).
     tokens = OnnxCrossEncoder(max_length=512)
     lengths: list[int] = []
+    # Which max_lengths feed each pair to the model whole (its score is then the same).
+    exact: dict[tuple[str, str], set[int]] = defaultdict(set)
+    shortened = {L: OnnxCrossEncoder(max_length=L) for L in MAX_LENGTHS}
     for question in questions:
         ids = [item for item, _ in question.ranking[: max(CANDIDATES)]]
         records = backends[question.conv].load(ids, user_id=question.conv)
-        pairs = tokens.encode_pairs(question.query, [records[i].text for i in ids if i in records])
+        known = [i for i in ids if i in records]
+        texts = [records[i].text for i in known]
+        pairs = tokens.encode_pairs(question.query, texts)
         lengths += [len(p[0]) for p in pairs]
+        for limit, short in shortened.items():
+            for item, whole, cut_pair in zip(
+                known, pairs, short.encode_pairs(question.query, texts), strict=True
+            ):
+                if whole == cut_pair:
+                    exact[question.key, item].add(limit)
     cut = {L: sum(n > L for n in lengths) / len(lengths) for L in MAX_LENGTHS}
     print(f"pair length p50 {statistics.median(lengths)}, cut: {cut}", flush=True)
 
@@ -355,8 +382,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     base_all = mean(flatten(base_rows, convs))
     cells: dict[tuple[int, int, float], dict[str, list[dict[str, float]]]] = {}
     grid: list[dict[str, Any]] = []
+    shorter: tuple[int, dict[str, dict[str, float]]] | None = None
     for max_length in MAX_LENGTHS:
-        scores = score_all(questions, backends, max_length, args.out / "cache")
+        scores = score_all(questions, backends, max_length, args.out / "cache", shorter, exact)
+        shorter = (max_length, scores)
         for candidates in (c for c in CANDIDATES if c <= SCORED[max_length]):
             for weight in WEIGHTS:
                 rows = evaluate_cell(questions, backends, scores, candidates, weight)
@@ -385,7 +414,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     categories = {"default": per_category(base_rows), "reranked": per_category(chosen_rows)}
 
     sample = random.Random(0).sample(questions, min(args.timing_questions, len(questions)))
-    timing = time_settings(sample, backends, base, TIMED)
+    previous = args.out / "rerank_cost.json"
+    timed = len(sample)
+    timing: list[dict[str, Any]] = []
+    if sample:
+        timing = time_settings(sample, backends, base, TIMED)
+    elif previous.exists():
+        # --timing-questions 0: re-derive the recall tables, keep the last measured costs.
+        old = json.loads(previous.read_text(encoding="utf-8"))
+        timing, timed = old["timing"], old["timing_questions"]
 
     args.out.mkdir(parents=True, exist_ok=True)
     report = {
@@ -403,6 +440,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "chosen_default": {"candidates": chosen[0], "max_length": chosen[1], "weight": chosen[2]},
         "categories": categories,
         "timing": timing,
+        "timing_questions": timed,
     }
     (args.out / "rerank_cost.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
     plot(grid, timing, base_all, args.out / "rerank_cost.png")
@@ -481,11 +519,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     lines += [
         "",
-        f"Cost, whole pipeline per query (k=10), {len(sample)} questions, fresh scorer "
+        f"Cost, whole pipeline per query (k=10), {timed} questions, fresh scorer "
         "(cold tokenisation cache, model already loaded):",
         "",
-        "| setting | onnxruntime threads | wall p50 ms | wall p95 ms | CPU mean ms |",
-        "| --- | --- | --- | --- | --- |",
+        "| setting | onnxruntime threads | wall p50 ms | wall p95 ms | CPU mean ms | load |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for t in timing:
         label = (
@@ -495,7 +533,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         lines.append(
             f"| {label} | {t['threads'] or '-'} | {t['wall_p50_ms']} | {t['wall_p95_ms']} "
-            f"| {t['cpu_mean_ms']} |"
+            f"| {t['cpu_mean_ms']} | {t.get('load_average', '-')} |"
         )
     lines.append("")
     (args.out / "rerank_cost.md").write_text("\n".join(lines), encoding="utf-8")
