@@ -158,11 +158,18 @@ def pipelines() -> dict[str, Pipeline]:
         "default, no context spreading": replace(base, rerankers=()),
     }
     try:
-        from memories_core.retrieval.cross_encoder import cross_encoder_reranker
-
-        rows["default + cross-encoder"] = replace(
-            base, rerankers=(*base.rerankers, cross_encoder_reranker())
+        from memories_core.retrieval.cross_encoder import (
+            DEFAULT_CANDIDATES,
+            DEFAULT_MAX_LENGTH,
+            DEFAULT_WEIGHT,
+            cross_encoder_reranker,
         )
+
+        label = (
+            f"default + cross-encoder ({DEFAULT_CANDIDATES} x {DEFAULT_MAX_LENGTH}, "
+            f"weight {DEFAULT_WEIGHT})"
+        )
+        rows[label] = replace(base, rerankers=(*base.rerankers, cross_encoder_reranker()))
     except Exception as exc:  # the rerank extra is optional
         print(f"cross-encoder row skipped: {exc}", flush=True)
     return rows

@@ -62,11 +62,12 @@ from memories_core.retrieval.memory_backend import InMemoryBackend
 OUT = Path(__file__).resolve().parent / "out"
 STORAGE = "no session ids, turn by turn"
 KS = (1, 5, 10)
+#: (max_length swept on every question, whole-pair length scored on a sample).
 MAX_LENGTHS = (48, 128)
 CANDIDATES = (10, 20, 30)
 #: Candidates scored per max_length (the long pairs cost more; 30 is the sweep's top).
 SCORED = {48: 30, 128: 30}
-WEIGHTS = (1.0, 0.85, 0.7, 0.5)
+WEIGHTS = (1.0, 0.7, 0.5, 0.4, 0.3, 0.2)
 #: Settings timed live: (candidates, max_length, onnxruntime threads).
 TIMED = ((10, 48, 1), (20, 48, 1), (30, 48, 1), (30, 128, 1), (20, 48, 2))
 
@@ -272,29 +273,25 @@ def plot(
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for max_length in MAX_LENGTHS:
-        points = [
-            g for g in grid if g["max_length"] == max_length and g["weight"] == DEFAULT_WEIGHT
-        ]
+    for weight in WEIGHTS:
+        points = [g for g in grid if g["weight"] == weight]
         left.plot(
             [p["candidates"] for p in points],
             [p["R@5"] for p in points],
             marker="o",
-            label=f"R@5, {max_length} pieces",
+            label=f"R@5, weight {weight}",
         )
     left.axhline(base["R@5"], color="grey", ls="--", label="R@5 default pipeline")
     left.axhline(base["R@10"], color="grey", ls=":", label="R@10 default pipeline")
-    best10 = [
-        g for g in grid if g["max_length"] == DEFAULT_MAX_LENGTH and g["weight"] == DEFAULT_WEIGHT
-    ]
+    best10 = [g for g in grid if g["weight"] == DEFAULT_WEIGHT]
     left.plot(
         [p["candidates"] for p in best10],
         [p["R@10"] for p in best10],
         marker="s",
         color="k",
-        label=f"R@10, {DEFAULT_MAX_LENGTH} pieces",
+        label=f"R@10, weight {DEFAULT_WEIGHT}",
     )
-    left.set_xlabel(f"candidates re-scored (weight {DEFAULT_WEIGHT})")
+    left.set_xlabel(f"candidates re-scored ({MAX_LENGTHS[0]}-piece pairs)")
     left.set_ylabel("turn-level recall (LoCoMo dev, no session ids)")
     left.grid(alpha=0.3)
     left.legend(fontsize=7)
@@ -320,7 +317,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="LoCoMo JSON file")
     parser.add_argument("--out", type=Path, default=OUT, help="output folder")
-    parser.add_argument("--timing-questions", type=int, default=60)
+    parser.add_argument("--timing-questions", type=int, default=40)
+    parser.add_argument(
+        "--length-questions", type=int, default=150, help="sample scored with whole pairs"
+    )
     args = parser.parse_args(argv)
     if not args.data.is_file():
         parser.error(f"no LoCoMo file at {args.data}; pass --data")
@@ -382,18 +382,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     base_all = mean(flatten(base_rows, convs))
     cells: dict[tuple[int, int, float], dict[str, list[dict[str, float]]]] = {}
     grid: list[dict[str, Any]] = []
-    shorter: tuple[int, dict[str, dict[str, float]]] | None = None
-    for max_length in MAX_LENGTHS:
-        scores = score_all(questions, backends, max_length, args.out / "cache", shorter, exact)
-        shorter = (max_length, scores)
-        for candidates in (c for c in CANDIDATES if c <= SCORED[max_length]):
-            for weight in WEIGHTS:
-                rows = evaluate_cell(questions, backends, scores, candidates, weight)
-                cells[(candidates, max_length, weight)] = rows
-                grid.append(
-                    {"candidates": candidates, "max_length": max_length, "weight": weight}
-                    | mean(flatten(rows, convs))
-                )
+    sweep_length, full_length = MAX_LENGTHS
+    scores = score_all(questions, backends, sweep_length, args.out / "cache", None, exact)
+    for candidates in CANDIDATES:
+        for weight in WEIGHTS:
+            rows = evaluate_cell(questions, backends, scores, candidates, weight)
+            cells[(candidates, sweep_length, weight)] = rows
+            grid.append(
+                {"candidates": candidates, "max_length": sweep_length, "weight": weight}
+                | mean(flatten(rows, convs))
+            )
+    # Whole pairs against cut ones, on a fixed sample (whole pairs cost ~2x to score).
+    subset = random.Random(1).sample(questions, min(args.length_questions, len(questions)))
+    scores_whole = score_all(
+        subset, backends, full_length, args.out / "cache", (sweep_length, scores), exact
+    )
+    length_rows: list[dict[str, Any]] = [
+        {"max_length": 0, "candidates": 0}
+        | mean(flatten(evaluate_cell(subset, backends, None, 0, 0.0), convs))
+    ]
+    for max_length, table in ((sweep_length, scores), (full_length, scores_whole)):
+        for candidates in CANDIDATES:
+            rows = evaluate_cell(subset, backends, table, candidates, DEFAULT_WEIGHT)
+            length_rows.append(
+                {"max_length": max_length, "candidates": candidates} | mean(flatten(rows, convs))
+            )
     cv = cross_validate(cells, convs)
     base_cv = {
         key: [mean(flatten(base_rows, [c]))[key] for c in convs] for key in ("R@5", "R@10", "S@10")
@@ -436,6 +449,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "pair_pieces_p50": statistics.median(lengths),
         "pairs_cut": cut,
         "grid": grid,
+        "pair_length_sample": len(subset),
+        "pair_length": length_rows,
         "cross_validation": cv,
         "chosen_default": {"candidates": chosen[0], "max_length": chosen[1], "weight": chosen[2]},
         "categories": categories,
@@ -460,7 +475,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         + ", ".join(f"{L}: {share:.1%}" for L, share in cut.items())
         + ".",
         "",
-        "Recall (all questions) at weight "
+        f"Recall (all questions, {MAX_LENGTHS[0]}-piece pairs) at weight "
         f"{DEFAULT_WEIGHT}; default pipeline R@5 {base_all['R@5']:.3f}, "
         f"R@10 {base_all['R@10']:.3f}, session R@10 {base_all['S@10']:.3f}:",
         "",
@@ -486,6 +501,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if g["candidates"] == DEFAULT_CANDIDATES and g["max_length"] == DEFAULT_MAX_LENGTH:
             lines.append(f"| {g['weight']} | {g['R@5']:.3f} | {g['R@10']:.3f} | {g['S@10']:.3f} |")
     lines += [
+        "",
+        f"Pair length, on a fixed sample of {len(subset)} questions (weight "
+        f"{DEFAULT_WEIGHT}; {full_length} pieces cuts no pair):",
+        "",
+        "| max_length | candidates | R@5 | R@10 | session R@10 |",
+        "| --- | --- | --- | --- | --- |",
+        *[
+            f"| {r['max_length'] or 'default pipeline'} | {r['candidates'] or '-'} "
+            f"| {r['R@5']:.3f} | {r['R@10']:.3f} | {r['S@10']:.3f} |"
+            for r in length_rows
+        ],
         "",
         "Leave-one-conversation-out (cell chosen on four conversations by R@5 + R@10, scored "
         "on the fifth):",

