@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import time
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
@@ -208,7 +207,6 @@ needs_bundled = pytest.mark.skipif(
 def test_bundled_onnx_model_ranks_the_answer_first_and_caches_tokens() -> None:
     from tokenizers import Tokenizer
 
-    started = time.perf_counter()
     scorer = OnnxCrossEncoder(max_length=64, threads=1)
     query = "What is the name of Ana's cat?"
     texts = [
@@ -217,7 +215,6 @@ def test_bundled_onnx_model_ranks_the_answer_first_and_caches_tokens() -> None:
         "Bo: thanks, see you soon!",
     ]
     values = scorer(query, texts)
-    assert time.perf_counter() - started < 30  # a load, not a download
     assert max(range(3), key=values.__getitem__) == 1
     assert scorer(query, texts[::-1]) == pytest.approx(values[::-1], abs=1e-4)
     # The pair format is the tokenizer's own BERT pair encoding.
