@@ -21,10 +21,13 @@ from llama_index.core.bridge.pydantic import Field
 from llama_index.core.llms import LLM as LIBaseLLM
 
 from memories_core.embedders import BaseEmbedder
+from memories_core.embedders.base import l2_normalise
+from memories_core.errors import InvalidInputError
 from memories_core.interfaces import Embedder
 from memories_core.llms import BaseLLM, LLMResult
 from memories_core.llms.base import truncate_at_stop
 from memories_core.types import ChatMessage
+from memories_core.usage import estimate_tokens
 
 __all__ = ["CoreEmbedding", "LlamaIndexEmbedder", "LlamaIndexLLM"]
 
@@ -99,9 +102,10 @@ class LlamaIndexLLM(BaseLLM):
 class LlamaIndexEmbedder(BaseEmbedder):
     """A LlamaIndex ``BaseEmbedding`` seen as a core embedder.
 
-    Queries are embedded like documents (``get_text_embedding_batch``); the core normalises
-    every vector. If ``dimension`` is not given it is measured once, on first use, by
-    embedding one short probe text.
+    Documents go through ``get_text_embedding_batch`` and queries through
+    ``get_query_embedding`` (instruction-tuned models embed the two differently); the core
+    normalises every vector. If ``dimension`` is not given it is measured once, on first
+    use, by embedding one short probe text.
 
     Example:
         >>> from memories_core.embedders import HashingEmbedder
@@ -112,22 +116,38 @@ class LlamaIndexEmbedder(BaseEmbedder):
     Args:
         embed_model: The LlamaIndex embedding model.
         dimension: Vector length, if known (saves the probe call).
+        name: Identity stored with an index to detect a changed embedder; defaults to
+            ``llamaindex:<model_name>`` (``llamaindex:<Class>`` when the model leaves
+            ``model_name`` at LlamaIndex's ``"unknown"``). Pass a precise name for
+            persistent memories.
 
     Raises:
         ValueError: if ``dimension`` is given and is not a positive int.
     """
 
-    def __init__(self, embed_model: BaseEmbedding, *, dimension: int | None = None) -> None:
+    def __init__(
+        self,
+        embed_model: BaseEmbedding,
+        *,
+        dimension: int | None = None,
+        name: str | None = None,
+    ) -> None:
         super().__init__()
         if dimension is not None and (isinstance(dimension, bool) or dimension < 1):
             raise ValueError(f"dimension must be a positive int, got {dimension!r}")
         self._embed_model = embed_model
         self._known_dimension = dimension
+        self._name = name
 
     @property
     def name(self) -> str:
-        """``"llamaindex:<model name>"``."""
-        return f"llamaindex:{self._embed_model.model_name}"
+        """The name given, else ``"llamaindex:<model name>"`` (or ``<Class>``)."""
+        if self._name:
+            return self._name
+        model = self._embed_model.model_name
+        if not model or model == "unknown":
+            model = type(self._embed_model).__name__
+        return f"llamaindex:{model}"
 
     @property
     def dimension(self) -> int:
@@ -138,6 +158,23 @@ class LlamaIndexEmbedder(BaseEmbedder):
 
     def _embed(self, texts: list[str]) -> npt.NDArray[np.float32]:
         return np.asarray(self._embed_model.get_text_embedding_batch(texts), dtype=np.float32)
+
+    def embed_query(self, text: str) -> npt.NDArray[np.float32]:
+        """Embed a query with ``get_query_embedding``; L2-normalised and counted."""
+        if not isinstance(text, str):
+            raise InvalidInputError(f"text must be a str, got {type(text).__name__}")
+        try:
+            vector = np.asarray(self._embed_model.get_query_embedding(text), dtype=np.float32)
+            if vector.shape != (self.dimension,):
+                raise RuntimeError(
+                    f"get_query_embedding returned shape {vector.shape}, "
+                    f"expected ({self.dimension},)"
+                )
+        except BaseException:
+            self._usage.record(failures=1)
+            raise
+        self._usage.record(calls=1, items=1, prompt_tokens=estimate_tokens(text))
+        return l2_normalise(vector.reshape(1, -1))[0]
 
 
 class CoreEmbedding(BaseEmbedding):
