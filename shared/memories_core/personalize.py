@@ -459,6 +459,7 @@ class Personalizer:
             optimizer.load_state_dict(state["optimizer"])
             scheduler.load_state_dict(state["scheduler"])
             start = int(state["step"])
+            torch.set_rng_state(state["rng"])
         order = self._order(len(encoded), total)
         model.train()
         losses: list[float] = []
@@ -489,8 +490,6 @@ class Personalizer:
             bar.close()
         info = self._save_adapter(user_id, model, len(data), total, losses, fingerprint)
         self.engine.artifacts.delete(user_id, CHECKPOINT_ARTIFACT)
-        with self._lock:
-            self._llms.pop(user_id, None)
         run = total - start
         return TrainingReport(
             user_id=user_id,
@@ -527,6 +526,7 @@ class Personalizer:
                     "optimizer": optimizer.state_dict(),
                     "scheduler": scheduler.state_dict(),
                     "step": step,
+                    "rng": torch.get_rng_state(),
                 },
                 Path(tmp) / "trainer.pt",
             )
@@ -566,9 +566,17 @@ class Personalizer:
     def _serving_base(self) -> _Base:
         with self._lock:
             if self._served is None:
-                self._served = (
-                    self._given if self._given is not None else _load_base(self._base_model)
-                )
+                if self._given is not None:
+                    # peft injects adapter layers into the model it serves: keep the given
+                    # model pristine for training.
+                    import copy
+
+                    given = self._given
+                    self._served = _Base(
+                        copy.deepcopy(given.model), given.tokenizer, given.identity
+                    )
+                else:
+                    self._served = _load_base(self._base_model)
                 self._served.model.eval()
             return self._served
 
