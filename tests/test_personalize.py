@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from memories_core import DualProcessMemory, MemoryEngine, Scope, Turn
+from memories_core import DualProcessMemory, MemoryEngine, Scope, Turn, personalize
 from memories_core.embedders import HashingEmbedder
 from memories_core.errors import ConfigurationError
 from memories_core.llms import ScriptedLLM
@@ -55,40 +55,7 @@ BOB = [
 
 def tiny_model() -> tuple[Any, Any]:
     """A 2-layer LLaMA with random weights and a BPE tokenizer fitted to the test texts."""
-    import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    texts = [t for pair in ANN + BOB for t in pair] + ["System: User: Assistant: remember"]
-    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.train_from_iterator(
-        texts * 3,
-        trainers.BpeTrainer(
-            vocab_size=400,
-            special_tokens=["[UNK]", "</s>"],
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        ),
-    )
-    from tokenizers import decoders
-
-    tok.decoder = decoders.ByteLevel()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="</s>", unk_token="[UNK]", pad_token="</s>"
-    )
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=1024,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    return LlamaForCausalLM(config), tokenizer
+    return personalize.tiny_model([t for pair in ANN + BOB for t in pair])
 
 
 @pytest.fixture(scope="module")
@@ -253,9 +220,7 @@ def test_personalized_llm_uses_memory_and_the_users_adapter(tmp_path: Path, tiny
     assert engine.llm_for(Scope("ann")) is llm
 
 
-def test_adapter_is_exported_imported_and_deleted_with_the_user(
-    tmp_path: Path, tiny: Any
-) -> None:
+def test_adapter_is_exported_imported_and_deleted_with_the_user(tmp_path: Path, tiny: Any) -> None:
     personalizer = build(tmp_path / "m", tiny, max_steps=4)
     personalizer.train("ann", progress=False)
     engine = personalizer.engine
@@ -296,5 +261,6 @@ def test_smollm2_lora_step_runs(tmp_path: Path) -> None:
     personalizer = Personalizer(memory, config=LoRAConfig(max_steps=2, max_input_tokens=256))
     report = personalizer.train("ann", progress=False)
     assert report.steps == 2 and report.adapter_bytes > 0
-    reply = personalizer.llm("ann").generate([ChatMessage("user", "Can I eat bread?")], max_tokens=8)
+    question = [ChatMessage("user", "Can I eat bread?")]
+    reply = personalizer.llm("ann").generate(question, max_tokens=8)
     assert isinstance(reply, str)
