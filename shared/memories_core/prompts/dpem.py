@@ -237,16 +237,22 @@ def _parse_notes_json(text: str, inputs: NotesInput) -> tuple[str, ...]:
     return _finish_notes(answer.notes, inputs, text)
 
 
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
 def _notes_stand_in(inputs: NotesInput) -> list[str]:
-    """Notes a perfectly obedient coordinator could take: one per utterance, third person."""
+    """Notes a rule-following coordinator takes: one per sentence of an utterance.
+
+    ``The user said: <sentence>`` or ``The assistant said: <sentence>``; sentences of fewer
+    than two words (``Okay.``) are not noted.
+    """
     notes: list[str] = []
     for line in inputs.dialogue:
         speaker, _, content = line.partition(": ")
-        content = " ".join(content.split())
-        if not content or len(_WORD.findall(content)) < 2:
-            continue
         who = "The user" if speaker.lower() in ("user", "human", "patient") else "The assistant"
-        notes.append(f"{who} said: {content}")
+        for sentence in _SENTENCE_END.split(" ".join(content.split())):
+            if sentence and len(_WORD.findall(sentence)) >= 2:
+                notes.append(f"{who} said: {sentence}")
     return notes[: inputs.max_notes]
 
 
@@ -347,11 +353,15 @@ _ADVICE = re.compile(
 
 
 def _knowledge_stand_in(inputs: KnowledgeInput) -> list[str]:
-    """Keep what the user said and the assistant's advice; drop acknowledgements."""
+    """Keep what the user said (three words or more) and the assistant's advice.
+
+    Greetings ("Hello doctor.") and acknowledgements ("Noted.") are dropped.
+    """
     kept: list[str] = []
     for note in inputs.notes:
         if note.startswith("The user said: "):
-            kept.append(note)
+            if len(note.split()) >= 6:  # "The user said:" + at least three words
+                kept.append(note)
         elif note.startswith("The assistant said: "):
             content = note[len("The assistant said: ") :]
             if _ADVICE.search(content) and len(_WORD.findall(content)) >= 4:
