@@ -7,8 +7,10 @@ turns with the recalled memory as prompt prefix (eq. 3). Measured:
 
 * seconds per training step, steps to converge (first step after which the 5-step moving
   average of the loss stays within 10% of its final value), adapter size on disk, peak RSS;
-* held-out perplexity of ann's *unseen* later exchanges (questions never trained on, in her
-  doctor's style) before and after the adapter, and of bob's exchanges (another user).
+* held-out perplexity of ann's *unseen* exchanges (4 question/answer pairs never said in
+  her sessions, so neither trained on nor in her memory; same doctor's style) before and
+  after her adapter, and of bob's 2 unseen exchanges (another user, his own memory as
+  prefix) scored with ann's adapter.
 
     python benchmarks/personalize_bench.py [--steps 40] [--lr 5e-5 3e-4] [--sessions 8]
 """
@@ -35,6 +37,7 @@ from memories_core.prompts.dpem import dpem_reply
 
 OUT = Path(__file__).resolve().parent / "out"
 HELD_OUT = 4
+BOB_HELD_OUT = 2
 
 
 def converged_at(losses: list[float], window: int = 5, tolerance: float = 0.10) -> int:
@@ -86,7 +89,7 @@ def main() -> None:
         )
         for user in ("ann", "bob"):
             for turns in patient_rounds(
-                user, args.sessions, held_out=HELD_OUT if user == "ann" else 0
+                user, args.sessions, held_out=HELD_OUT if user == "ann" else BOB_HELD_OUT
             ):
                 memory.save(turns, Scope(user))
         runs = []
@@ -97,10 +100,7 @@ def main() -> None:
             personalizer = Personalizer(memory, config=config)
             train_examples = personalizer.examples("ann")
             own = held_out(personalizer, "ann", held_out_pairs("ann", HELD_OUT))
-            bob_pairs = [(t[0].content, t[1].content) for t in patient_rounds("bob", 2, seed=99)][
-                :HELD_OUT
-            ]
-            other = held_out(personalizer, "bob", bob_pairs)
+            other = held_out(personalizer, "bob", held_out_pairs("bob", BOB_HELD_OUT))
             t0 = time.perf_counter()
             base_own = personalizer.perplexity(own)
             base_other = personalizer.perplexity(other)
