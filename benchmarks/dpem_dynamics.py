@@ -8,7 +8,8 @@
 2. **Lookup latency** with 1,000 and 10,000 knowledge items of one user (written directly,
    half STM, half LTM; hashing embedder, in-memory numpy index): STM lookup (rapidfuzz
    Levenshtein over the STM items, read from SQLite each call), LTM lookup (the engine's fused
-   dense + lexical search restricted to tier ``ltm``) and a whole ``recall``. Median and p95
+   dense + lexical search restricted to tier ``ltm``, DPeM's pipeline: no context spreading)
+   and a whole ``recall``. Median and p95
    of 50 queries.
 
     python benchmarks/dpem_dynamics.py [--sessions 12] [--theta 3] [--refresh 6]
@@ -107,13 +108,16 @@ def latency(n: int, queries: int = 50) -> dict[str, float]:
     t0 = time.perf_counter()
     engine.add_records(records, state=state)
     build = time.perf_counter() - t0
+    pipeline = memory.pipeline
     asks = [" ".join(rng.choice(WORDS) for _ in range(4)) for _ in range(queries)]
     out: dict[str, float] = {"items": n, "build_s": round(build, 2)}
     for name, run in (
         ("stm_ms", lambda q: memory.stm_lookup(q, "u", k=5)),
         (
             "ltm_ms",
-            lambda q: engine.search(q, "u", k=5, kinds=[KNOWLEDGE_KIND], where={"tier": "ltm"}),
+            lambda q: engine.search(
+                q, "u", k=5, kinds=[KNOWLEDGE_KIND], where={"tier": "ltm"}, pipeline=pipeline
+            ),
         ),
         ("recall_ms", lambda q: memory.recall(q, Scope("u"), k=5)),
     ):

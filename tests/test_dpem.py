@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,7 +28,7 @@ from memories_core.prompts.dpem import (
     TypingInput,
     dpem_reply,
 )
-from memories_core.prompts.spec import run_spec
+from memories_core.prompts.spec import PromptSpec, run_spec
 from memories_core.testing import GARBAGE_REPLIES
 from memories_core.types import ChatMessage, JobSpec
 
@@ -37,13 +38,13 @@ T0 = datetime(2024, 5, 1, 9, 0, tzinfo=timezone.utc)
 def make(
     path: Path | None = None, llm: ScriptedLLM | None = None, **options: object
 ) -> DualProcessMemory:
-    settings: dict[str, object] = {"theta": 2, "stm_refresh_rounds": 4, **options}
+    settings: dict[str, Any] = {"theta": 2, "stm_refresh_rounds": 4, **options}
     return DualProcessMemory(
         path=path,
         llm=llm or ScriptedLLM(default=dpem_reply),
         embedder=HashingEmbedder(dimension=128),
         clock=FixedClock(T0),
-        **settings,  # type: ignore[arg-type]
+        **settings,
     )
 
 
@@ -359,14 +360,14 @@ def test_prompts_parse_their_own_formats() -> None:
 @pytest.mark.parametrize("name", sorted(GARBAGE_REPLIES))
 def test_prompts_reject_garbage(name: str) -> None:
     reply = GARBAGE_REPLIES[name]
-    cases = [
+    cases: list[tuple[PromptSpec[Any, Any], Any]] = [
         (NOTES, NotesInput(DIALOGUE)),
         (KNOWLEDGE, KnowledgeInput(("The user has type 2 diabetes.",))),
         (TYPING, TypingInput(("The user has diabetes.",))),
     ]
     for spec, inputs in cases:
         with pytest.raises(ParseError):
-            spec.parse(reply, inputs)  # type: ignore[arg-type]
+            spec.parse(reply, inputs)
 
 
 def test_prompts_reject_ungrounded_or_incomplete_answers() -> None:
@@ -383,13 +384,14 @@ def test_prompts_reject_ungrounded_or_incomplete_answers() -> None:
 
 
 def test_json_twins_parse_and_stand_in() -> None:
-    for spec, inputs in (
+    specs: list[tuple[PromptSpec[Any, Any], Any]] = [
         (NOTES, NotesInput(DIALOGUE)),
         (KNOWLEDGE, KnowledgeInput(("The user has type 2 diabetes.",))),
         (TYPING, TypingInput(("The user has diabetes.", "Water helps."))),
-    ):
+    ]
+    for spec, inputs in specs:
         twin = spec.structured
         assert twin is not None and twin.response_model is not None
         assert twin.parse(twin.stand_in(inputs), inputs) == spec.parse(
             spec.stand_in(inputs), inputs
-        )  # type: ignore[arg-type]
+        )

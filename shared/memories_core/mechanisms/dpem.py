@@ -39,6 +39,7 @@ is the prompt ``p = Retriever(x)`` of MaLP's eq. (3) (:meth:`DualProcessMemory.p
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -72,6 +73,7 @@ from memories_core.types import (
 
 if TYPE_CHECKING:
     from memories_core.interfaces import LLM
+    from memories_core.retrieval import Pipeline
 
 __all__ = [
     "KNOWLEDGE_KIND",
@@ -294,6 +296,21 @@ class DualProcessMemory(MemoryBase):
         self.max_dialogue_chars = max_dialogue_chars
         self.retries = retries
         super().__init__(k=k, llm=llm, **kwargs)
+        if self.pipeline is None:
+            self.pipeline = self.ltm_pipeline()
+
+    def ltm_pipeline(self) -> Pipeline:
+        """The LTM retriever ``R_s``: the engine's dense + lexical fusion, no context spreading.
+
+        Knowledge items are not a dialogue: spreading a hit to its neighbours in time (the
+        engine's default reranker for turns) would only add unrelated items and cost a scan
+        of the user's records per hit.
+        """
+        from memories_core.retrieval import ContextSpreading
+
+        base = (self.fusion or self.engine.retriever.fusion).pipeline()
+        kept = tuple(r for r in base.rerankers if not isinstance(r, ContextSpreading))
+        return dataclasses.replace(base, rerankers=kept)
 
     # ------------------------------------------------------------------ state keys
     @property
