@@ -179,11 +179,11 @@ def main() -> None:
         x = [r["round"] for r in rows]
         for key in ("working", "stm", "ltm"):
             ax.plot(x, [r[key] for r in rows], label=key.upper() if key != "working" else "working")
-        for r in rows:
-            if r["refreshes"] and (
-                r["round"] == 1 or r["refreshes"] != rows[r["round"] - 2]["refreshes"]
+        for row in rows:
+            if row["refreshes"] and (
+                row["round"] == 1 or row["refreshes"] != rows[row["round"] - 2]["refreshes"]
             ):
-                ax.axvline(r["round"], color="grey", lw=0.6, ls=":")
+                ax.axvline(row["round"], color="grey", lw=0.6, ls=":")
         ax.set_xlabel("round (one save)")
         ax.set_ylabel("items")
         ax.set_title(

@@ -78,19 +78,24 @@ def exchanges(pairs: list[tuple[str, str]], start: datetime) -> list[list[Turn]]
 
 
 def build(tmp_path: Path | None, tiny: tuple[Any, Any], **config: Any) -> Personalizer:
-    memory = DualProcessMemory(
+    # The engine serves each user's personalized model through its llm_for hook.
+    served: list[Personalizer] = []
+    engine = MemoryEngine(
         path=tmp_path,
-        llm=ScriptedLLM(default=dpem_reply),
         embedder=HashingEmbedder(dimension=64),
-        theta=2,
+        llm_for=lambda scope: served[0].llm_for(scope) if served else None,
     )
+    memory = DualProcessMemory(engine=engine, llm=ScriptedLLM(default=dpem_reply), theta=2)
     for turns in exchanges(ANN, T0):
         memory.save(turns, Scope("ann"))
     for turns in exchanges(BOB, T0):
         memory.save(turns, Scope("bob"))
     model, tokenizer = tiny
     options = {"learning_rate": 3e-3, "max_steps": 24, "checkpoint_every": 8, **config}
-    return Personalizer(memory, model=model, tokenizer=tokenizer, config=LoRAConfig(**options))
+    served.append(
+        Personalizer(memory, model=model, tokenizer=tokenizer, config=LoRAConfig(**options))
+    )
+    return served[0]
 
 
 def test_examples_put_the_recalled_memory_before_each_assistant_turn(tiny: Any) -> None:
@@ -216,8 +221,8 @@ def test_personalized_llm_uses_memory_and_the_users_adapter(tmp_path: Path, tiny
     assert with_adapter != without
     # Served through the engine's llm_for hook.
     engine = personalizer.engine
-    engine._llm_for = personalizer.llm_for
     assert engine.llm_for(Scope("ann")) is llm
+    assert engine.llm_for(Scope("bob")) is None  # no adapter: the mechanism's own model
 
 
 def test_adapter_is_exported_imported_and_deleted_with_the_user(tmp_path: Path, tiny: Any) -> None:

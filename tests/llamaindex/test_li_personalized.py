@@ -7,6 +7,7 @@ import importlib.util
 
 import pytest
 from llama_index.core.base.llms.types import ChatMessage, MessageRole
+from llama_index.core.base.response.schema import Response
 from llama_index.core.chat_engine import SimpleChatEngine
 from llama_index.core.query_engine import RetrieverQueryEngine
 from personalize_setup import trained_personalizer
@@ -54,7 +55,7 @@ def test_query_engine_over_the_dpem_retriever(personalizer: Personalizer) -> Non
         MemoryRetriever(memory, user_id="ann", similarity_top_k=3), llm=llm
     )
     response = engine.query("What should I keep steady?")
-    assert isinstance(response.response, str)
+    assert isinstance(response, Response) and isinstance(response.response, str)
     assert response.source_nodes
     assert "Keep sugar steady" in llm.core_llm.last_prompt[-1].content
 
