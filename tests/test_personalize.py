@@ -18,7 +18,7 @@ import pytest
 
 from memories_core import DualProcessMemory, MemoryEngine, Scope, Turn, personalize
 from memories_core.embedders import HashingEmbedder
-from memories_core.errors import ConfigurationError
+from memories_core.errors import ConfigurationError, MissingExtraError
 from memories_core.llms import ScriptedLLM
 from memories_core.personalize import (
     ADAPTER_ARTIFACT,
@@ -269,3 +269,17 @@ def test_smollm2_lora_step_runs(tmp_path: Path) -> None:
     question = [ChatMessage("user", "Can I eat bread?")]
     reply = personalizer.llm("ann").generate(question, max_tokens=8)
     assert isinstance(reply, str)
+
+
+def test_missing_extra_is_a_typed_error(monkeypatch: pytest.MonkeyPatch, tiny: Any) -> None:
+    real = importlib.util.find_spec
+
+    def without_peft(name: str, *args: Any) -> Any:
+        return None if name == "peft" else real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", without_peft)
+    with pytest.raises(MissingExtraError, match=r"llm-memories\[personalize\]"):
+        personalize.require_personalize()
+    personalizer = build(None, tiny)
+    with pytest.raises(MissingExtraError):
+        personalizer.train("ann", progress=False)
