@@ -95,7 +95,10 @@ def test_async_chain_and_retriever_chain(personalizer: Personalizer) -> None:
     )
     answer = asyncio.run(chain.ainvoke(QUESTION))
     assert isinstance(answer, str)
-    assert "Keep sugar steady" in chat.core_llm.last_prompt[-1].content
+    sent = chat.core_llm.last_prompt[-1].content
+    documents = retriever.invoke(QUESTION)
+    assert documents and all(d.page_content in sent for d in documents)
+    assert sent.endswith(QUESTION)
 
 
 def test_bad_user_id_fails_at_construction(personalizer: Personalizer, tmp_path: Path) -> None:
