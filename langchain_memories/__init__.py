@@ -10,6 +10,7 @@
 * :class:`MemoryStore`: a LangGraph ``BaseStore`` on the memory engine (LangMem runs on it).
 * :func:`create_memory_tools`: save / search / update / forget memory tools for agents.
 * :func:`create_memochat_chain`, :func:`memochat_retriever`: MemoChat's chat with memo.
+* :class:`PersonalizedChatModel`: a user's MaLP model (LoRA adapter + DPeM memory).
 """
 
 try:
@@ -28,6 +29,7 @@ from langchain_memories.forgetting import ForgettingCurveRetriever, MemoryBankRe
 from langchain_memories.legacy import LegacyChainMemory
 from langchain_memories.memochat import create_memochat_chain, memochat_retriever
 from langchain_memories.middleware import MemoryMiddleware
+from langchain_memories.personalized import PersonalizedChatModel
 from langchain_memories.reflective import SelfReflectiveRetriever
 from langchain_memories.retriever import MemoryRetriever
 from langchain_memories.store import MemoryStore
@@ -44,6 +46,7 @@ __all__ = [
     "MemoryMiddleware",
     "MemoryRetriever",
     "MemoryStore",
+    "PersonalizedChatModel",
     "SelfReflectiveRetriever",
     "create_memochat_chain",
     "create_memory_tools",

@@ -11,6 +11,7 @@
 * :class:`MemoryToolSpec`: save / search / update / forget memory tools for agents.
 * :class:`MemoryRecallEvent`, :class:`MemorySaveEvent`: instrumentation events of memory.
 * :class:`MemoChatEngine`, :func:`memochat_retriever`: MemoChat's chat with memo.
+* :class:`PersonalizedLlamaLLM`: a user's MaLP model (LoRA adapter + DPeM memory).
 """
 
 try:
@@ -26,6 +27,7 @@ from llamaindex_memories.forgetting import ForgettingCurvePostprocessor, MemoryB
 from llamaindex_memories.memochat import MemoChatEngine, memochat_retriever
 from llamaindex_memories.memory_block import MemoryBlock
 from llamaindex_memories.observability import MemoryRecallEvent, MemorySaveEvent
+from llamaindex_memories.personalized import PersonalizedLlamaLLM
 from llamaindex_memories.reflective import SelfReflectiveFilter, SelfReflectiveRetriever
 from llamaindex_memories.retriever import MemoryRetriever
 from llamaindex_memories.tools import MemoryToolSpec
@@ -44,6 +46,7 @@ __all__ = [
     "MemoryRetriever",
     "MemorySaveEvent",
     "MemoryToolSpec",
+    "PersonalizedLlamaLLM",
     "SelfReflectiveFilter",
     "SelfReflectiveRetriever",
     "memochat_retriever",

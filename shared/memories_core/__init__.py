@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from memories_core.mechanisms import (
         ConditionalMemory,
         ConditionalReply,
+        DualProcessMemory,
         HistoryMemory,
         MemoChatMemory,
         MemoEntry,
@@ -59,6 +60,7 @@ __all__ = [
     "ConditionalMemory",
     "ConditionalReply",
     "ConfigurationError",
+    "DualProcessMemory",
     "EmbedderMismatchError",
     "FixedClock",
     "HistoryMemory",
@@ -101,6 +103,7 @@ _LAZY = {
         for name in (
             "ConditionalMemory",
             "ConditionalReply",
+            "DualProcessMemory",
             "HistoryMemory",
             "MemoryBankMemory",
             "MemoChatMemory",

@@ -19,6 +19,7 @@ EXPECTED_ALL = [
     "MemoryMiddleware",
     "MemoryRetriever",
     "MemoryStore",
+    "PersonalizedChatModel",
     "SelfReflectiveRetriever",
     "create_memochat_chain",
     "create_memory_tools",

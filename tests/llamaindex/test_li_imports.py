@@ -24,6 +24,7 @@ EXPECTED_ALL = [
     "MemoryRetriever",
     "MemorySaveEvent",
     "MemoryToolSpec",
+    "PersonalizedLlamaLLM",
     "SelfReflectiveFilter",
     "SelfReflectiveRetriever",
     "memochat_retriever",

@@ -1,0 +1,660 @@
+"""DPeM: dual-process enhanced memory (Zhang et al., 2023, "DPeM Mechanism", Table 1).
+
+Three memories, one table each, kept as engine records of one user with their **tier** and
+**flag-table count** in the record's mutable state (:class:`~memories_core.types.RecordState`
+``tier`` and ``attrs``), never re-embedded when they change:
+
+* **working memory** (tier ``"working"``, kind :data:`NOTE_KIND`): the coordinator's notes of
+  the latest iteration, at most ``working_capacity``; refreshed every iteration; no lookup.
+* **short-term memory** (tier ``"stm"``, kind :data:`KNOWLEDGE_KIND`): typed knowledge items
+  (``type -> item``) with their flag-table entry (``attrs.count``: in how many iterations the
+  item or a near-duplicate of it appeared; ``attrs.rounds``: which); limited to
+  ``stm_capacity``; refreshed every ``stm_refresh_rounds`` rounds; looked up by closest
+  Levenshtein match (rapidfuzz).
+* **long-term memory** (tier ``"ltm"``, same kind): items whose count reached ``theta``; it only
+  grows; looked up by semantic similarity through the engine's fused retrieval.
+
+One **iteration** ``d_i`` is one :meth:`save` (a round of dialogue). Each save writes its turns
+and, in the same transaction, one job (key ``round:<n>``); the job runs the dual process
+outside every lock:
+
+1. *Rehearsal / learning*: the coordinator takes notes ``nts = C(d_i)`` -> working memory.
+2. *Rehearsal / summarizing*: the coordinator keeps the relevant notes as knowledge items.
+3. *Executive / typing*: each item is typed ``user-specific`` or ``common-sense``.
+4. *Executive / memorizing* (no model): each item is merged into the flag table -- a
+   near-duplicate of an STM or LTM item (:func:`near_duplicate`, rapidfuzz, default threshold
+   :data:`MERGE_THRESHOLD`) counts as a recurrence instead of a new item -- promoted to LTM at
+   ``theta``, and STM is refreshed at the end of every period of ``stm_refresh_rounds`` rounds
+   (items not seen during the period are dropped; their counts go with them).
+
+The three model steps keep their results in the job's payload, so a retry repeats only the step
+that failed; a garbled answer raises :class:`~memories_core.errors.ParseError` in the parser,
+the job stays pending and the turns are already stored. Step 4 runs under the user's lock in
+one transaction and is idempotent (a count is the number of *distinct* rounds an item was
+seen in), so a crash between it and the job's completion cannot count an item twice.
+
+The rendered context labels user-specific and common-sense knowledge separately (Figure 5); it
+is the prompt ``p = Retriever(x)`` of MaLP's eq. (3) (:meth:`DualProcessMemory.prompt`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
+
+from memories_core.engine import JobFailed, check_k, check_query, check_scope, default_llm
+from memories_core.errors import ConfigurationError, LLMError, ParseError
+from memories_core.mechanisms.base import MemoryBase
+from memories_core.prompts.dpem import (
+    COMMON_SENSE,
+    KNOWLEDGE,
+    NOTES,
+    TYPING,
+    USER_SPECIFIC,
+    KnowledgeInput,
+    NotesInput,
+    TypingInput,
+)
+from memories_core.prompts.spec import PromptSpec, run_spec
+from memories_core.types import (
+    Job,
+    JobSpec,
+    MemoryRecord,
+    Recall,
+    Scope,
+    ScoredRecord,
+    check_user_id,
+    new_id,
+)
+
+if TYPE_CHECKING:
+    from memories_core.interfaces import LLM
+    from memories_core.retrieval import Pipeline
+
+__all__ = [
+    "KNOWLEDGE_KIND",
+    "MERGE_THRESHOLD",
+    "NOTE_KIND",
+    "DPeMStats",
+    "DualProcessMemory",
+    "KnowledgeItem",
+    "near_duplicate",
+    "similarity",
+]
+
+#: Record kind of knowledge items (STM and LTM).
+KNOWLEDGE_KIND = "dpem_knowledge"
+#: Record kind of working-memory notes.
+NOTE_KIND = "dpem_note"
+#: Tiers (record state ``tier``).
+WORKING, STM, LTM = "working", "stm", "ltm"
+#: Default near-duplicate threshold of :func:`similarity` (0-100). Chosen on the labelled
+#: pairs of ``tests/test_dpem.py``: trivial rephrasings (case, punctuation, articles, word
+#: order) score 89-100; different facts that share most words (another token, another
+#: condition) score at most 84.
+MERGE_THRESHOLD = 88.0
+
+T = TypeVar("T")
+StmScorer = Literal["levenshtein", "partial"]
+
+_DIGITS = re.compile(r"\d+")
+
+
+def _processed(text: str) -> str:
+    from rapidfuzz import utils
+
+    return str(utils.default_process(text))
+
+
+def similarity(a: str, b: str) -> float:
+    """How alike two items read, 0-100: the better of rapidfuzz's ratio and token-sort ratio.
+
+    Both texts are lower-cased and stripped of punctuation first, so case, punctuation and
+    word order alone never make two items differ.
+    """
+    from rapidfuzz import fuzz
+
+    pa, pb = _processed(a), _processed(b)
+    return float(max(fuzz.ratio(pa, pb), fuzz.token_sort_ratio(pa, pb)))
+
+
+def near_duplicate(a: str, b: str, threshold: float = MERGE_THRESHOLD) -> bool:
+    """Whether ``b`` is a trivial rephrasing of ``a`` (one flag-table entry, not two).
+
+    ``similarity(a, b) >= threshold`` and the same numbers in both: "is 45" and "is 46"
+    differ, however alike the rest reads.
+    """
+    if _DIGITS.findall(a) != _DIGITS.findall(b):
+        return False
+    return similarity(a, b) >= threshold
+
+
+@dataclass(frozen=True)
+class KnowledgeItem:
+    """One entry of a user's working memory, STM or LTM, as :class:`DualProcessMemory` shows it.
+
+    Attributes:
+        id: Record id.
+        text: The note or knowledge item.
+        tier: ``"working"``, ``"stm"`` or ``"ltm"``.
+        type: ``"user-specific"`` or ``"common-sense"`` (``None`` for working notes).
+        count: Flag-table count: in how many iterations the item (or a near-duplicate) appeared.
+        first_round: Iteration it first appeared in.
+        last_round: Iteration it last appeared in.
+        created_at: When the record was written.
+    """
+
+    id: str
+    text: str
+    tier: str
+    type: str | None
+    count: int
+    first_round: int
+    last_round: int
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class DPeMStats:
+    """A user's memory dynamics so far (for inspection and benchmarks).
+
+    Attributes:
+        rounds: Iterations saved.
+        processed: Iterations whose job has finished memorizing.
+        working: Notes in working memory.
+        stm: Items in short-term memory.
+        ltm: Items in long-term memory.
+        merges: Items that were near-duplicates of a stored one (counted, not added).
+        promotions: STM -> LTM moves.
+        refreshes: STM refreshes done.
+        dropped: STM items dropped by refreshes or by the capacity limit.
+    """
+
+    rounds: int
+    processed: int
+    working: int
+    stm: int
+    ltm: int
+    merges: int
+    promotions: int
+    refreshes: int
+    dropped: int
+
+
+def _item(record: MemoryRecord) -> KnowledgeItem:
+    attrs = record.state.attrs
+    rounds = [int(r) for r in attrs.get("rounds", [])] or [int(attrs.get("round", 0))]
+    kind = attrs.get("type", record.metadata.get("type"))
+    return KnowledgeItem(
+        id=record.id,
+        text=record.text,
+        tier=record.state.tier or "",
+        type=None if kind is None else str(kind),
+        count=int(attrs.get("count", len(rounds))),
+        first_round=min(rounds),
+        last_round=max(rounds),
+        created_at=record.created_at,
+    )
+
+
+class DualProcessMemory(MemoryBase):
+    """DPeM (Zhang et al., 2023): working memory, STM and LTM; see the module docstring.
+
+    Setup:
+        Needs ``rapidfuzz`` (a core dependency). Give a capable ``llm`` as the coordinator;
+        offline, ``ScriptedLLM(default=dpem_reply)`` (:mod:`memories_core.prompts.dpem`)
+        answers the three prompts by rule.
+
+    Key init args:
+        llm: The coordinator ``C`` (default: the engine's model, else the bundled one). The
+            engine's ``llm_for(scope)`` is *not* used for it: that serves the user's
+            (possibly personalised) answering model.
+        theta: Flag-table count at which an STM item moves to LTM.
+        stm_refresh_rounds: Length of an STM period in rounds; at its end items not seen
+            during it are dropped.
+        stm_capacity: Most items STM holds (least seen, then oldest, are dropped first).
+        working_capacity: Most notes the working memory holds (and the coordinator takes).
+        merge_threshold: :func:`similarity` at or above which a new item is a recurrence of a
+            stored one.
+        stm_scorer: ``"levenshtein"`` (the paper's closest match: normalised Levenshtein
+            similarity to the whole item) or ``"partial"`` (best-matching substring,
+            kinder to short queries against long items).
+        k: Items recalled from each of STM and LTM by default.
+        max_dialogue_chars: Longest dialogue given to one learning call (most recent kept).
+        retries: Repair attempts of an unparsable coordinator answer within one job run.
+        **kwargs: Engine or storage options of :class:`~memories_core.mechanisms.base.MemoryBase`.
+
+    Instantiate, save, inspect, recall:
+        .. code-block:: python
+
+            from memories_core import DualProcessMemory, Scope, Turn
+            from memories_core.embedders import HashingEmbedder
+            from memories_core.llms import ScriptedLLM
+            from memories_core.prompts.dpem import dpem_reply
+
+            memory = DualProcessMemory(
+                llm=ScriptedLLM(default=dpem_reply), embedder=HashingEmbedder(), theta=2
+            )
+            memory.save([Turn("user", "I have diabetes.")], Scope("ann"))
+            print(memory.stm("ann"), memory.flag_table("ann"))
+            print(memory.recall("red spots on my skin", Scope("ann")).context)
+
+    Raises:
+        ConfigurationError: on a non-positive ``theta``, period, capacity, or a threshold
+            outside 0-100.
+    """
+
+    mechanism_name: ClassVar[str] = "dpem"
+    recall_kinds: ClassVar[tuple[str, ...]] = (KNOWLEDGE_KIND,)
+    index_turns: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        *,
+        llm: LLM | None = None,
+        theta: int = 3,
+        stm_refresh_rounds: int = 6,
+        stm_capacity: int = 64,
+        working_capacity: int = 16,
+        merge_threshold: float = MERGE_THRESHOLD,
+        stm_scorer: StmScorer = "levenshtein",
+        k: int = 5,
+        max_dialogue_chars: int = 6000,
+        retries: int = 1,
+        **kwargs: Any,
+    ) -> None:
+        for name, value in (
+            ("theta", theta),
+            ("stm_refresh_rounds", stm_refresh_rounds),
+            ("stm_capacity", stm_capacity),
+            ("working_capacity", working_capacity),
+            ("max_dialogue_chars", max_dialogue_chars),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigurationError(f"{name} must be a positive int, got {value!r}")
+        if not 0 < float(merge_threshold) <= 100:
+            raise ConfigurationError(f"merge_threshold must be in (0, 100], got {merge_threshold}")
+        if stm_scorer not in ("levenshtein", "partial"):
+            raise ConfigurationError(
+                f"stm_scorer must be 'levenshtein' or 'partial', not {stm_scorer!r}"
+            )
+        if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 3:
+            raise ConfigurationError(f"retries must be an int from 0 to 3, got {retries!r}")
+        engine = kwargs.get("engine")
+        if llm is None and (engine is None or engine.llm is None):
+            llm = default_llm()
+        self.theta = theta
+        self.stm_refresh_rounds = stm_refresh_rounds
+        self.stm_capacity = stm_capacity
+        self.working_capacity = working_capacity
+        self.merge_threshold = float(merge_threshold)
+        self.stm_scorer: StmScorer = stm_scorer
+        self.max_dialogue_chars = max_dialogue_chars
+        self.retries = retries
+        super().__init__(k=k, llm=llm, **kwargs)
+        if self.pipeline is None:
+            self.pipeline = self.ltm_pipeline()
+
+    def ltm_pipeline(self) -> Pipeline:
+        """The LTM retriever ``R_s``: the engine's dense + lexical fusion, no context spreading.
+
+        Knowledge items are not a dialogue: spreading a hit to its neighbours in time (the
+        engine's default reranker for turns) would only add unrelated items and cost a scan
+        of the user's records per hit.
+        """
+        from memories_core.retrieval import ContextSpreading
+
+        base = (self.fusion or self.engine.retriever.fusion).pipeline()
+        kept = tuple(r for r in base.rerankers if not isinstance(r, ContextSpreading))
+        return dataclasses.replace(base, rerankers=kept)
+
+    # ------------------------------------------------------------------ state keys
+    @property
+    def _round_key(self) -> str:
+        return f"{self.name}.round"
+
+    @property
+    def _log_key(self) -> str:
+        return f"{self.name}.log"
+
+    def rounds(self, user_id: str) -> int:
+        """Iterations (saves) of ``user_id`` so far."""
+        value = self.store.get_state(self._round_key, user_id=check_user_id(user_id))
+        return int(value or 0)
+
+    def _log(self, user_id: str) -> dict[str, int]:
+        value = self.store.get_state(self._log_key, user_id=user_id) or {}
+        return {str(k): int(v) for k, v in dict(value).items()}
+
+    # ------------------------------------------------------------------ inspection
+    def working(self, user_id: str) -> list[KnowledgeItem]:
+        """The working memory: the coordinator's notes of the latest iteration (Table 1)."""
+        return self._tier(user_id, NOTE_KIND, WORKING)
+
+    def stm(self, user_id: str) -> list[KnowledgeItem]:
+        """Short-term memory: typed items with their counts, oldest first."""
+        return self._tier(user_id, KNOWLEDGE_KIND, STM)
+
+    def ltm(self, user_id: str) -> list[KnowledgeItem]:
+        """Long-term memory: items promoted at ``theta``, oldest first; it only grows."""
+        return self._tier(user_id, KNOWLEDGE_KIND, LTM)
+
+    def flag_table(self, user_id: str) -> dict[str, int]:
+        """Item text -> recurrence count, for every STM and LTM item."""
+        return {item.text: item.count for item in [*self.stm(user_id), *self.ltm(user_id)]}
+
+    def stats(self, user_id: str) -> DPeMStats:
+        """Sizes of the three memories and the counts of merges, promotions and refreshes."""
+        log = self._log(check_user_id(user_id))
+        return DPeMStats(
+            rounds=self.rounds(user_id),
+            processed=log.get("processed", 0),
+            working=len(self.working(user_id)),
+            stm=len(self.stm(user_id)),
+            ltm=len(self.ltm(user_id)),
+            merges=log.get("merges", 0),
+            promotions=log.get("promotions", 0),
+            refreshes=log.get("refreshes", 0),
+            dropped=log.get("dropped", 0),
+        )
+
+    def _tier(self, user_id: str, kind: str, tier: str) -> list[KnowledgeItem]:
+        found = self.engine.records(check_user_id(user_id), where={"kind": kind, "tier": tier})
+        return [_item(r) for r in found if not r.state.archived]
+
+    # ------------------------------------------------------------------ recall
+    def recall(
+        self, query: str, scope: Scope, *, k: int | None = None, now: datetime | None = None
+    ) -> Recall:
+        """Look up STM (closest Levenshtein match) and LTM (fused semantic search).
+
+        Up to ``k`` items from each tier; the records interleave the two rankings (LTM first)
+        and are cut to ``k``; the context groups them as user-specific and common-sense
+        knowledge (Figure 5).
+
+        Raises:
+            InvalidInputError: on an empty query or a bad ``k``.
+            MissingUserError: if ``scope`` has no user.
+        """
+        scope = check_scope(scope)
+        check_query(query)
+        want = check_k(self.default_k if k is None else k)
+        ltm = self.engine.search(
+            query,
+            scope.user_id,
+            k=want,
+            kinds=[KNOWLEDGE_KIND],
+            where={"tier": LTM},
+            now=now,
+            fusion=self.fusion,
+            pipeline=self.pipeline,
+        )
+        stm = self.stm_lookup(query, scope.user_id, k=want)
+        merged: list[ScoredRecord] = []
+        seen: set[str] = set()
+        for pair in zip(*_padded(ltm, stm), strict=True):
+            for hit in pair:
+                if hit is not None and hit.record.id not in seen:
+                    seen.add(hit.record.id)
+                    merged.append(hit)
+        merged = merged[:want]
+        return Recall(query=query, records=tuple(merged), context=self._render(merged))
+
+    def stm_lookup(self, query: str, user_id: str, *, k: int = 5) -> list[ScoredRecord]:
+        """STM items closest to ``query`` (retriever ``R_c``), best first; score in 0-1.
+
+        ``stm_scorer="levenshtein"``: normalised Levenshtein similarity of the processed
+        (lower-cased, punctuation-free) texts; ties keep the order of storage.
+        """
+        check_query(query)
+        check_k(k)
+        from rapidfuzz import fuzz, process
+        from rapidfuzz.distance import Levenshtein
+
+        records = [
+            r
+            for r in self.engine.records(
+                check_user_id(user_id), where={"kind": KNOWLEDGE_KIND, "tier": STM}
+            )
+            if not r.state.archived
+        ]
+        if not records:
+            return []
+        scorer: Callable[..., float] = (
+            Levenshtein.normalized_similarity
+            if self.stm_scorer == "levenshtein"
+            else lambda a, b, **kw: fuzz.partial_ratio(a, b, **kw) / 100.0
+        )
+        ranked = process.extract(
+            query,
+            [r.text for r in records],
+            scorer=scorer,
+            processor=_processed,
+            limit=min(k, len(records)),
+        )
+        ranked = sorted(ranked, key=lambda hit: (-hit[1], hit[2]))
+        return [ScoredRecord(records[index], float(score)) for _, score, index in ranked]
+
+    def prompt(self, query: str, scope: Scope, *, k: int | None = None) -> str:
+        """The memory prompt ``p = Retriever(x)`` of MaLP's eq. (3): the recall's context."""
+        return self.recall(query, scope, k=k).context
+
+    def _render(self, hits: Sequence[ScoredRecord]) -> str:
+        groups: dict[str, list[str]] = {USER_SPECIFIC: [], COMMON_SENSE: []}
+        for hit in hits:
+            kind = str(hit.record.state.attrs.get("type", hit.record.metadata.get("type", "")))
+            groups[kind if kind in groups else USER_SPECIFIC].append(f"- {hit.record.text}")
+        parts = []
+        if groups[USER_SPECIFIC]:
+            parts.append("User-specific knowledge:\n" + "\n".join(groups[USER_SPECIFIC]))
+        if groups[COMMON_SENSE]:
+            parts.append("Common-sense knowledge:\n" + "\n".join(groups[COMMON_SENSE]))
+        return "\n".join(parts)
+
+    # ------------------------------------------------------------------ jobs
+    def _turn_jobs(self, records: Sequence[MemoryRecord]) -> Iterable[JobSpec]:
+        """One iteration job per save (inside the write transaction, no model call)."""
+        if not records:
+            return []
+        user_id = records[0].user_id
+        round_no = self.rounds(user_id) + 1
+        self.store.set_state(self._round_key, round_no, user_id=user_id)
+        payload = {"round": round_no, "turn_ids": [r.id for r in records]}
+        return [JobSpec(self.name, "iteration", f"round:{round_no}", payload)]
+
+    def _coordinator(self) -> LLM:
+        llm = self.llm if self.llm is not None else self.engine.llm
+        if llm is None:
+            raise ConfigurationError("DualProcessMemory needs a coordinator llm")
+        return llm
+
+    def _ask(self, spec: PromptSpec[Any, T], inputs: Any, label: str) -> T:
+        try:
+            return run_spec(self._coordinator(), spec, inputs, retries=self.retries)
+        except (LLMError, ParseError) as exc:
+            raise JobFailed(label, f"DPeM {label} failed: {exc}") from exc
+
+    def _run_job(self, job: Job) -> None:
+        user_id = job.user_id
+        round_no = int(job.payload["round"])
+        turns = self.engine.get(user_id, [str(t) for t in job.payload.get("turn_ids", [])])
+        if not turns:
+            return None  # the turns were cleared meanwhile: nothing to learn from
+        dialogue = _fit([r.text[:2000] for r in turns], self.max_dialogue_chars)
+        payload: dict[str, Any] = dict(job.payload)
+        if "notes" not in payload:
+            notes = self._ask(NOTES, NotesInput(tuple(dialogue), self.working_capacity), "notes")
+            payload["notes"] = list(notes)[: self.working_capacity]
+            self.engine.update_job(job, payload)
+        notes = tuple(str(n) for n in payload["notes"])
+        self._write_working(user_id, round_no, notes)
+        if "knowledge" not in payload:
+            items = self._ask(KNOWLEDGE, KnowledgeInput(notes), "knowledge") if notes else ()
+            payload["knowledge"] = list(items)
+            self.engine.update_job(job, payload)
+        knowledge = tuple(str(k) for k in payload["knowledge"])
+        if "types" not in payload:
+            types = self._ask(TYPING, TypingInput(knowledge), "typing") if knowledge else ()
+            payload["types"] = list(types)
+            self.engine.update_job(job, payload)
+        typed = list(zip(knowledge, (str(t) for t in payload["types"]), strict=True))
+        self._memorize(user_id, round_no, typed)
+        return None
+
+    def _write_working(self, user_id: str, round_no: int, notes: Sequence[str]) -> None:
+        """Replace the working memory with this iteration's notes (unless a newer one ran)."""
+        now = self.clock.now()
+        with self.engine.user_lock(user_id), self.engine.transaction():
+            current = self.engine.records(user_id, where={"kind": NOTE_KIND})
+            if any(int(r.state.attrs.get("round", 0)) > round_no for r in current):
+                return
+            if current:
+                self.store.delete([r.id for r in current], user_id=user_id)
+            records = [
+                MemoryRecord(new_id(), user_id, NOTE_KIND, note, now, metadata={"round": round_no})
+                for note in notes[: self.working_capacity]
+            ]
+            if records:
+                self.store.add(records, indexed=False)
+                self.engine.update_state(
+                    user_id,
+                    {r.id: {"tier": WORKING, "attrs": {"round": round_no}} for r in records},
+                    reason=f"dpem: notes of round {round_no}",
+                    at=now,
+                )
+
+    def _memorize(self, user_id: str, round_no: int, typed: Sequence[tuple[str, str]]) -> None:
+        """Executive process: merge into the flag table, promote at theta, refresh STM."""
+        now = self.clock.now()
+        with self.engine.user_lock(user_id), self.engine.transaction():
+            log = self._log(user_id)
+            stored = [
+                r
+                for r in self.engine.records(user_id, where={"kind": KNOWLEDGE_KIND})
+                if r.state.tier in (STM, LTM)
+            ]
+            tiers = {r.id: str(r.state.tier) for r in stored}
+            rounds = {r.id: {int(x) for x in r.state.attrs.get("rounds", [])} for r in stored}
+            texts = {r.id: r.text for r in stored}
+            types = {r.id: str(r.state.attrs.get("type", COMMON_SENSE)) for r in stored}
+            fresh: dict[str, MemoryRecord] = {}
+            touched: set[str] = set()
+            for text, kind in typed:
+                match = self._match(text, texts)
+                if match is None:
+                    record = MemoryRecord(
+                        new_id(), user_id, KNOWLEDGE_KIND, text, now, metadata={"type": kind}
+                    )
+                    fresh[record.id] = record
+                    texts[record.id] = text
+                    tiers[record.id] = STM
+                    rounds[record.id] = {round_no}
+                    types[record.id] = kind
+                    touched.add(record.id)
+                elif round_no not in rounds[match]:
+                    rounds[match].add(round_no)
+                    touched.add(match)
+                    log["merges"] = log.get("merges", 0) + 1
+            for item in touched:
+                if tiers[item] == STM and len(rounds[item]) >= self.theta:
+                    tiers[item] = LTM
+                    log["promotions"] = log.get("promotions", 0) + 1
+            dropped = self._refresh(round_no, tiers, rounds, log)
+            for item in dropped:
+                touched.discard(item)
+                fresh.pop(item, None)
+            if fresh:
+                self.store.add(list(fresh.values()), indexed=True)
+            changes = {
+                item: {
+                    "tier": tiers[item],
+                    "attrs": {
+                        "count": len(rounds[item]),
+                        "rounds": sorted(rounds[item]),
+                        "type": types[item],
+                    },
+                }
+                for item in touched
+            }
+            if changes:
+                self.engine.update_state(
+                    user_id, changes, reason=f"dpem: memorized round {round_no}", at=now
+                )
+            stale = [item for item in dropped if item not in fresh and item in tiers]
+            if stale:
+                self.engine.delete_records(user_id, stale, reason=f"dpem: STM refresh {round_no}")
+            log["processed"] = log.get("processed", 0) + 1
+            log["last_round"] = max(log.get("last_round", 0), round_no)
+            self.store.set_state(self._log_key, log, user_id=user_id)
+        if fresh:
+            self.engine.index_pending()
+
+    def _match(self, text: str, texts: dict[str, str]) -> str | None:
+        """The stored item ``text`` is a near-duplicate of (the most similar one), if any."""
+        if not texts:
+            return None
+        from rapidfuzz import process
+
+        ids = list(texts)
+        candidates = process.extract(
+            text,
+            [texts[i] for i in ids],
+            scorer=lambda a, b, **kw: similarity(a, b),
+            limit=5,
+            score_cutoff=self.merge_threshold,
+        )
+        for _, _, index in candidates:
+            if near_duplicate(text, texts[ids[index]], self.merge_threshold):
+                return ids[index]
+        return None
+
+    def _refresh(
+        self,
+        round_no: int,
+        tiers: dict[str, str],
+        rounds: dict[str, set[int]],
+        log: dict[str, int],
+    ) -> list[str]:
+        """STM refresh at the end of a period and the capacity limit; returns dropped ids."""
+        dropped: list[str] = []
+        period = self.stm_refresh_rounds
+        if round_no % period == 0 and log.get("last_refresh", 0) < round_no:
+            dropped = [
+                item
+                for item, tier in tiers.items()
+                if tier == STM and max(rounds[item]) <= round_no - period
+            ]
+            log["refreshes"] = log.get("refreshes", 0) + 1
+            log["last_refresh"] = round_no
+        live = [item for item, tier in tiers.items() if tier == STM and item not in dropped]
+        if len(live) > self.stm_capacity:
+            live.sort(key=lambda item: (len(rounds[item]), max(rounds[item])))
+            dropped += live[: len(live) - self.stm_capacity]
+        log["dropped"] = log.get("dropped", 0) + len(dropped)
+        return dropped
+
+
+def _padded(
+    a: Sequence[ScoredRecord], b: Sequence[ScoredRecord]
+) -> tuple[list[ScoredRecord | None], list[ScoredRecord | None]]:
+    size = max(len(a), len(b))
+    return (
+        [*a, *([None] * (size - len(a)))],
+        [*b, *([None] * (size - len(b)))],
+    )
+
+
+def _fit(lines: list[str], limit: int) -> list[str]:
+    """Keep the most recent lines whose total length fits ``limit``."""
+    kept: list[str] = []
+    total = 0
+    for line in reversed(lines):
+        total += len(line) + 1
+        if kept and total > limit:
+            break
+        kept.append(line)
+    return list(reversed(kept))

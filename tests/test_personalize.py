@@ -1,0 +1,285 @@
+"""MaLP personalization: LoRA training on one user's turns, adapters per user, serving.
+
+A tiny randomly initialised LLaMA-style model and a BPE tokenizer trained on the test texts
+stand in for SmolLM2, so a training run takes seconds. The one test that loads SmolLM2 is
+marked slow.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from memories_core import DualProcessMemory, MemoryEngine, Scope, Turn, personalize
+from memories_core.embedders import HashingEmbedder
+from memories_core.errors import ConfigurationError, MissingExtraError
+from memories_core.llms import ScriptedLLM
+from memories_core.personalize import (
+    ADAPTER_ARTIFACT,
+    CHECKPOINT_ARTIFACT,
+    LoRAConfig,
+    NotEnoughDataError,
+    PersonalizedLLM,
+    Personalizer,
+)
+from memories_core.portable import export_user, import_user
+from memories_core.prompts.dpem import dpem_reply
+from memories_core.types import ChatMessage
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("peft") is None, reason="extra 'personalize' not installed"
+)
+
+T0 = datetime(2024, 5, 1, 9, 0, tzinfo=timezone.utc)
+
+ANN = [
+    ("I have type 2 diabetes and I like short answers.", "Noted. Keep sugar steady."),
+    ("My feet feel numb in the evening.", "Check your feet daily. Keep sugar steady."),
+    ("Can I eat rice?", "Small portions. Keep sugar steady."),
+    ("I feel tired after lunch.", "Walk after meals. Keep sugar steady."),
+    ("My skin is dry.", "Moisturise daily. Keep sugar steady."),
+    ("I forgot my pills today.", "Take the next dose on time. Keep sugar steady."),
+]
+BOB = [
+    ("I twisted my ankle while running yesterday evening.", "Rest it, ice it, raise it."),
+    ("Should I stretch before a long run?", "A gentle warm-up is wise, then stretch after."),
+    ("My knee aches on stairs.", "Strengthen the thigh muscles and rest a little."),
+]
+
+
+def tiny_model() -> tuple[Any, Any]:
+    """A 2-layer LLaMA with random weights and a BPE tokenizer fitted to the test texts."""
+    return personalize.tiny_model([t for pair in ANN + BOB for t in pair])
+
+
+@pytest.fixture(scope="module")
+def tiny() -> tuple[Any, Any]:
+    import torch
+
+    # A model this small runs fastest on one thread (and the CI machine is shared).
+    torch.set_num_threads(1)
+    return tiny_model()
+
+
+def exchanges(pairs: list[tuple[str, str]], start: datetime) -> list[list[Turn]]:
+    return [
+        [
+            Turn("user", u, timestamp=start + timedelta(hours=i)),
+            Turn("assistant", a, timestamp=start + timedelta(hours=i, seconds=5)),
+        ]
+        for i, (u, a) in enumerate(pairs)
+    ]
+
+
+def build(tmp_path: Path | None, tiny: tuple[Any, Any], **config: Any) -> Personalizer:
+    # The engine serves each user's personalized model through its llm_for hook.
+    served: list[Personalizer] = []
+    engine = MemoryEngine(
+        path=tmp_path,
+        embedder=HashingEmbedder(dimension=64),
+        llm_for=lambda scope: served[0].llm_for(scope) if served else None,
+    )
+    memory = DualProcessMemory(engine=engine, llm=ScriptedLLM(default=dpem_reply), theta=2)
+    for turns in exchanges(ANN, T0):
+        memory.save(turns, Scope("ann"))
+    for turns in exchanges(BOB, T0):
+        memory.save(turns, Scope("bob"))
+    model, tokenizer = tiny
+    options = {"learning_rate": 3e-3, "max_steps": 24, "checkpoint_every": 8, **config}
+    served.append(
+        Personalizer(memory, model=model, tokenizer=tokenizer, config=LoRAConfig(**options))
+    )
+    return served[0]
+
+
+def test_examples_put_the_recalled_memory_before_each_assistant_turn(tiny: Any) -> None:
+    personalizer = build(None, tiny)
+    examples = personalizer.examples("ann")
+    assert [e.target for e in examples] == [a for _, a in ANN]
+    last = examples[-1]
+    assert last.messages[-1] == ChatMessage("user", ANN[-1][0])
+    assert "What you remember about this user" in last.messages[0].content
+    assert "User-specific knowledge" in last.messages[0].content
+    # History: the previous turns, at most history_turns of them, in order.
+    assert [m.content for m in last.messages[1:-1]] == [
+        ANN[3][0],
+        ANN[3][1],
+        ANN[4][0],
+        ANN[4][1],
+    ]
+    # Another user's memory never enters ann's prompts.
+    assert all("ankle" not in m.content for e in examples for m in e.messages)
+
+
+def test_paper_defaults() -> None:
+    config = LoRAConfig()
+    assert (config.rank, config.alpha, config.learning_rate) == (8, 32, 5e-5)
+    assert (config.warmup_ratio, config.weight_decay) == (0.1, 1e-4)
+    assert (config.max_input_tokens, config.max_output_tokens) == (1024, 2048)
+    with pytest.raises(ConfigurationError):
+        LoRAConfig(rank=0)
+    with pytest.raises(ConfigurationError):
+        LoRAConfig(warmup_ratio=1.5)
+
+
+def test_training_lowers_loss_and_perplexity_on_own_turns(tmp_path: Path, tiny: Any) -> None:
+    personalizer = build(tmp_path / "m", tiny)
+    own = personalizer.examples("ann")
+    other = personalizer.examples("bob")
+    before_own = personalizer.perplexity(own)
+    before_other = personalizer.perplexity(other)
+    report = personalizer.train("ann", progress=False)
+    assert report.steps == 24 and report.resumed_from == 0 and len(report.losses) == 24
+    assert sum(report.losses[-6:]) < sum(report.losses[:6])
+    assert report.adapter_bytes > 0 and report.trainable_parameters > 0
+    after_own = personalizer.perplexity(own, adapter_of="ann")
+    after_other = personalizer.perplexity(other, adapter_of="ann")
+    assert after_own < before_own
+    # The adapter learnt ann, not language in general: bob's turns gain less.
+    assert before_own / after_own > before_other / after_other
+    # One adapter for ann, stored in the engine's artifact store; none for bob.
+    engine = personalizer.engine
+    info = engine.artifacts.get("ann", ADAPTER_ARTIFACT)
+    assert info is not None and info.meta["steps"] == 24
+    assert (info.path / "adapter_config.json").is_file()
+    assert engine.artifacts.get("ann", CHECKPOINT_ARTIFACT) is None
+    assert personalizer.adapter("bob") is None
+    assert personalizer.llm_for(Scope("bob")) is None
+    assert isinstance(personalizer.llm_for(Scope("ann")), PersonalizedLLM)
+
+
+def test_training_resumes_from_a_checkpoint(tmp_path: Path, tiny: Any) -> None:
+    personalizer = build(tmp_path / "m", tiny)
+
+    class Stop(Exception):
+        pass
+
+    def stop_at_ten(step: int, loss: float) -> None:
+        if step == 10:
+            raise Stop
+
+    with pytest.raises(Stop):
+        personalizer.train("ann", progress=False, on_step=stop_at_ten)
+    checkpoint = personalizer.engine.artifacts.get("ann", CHECKPOINT_ARTIFACT)
+    assert checkpoint is not None and checkpoint.meta["step"] == 8
+    assert personalizer.adapter("ann") is None
+    resumed = personalizer.train("ann", progress=False)
+    assert resumed.resumed_from == 8 and len(resumed.losses) == 16
+    fresh = build(tmp_path / "other", tiny).train("ann", progress=False)
+    # Same seed and order: the resumed run ends where an uninterrupted run ends.
+    assert resumed.losses[-1] == pytest.approx(fresh.losses[-1], rel=1e-4)
+    # A checkpoint of other data (or config) is not resumed.
+    personalizer.config = LoRAConfig(learning_rate=3e-3, max_steps=12, checkpoint_every=4)
+    assert personalizer.train("ann", progress=False).resumed_from == 0
+
+
+def test_too_little_data_is_a_typed_error(tiny: Any) -> None:
+    memory = DualProcessMemory(
+        llm=ScriptedLLM(default=dpem_reply), embedder=HashingEmbedder(dimension=64)
+    )
+    memory.save([Turn("user", "Hello there, doctor.")], Scope("new"))
+    model, tokenizer = tiny
+    personalizer = Personalizer(memory, model=model, tokenizer=tokenizer)
+    with pytest.raises(NotEnoughDataError, match="at least 2"):
+        personalizer.train("new", progress=False)
+    with pytest.raises(ConfigurationError):
+        Personalizer(memory, model=model)
+    with pytest.raises(ConfigurationError):
+        Personalizer(None)
+
+
+def test_personalized_llm_uses_memory_and_the_users_adapter(tmp_path: Path, tiny: Any) -> None:
+    personalizer = build(tmp_path / "m", tiny)
+    llm = personalizer.llm("ann")
+    before = llm.generate([ChatMessage("user", "I got red spots on my skin recently")])
+    assert isinstance(before, str)
+    assert llm.trace.adapter is False  # no adapter yet: the base model answers
+    system = llm.last_prompt[0]
+    memory = personalizer.memory
+    assert isinstance(memory, DualProcessMemory)
+    recalled = memory.prompt("I got red spots on my skin recently", Scope("ann"), k=4)
+    assert recalled and recalled in system.content and system.role == "system"
+    personalizer.train("ann", progress=False)
+    llm.generate([ChatMessage("user", "I got red spots on my skin recently")], max_tokens=8)
+    assert llm.trace.adapter is True
+    # Bob has no adapter: his model runs the base weights even after ann's was loaded.
+    bob = personalizer.llm("bob")
+    bob.generate([ChatMessage("user", "My ankle hurts")], max_tokens=4)
+    assert bob.trace.adapter is False
+    assert "sugar" not in bob.last_prompt[0].content
+    assert "ankle" not in system.content
+    # Greedy decoding with the adapter differs from the base model on ann's own prompt.
+    prompt = personalizer.examples("ann")[0].messages
+    with_adapter = personalizer.generate("ann", prompt, max_new_tokens=6).text
+    without = personalizer.generate(None, prompt, max_new_tokens=6).text
+    assert with_adapter != without
+    # Served through the engine's llm_for hook.
+    engine = personalizer.engine
+    assert engine.llm_for(Scope("ann")) is llm
+    assert engine.llm_for(Scope("bob")) is None  # no adapter: the mechanism's own model
+
+
+def test_adapter_is_exported_imported_and_deleted_with_the_user(tmp_path: Path, tiny: Any) -> None:
+    personalizer = build(tmp_path / "m", tiny, max_steps=4)
+    personalizer.train("ann", progress=False)
+    engine = personalizer.engine
+    archive = tmp_path / "ann.zip"
+    export_user(engine, "ann", archive)
+    info = personalizer.adapter("ann")
+    assert info is not None
+    folder = info.path
+    engine.delete_user("ann")
+    assert personalizer.adapter("ann") is None
+    assert not folder.exists()
+    assert personalizer.llm_for(Scope("ann")) is None
+    with MemoryEngine(path=tmp_path / "fresh", embedder=HashingEmbedder(dimension=64)) as other:
+        import_user(other, archive)
+        restored = other.artifacts.get("ann", ADAPTER_ARTIFACT)
+        assert restored is not None and restored.sha256 == info.sha256
+
+
+def test_importing_personalize_stays_light() -> None:
+    code = (
+        "import sys, memories_core.personalize; "
+        "print(sorted(m for m in ('torch', 'peft', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.slow
+def test_smollm2_lora_step_runs(tmp_path: Path) -> None:
+    """The default base model (SmolLM2-135M-Instruct, offline) trains and serves an adapter."""
+    memory = DualProcessMemory(
+        path=tmp_path / "m",
+        llm=ScriptedLLM(default=dpem_reply),
+        embedder=HashingEmbedder(dimension=64),
+    )
+    for turns in exchanges(ANN[:3], T0):
+        memory.save(turns, Scope("ann"))
+    personalizer = Personalizer(memory, config=LoRAConfig(max_steps=2, max_input_tokens=256))
+    report = personalizer.train("ann", progress=False)
+    assert report.steps == 2 and report.adapter_bytes > 0
+    question = [ChatMessage("user", "Can I eat bread?")]
+    reply = personalizer.llm("ann").generate(question, max_tokens=8)
+    assert isinstance(reply, str)
+
+
+def test_missing_extra_is_a_typed_error(monkeypatch: pytest.MonkeyPatch, tiny: Any) -> None:
+    real = importlib.util.find_spec
+
+    def without_peft(name: str, *args: Any) -> Any:
+        return None if name == "peft" else real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", without_peft)
+    with pytest.raises(MissingExtraError, match=r"llm-memories\[personalize\]"):
+        personalize.require_personalize()
+    personalizer = build(None, tiny)
+    with pytest.raises(MissingExtraError):
+        personalizer.train("ann", progress=False)
