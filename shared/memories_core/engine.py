@@ -334,7 +334,12 @@ class MemoryEngine:
         self.policy = jobs or JobPolicy()
         self.embedder: Embedder = embedder or _default_embedder()
         self.store: EngineStore = store or _default_store(self.path)
-        self.index: VectorIndex = index or _default_index(self.path)
+        try:
+            self.index: VectorIndex = index or _default_index(self.path)
+        except BaseException:
+            if store is None:  # ours: do not leave it open (e.g. StoreInUseError)
+                self.store.close()
+            raise
         from memories_core.artifacts import ArtifactStore
         from memories_core.graph import GraphStore
         from memories_core.retrieval import HybridRetriever
