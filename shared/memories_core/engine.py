@@ -968,11 +968,18 @@ class MemoryEngine:
             logger.warning("deleting vectors failed; verify() will remove them", exc_info=True)
 
     def reindex(self, *, progress: bool = True) -> int:
-        """Rebuild the vector index from the record store; returns the records indexed."""
+        """Rebuild the vector index from the record store; returns the records indexed.
+
+        Handles an embedder change, a new dimension included: the index is emptied, every
+        record marked pending and the new embedder recorded *before* embedding starts, so
+        an interrupted reindex resumes (the remaining records stay pending and are indexed
+        by the next save, search or :meth:`index_pending`) instead of starting over.
+        """
         with self._index_lock:
-            count = self.retriever.reindex(progress=progress)
-        self.store.set_state(_EMBEDDER_STATE_KEY, self._embedder_identity())
-        return count
+            self.index.reset()
+            self.store.mark_all_pending()
+            self.store.set_state(_EMBEDDER_STATE_KEY, self._embedder_identity())
+            return self.retriever.index_pending(progress=progress)
 
     def verify(self, *, repair: bool = False, users: Sequence[str] | None = None) -> VerifyReport:
         """Compare the record store with the vector index (engine issue, defect 10).
@@ -1122,7 +1129,14 @@ class MemoryEngine:
                 f"(dimension {current['dimension']}); open it with the original embedder, or "
                 "pass allow_embedder_change=True to re-embed every record"
             )
-        self.reindex(progress=False)
+        try:
+            self.reindex(progress=True)
+        except Exception:
+            # The change is recorded and every record is pending: indexing resumes later.
+            self.count_failure("index")
+            logger.warning(
+                "reindex after the embedder change stopped; it resumes later", exc_info=True
+            )
 
 
 def default_llm() -> LLM:

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from memories_core.backends.folder_lock import FolderLock
 from memories_core.backends.numpy_index import (
     PROBE_DEPTH,
     as_matrix,
@@ -31,7 +32,6 @@ from memories_core.backends.numpy_index import (
     check_metadata,
     matches_filter,
 )
-from memories_core.backends.folder_lock import FolderLock
 from memories_core.errors import (
     BackendError,
     ConfigurationError,

@@ -20,6 +20,7 @@ parent's lock alive, and its own open of the folder is refused while the parent 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -84,10 +85,8 @@ def _after_fork_in_child() -> None:
     # not release it (the parent's descriptors still hold it) but stops the child from
     # keeping it alive after the parent closes, and from believing it holds the folder.
     for held in _held.values():
-        try:
+        with contextlib.suppress(OSError):
             os.close(held.fd)
-        except OSError:
-            pass
     _held.clear()
 
 
