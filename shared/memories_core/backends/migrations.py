@@ -28,6 +28,7 @@ is not imported here).
 from __future__ import annotations
 
 import logging
+import re
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -43,6 +44,7 @@ __all__ = [
     "PostgresSchemaDriver",
     "SQLiteSchemaDriver",
     "SchemaDriver",
+    "as_migrations",
     "check_migrations",
     "latest_version",
     "migrate",
@@ -51,6 +53,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
 #: Table where each applied step is recorded (version, description, applied_at in seconds).
 MIGRATIONS_TABLE = "schema_migrations"
@@ -262,28 +266,29 @@ class SQLiteSchemaDriver:
 class PostgresSchemaDriver:
     """:class:`SchemaDriver` of a psycopg 3 connection (duck-typed; psycopg not imported).
 
-    The version is the largest ``version`` in ``<schema>.schema_migrations``; a
-    transaction-scoped advisory lock (``pg_advisory_xact_lock``) keeps other migrators out
-    until commit. DDL in Postgres is transactional, so a failed step leaves nothing behind.
+    Versions are rows of ``<schema>.schema_version (component, version, applied_at)``: one
+    schema may hold several components (the record store, the pgvector index) that upgrade
+    independently. A transaction-scoped advisory lock keyed by the schema keeps other
+    migrators out until commit; DDL in Postgres is transactional, so a failed step leaves
+    nothing behind.
 
     Args:
-        connection: A psycopg ``Connection`` (not inside a transaction block).
-        table: The migrations table, schema-qualified if needed.
-        lock_key: The advisory lock's key (one per schema of llm-memories tables).
+        connection: A psycopg ``Connection`` in autocommit mode (``transaction()`` opens the
+            block).
+        schema: Schema of the tables (created if missing; a plain identifier).
+        component: Name the versions are recorded under.
     """
 
     dialect = "postgres"
 
-    def __init__(
-        self,
-        connection: Any,
-        *,
-        table: str = MIGRATIONS_TABLE,
-        lock_key: int = 0x6C6C6D6D,  # "llmm"
-    ) -> None:
+    def __init__(self, connection: Any, *, schema: str, component: str = "store") -> None:
+        if not _IDENTIFIER.fullmatch(schema):
+            raise ConfigurationError(
+                f"schema {schema!r} must be a plain identifier (letters, digits, _)"
+            )
         self._conn = connection
-        self._table = table
-        self._lock_key = lock_key
+        self._schema = schema
+        self._component = component
 
     @property
     def connection(self) -> Any:
@@ -292,32 +297,66 @@ class PostgresSchemaDriver:
 
     @contextmanager
     def exclusive(self) -> Iterator[None]:
-        """A transaction holding the advisory lock; creates the migrations table."""
+        """A transaction holding the schema's advisory lock; creates the version table."""
         with self._conn.transaction():
-            self._conn.execute("SELECT pg_advisory_xact_lock(%s)", (self._lock_key,))
             self._conn.execute(
-                f"CREATE TABLE IF NOT EXISTS {self._table} (version INTEGER PRIMARY KEY, "
-                "description TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                (f"llm-memories:migrate:{self._schema}",),
+            )
+            self._conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self._schema}"')
+            self._conn.execute(
+                f'CREATE TABLE IF NOT EXISTS "{self._schema}".schema_version ('
+                " component text NOT NULL, version integer NOT NULL,"
+                " applied_at timestamptz NOT NULL DEFAULT now(),"
+                " PRIMARY KEY (component, version))"
             )
             yield
 
     def version(self) -> int:
-        """The largest recorded version (0 for a new database)."""
-        row = self._conn.execute(f"SELECT COALESCE(MAX(version), 0) FROM {self._table}").fetchone()
+        """The component's largest recorded version (0 for a new schema)."""
+        row = self._conn.execute(
+            f'SELECT coalesce(max(version), 0) FROM "{self._schema}".schema_version '
+            "WHERE component = %s",
+            (self._component,),
+        ).fetchone()
         return int(row[0])
 
     def record(self, migration: Migration) -> None:
-        """Log the step (its version becomes the largest)."""
+        """Log the step (its version becomes the component's largest)."""
         self._conn.execute(
-            f"INSERT INTO {self._table} (version, description) VALUES (%s, %s) "
-            "ON CONFLICT (version) DO NOTHING",
-            (migration.version, migration.description),
+            f'INSERT INTO "{self._schema}".schema_version (component, version) '
+            "VALUES (%s, %s) ON CONFLICT DO NOTHING",
+            (self._component, migration.version),
         )
 
     def execute_script(self, script: str) -> None:
-        """Run ``script`` (several statements) in the open transaction."""
+        """Run ``script`` (several statements) in the open transaction, in the schema."""
+        self._conn.execute(f'SET LOCAL search_path TO "{self._schema}", public')
         # psycopg runs several statements in one call when no parameters are bound.
         self._conn.execute(script)
+
+
+def _dialect_free(step: Callable[[Any], None]) -> Callable[[Any, str], None]:
+    def run(connection: Any, dialect: str) -> None:
+        step(connection)
+
+    return run
+
+
+def as_migrations(
+    steps: Sequence[str | Callable[[Any], None]], *, dialect: str, name: str = "step"
+) -> list[Migration]:
+    """Number a plain list of steps (SQL, or ``step(connection)``) as :class:`Migration` s.
+
+    Step ``i`` (from 0) produces version ``i + 1``.
+    """
+    out: list[Migration] = []
+    for number, step in enumerate(steps, start=1):
+        if isinstance(step, str):
+            out.append(Migration(number, f"{name} {number}", {dialect: step}))
+        else:
+            out.append(Migration(number, f"{name} {number}", run=_dialect_free(step)))
+    return out
 
 
 def sqlite_history(connection: sqlite3.Connection) -> list[tuple[int, str]]:
