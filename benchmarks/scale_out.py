@@ -197,9 +197,9 @@ def open_engine(target: Target, embedder: Any = None, **options: Any) -> Any:
 
     if embedder is None:
         embedder = PrecomputedEmbedder(Path(target.files[0]), Path(target.files[1]), target.dim)
-    quiet = {"session_gap": None, **options}
+    quiet: dict[str, Any] = {"session_gap": None, **options}
     if target.backend == "embedded":
-        return MemoryEngine(path=target.folder, embedder=embedder, **quiet)  # type: ignore[arg-type]
+        return MemoryEngine(path=target.folder, embedder=embedder, **quiet)
     if target.backend == "sqlite-chroma":
         from memories_core.backends import ChromaIndex, SQLiteRecordStore
 
@@ -207,7 +207,7 @@ def open_engine(target: Target, embedder: Any = None, **options: Any) -> Any:
             store=SQLiteRecordStore(Path(target.folder) / "records.sqlite3"),
             index=ChromaIndex(host="127.0.0.1", port=target.chroma_port, collection=target.schema),
             embedder=embedder,
-            **quiet,  # type: ignore[arg-type]
+            **quiet,
         )
     from memories_core.backends.pgvector_index import PgVectorIndex
     from memories_core.backends.postgres import PostgresRecordStore
@@ -216,7 +216,7 @@ def open_engine(target: Target, embedder: Any = None, **options: Any) -> Any:
         store=PostgresRecordStore(target.dsn, schema=target.schema),
         index=PgVectorIndex(target.dsn, dimension=target.dim, schema=target.schema),
         embedder=embedder,
-        **quiet,  # type: ignore[arg-type]
+        **quiet,
     )
 
 
@@ -298,11 +298,20 @@ def postgres_dsn(given: str | None) -> Iterator[str]:
 
 
 def _records_of(worker: int, workers: int, records: int, users: int) -> list[int]:
-    return [i for i in range(records) if (i % users) % workers == worker]
+    """The worker's records, user by user (a batch then holds one user's records, as when
+    a user's history is imported; one vector-index write per batch)."""
+    mine = [i for i in range(records) if (i % users) % workers == worker]
+    return sorted(mine, key=lambda i: (i % users, i))
 
 
 def load_worker(
-    target: Target, worker: int, workers: int, args: dict[str, Any], start: Any, results: Any
+    target: Target,
+    worker: int,
+    workers: int,
+    args: dict[str, Any],
+    start: Any,
+    results: Any,
+    abort: Any,
 ) -> None:
     """One worker process: open, wait for the start signal, load, then save exchanges."""
     from memories_core.errors import StoreInUseError
@@ -321,6 +330,10 @@ def load_worker(
     base = time.time() - (args["records"] // args["users"] + 2) * 3600.0
     results.put({"worker": worker, "ready": True})
     start.wait()
+    if abort.is_set():  # another worker was refused: the count is checked, nothing to time
+        engine.close()
+        results.put({"worker": worker, "skipped": True})
+        return
     t0 = time.perf_counter()
     batch = args["batch"]
     for at in range(0, len(mine), batch):
@@ -370,19 +383,22 @@ def _utc(seconds: float) -> Any:
 def run_load(target: Target, workers: int, args: dict[str, Any]) -> dict[str, Any]:
     """Phases 1 and 2 with ``workers`` processes; wall times over all of them."""
     ctx = mp.get_context("spawn")
-    start = ctx.Event()
+    start, abort = ctx.Event(), ctx.Event()
     results = ctx.Queue()
     procs = [
-        ctx.Process(target=load_worker, args=(target, w, workers, args, start, results))
+        ctx.Process(target=load_worker, args=(target, w, workers, args, start, results, abort))
         for w in range(workers)
     ]
     for proc in procs:
         proc.start()
     ready = [results.get(timeout=600) for _ in procs]
     refused = [r for r in ready if "refused" in r]
+    if refused:
+        abort.set()
     wall0 = time.perf_counter()
     start.set()
     done = [results.get() for _ in range(workers - len(refused))]
+    done = [r for r in done if "skipped" not in r]
     wall = time.perf_counter() - wall0
     for proc in procs:
         proc.join(timeout=600)
@@ -439,14 +455,14 @@ def run_recall(target: Target, args: dict[str, Any], threads: bool) -> dict[str,
         start: Any = threading.Event()
         results: Any = queue.Queue()
         engine = open_engine(target)
-        runners = [
+        runners: list[Any] = [
             threading.Thread(target=recall_client, args=(target, c, args, start, results, engine))
             for c in range(CLIENTS)
         ]
     else:
         ctx = mp.get_context("spawn")
         start, results = ctx.Event(), ctx.Queue()
-        runners = [  # type: ignore[misc]
+        runners = [
             ctx.Process(target=recall_client, args=(target, c, args, start, results))
             for c in range(CLIENTS)
         ]
