@@ -548,55 +548,58 @@ def run_floor(target: Target, args: dict[str, Any]) -> dict[str, Any]:
 # -- report -------------------------------------------------------------------------------
 
 
-def plot(result: dict[str, Any], path: Path) -> None:
+def plot(results: Sequence[dict[str, Any]], path: Path) -> None:
+    """Throughput per worker count and recall latency, one series per run (backend)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    rows = [r for r in result["load"] if "records_per_s" in r]
-    label = result["backend"]
-    ax1.plot(
-        [r["workers"] for r in rows],
-        [r["records_per_s"] for r in rows],
-        "o-",
-        label=f"{label}: records/s (add_records)",
-    )
-    ax1.plot(
-        [r["workers"] for r in rows],
-        [r["exchanges_per_s"] * 10 for r in rows],
-        "s--",
-        label=f"{label}: exchanges/s x10 (save)",
-    )
-    for r in result["load"]:
-        if r.get("refused"):
-            ax1.annotate(
-                f"{r['refused']} of {r['workers']} refused\n({r['refused_with']})",
-                (r["workers"], 0),
-                fontsize=7,
-                rotation=0,
-                va="bottom",
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 4.2))
+    bars: list[tuple[str, dict[str, Any]]] = []
+    for n, result in enumerate(results):
+        a = result["args"]
+        label = f"{result['backend']} ({a['records'] // 1000}k/{a['users']})"
+        color = f"C{n}"
+        rows = [r for r in result["load"] if "records_per_s" in r]
+        for ax, key in ((ax1, "records_per_s"), (ax2, "exchanges_per_s")):
+            ax.plot(
+                [r["workers"] for r in rows], [r[key] for r in rows], "o-", color=color, label=label
             )
-    ax1.set_xlabel("worker processes")
-    ax1.set_ylabel("throughput")
-    ax1.set_xticks([1, 2, 4])
-    ax1.set_title(
-        f"Writes, {result['args']['records']:,} records / {result['args']['users']:,} users"
-    )
-    ax1.legend(fontsize=7)
-    bars = [("engine.search", result["recall"])]
-    if result.get("floor"):
-        bars.append(("bare pgvector", result["floor"]))
+            for r in result["load"]:
+                if r.get("refused"):
+                    ax.plot([r["workers"]], [0], "x", color=color, markersize=9)
+                    ax.annotate(
+                        f"refused at open\n({r['refused_with']})",
+                        (r["workers"], 0),
+                        fontsize=7,
+                        color=color,
+                        xytext=(4, 6),
+                        textcoords="offset points",
+                    )
+        bars.append((f"{label}\nengine.search", result["recall"]))
+        if result.get("floor"):
+            bars.append((f"{label}\nbare pgvector", result["floor"]))
+    for ax, title in (
+        (ax1, "Bulk writes: records/s (add_records, 500/batch)"),
+        (ax2, "Exchanges/s (save of 2 turns, fsync each)"),
+    ):
+        ax.set_xlabel("worker processes")
+        ax.set_xticks([1, 2, 4])
+        ax.set_ylim(bottom=0)
+        ax.set_xlim(0.6, 4.9)
+        ax.set_title(title, fontsize=9)
+        ax.legend(fontsize=7)
     xs = np.arange(len(bars))
-    ax2.bar(xs - 0.2, [b[1]["p50_ms"] for b in bars], 0.4, label="p50")
-    ax2.bar(xs + 0.2, [b[1]["p95_ms"] for b in bars], 0.4, label="p95")
-    ax2.set_xticks(xs, [b[0] for b in bars])
-    ax2.set_ylabel("ms per query")
-    ax2.set_title(f"Recall, k=10, {result['recall']['clients']}")
-    ax2.legend()
+    ax3.bar(xs - 0.2, [b[1]["p50_ms"] for b in bars], 0.4, label="p50")
+    ax3.bar(xs + 0.2, [b[1]["p95_ms"] for b in bars], 0.4, label="p95")
+    ax3.set_xticks(xs, [b[0] for b in bars], fontsize=7)
+    ax3.set_ylabel("ms per query")
+    ax3.set_title("Recall, k=10, 4 concurrent clients", fontsize=9)
+    ax3.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -640,6 +643,14 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def combine() -> None:
+    """``scale_out.png``: every ``scale_out_*.json`` in ``benchmarks/out`` in one plot."""
+    runs = [json.loads(f.read_text()) for f in sorted(OUT.glob("scale_out_*.json"))]
+    runs = [r for r in runs if "recall" in r]
+    if runs:
+        plot(runs, OUT / "scale_out.png")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -655,7 +666,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--queries", type=int, default=250, help="queries per client")
     parser.add_argument("--tag", default="", help="suffix of the output files")
     parser.add_argument("--workdir", default=None, help="folder for the stores (default: tmp)")
+    parser.add_argument("--plot", action="store_true", help="only redraw scale_out.png")
     ns = parser.parse_args(argv)
+    if ns.plot:
+        combine()
+        return
     workers = [int(w) for w in ns.workers.split(",")]
     args = {k: getattr(ns, k) for k in ("records", "users", "dim", "batch", "saves", "queries")}
     files = vector_files(ns.records, ns.queries * CLIENTS, ns.dim)
@@ -707,7 +722,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     OUT.mkdir(exist_ok=True)
     (OUT / f"{name}.json").write_text(json.dumps(result, indent=2))
     (OUT / f"{name}.md").write_text(markdown(result) + "\n")
-    plot(result, OUT / f"{name}.png")
+    plot([result], OUT / f"{name}.png")
+    combine()
     print(markdown(result))
     if not ns.workdir:
         shutil.rmtree(root, ignore_errors=True)
