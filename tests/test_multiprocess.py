@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -199,3 +200,43 @@ def test_indexes_on_one_folder_in_one_process_share_the_lock(tmp_path: Path) -> 
     )
     assert out.strip() == "refused"
     second.close()
+
+
+def _forked_child(path: str, opened: Any, release: Any, out: Any) -> None:
+    from memories_core.backends import ChromaIndex
+
+    try:
+        ChromaIndex(path=path)
+    except StoreInUseError:
+        out.put("refused")
+    else:
+        out.put("opened")
+    opened.set()
+    release.wait(60)  # stay alive while the parent closes and another process opens
+
+
+def test_a_forked_child_neither_shares_nor_keeps_the_parents_lock(tmp_path: Path) -> None:
+    import multiprocessing
+
+    from memories_core.backends import ChromaIndex
+
+    ctx = multiprocessing.get_context("fork")
+    folder = tmp_path / "chroma"
+    index = ChromaIndex(path=folder)
+    opened, release, out = ctx.Event(), ctx.Event(), ctx.Queue()
+    child = ctx.Process(target=_forked_child, args=(str(folder), opened, release, out))
+    child.start()
+    try:
+        assert opened.wait(60)
+        assert out.get(timeout=10) == "refused"
+        index.close()
+        # The child still runs and inherited the locked descriptor, yet the folder is free.
+        assert child.is_alive()
+        probe = (
+            "import sys\nfrom memories_core.backends import ChromaIndex\n"
+            "ChromaIndex(path=sys.argv[1]).close()\nprint('opened')\n"
+        )
+        assert finish(spawn(probe, str(folder))).strip() == "opened"
+    finally:
+        release.set()
+        child.join(timeout=30)
