@@ -300,7 +300,17 @@ class SQLiteRecordStore(EngineTablesMixin):
         is the package's first promise. Each write is one ``BEGIN IMMEDIATE`` transaction,
         so a read-then-write sequence is atomic even when another process shares the file.
         One connection is shared by all threads behind a lock; async callers use threads.
-        :meth:`transaction` groups several calls into one transaction.
+        :meth:`transaction` groups several calls into one transaction. Several processes may
+        share the file on a local disk (WAL needs shared memory, which network file systems
+        lack): a writer waits up to 5 s for another's transaction (``busy_timeout``), and the
+        engine claims jobs with a lease; four processes saving for one user at once lost and
+        duplicated nothing (``tests/test_multiprocess.py``). The embedded Chroma index next
+        to it is one process only (:class:`~memories_core.errors.StoreInUseError`).
+
+    Schema versions:
+        The file records its schema version; opening a file written by an earlier release
+        upgrades it in one exclusive transaction (:data:`SQLITE_MIGRATIONS`); a file from a
+        newer release is refused with :class:`~memories_core.errors.SchemaVersionError`.
 
     Erasure:
         ``secure_delete`` is on, so deleted rows are overwritten, not left in free pages;
