@@ -262,6 +262,17 @@ def drain_and_check(target: Target, events: Events, args: argparse.Namespace) ->
         "derivations_lost": len(derivations_lost),
         "integrity_problems": integrity,
         "index_verify_ok": bool(report.ok),
+        "detail": {
+            "run_twice": {key: events.started[key] for key in twice_run},
+            "committed_twice": twice_committed,
+            "lost": lost,
+            "verify": {
+                "missing": list(report.missing),
+                "orphans": list(report.orphans),
+                "unreachable": list(report.unreachable),
+                "failed": list(report.failed),
+            },
+        },
     }
 
 
@@ -321,7 +332,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 with psycopg.connect(dsn, autocommit=True) as conn:
                     conn.execute(f'DROP SCHEMA IF EXISTS "{target.schema}" CASCADE')
     check = result["check"]
-    print(json.dumps(check, indent=2))
+    print(json.dumps({k: v for k, v in check.items() if k != "detail"}, indent=2))
     OUT.mkdir(exist_ok=True)
     name = f"fault_kill_{ns.backend}{ns.tag}"
     (OUT / f"{name}.json").write_text(json.dumps(result, indent=2))

@@ -240,3 +240,44 @@ def test_a_forked_child_neither_shares_nor_keeps_the_parents_lock(tmp_path: Path
     finally:
         release.set()
         child.join(timeout=30)
+
+
+def test_each_job_lease_starts_when_it_is_claimed_not_when_the_run_started(
+    tmp_path: Path,
+) -> None:
+    # Found by benchmarks/fault_kill.py: a run of several jobs claimed them all with the time
+    # the run started, so after a slow first job the next one was handed out with a lease
+    # that had already ended, and a second worker ran it too.
+    from datetime import datetime, timedelta, timezone
+
+    from memories_core.backends import NumpyIndex
+    from memories_core.clock import FixedClock
+    from memories_core.engine import Derivation, JobPolicy, MechanismHooks
+    from memories_core.types import Job, JobSpec
+
+    clock = FixedClock(datetime(2026, 1, 1, tzinfo=timezone.utc))
+    db = tmp_path / "records.sqlite3"
+    policy = JobPolicy(lease=timedelta(seconds=5))
+    engine = MemoryEngine(
+        store=SQLiteRecordStore(db),
+        index=NumpyIndex(),
+        embedder=HashingEmbedder(dimension=64),
+        clock=clock,
+        jobs=policy,
+    )
+    other = SQLiteRecordStore(db)  # a second worker on the same file
+    stolen: list[bool] = []
+
+    def run_job(job: Job) -> Derivation:
+        if job.key == "slow":
+            clock.advance(timedelta(seconds=30))  # a model call longer than a lease
+        else:
+            stolen.append(other.claim_job(job.id, now=clock.now(), lease=policy.lease))
+        return Derivation()
+
+    engine.attach(MechanismHooks(name="m", run_job=run_job))
+    engine.enqueue("alice", [JobSpec("m", "k", "slow"), JobSpec("m", "k", "next")])
+    assert engine.run_pending("alice", force=True) == 0
+    assert stolen == [False]  # "next" was leased from its own claim: nobody else got it
+    other.close()
+    engine.close()

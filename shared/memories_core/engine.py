@@ -829,7 +829,9 @@ class MemoryEngine:
         for job in [*own, *others]:
             if job.mechanism not in self._hooks:
                 continue
-            if not self.store.claim_job(job.id, now=now, lease=self.policy.lease):
+            # The lease starts now, not when the run started: jobs before this one may have
+            # taken longer than a lease, which would hand this one to another worker at once.
+            if not self.store.claim_job(job.id, now=self.clock.now(), lease=self.policy.lease):
                 continue
             if not self._run_job(job):
                 break
