@@ -77,7 +77,14 @@ def child(target: Target, name: str, derive_ms: int, lease_s: float, saves: int)
 
     def on_turns(records: Sequence[MemoryRecord]) -> list[JobSpec]:
         first = records[0]
-        return [JobSpec("derive", "note", f"x:{first.id}", {"ids": [r.id for r in records]})]
+        return [
+            JobSpec(
+                "derive",
+                "note",
+                f"x:{first.id}",
+                {"ids": [r.id for r in records], "text": first.text},
+            )
+        ]
 
     def run_job(job: Any) -> Derivation:
         say("D", job.key)  # derivation started
@@ -86,7 +93,7 @@ def child(target: Target, name: str, derive_ms: int, lease_s: float, saves: int)
             new_id(),
             job.user_id,
             "note",
-            f"note on {job.key}",
+            f"note on {job.payload['text']}",
             engine.clock.now(),
             source_ids=tuple(job.payload["ids"]),
         )
@@ -213,7 +220,7 @@ def drain_and_check(target: Target, events: Events, args: argparse.Namespace) ->
             new_id(),
             job.user_id,
             "note",
-            f"note on {job.key}",
+            f"note on {job.payload['text']}",
             engine.clock.now(),
             source_ids=tuple(job.payload["ids"]),
         )
@@ -321,6 +328,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 result["rounds"].append(row)
                 print(json.dumps(row), flush=True)
         if survivor is not None:
+            # Stopping it may interrupt a derivation too: it counts as a kill.
+            events.killed.add("survivor")
             survivor.send_signal(signal.SIGTERM)
             survivor.wait(timeout=60)
         result["kill_phase_s"] = round(time.perf_counter() - t0, 1)
