@@ -312,6 +312,7 @@ def load_worker(
     start: Any,
     results: Any,
     abort: Any,
+    saves_start: Any,
 ) -> None:
     """One worker process: open, wait for the start signal, load, then save exchanges."""
     from memories_core.errors import StoreInUseError
@@ -351,6 +352,10 @@ def load_worker(
             ]
         )
     t1 = time.perf_counter()
+    # The exchange phase starts when every worker has loaded (not beside another's load).
+    results.put({"worker": worker, "loaded_phase_done": True})
+    saves_start.wait()
+    t1s = time.perf_counter()
     own_users = [u for u in range(args["users"]) if u % workers == worker]
     for n in range(args["saves"]):
         user = f"user-{own_users[n % len(own_users)]:05d}"
@@ -366,9 +371,10 @@ def load_worker(
             "loaded": len(mine),
             "load_s": t1 - t0,
             "saves": args["saves"],
-            "save_s": t2 - t1,
+            "save_s": t2 - t1s,
             "t0": t0,
             "t1": t1,
+            "t1s": t1s,
             "t2": t2,
         }
     )
@@ -383,10 +389,13 @@ def _utc(seconds: float) -> Any:
 def run_load(target: Target, workers: int, args: dict[str, Any]) -> dict[str, Any]:
     """Phases 1 and 2 with ``workers`` processes; wall times over all of them."""
     ctx = mp.get_context("spawn")
-    start, abort = ctx.Event(), ctx.Event()
+    start, abort, saves_start = ctx.Event(), ctx.Event(), ctx.Event()
     results = ctx.Queue()
     procs = [
-        ctx.Process(target=load_worker, args=(target, w, workers, args, start, results, abort))
+        ctx.Process(
+            target=load_worker,
+            args=(target, w, workers, args, start, results, abort, saves_start),
+        )
         for w in range(workers)
     ]
     for proc in procs:
@@ -397,8 +406,10 @@ def run_load(target: Target, workers: int, args: dict[str, Any]) -> dict[str, An
         abort.set()
     wall0 = time.perf_counter()
     start.set()
-    done = [results.get() for _ in range(workers - len(refused))]
-    done = [r for r in done if "skipped" not in r]
+    first = [results.get() for _ in range(workers - len(refused))]
+    loading = [r for r in first if "skipped" not in r]
+    saves_start.set()
+    done = [results.get() for _ in loading]
     wall = time.perf_counter() - wall0
     for proc in procs:
         proc.join(timeout=600)
@@ -407,7 +418,7 @@ def run_load(target: Target, workers: int, args: dict[str, Any]) -> dict[str, An
         row["refused_with"] = refused[0]["refused"]
     if done:
         load_wall = max(r["t1"] for r in done) - min(r["t0"] for r in done)
-        save_wall = max(r["t2"] for r in done) - min(r["t1"] for r in done)
+        save_wall = max(r["t2"] for r in done) - min(r["t1s"] for r in done)
         loaded = sum(r["loaded"] for r in done)
         saves = sum(r["saves"] for r in done)
         row.update(
@@ -644,9 +655,14 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def combine() -> None:
-    """``scale_out.png``: every ``scale_out_*.json`` in ``benchmarks/out`` in one plot."""
-    runs = [json.loads(f.read_text()) for f in sorted(OUT.glob("scale_out_*.json"))]
-    runs = [r for r in runs if "recall" in r]
+    """Redraw each ``scale_out_*.png`` and ``scale_out.png`` (every run in one plot)."""
+    files = sorted(OUT.glob("scale_out_*.json"))
+    runs = []
+    for file in files:
+        run = json.loads(file.read_text())
+        if "recall" in run:
+            plot([run], file.with_suffix(".png"))
+            runs.append(run)
     if runs:
         plot(runs, OUT / "scale_out.png")
 
