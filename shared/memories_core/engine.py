@@ -335,7 +335,12 @@ class MemoryEngine:
         self.policy = jobs or JobPolicy()
         self.embedder: Embedder = embedder or _default_embedder()
         self.store: EngineStore = store or _default_store(self.path)
-        self.index: VectorIndex = index or _default_index(self.path)
+        try:
+            self.index: VectorIndex = index or _default_index(self.path)
+        except BaseException:
+            if store is None:  # ours: do not leave it open (e.g. StoreInUseError)
+                self.store.close()
+            raise
         from memories_core.artifacts import ArtifactStore
         from memories_core.graph import GraphStore
         from memories_core.retrieval import HybridRetriever
@@ -871,7 +876,9 @@ class MemoryEngine:
         for job in [*own, *others]:
             if job.mechanism not in self._hooks:
                 continue
-            if not self.store.claim_job(job.id, now=now, lease=self.policy.lease):
+            # The lease starts now, not when the run started: jobs before this one may have
+            # taken longer than a lease, which would hand this one to another worker at once.
+            if not self.store.claim_job(job.id, now=self.clock.now(), lease=self.policy.lease):
                 continue
             if not self._run_job(job):
                 break
@@ -1014,11 +1021,18 @@ class MemoryEngine:
             logger.warning("deleting vectors failed; verify() will remove them", exc_info=True)
 
     def reindex(self, *, progress: bool = True) -> int:
-        """Rebuild the vector index from the record store; returns the records indexed."""
+        """Rebuild the vector index from the record store; returns the records indexed.
+
+        Handles an embedder change, a new dimension included: the index is emptied, every
+        record marked pending and the new embedder recorded *before* embedding starts, so
+        an interrupted reindex resumes (the remaining records stay pending and are indexed
+        by the next save, search or :meth:`index_pending`) instead of starting over.
+        """
         with self._index_lock:
-            count = self.retriever.reindex(progress=progress)
-        self.store.set_state(_EMBEDDER_STATE_KEY, self._embedder_identity())
-        return count
+            self.index.reset()
+            self.store.mark_all_pending()
+            self.store.set_state(_EMBEDDER_STATE_KEY, self._embedder_identity())
+            return self.retriever.index_pending(progress=progress)
 
     def verify(self, *, repair: bool = False, users: Sequence[str] | None = None) -> VerifyReport:
         """Compare the record store with the vector index (engine issue, defect 10).
@@ -1168,7 +1182,14 @@ class MemoryEngine:
                 f"(dimension {current['dimension']}); open it with the original embedder, or "
                 "pass allow_embedder_change=True to re-embed every record"
             )
-        self.reindex(progress=False)
+        try:
+            self.reindex(progress=True)
+        except Exception:
+            # The change is recorded and every record is pending: indexing resumes later.
+            self.count_failure("index")
+            logger.warning(
+                "reindex after the embedder change stopped; it resumes later", exc_info=True
+            )
 
 
 def default_llm() -> LLM:

@@ -16,7 +16,9 @@ __all__ = [
     "MissingExtraError",
     "MissingUserError",
     "ParseError",
+    "SchemaVersionError",
     "SearchKeyError",
+    "StoreInUseError",
 ]
 
 
@@ -48,8 +50,44 @@ class EmbedderMismatchError(ConfigurationError):
     """
 
 
+class StoreInUseError(ConfigurationError):
+    """An embedded store that one process at a time may open is open in another process.
+
+    The embedded Chroma index (``ChromaIndex(path=...)``, the default index of
+    ``MemoryEngine(path=...)``) keeps its HNSW graph in process memory and writes it back to
+    its folder; two processes writing one folder lose or corrupt vectors, so the folder is
+    locked by the process that opened it. For several workers on one memory use the server
+    setup (docs/deploy.md): records in PostgreSQL (``PostgresRecordStore(dsn)``) with vectors
+    in pgvector (``PgVectorIndex(dsn, dimension=...)``) or a Chroma server
+    (``ChromaIndex(host=...)``).
+
+    Attributes:
+        path: The locked folder.
+        holder: Process id that holds the lock, when known.
+    """
+
+    def __init__(self, message: str, *, path: str = "", holder: int | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.holder = holder
+
+
 class BackendError(MemoriesError):
     """A storage backend failed (SQLite, Chroma, ...)."""
+
+
+class SchemaVersionError(BackendError):
+    """A store's schema is newer than this release reads, or an upgrade step failed.
+
+    Attributes:
+        found: The schema version recorded in the store.
+        supported: The newest version this release knows.
+    """
+
+    def __init__(self, message: str, *, found: int, supported: int) -> None:
+        super().__init__(message)
+        self.found = found
+        self.supported = supported
 
 
 class LLMError(MemoriesError):

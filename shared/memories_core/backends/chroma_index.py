@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from memories_core.backends.folder_lock import FolderLock
 from memories_core.backends.numpy_index import (
     PROBE_DEPTH,
     as_matrix,
@@ -114,11 +115,20 @@ class ChromaIndex:
         :meth:`delete` leaves deleted vectors in Chroma's files (HNSW only marks them
         deleted) unless ``erase=True``. A Chroma server erases nothing through this class.
 
-    Several processes:
-        Collections another process drops or recreates on the same path are re-resolved:
+    Several instances:
+        Collections another instance drops or recreates (one in this process on the same
+        path, or any client of the same Chroma server) are re-resolved:
         a call that meets a stale cached collection drops it from the cache and retries
         once. :meth:`ids`, :meth:`users` and :meth:`probe` let a caller compare the index
         with the record store and find vectors HNSW cannot reach.
+
+    One process per embedded folder:
+        An embedded persistent store (``path=`` or a caller's ``PersistentClient``) keeps its
+        HNSW graphs in process memory; two processes writing one folder corrupt it (measured:
+        see :mod:`memories_core.backends.folder_lock`). The first process to open a folder
+        holds an OS lock on it until its last index on the folder is closed; another process
+        gets :class:`~memories_core.errors.StoreInUseError` at open, which names the server
+        setup (``host=``, or pgvector). Several instances in one process share the lock.
 
     Layout:
         Vectors written by the former single-collection layout (one collection named
@@ -129,6 +139,7 @@ class ChromaIndex:
         ConfigurationError: on contradictory arguments, a collection name Chroma cannot
             use, or if a user's collection is not in cosine space.
         BackendError: if the client cannot be built or Chroma fails later.
+        StoreInUseError: if another process has the embedded folder open.
     """
 
     def __init__(
@@ -170,13 +181,24 @@ class ChromaIndex:
             )
         self._own_name = re.compile(re.escape(self._name) + rf"-[0-9a-f]{{{_USER_SUFFIX_LEN}}}")
         self._mode = given[0] if given else "ephemeral"
-        self._client = (
-            client
-            if client is not None
-            else self._build_client(path=path, host=host, port=port, ssl=ssl, headers=headers)
+        # One process per embedded folder (folder_lock.py): taken before Chroma touches it.
+        self._folder_lock: FolderLock | None = (
+            FolderLock(path, what="embedded Chroma index") if path is not None else None
         )
+        try:
+            self._client = (
+                client
+                if client is not None
+                else self._build_client(path=path, host=host, port=port, ssl=ssl, headers=headers)
+            )
+        except BaseException:
+            self._release_folder()
+            raise
         # The folder of an embedded persistent store, whose files erasure cleans.
         self._folder: Path | None = Path(path) if path is not None else _local_folder(client)
+        if self._folder_lock is None and self._folder is not None:
+            # A caller's PersistentClient: its folder is just as unsafe in two processes.
+            self._folder_lock = FolderLock(self._folder, what="embedded Chroma index")
         self._erase_on_close = False
         with suppress(BackendError):  # best effort on open; a delete_user repeats it
             for late in self._orphan_segment_folders():
@@ -538,13 +560,25 @@ class ChromaIndex:
                 self._drop_collection(name)
             self.erase_deleted()
 
+    def _release_folder(self) -> None:
+        lock, self._folder_lock = self._folder_lock, None
+        if lock is not None:
+            lock.release()
+
     def close(self) -> None:
         """Release the index; an ephemeral index also drops its collections.
 
         If users were deleted meanwhile, the erasure runs once more: Chroma may write a
         dropped collection's HNSW files from a background thread after the drop returned
-        (seen at 1,500 vectors), and those files hold ids and vectors.
+        (seen at 1,500 vectors), and those files hold ids and vectors. An embedded folder's
+        process lock is released last (another process may open the folder after that).
         """
+        try:
+            self._close()
+        finally:
+            self._release_folder()
+
+    def _close(self) -> None:
         with self._lock:
             self._collections.clear()
             if self._erase_on_close:

@@ -16,6 +16,9 @@ Schema (one file, ``records.sqlite3`` in a memory's directory):
 * ``state``: JSON values per ``(user_id, key)``; ``''`` is the global scope.
 * ``records_fts``: an FTS5 external-content table over ``records.text`` (tokenizer
   ``porter unicode61``), kept in sync by triggers inside the writing transaction.
+* ``schema_migrations``: the schema steps applied to the file (:data:`SQLITE_MIGRATIONS`);
+  the version itself is ``PRAGMA user_version``. Opening a file written by an earlier
+  release upgrades it in one transaction (:mod:`memories_core.backends.migrations`).
 """
 
 from __future__ import annotations
@@ -31,18 +34,31 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+from memories_core.backends.migrations import (
+    Migration,
+    SQLiteSchemaDriver,
+    latest_version,
+    migrate,
+    sqlite_history,
+)
 from memories_core.backends.sqlite_tables import (
     ENGINE_SCHEMA,
     STATE_COLUMNS,
     EngineTablesMixin,
     state_from_row,
 )
-from memories_core.errors import BackendError, InvalidInputError
+from memories_core.errors import BackendError, InvalidInputError, SchemaVersionError
 from memories_core.filters import ColumnType, compile_filter
 from memories_core.interfaces import Filter
 from memories_core.types import MemoryRecord, check_user_id, ensure_utc
 
-__all__ = ["ENGLISH_STOPWORDS", "SQLiteRecordStore", "query_terms"]
+__all__ = [
+    "ENGLISH_STOPWORDS",
+    "SCHEMA_VERSION",
+    "SQLITE_MIGRATIONS",
+    "SQLiteRecordStore",
+    "query_terms",
+]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _MICROSECOND = timedelta(microseconds=1)
@@ -115,8 +131,23 @@ CREATE TRIGGER IF NOT EXISTS records_fts_update AFTER UPDATE OF text ON records 
 END;
 """
 
-# Version 2 added the engine's tables (sqlite_tables.py); a version-1 file gains them on open.
-_SCHEMA_VERSION = 2
+#: The SQLite store's schema history (:mod:`memories_core.backends.migrations`). A store
+#: written by an earlier release is upgraded at open, in one transaction.
+SQLITE_MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "records, users' rowid ranges, state, full-text index", {"sqlite": _SCHEMA}),
+    Migration(
+        2,
+        "engine tables: record state and history, jobs, graphs, artifacts, deletions",
+        {"sqlite": ENGINE_SCHEMA},
+    ),
+    Migration(
+        3,
+        "migration log; jobs ordered by creation for workers that drain every user's queue",
+        {"sqlite": "CREATE INDEX IF NOT EXISTS jobs_created ON jobs (created_at);"},
+    ),
+)
+#: Schema version of stores written by this release.
+SCHEMA_VERSION = latest_version(SQLITE_MIGRATIONS)
 
 _COLUMNS = "id, user_id, kind, text, created_at, session_id, metadata, source_ids"
 # Records with their mutable state (a record without a state row has the defaults).
@@ -269,7 +300,17 @@ class SQLiteRecordStore(EngineTablesMixin):
         is the package's first promise. Each write is one ``BEGIN IMMEDIATE`` transaction,
         so a read-then-write sequence is atomic even when another process shares the file.
         One connection is shared by all threads behind a lock; async callers use threads.
-        :meth:`transaction` groups several calls into one transaction.
+        :meth:`transaction` groups several calls into one transaction. Several processes may
+        share the file on a local disk (WAL needs shared memory, which network file systems
+        lack): a writer waits up to 5 s for another's transaction (``busy_timeout``), and the
+        engine claims jobs with a lease; four processes saving for one user at once lost and
+        duplicated nothing (``tests/test_multiprocess.py``). The embedded Chroma index next
+        to it is one process only (:class:`~memories_core.errors.StoreInUseError`).
+
+    Schema versions:
+        The file records its schema version; opening a file written by an earlier release
+        upgrades it in one exclusive transaction (:data:`SQLITE_MIGRATIONS`); a file from a
+        newer release is refused with :class:`~memories_core.errors.SchemaVersionError`.
 
     Erasure:
         ``secure_delete`` is on, so deleted rows are overwritten, not left in free pages;
@@ -306,16 +347,16 @@ class SQLiteRecordStore(EngineTablesMixin):
             self._conn.execute("PRAGMA foreign_keys = ON")
             # Deleted content is overwritten with zeros: deletion must be erasure.
             self._conn.execute("PRAGMA secure_delete = ON")
-            version = self._conn.execute("PRAGMA user_version").fetchone()[0]
-            if version <= _SCHEMA_VERSION:
-                self._conn.executescript(_SCHEMA + ENGINE_SCHEMA)
-                if version < _SCHEMA_VERSION:
-                    self._conn.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
-            if version > _SCHEMA_VERSION:
-                raise BackendError(
-                    f"{target} has schema version {version}; this version of llm-memories "
-                    f"reads up to {_SCHEMA_VERSION}"
-                )
+            # Upgrade an older store (or create a new one) in one exclusive transaction.
+            #: Schema versions applied by this open ([] if the file was up to date).
+            self.applied_migrations: list[int] = migrate(
+                SQLiteSchemaDriver(self._conn), SQLITE_MIGRATIONS
+            )
+        except SchemaVersionError as exc:
+            self._conn.close()
+            raise SchemaVersionError(
+                f"{target}: {exc}", found=exc.found, supported=exc.supported
+            ) from exc
         except sqlite3.Error as exc:
             raise BackendError(f"cannot open SQLite store at {target}: {exc}") from exc
 
@@ -716,6 +757,19 @@ class SQLiteRecordStore(EngineTablesMixin):
             conn.execute("INSERT INTO records_fts (records_fts) VALUES ('optimize')")
         with self._read() as conn:
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def schema_version(self) -> int:
+        """The file's schema version (:data:`SCHEMA_VERSION` once opened by this release)."""
+        with self._read() as conn:
+            return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+    def schema_history(self) -> builtins.list[tuple[int, str]]:
+        """``(version, description)`` of each schema step applied to this file, oldest first.
+
+        Steps applied by releases before the migration log (versions 1 and 2) are not listed.
+        """
+        with self._read() as conn:
+            return sqlite_history(conn)
 
     def check_integrity(self) -> builtins.list[str]:
         """Run SQLite's and FTS5's integrity checks.
