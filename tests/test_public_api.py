@@ -13,6 +13,7 @@ EXPECTED_ALL = [
     "ConditionalMemory",
     "ConditionalReply",
     "ConfigurationError",
+    "EMGMemory",
     "EmbedderMismatchError",
     "FixedClock",
     "HistoryMemory",

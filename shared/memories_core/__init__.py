@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from memories_core.mechanisms import (
         ConditionalMemory,
         ConditionalReply,
+        EMGMemory,
         HistoryMemory,
         MemoChatMemory,
         MemoEntry,
@@ -58,6 +59,7 @@ __all__ = [
     "ConditionalMemory",
     "ConditionalReply",
     "ConfigurationError",
+    "EMGMemory",
     "EmbedderMismatchError",
     "FixedClock",
     "HistoryMemory",
@@ -99,6 +101,7 @@ _LAZY = {
         for name in (
             "ConditionalMemory",
             "ConditionalReply",
+            "EMGMemory",
             "HistoryMemory",
             "MemoryBankMemory",
             "MemoChatMemory",

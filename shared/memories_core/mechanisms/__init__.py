@@ -2,6 +2,7 @@
 
 from memories_core.mechanisms.base import MemoryBase
 from memories_core.mechanisms.conditional import ConditionalMemory, ConditionalReply
+from memories_core.mechanisms.emg import EMGMemory
 from memories_core.mechanisms.history import HistoryMemory
 from memories_core.mechanisms.memochat import LLMOptionSource, MemoChatMemory, MemoEntry
 from memories_core.mechanisms.memorybank import ForgetReport, MemoryBankMemory
@@ -16,6 +17,7 @@ from memories_core.mechanisms.summary import SummaryMemory
 __all__ = [
     "ConditionalMemory",
     "ConditionalReply",
+    "EMGMemory",
     "ForgetReport",
     "HistoryMemory",
     "LLMOptionSource",
