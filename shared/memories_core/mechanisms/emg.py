@@ -572,7 +572,8 @@ class EMGMemory(MemoryBase):
         seen: set[tuple[str, str, str]] = set()
         for memory in memories:
             key = (entity_id(memory.subject), memory.relation, _norm(memory.object))
-            if key in seen:
+            if key in seen:  # repeated in the same batch: one edit per memory all the same
+                out.edits.append(Edit("duplicate", memory.text))
                 continue
             seen.add(key)
             self._plan_one(user_id, memory, at, source_ids, out, edit, metadata or {})
@@ -1009,7 +1010,7 @@ class EMGMemory(MemoryBase):
         texts = [r.text for r in pool.values()]
         memory_sim = dict(zip(pool, (_cos(q, v) for v in self._vectors(texts)), strict=True))
         visited_nodes: set[str] = set()
-        decided: set[str] = set()
+        decided: dict[str, bool] = {}
 
         def state_of(
             record: MemoryRecord, node_label: str, relation: str
@@ -1024,7 +1025,6 @@ class EMGMemory(MemoryBase):
             state = state_of(record, label, relation)
             include, score = decide(state)
             walk.visits.append((record, state, include, score))
-            decided.add(record.id)
             return include
 
         for start in walk.activated:
@@ -1032,19 +1032,22 @@ class EMGMemory(MemoryBase):
             edges = self.engine.graph.edges(user_id, record_id=start)
             if not edges:
                 if start not in decided:
-                    visit(record, "", "")
+                    decided[start] = visit(record, "", "")
                 continue
             edge = edges[0]
-            stack: list[tuple[str, GraphEdge]] = [(edge.target, edge)]
+            # The in-degree node first (it holds the memory), then the head entity.
+            stack: list[tuple[str, GraphEdge]] = [(edge.source, edge), (edge.target, edge)]
             while stack and len(walk.visits) < 4 * self.pool:
                 node, via = stack.pop()
                 assert via.record_id is not None
                 rec = pool.get(via.record_id)
-                if rec is None or via.record_id in decided:
+                if rec is None:
                     continue
-                end = "object" if node == via.target else "subject"
-                label = "the user" if node == ROOT else str(via.data.get(end) or "")
-                if not visit(rec, label, via.relation):
+                if via.record_id not in decided:
+                    end = "object" if node == via.target else "subject"
+                    label = "the user" if node == ROOT else str(via.data.get(end) or "")
+                    decided[via.record_id] = visit(rec, label, via.relation)
+                if not decided[via.record_id]:
                     continue  # stop this branch, restart from the others (Eq. 2)
                 if node in visited_nodes:
                     continue

@@ -629,9 +629,12 @@ def parse_autofill(text: str, inputs: AutofillInput) -> str | None:
 
 
 def _autofill_stand_in(inputs: AutofillInput) -> str:
+    wanted = {w.lower() for w in _WORD.findall(inputs.field)}
     scored = [
         (_overlap(f"{m.relation.replace('_', ' ')} {m.text}", inputs.field), m)
         for m in inputs.memories
+        if wanted
+        <= {w.lower() for w in _WORD.findall(f"{m.relation.replace('_', ' ')} {m.text}")}
     ]
     scored = [pair for pair in scored if pair[0] > 0 and pair[1].object]
     if not scored:
