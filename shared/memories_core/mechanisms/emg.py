@@ -240,6 +240,7 @@ class _Planned:
     edge_updates: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     centres: dict[str, list[npt.NDArray[np.float32]]] = field(default_factory=dict)
     edits: list[Edit] = field(default_factory=list)
+    at: datetime | None = None
 
 
 def _norm(text: str) -> str:
@@ -549,7 +550,7 @@ class EMGMemory(MemoryBase):
         metadata: Mapping[str, Any] | None = None,
     ) -> _Planned:
         """Decide the edits of new memories against the committed graph (§4.2)."""
-        out = _Planned()
+        out = _Planned(at=at)
         if memories is None:
             assert raw is not None
             label = self._partition(None, raw, user_id)
@@ -754,7 +755,7 @@ class EMGMemory(MemoryBase):
                 ]
                 if updated:
                     graph.put(user_id, edges=updated)
-            now = self.clock.now()
+            now = planned.at or self.clock.now()  # the edit happened when the message came
             for record_id, fields, reason in planned.changes:
                 self.store.update_state(user_id, {record_id: fields}, at=now, reason=reason)
 

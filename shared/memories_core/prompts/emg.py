@@ -99,7 +99,8 @@ _WORD = re.compile(r"[^\W\d_]{3,}|\d+", re.UNICODE)
 # ----------------------------------------------------------------------------- dates
 _WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
 _TIME = re.compile(
-    r"\b(\d{1,2})[:.h](\d{2})\s*(am|pm)?\b|\b(\d{1,2})\s*(am|pm)\b|\bat\s+(\d{1,2})\b(?![-/]|[:.h]\d)", re.I
+    r"\b(\d{1,2})[:.h](\d{2})\s*(am|pm)?\b|\b(\d{1,2})\s*(am|pm)\b|\bat\s+(\d{1,2})\b(?![-/]|[:.h]\d)",
+    re.I,
 )
 _ISO = re.compile(r"\b(\d{4})-(\d{2})-(\d{2})(?:[T ](\d{2}):(\d{2})(?::(\d{2}))?)?")
 _NUMBERS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7}
@@ -570,8 +571,13 @@ def _overlap(a: str, b: str) -> int:
 def _answer_stand_in(inputs: AnswerInput) -> str:
     if not inputs.memories:
         return "I do not know."
-    best = max(inputs.memories, key=lambda m: _overlap(m.render(), inputs.question))
-    return best.text
+    timely = re.match(r"\s*(when|what time|what date)\b", inputs.question, re.I) is not None
+
+    def score(line: MemoryLine) -> int:
+        bonus = 2 if timely and re.search(r"\d{1,2}:\d{2}|\d{4}-\d{2}-\d{2}", line.text) else 0
+        return _overlap(line.render(), inputs.question) + bonus
+
+    return max(inputs.memories, key=score).text
 
 
 #: Question + selected memories -> answer (§4.3, §4.4 question answering).
@@ -633,8 +639,7 @@ def _autofill_stand_in(inputs: AutofillInput) -> str:
     scored = [
         (_overlap(f"{m.relation.replace('_', ' ')} {m.text}", inputs.field), m)
         for m in inputs.memories
-        if wanted
-        <= {w.lower() for w in _WORD.findall(f"{m.relation.replace('_', ' ')} {m.text}")}
+        if wanted <= {w.lower() for w in _WORD.findall(f"{m.relation.replace('_', ' ')} {m.text}")}
     ]
     scored = [pair for pair in scored if pair[0] > 0 and pair[1].object]
     if not scored:
