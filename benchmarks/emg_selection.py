@@ -229,6 +229,9 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=300)
     parser.add_argument("--sizes", default="1000,10000")
     args = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(2)  # the machine has 2 cores; more threads only contend
     OUT.mkdir(parents=True, exist_ok=True)
     data = json.loads((Path(args.datasets) / "locomo" / "locomo_dev.json").read_text())
     embedder = CachedEmbedder(SentenceTransformerEmbedder(), OUT / "cache")

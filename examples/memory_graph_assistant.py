@@ -191,7 +191,7 @@ def main(out: Path) -> None:
                 frozenset({trip, hotel, stay}),
             ),
         ],
-        warm_epochs=200,
+        warm_epochs=1000,
         episodes=50,
         now=now,
         progress=False,

@@ -608,3 +608,21 @@ def test_llamaindex_query_engine_answers_from_the_graph() -> None:
     texts = [n.node.get_content() for n in response.source_nodes]
     assert texts and any("EK349" in t for t in texts)
     assert all(n.node.metadata["user_id"] == USER for n in response.source_nodes)
+
+
+def test_secretary_example_runs_offline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "memory_graph_assistant.py"
+    spec = importlib.util.spec_from_file_location("memory_graph_assistant", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(tmp_path)
+    out = capsys.readouterr().out
+    assert "A: The EK349 flight departs at 01:30 on 2024-05-12." in out
+    assert "emg replace" in out and "emg delete" in out
+    assert "'mobile number': '+65 8123 4567'" in out and "'passport': None" in out
+    assert "expires  The Crowne Plaza breakfast voucher" in out
+    assert "Voucher still listed on 2024-05-15: False" in out
+    assert (tmp_path / "secretary_graph.png").read_bytes()[:4] == b"\x89PNG"

@@ -570,6 +570,17 @@ class EMGMemory(MemoryBase):
             out.centres.setdefault(label, []).append(self._vectors([raw])[0])
             out.edits.append(Edit("fallback", raw, record.id))
             return out
+        # One embedding call for the batch's statements and names (then served from the cache).
+        self._vectors(
+            list(
+                dict.fromkeys(
+                    t
+                    for m in memories
+                    for t in (m.text, m.subject, m.object)
+                    if entity_id(t) != ROOT
+                )
+            )
+        )
         seen: set[tuple[str, str, str]] = set()
         for memory in memories:
             key = (entity_id(memory.subject), memory.relation, _norm(memory.object))
@@ -1009,6 +1020,23 @@ class EMGMemory(MemoryBase):
         pool = {h.record.id: h.record for h in pool_hits}
         q = self.embedder.embed_query(question)
         texts = [r.text for r in pool.values()]
+        # One embedding call for every name and relation the walk may meet (then cached).
+        self._vectors(
+            list(
+                dict.fromkeys(
+                    [
+                        *texts,
+                        "the user",
+                        *(
+                            str(r.metadata.get(key) or "").replace("_", " ")
+                            for r in pool.values()
+                            for key in ("subject", "object", "relation")
+                            if r.metadata.get(key)
+                        ),
+                    ]
+                )
+            )
+        )
         memory_sim = dict(zip(pool, (_cos(q, v) for v in self._vectors(texts)), strict=True))
         visited_nodes: set[str] = set()
         decided: dict[str, bool] = {}

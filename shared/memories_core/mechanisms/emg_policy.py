@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,11 +135,12 @@ class SelectionPolicy:
         net = torch.nn.Sequential(
             torch.nn.Linear(STATE_SIZE, HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, 2)
         ).double()
+        first, second = (m for m in net if isinstance(m, torch.nn.Linear))
         with torch.no_grad():
-            net[0].weight.copy_(torch.from_numpy(self.w1))
-            net[0].bias.copy_(torch.from_numpy(self.b1))
-            net[2].weight.copy_(torch.from_numpy(self.w2))
-            net[2].bias.copy_(torch.from_numpy(self.b2))
+            first.weight.copy_(torch.from_numpy(self.w1))
+            first.bias.copy_(torch.from_numpy(self.b1))
+            second.weight.copy_(torch.from_numpy(self.w2))
+            second.bias.copy_(torch.from_numpy(self.b2))
         return net
 
     def _load_module(self, net: Any) -> None:
@@ -294,7 +295,7 @@ def rouge_l(candidate: str, reference: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-def selection_f1(selected: Sequence[str], required: Sequence[str] | set[str]) -> float:
+def selection_f1(selected: Sequence[str], required: Collection[str]) -> float:
     """F1 of a selected set of memory ids against the required ones (0 if either is empty)."""
     chosen, wanted = set(selected), set(required)
     hits = len(chosen & wanted)

@@ -149,9 +149,9 @@ def resolve_date(text: str | None, anchor: datetime) -> datetime | None:
     lowered = text.lower()
     iso = _ISO.search(text)
     if iso:
-        year, month, day = int(iso.group(1)), int(iso.group(2)), int(iso.group(3))
+        year, month, mday = int(iso.group(1)), int(iso.group(2)), int(iso.group(3))
         try:
-            base = datetime(year, month, day, tzinfo=timezone.utc)
+            base = datetime(year, month, mday, tzinfo=timezone.utc)
         except ValueError:
             return None
         if iso.group(4) is not None:
