@@ -782,12 +782,16 @@ class EMGMemory(MemoryBase):
     def memories(
         self, user_id: str, *, now: datetime | None = None, include_expired: bool = False
     ) -> list[MemoryRecord]:
-        """The user's memories (live at ``now`` unless ``include_expired``), oldest first."""
+        """The user's memories as of ``now`` (all with ``include_expired``), oldest first.
+
+        As of ``now``: formed at or before it, not archived, and inside their validity.
+        """
         records = self.engine.records(check_user_id(user_id), where={"kind": MEMORY_KIND})
         if include_expired:
             return records
         when = ensure_utc(now) if now is not None else self.clock.now()
-        return [r for r in records if r.state.is_live(when)]
+        # "As of" ``now``: valid then, and already known then (formed at or before it).
+        return [r for r in records if r.state.is_live(when) and r.created_at <= when]
 
     def triples(self, user_id: str, *, now: datetime | None = None) -> set[tuple[str, str, str]]:
         """The live ``(subject, relation, object)`` edges of the user's graph at ``now``."""
