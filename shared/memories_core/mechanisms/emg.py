@@ -847,9 +847,19 @@ class EMGMemory(MemoryBase):
         return text
 
     def draw(self, user_id: str, path: str | Path, *, now: datetime | None = None) -> Path:
-        """Draw one user's graph as a PNG (matplotlib, imported here); expired edges dashed."""
-        import matplotlib
+        """Draw one user's graph as a PNG; expired edges dashed.
 
+        Needs matplotlib (extra ``graph``), imported here.
+
+        Raises:
+            MissingExtraError: if matplotlib is not installed.
+        """
+        try:
+            import matplotlib
+        except ImportError as exc:
+            from memories_core.errors import MissingExtraError
+
+            raise MissingExtraError("matplotlib", "graph") from exc
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
         import networkx as nx
