@@ -14,6 +14,7 @@ EXPECTED_ALL = [
     "ConditionalReply",
     "ConfigurationError",
     "DualProcessMemory",
+    "EMGMemory",
     "EmbedderMismatchError",
     "FixedClock",
     "HistoryMemory",

@@ -119,12 +119,17 @@ class Derivation:
             summary of the same session).
         state: State changes, record id -> ``{field: value}``.
         reason: Reason kept in the update history for ``state``.
+        apply: Further store writes of the mechanism (graph nodes and edges, state changes
+            with their own reasons), run inside the same transaction after the records are
+            added: they commit with the job's completion, or not at all (EMG-RAG §4.2 edits).
+            Store calls only; no model calls.
     """
 
     add: Sequence[MemoryRecord] = ()
     replace: Sequence[str] = ()
     state: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     reason: str | None = None
+    apply: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -925,6 +930,8 @@ class MemoryEngine:
                         self.store.update_state(
                             job.user_id, result.state, at=self.clock.now(), reason=result.reason
                         )
+                    if result.apply is not None:
+                        result.apply()
         except _JobGone:
             raise
         if replaced:

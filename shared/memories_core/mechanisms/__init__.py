@@ -3,6 +3,7 @@
 from memories_core.mechanisms.base import MemoryBase
 from memories_core.mechanisms.conditional import ConditionalMemory, ConditionalReply
 from memories_core.mechanisms.dpem import DPeMStats, DualProcessMemory, KnowledgeItem
+from memories_core.mechanisms.emg import EMGMemory
 from memories_core.mechanisms.history import HistoryMemory
 from memories_core.mechanisms.memochat import LLMOptionSource, MemoChatMemory, MemoEntry
 from memories_core.mechanisms.memorybank import ForgetReport, MemoryBankMemory
@@ -19,6 +20,7 @@ __all__ = [
     "ConditionalReply",
     "DPeMStats",
     "DualProcessMemory",
+    "EMGMemory",
     "ForgetReport",
     "HistoryMemory",
     "KnowledgeItem",

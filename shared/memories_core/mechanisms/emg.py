@@ -1,0 +1,1366 @@
+"""EMG-RAG (Wang et al., 2024): an editable memory graph with RL memory selection.
+
+**The graph** (§4.2, Figure 2a), one per user in the engine's graph store
+(:attr:`MemoryEngine.graph`; networkx only for export and drawing):
+
+* the root node is the user (node id ``"user"``); a subject such as "I" or "the user" *is*
+  the root;
+* the **Memory Type Layer**: Relationship, Preference, Event, Attribute (``type:<T>``);
+* the **Memory Subclass Layer**: Table 7's subclasses (``sub:<T>/<S>``), extensible with
+  ``subclasses=``; each keeps its *partition centre*, the mean embedding of its memories;
+* the **Memory Graph Layer**: entity nodes (``ent:<hash>``) and one relation edge per
+  memory, ``subject --relation--> object``, whose ``record_id`` is the memory: the in-degree
+  node is linked to the memory it came from. Each entity hangs under the subclass nearest to
+  the embedding of its name (the paper uses TransE embeddings; we use the engine's sentence
+  embedder on entity and subclass names, which needs no training).
+
+Memories are engine records of kind ``"emg_memory"`` (metadata: type, subclass, subject,
+relation, object, event time), derived from the user's turns by an engine job.
+
+**Extraction** (appendix A.1 step 2): :data:`~memories_core.prompts.emg.EXTRACT` turns a turn,
+an app notification or OCR text (:meth:`EMGMemory.ingest`) into memories, with relative dates
+resolved against the message time. If the model's answer cannot be parsed, the text is still
+stored as one memory under its nearest subclass, without edges (documented fallback); an LLM
+outage leaves the job pending and retried.
+
+**Editing** (§4.2): each new memory is placed in its partition (the subclass the model gave,
+else the nearest partition centre); the memories of that partition with the same subject are
+compared with it by relation (same name, or relation-name embeddings at least
+``relation_match`` apart), the top-1 by embedding decides:
+
+* same relation, same object: a duplicate, nothing is written;
+* same relation, another object: **replacement**. The new memory is added; the old one's
+  validity ends (``valid_until`` = the new message's time) and it keeps
+  ``attrs.replaced_by``. Nothing is destroyed: the old record, its edge and its history stay;
+* a new relation with an end of validity: **deletion** (the memory is inserted with
+  ``valid_until``; after that time it is never returned);
+* otherwise **insertion**.
+
+Every edit is written with the records in one transaction (``Derivation.apply``) and kept in
+the engine's update history with its reason (:meth:`EMGMemory.edits`).
+
+**Selection** (§4.3): the question activates the top-``activate`` memories (K=3, Table 6);
+from each activated node the agent walks depth first. At a node reached by a relation edge it
+sees three cosines (Eq. 1) and includes the edge's memory and continues, or stops the branch
+(Eq. 2). The question's entity and relation are not extracted by a model at query time: the
+question's own embedding stands for both (no LLM call before retrieval). The walk stays
+inside the ``pool`` memories nearest to the question (a hub such as the user has an edge per
+memory; this bounds a question's cost). The policy (:mod:`.emg_policy`) is trained by
+:meth:`EMGMemory.train_policy` and saved as an artifact per store (or per user); untrained,
+a memory is included when its cosine to the question reaches ``threshold``.
+
+**Applications** (§4.4): :meth:`EMGMemory.answer`, :meth:`EMGMemory.autofill`,
+:meth:`EMGMemory.reminders`. The walk is also a candidate source of the retrieval pipeline
+(:class:`EMGSource`), fused with dense and lexical search in :meth:`EMGMemory.recall`, so the
+generic adapters (retrievers, memory blocks, middleware) serve it unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import random
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from memories_core.engine import Derivation, JobFailed, check_query, check_scope, default_llm
+from memories_core.errors import ConfigurationError, InvalidInputError, LLMError, ParseError
+from memories_core.mechanisms.base import MemoryBase
+from memories_core.mechanisms.emg_policy import (
+    Episode,
+    SelectionPolicy,
+    reinforce,
+    rouge_l,
+    selection_f1,
+    warm_start,
+)
+from memories_core.prompts.emg import (
+    ANSWER,
+    AUTOFILL,
+    EXTRACT,
+    MEMORY_TYPES,
+    TABLE7_SUBCLASSES,
+    AnswerInput,
+    AutofillInput,
+    ExtractedMemory,
+    ExtractInput,
+    MemoryLine,
+)
+from memories_core.prompts.spec import run_spec
+from memories_core.types import (
+    GraphEdge,
+    GraphNode,
+    Job,
+    JobSpec,
+    MemoryRecord,
+    Recall,
+    Scope,
+    ScoredRecord,
+    StateChange,
+    Turn,
+    check_user_id,
+    ensure_utc,
+    new_id,
+)
+
+if TYPE_CHECKING:
+    from memories_core.interfaces import LLM
+    from memories_core.retrieval import Pipeline, RecallBackend, RecallRequest
+    from memories_core.retrieval.fusion import Ranking
+
+__all__ = [
+    "MEMORY_KIND",
+    "POLICY_ARTIFACT",
+    "ROOT",
+    "STORE_OWNER",
+    "Answer",
+    "EMGMemory",
+    "EMGSource",
+    "Edit",
+    "Reminder",
+    "Selection",
+    "TrainingExample",
+    "TrainingReport",
+]
+
+#: Record kind of an extracted memory.
+MEMORY_KIND = "emg_memory"
+#: Node id of the user (the root of every graph).
+ROOT = "user"
+#: Artifact name of a selection policy.
+POLICY_ARTIFACT = "emg/policy"
+#: Artifact owner of the store-wide policy (shared by every user without a policy of their own).
+STORE_OWNER = "__emg_store__"
+#: Subjects that mean the user (mapped to the root node).
+_SELF = frozenset({"user", "i", "me", "my", "myself", "the user", "mine"})
+#: Turn roles that are never extracted from (the assistant's and system's words).
+_SKIPPED_ROLES = frozenset({"assistant", "system", "ai", "tool"})
+_REASON = "emg"
+
+EditOp = Literal["insert", "delete", "replace", "duplicate", "fallback"]
+
+
+@dataclass(frozen=True)
+class Edit:
+    """One edit of a user's graph (§4.2).
+
+    Attributes:
+        op: ``"insert"``, ``"delete"`` (inserted with an end of validity), ``"replace"``,
+            ``"duplicate"`` (nothing written) or ``"fallback"`` (stored without edges).
+        text: The new memory's statement.
+        record_id: The new memory's id (``None`` for a duplicate).
+        replaced_id: The memory whose validity this edit ended (replacement) or that the
+            duplicate repeats.
+    """
+
+    op: EditOp
+    text: str
+    record_id: str | None = None
+    replaced_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The memories the agent selected for a question, with what it saw.
+
+    Attributes:
+        question: The question.
+        memories: Selected memories, best first (score = ``P(include)`` or, untrained, the
+            cosine to the question).
+        activated: Ids of the activated memories (top-K).
+        visited: Number of (node, memory) states the agent evaluated.
+        policy: ``"trained"`` or ``"threshold"``.
+    """
+
+    question: str
+    memories: tuple[ScoredRecord, ...]
+    activated: tuple[str, ...]
+    visited: int
+    policy: str
+
+
+@dataclass(frozen=True)
+class Answer:
+    """An answer (§4.4 question answering) and the memories it was generated from."""
+
+    question: str
+    text: str
+    memories: tuple[ScoredRecord, ...]
+
+
+@dataclass(frozen=True)
+class Reminder:
+    """An upcoming event or expiry (§4.4 user services, reminders)."""
+
+    at: datetime
+    what: Literal["event", "expires"]
+    text: str
+    record_id: str
+
+
+@dataclass(frozen=True)
+class TrainingExample:
+    """One question with the memories it requires (Table 1, step 3) and its reference answer."""
+
+    user_id: str
+    question: str
+    required: frozenset[str]
+    answer: str | None = None
+
+
+@dataclass(frozen=True)
+class TrainingReport:
+    """What :meth:`EMGMemory.train_policy` did."""
+
+    states: int
+    positives: int
+    warm_start_loss: float | None
+    episodes: int
+    mean_return: float | None
+    reward: str
+    owner: str
+
+
+@dataclass
+class _Planned:
+    records: list[MemoryRecord] = field(default_factory=list)
+    nodes: dict[str, GraphNode] = field(default_factory=dict)
+    edges: list[GraphEdge] = field(default_factory=list)
+    changes: list[tuple[str, dict[str, Any], str]] = field(default_factory=list)
+    edge_updates: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    centres: dict[str, list[npt.NDArray[np.float32]]] = field(default_factory=dict)
+    edits: list[Edit] = field(default_factory=list)
+    at: datetime | None = None
+
+
+def _norm(text: str) -> str:
+    return " ".join(re.findall(r"[^\W_]+", text.lower()))
+
+
+def entity_id(label: str) -> str:
+    """The node id of an entity (the root for the user themself)."""
+    key = _norm(label)
+    if key in _SELF or not key:
+        return ROOT
+    return "ent:" + hashlib.sha1(key.encode("utf-8")).hexdigest()[:20]
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else ensure_utc(value).isoformat()
+
+
+def _cos(a: npt.NDArray[np.float32], b: npt.NDArray[np.float32]) -> float:
+    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
+    return 0.0 if na == 0 or nb == 0 else float(np.dot(a, b) / (na * nb))
+
+
+class EMGMemory(MemoryBase):
+    """EMG-RAG: see the module docstring (Wang et al., 2024, §4.1-4.4).
+
+    Setup:
+        Nothing to install (networkx, numpy; torch only to train the policy; matplotlib only
+        to draw). Give a real ``llm`` for real extraction; offline,
+        ``ScriptedLLM(default=emg_reply)`` (:mod:`memories_core.prompts.emg`) answers the
+        prompts by rule.
+
+    Key init args:
+        llm: Extracts memories and answers (default: the engine's, else the bundled model).
+        k: Memories a :meth:`recall` returns by default.
+        activate: Activated nodes per question (K, Table 6: 3).
+        pool: Nearest memories the walk may visit.
+        max_select: Most memories one selection returns.
+        min_select: Fewest (the best activated memory fills an empty selection).
+        threshold: Cosine at which the untrained fallback includes a memory.
+        relation_match: Cosine of relation names at which two relations are the same.
+        subclasses: Extra subclasses per type, added to Table 7's.
+        retries: Repair attempts of an unparsable extraction before the fallback.
+        **kwargs: Engine or storage options of :class:`~memories_core.mechanisms.base.MemoryBase`.
+
+    Instantiate, save, ask:
+        .. code-block:: python
+
+            from memories_core import EMGMemory, Scope, Turn
+            from memories_core.embedders import HashingEmbedder
+            from memories_core.llms import ScriptedLLM
+            from memories_core.prompts.emg import emg_reply
+
+            memory = EMGMemory(llm=ScriptedLLM(default=emg_reply), embedder=HashingEmbedder())
+            memory.save([Turn("user", "I booked the EK349 flight.")], Scope("ann"))
+            print(memory.answer("Which flight did I book?", Scope("ann")).text)
+
+    Raises:
+        ConfigurationError: on a bad ``activate``, ``pool``, ``threshold`` or subclass.
+    """
+
+    mechanism_name: ClassVar[str] = "emg"
+    recall_kinds: ClassVar[tuple[str, ...]] = (MEMORY_KIND,)
+    index_turns: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        *,
+        llm: LLM | None = None,
+        k: int = 5,
+        activate: int = 3,
+        pool: int = 50,
+        max_select: int = 10,
+        min_select: int = 1,
+        threshold: float = 0.35,
+        relation_match: float = 0.9,
+        subclasses: Mapping[str, Sequence[str]] | None = None,
+        retries: int = 1,
+        **kwargs: Any,
+    ) -> None:
+        if not 1 <= activate <= pool:
+            raise ConfigurationError("activate must be between 1 and pool")
+        if not 0 <= min_select <= max_select:
+            raise ConfigurationError("need 0 <= min_select <= max_select")
+        if not -1 <= threshold <= 1 or not -1 <= relation_match <= 1:
+            raise ConfigurationError("threshold and relation_match are cosines in [-1, 1]")
+        taxonomy = {t: list(s) for t, s in TABLE7_SUBCLASSES.items()}
+        for kind, extra in (subclasses or {}).items():
+            if kind not in taxonomy:
+                raise ConfigurationError(f"unknown memory type {kind!r}; use {MEMORY_TYPES}")
+            for name in extra:
+                if not isinstance(name, str) or not name.strip() or "/" in kind:
+                    raise ConfigurationError(f"bad subclass name {name!r}")
+                if name not in taxonomy[kind]:
+                    taxonomy[kind].append(name)
+        self.taxonomy: dict[str, tuple[str, ...]] = {t: tuple(s) for t, s in taxonomy.items()}
+        self.subclass_labels: tuple[str, ...] = tuple(
+            f"{t}/{s}" for t, subs in self.taxonomy.items() for s in subs
+        )
+        engine = kwargs.get("engine")
+        if llm is None and (engine is None or engine.llm is None):
+            llm = default_llm()
+        self.activate = activate
+        self.pool = pool
+        self.max_select = max_select
+        self.min_select = min_select
+        self.threshold = threshold
+        self.relation_match = relation_match
+        self.retries = retries
+        self._cache: OrderedDict[str, npt.NDArray[np.float32]] = OrderedDict()
+        self._cache_lock = threading.Lock()
+        self._policies: dict[str, tuple[str, SelectionPolicy]] = {}
+        super().__init__(k=k, llm=llm, **kwargs)
+        if self.pipeline is None:
+            self.pipeline = self.recall_pipeline()
+
+    # ------------------------------------------------------------------ configuration
+    def recall_pipeline(self) -> Pipeline:
+        """Graph walk (:class:`EMGSource`) fused with dense and lexical search, no rerankers."""
+        from memories_core.retrieval import DenseSource, LexicalSource, Pipeline
+
+        return Pipeline(
+            sources=(EMGSource(self), DenseSource(weight=0.2), LexicalSource(weight=0.3)),
+            rerankers=(),
+        )
+
+    def _activation_pipeline(self) -> Pipeline:
+        """Top-K activation: the engine's dense + lexical fusion, without context spreading."""
+        from memories_core.retrieval import Pipeline
+
+        base = (self.fusion or self.engine.retriever.fusion).pipeline()
+        return Pipeline(sources=base.sources, fusion=base.fusion, rerankers=(), depth=base.depth)
+
+    # ------------------------------------------------------------------ embeddings
+    def _vectors(self, texts: Sequence[str]) -> list[npt.NDArray[np.float32]]:
+        """Embeddings of short texts (names, relations, memories), cached in memory."""
+        with self._cache_lock:
+            missing = list(dict.fromkeys(t for t in texts if t not in self._cache))
+        if missing:
+            embedded = self.embedder.embed_documents(missing)
+            with self._cache_lock:
+                for text, vector in zip(missing, embedded, strict=True):
+                    self._cache[text] = np.asarray(vector, dtype=np.float32)
+                while len(self._cache) > 100_000:
+                    self._cache.popitem(last=False)
+        with self._cache_lock:
+            out = []
+            for text in texts:
+                vector = self._cache.get(text)
+                if vector is None:  # evicted meanwhile by another thread
+                    vector = np.asarray(self.embedder.embed_documents([text])[0], np.float32)
+                out.append(vector)
+            return out
+
+    def _subclass_of_name(self, name: str) -> str:
+        """The subclass whose name is nearest to ``name`` (entity assignment, §4.2)."""
+        vectors = self._vectors([name, *(self._subclass_text(s) for s in self.subclass_labels)])
+        sims = [_cos(vectors[0], v) for v in vectors[1:]]
+        return self.subclass_labels[int(np.argmax(sims))]
+
+    @staticmethod
+    def _subclass_text(label: str) -> str:
+        kind, sub = label.split("/", 1)
+        return f"{sub.replace('/', ' or ')} ({kind.lower()})"
+
+    def _partition(self, memory: ExtractedMemory | None, text: str, user_id: str) -> str:
+        """The partition of a memory: the model's subclass if known, else the nearest centre."""
+        if memory is not None:
+            wanted = _norm(f"{memory.type}/{memory.subclass}")
+            for label in self.subclass_labels:
+                if _norm(label) == wanted or (
+                    label.startswith(memory.type + "/")
+                    and _norm(label.split("/", 1)[1]) == _norm(memory.subclass)
+                ):
+                    return label
+        centres = {
+            n.label: n.data.get("centre")
+            for n in self.engine.graph.nodes(user_id, kind="subclass")
+            if n.data.get("centre")
+        }
+        vector = self._vectors([text])[0]
+        best, best_sim = None, -2.0
+        for label in self.subclass_labels:
+            if memory is not None and not label.startswith(memory.type + "/"):
+                continue
+            centre = centres.get(label)
+            target = (
+                np.asarray(centre, dtype=np.float32)
+                if centre
+                else self._vectors([self._subclass_text(label)])[0]
+            )
+            sim = _cos(vector, target)
+            if sim > best_sim:
+                best, best_sim = label, sim
+        assert best is not None
+        return best
+
+    # ------------------------------------------------------------------ writing (jobs)
+    def ingest(
+        self, text: str, scope: Scope, *, source: str = "notification", at: datetime | None = None
+    ) -> None:
+        """Store raw text that is not a chat turn (an app notification, OCR'd screenshot text).
+
+        It is kept as a turn whose role is ``source`` and extracted like a user turn (A.1).
+        """
+        self.save([Turn(source, text, timestamp=at)], scope)
+
+    def _turn_jobs(self, records: Sequence[MemoryRecord]) -> Iterable[JobSpec]:
+        return [
+            JobSpec(self.name, "extract", f"turn:{r.id}", {"turn_id": r.id})
+            for r in records
+            if str(r.metadata.get("role", "user")).lower() not in _SKIPPED_ROLES
+        ]
+
+    def _run_job(self, job: Job) -> Derivation | None:
+        user_id = job.user_id
+        found = self.engine.get(user_id, [str(job.payload["turn_id"])])
+        if not found:
+            return None
+        turn = found[0]
+        from memories_core.mechanisms.base import turn_from_record
+
+        content = turn_from_record(turn).content
+        role = str(turn.metadata.get("role", "user"))
+        inputs = ExtractInput(content, turn.created_at, role, self.subclass_labels)
+        llm = self._llm(Scope(user_id))
+        try:
+            memories: list[ExtractedMemory] | None = run_spec(
+                llm, EXTRACT, inputs, retries=self.retries
+            )
+        except LLMError as exc:
+            raise JobFailed("extract", f"extraction of turn {turn.id} failed: {exc}") from exc
+        except ParseError:
+            memories = None  # documented fallback: stored under its nearest subclass
+        planned = self._plan(user_id, memories, content, turn.created_at, (turn.id,))
+        if not planned.records and not planned.changes:
+            return None
+        return Derivation(add=planned.records, apply=self._applier(user_id, planned))
+
+    def add_memories(
+        self,
+        user_id: str,
+        memories: Sequence[ExtractedMemory],
+        *,
+        at: datetime | None = None,
+        source_ids: Sequence[str] = (),
+        edit: bool = True,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> list[Edit]:
+        """Edit the graph with memories extracted elsewhere (no model call), atomically.
+
+        The same insertion / deletion / replacement rules as for extracted turns (§4.2).
+        ``edit=False`` inserts every memory without comparing it with the graph (a bulk load
+        of facts that are known not to replace each other, e.g. a benchmark's observations);
+        ``metadata`` is added to every new memory's metadata.
+
+        Returns:
+            The edits made, in order.
+        """
+        check_user_id(user_id)
+        for memory in memories:
+            if not isinstance(memory, ExtractedMemory):
+                raise InvalidInputError("memories must be ExtractedMemory objects")
+            if memory.type not in MEMORY_TYPES:
+                raise InvalidInputError(f"unknown memory type {memory.type!r}")
+        when = ensure_utc(at) if at is not None else self.clock.now()
+        with self.engine.user_lock(user_id):
+            planned = self._plan(
+                user_id, list(memories), None, when, tuple(source_ids), edit, metadata
+            )
+            apply = self._applier(user_id, planned)
+            with self.engine.transaction():
+                if planned.records:
+                    self.store.add(planned.records, indexed=True)
+                apply()
+        self.engine.index_pending()
+        return planned.edits
+
+    def add_text(
+        self, user_id: str, text: str, *, at: datetime | None = None, source_ids: Sequence[str] = ()
+    ) -> list[Edit]:
+        """Store a statement as one memory without edges, under its nearest subclass.
+
+        This is the extraction fallback (no model call), also for bulk loads (benchmarks).
+        """
+        check_user_id(user_id)
+        from memories_core.types import clean_text
+
+        text = clean_text(text)
+        when = ensure_utc(at) if at is not None else self.clock.now()
+        with self.engine.user_lock(user_id):
+            planned = self._plan(user_id, None, text, when, tuple(source_ids))
+            with self.engine.transaction():
+                self.store.add(planned.records, indexed=True)
+                self._applier(user_id, planned)()
+        self.engine.index_pending()
+        return planned.edits
+
+    def _plan(
+        self,
+        user_id: str,
+        memories: list[ExtractedMemory] | None,
+        raw: str | None,
+        at: datetime,
+        source_ids: tuple[str, ...],
+        edit: bool = True,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> _Planned:
+        """Decide the edits of new memories against the committed graph (§4.2)."""
+        out = _Planned(at=at)
+        if memories is None:
+            assert raw is not None
+            label = self._partition(None, raw, user_id)
+            record = MemoryRecord(
+                new_id(),
+                user_id,
+                MEMORY_KIND,
+                raw,
+                at,
+                metadata={"type": label.split("/", 1)[0], "subclass": label, "fallback": True},
+                source_ids=source_ids,
+            )
+            out.records.append(record)
+            out.changes.append(
+                (record.id, {"attrs": {"emg_op": "fallback"}}, f"{_REASON} fallback: {raw[:200]}")
+            )
+            out.centres.setdefault(label, []).append(self._vectors([raw])[0])
+            out.edits.append(Edit("fallback", raw, record.id))
+            return out
+        # One embedding call for the batch's statements and names (then served from the cache).
+        self._vectors(
+            list(
+                dict.fromkeys(
+                    t
+                    for m in memories
+                    for t in (m.text, m.subject, m.object)
+                    if entity_id(t) != ROOT
+                )
+            )
+        )
+        seen: set[tuple[str, str, str]] = set()
+        for memory in memories:
+            key = (entity_id(memory.subject), memory.relation, _norm(memory.object))
+            if key in seen:  # repeated in the same batch: one edit per memory all the same
+                out.edits.append(Edit("duplicate", memory.text))
+                continue
+            seen.add(key)
+            self._plan_one(user_id, memory, at, source_ids, out, edit, metadata or {})
+        return out
+
+    def _plan_one(
+        self,
+        user_id: str,
+        memory: ExtractedMemory,
+        at: datetime,
+        source_ids: tuple[str, ...],
+        out: _Planned,
+        edit: bool = True,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
+        label = self._partition(memory, memory.text, user_id)
+        subject, obj = entity_id(memory.subject), entity_id(memory.object)
+        match = self._matching(user_id, subject, memory, label, at) if edit else None
+        if match is not None and _norm(str(match.metadata.get("object", ""))) == _norm(
+            memory.object
+        ):
+            out.edits.append(Edit("duplicate", memory.text, None, match.id))
+            return
+        record = MemoryRecord(
+            new_id(),
+            user_id,
+            MEMORY_KIND,
+            memory.text,
+            at,
+            metadata={
+                **dict(extra or {}),
+                "type": memory.type,
+                "subclass": label,
+                "subject": memory.subject,
+                "relation": memory.relation,
+                "object": memory.object,
+                "when": _iso(memory.when),
+            },
+            source_ids=source_ids,
+        )
+        out.records.append(record)
+        out.centres.setdefault(label, []).append(self._vectors([memory.text])[0])
+        for node_id, name in ((subject, memory.subject), (obj, memory.object)):
+            if node_id != ROOT and node_id not in out.nodes:
+                home = self._subclass_of_name(name)
+                out.nodes[node_id] = GraphNode(node_id, "entity", name, {"subclass": home})
+                out.edges.append(
+                    GraphEdge(f"c:{home}:{node_id}", f"sub:{home}", node_id, "contains")
+                )
+        out.edges.append(
+            GraphEdge(
+                f"e:{record.id}",
+                subject,
+                obj,
+                memory.relation,
+                record_id=record.id,
+                data={
+                    "subject": memory.subject,
+                    "object": memory.object,
+                    "when": _iso(memory.when),
+                    "valid_until": _iso(memory.valid_until),
+                },
+            )
+        )
+        state: dict[str, Any] = {"attrs": {"emg_op": "insert", "subclass": label}}
+        if match is not None:
+            state["attrs"] = {"emg_op": "replace", "replaces": match.id, "subclass": label}
+            old_end = match.state.valid_until
+            end = at if old_end is None or old_end > at else old_end
+            out.changes.append(
+                (
+                    match.id,
+                    {"valid_until": end, "attrs": {"replaced_by": record.id}},
+                    f"{_REASON} replace: {match.text[:200]!r} -> {memory.text[:200]!r}",
+                )
+            )
+            out.edge_updates.append((f"e:{match.id}", {"valid_until": _iso(end)}))
+            out.edits.append(Edit("replace", memory.text, record.id, match.id))
+            reason = f"{_REASON} replace: new memory {memory.text[:200]!r}"
+        elif memory.valid_until is not None:
+            state["attrs"] = {"emg_op": "delete", "subclass": label}
+            out.edits.append(Edit("delete", memory.text, record.id))
+            reason = (
+                f"{_REASON} delete: valid until {_iso(memory.valid_until)}: {memory.text[:200]!r}"
+            )
+        else:
+            out.edits.append(Edit("insert", memory.text, record.id))
+            reason = f"{_REASON} insert: {memory.text[:200]!r}"
+        if memory.valid_until is not None:
+            state["valid_until"] = memory.valid_until
+        out.changes.append((record.id, state, reason))
+
+    def _matching(
+        self, user_id: str, subject: str, memory: ExtractedMemory, label: str, at: datetime
+    ) -> MemoryRecord | None:
+        """Top-1 live memory of the partition with the same subject and relation (§4.2)."""
+        edges = [
+            e
+            for e in self.engine.graph.edges(user_id, node_id=subject)
+            if e.source == subject and e.record_id is not None
+        ]
+        if not edges:
+            return None
+        relations = sorted({e.relation for e in edges})
+        same: set[str] = {memory.relation} if memory.relation in relations else set()
+        others = [r for r in relations if r != memory.relation]
+        if others and self.relation_match < 1:
+            vectors = self._vectors(
+                [memory.relation.replace("_", " ")] + [r.replace("_", " ") for r in others]
+            )
+            same |= {
+                r
+                for r, v in zip(others, vectors[1:], strict=True)
+                if _cos(vectors[0], v) >= self.relation_match
+            }
+        ids = [e.record_id for e in edges if e.relation in same and e.record_id]
+        if not ids:
+            return None
+        candidates = [
+            r
+            for r in self.engine.get(user_id, ids)
+            if r.metadata.get("subclass") == label and r.state.is_live(at)
+        ]
+        if not candidates:
+            return None
+        vectors = self._vectors([memory.text] + [r.text for r in candidates])
+        sims = [_cos(vectors[0], v) for v in vectors[1:]]
+        return candidates[int(np.argmax(sims))]
+
+    def _skeleton(self, user_id: str) -> tuple[list[GraphNode], list[GraphEdge]]:
+        nodes = [GraphNode(ROOT, "user", user_id)]
+        edges: list[GraphEdge] = []
+        for kind, subs in self.taxonomy.items():
+            nodes.append(GraphNode(f"type:{kind}", "type", kind))
+            edges.append(GraphEdge(f"t:{kind}", ROOT, f"type:{kind}", "has_type"))
+            for sub in subs:
+                label = f"{kind}/{sub}"
+                nodes.append(GraphNode(f"sub:{label}", "subclass", label))
+                edges.append(
+                    GraphEdge(f"s:{label}", f"type:{kind}", f"sub:{label}", "has_subclass")
+                )
+        return nodes, edges
+
+    def _applier(self, user_id: str, planned: _Planned) -> Callable[[], None]:
+        """The store writes of a plan; run inside the transaction that adds its records."""
+
+        def apply() -> None:
+            graph = self.engine.graph
+            existing = {n.label: n for n in graph.nodes(user_id, kind="subclass")}
+            nodes, edges = self._skeleton(user_id)
+            known = set(existing)
+            nodes = [n for n in nodes if n.kind != "subclass" or n.label not in known]
+            # Partition centres: running means of the memories' embeddings (§4.2).
+            for label, vectors in planned.centres.items():
+                node = existing.get(label)
+                data = dict(node.data) if node is not None else {}
+                count = int(data.get("count", 0))
+                centre = np.asarray(data.get("centre") or np.zeros_like(vectors[0]), np.float64)
+                total = centre * count + np.sum(np.asarray(vectors, np.float64), axis=0)
+                count += len(vectors)
+                data.update(count=count, centre=[round(float(x), 6) for x in total / count])
+                nodes.append(GraphNode(f"sub:{label}", "subclass", label, data))
+            graph.put(
+                user_id, nodes=[*nodes, *planned.nodes.values()], edges=[*edges, *planned.edges]
+            )
+            if planned.edge_updates:
+                current = {
+                    e.id: e
+                    for eid, _ in planned.edge_updates
+                    for e in graph.edges(user_id, record_id=eid[2:])
+                }
+                updated = [
+                    GraphEdge(
+                        e.id, e.source, e.target, e.relation, e.record_id, {**dict(e.data), **extra}
+                    )
+                    for eid, extra in planned.edge_updates
+                    if (e := current.get(eid)) is not None
+                ]
+                if updated:
+                    graph.put(user_id, edges=updated)
+            now = planned.at or self.clock.now()  # the edit happened when the message came
+            for record_id, fields, reason in planned.changes:
+                self.store.update_state(user_id, {record_id: fields}, at=now, reason=reason)
+
+        return apply
+
+    # ------------------------------------------------------------------ reading the graph
+    def edits(self, user_id: str) -> list[StateChange]:
+        """The user's graph edits from the update history (old, new, when, why), oldest first."""
+        return [
+            c for c in self.engine.history(user_id) if (c.reason or "").startswith(_REASON + " ")
+        ]
+
+    def memories(
+        self, user_id: str, *, now: datetime | None = None, include_expired: bool = False
+    ) -> list[MemoryRecord]:
+        """The user's memories as of ``now`` (all with ``include_expired``), oldest first.
+
+        As of ``now``: formed at or before it, not archived, and inside their validity.
+        """
+        records = self.engine.records(check_user_id(user_id), where={"kind": MEMORY_KIND})
+        if include_expired:
+            return records
+        when = ensure_utc(now) if now is not None else self.clock.now()
+        # "As of" ``now``: valid then, and already known then (formed at or before it).
+        return [r for r in records if r.state.is_live(when) and r.created_at <= when]
+
+    def triples(self, user_id: str, *, now: datetime | None = None) -> set[tuple[str, str, str]]:
+        """The live ``(subject, relation, object)`` edges of the user's graph at ``now``."""
+        live = {r.id for r in self.memories(user_id, now=now)}
+        labels = {n.id: n.label for n in self.engine.graph.nodes(user_id)}
+        labels[ROOT] = "user"
+        return {
+            (labels[e.source], e.relation, labels[e.target])
+            for e in self.engine.graph.edges(user_id)
+            if e.record_id in live
+        }
+
+    def to_networkx(self, user_id: str) -> Any:
+        """The user's graph as a ``networkx.MultiDiGraph`` (see ``GraphStore.to_networkx``)."""
+        return self.engine.graph.to_networkx(check_user_id(user_id))
+
+    def export_graph(
+        self,
+        user_id: str,
+        path: str | Path | None = None,
+        *,
+        format: Literal["json", "graphml"] = "json",
+        now: datetime | None = None,
+    ) -> str:
+        """Export one user's graph for inspection; returns the text (and writes ``path``).
+
+        JSON: ``{"nodes": [...], "edges": [...]}`` (node-link form); GraphML: attribute
+        values that are dicts are JSON strings. Each relation edge carries its memory's text
+        and ``live`` (whether it is valid at ``now``).
+        """
+        import networkx as nx
+
+        graph = self.to_networkx(user_id)
+        when = ensure_utc(now) if now is not None else self.clock.now()
+        records = {r.id: r for r in self.memories(user_id, include_expired=True)}
+        for _, _, data in graph.edges(data=True):
+            record = records.get(data.get("record_id") or "")
+            data["memory"] = record.text if record is not None else ""
+            data["live"] = bool(record is not None and record.state.is_live(when))
+        if format == "json":
+            text = json.dumps(nx.node_link_data(graph, edges="edges"), default=str, indent=1)
+        elif format == "graphml":
+            flat = nx.MultiDiGraph()
+            for node, data in graph.nodes(data=True):
+                flat.add_node(node, **{k: _flat(v) for k, v in data.items()})
+            for u, v, key, data in graph.edges(keys=True, data=True):
+                flat.add_edge(u, v, key=key, **{k: _flat(x) for k, x in data.items()})
+            text = "\n".join(nx.generate_graphml(flat))
+        else:
+            raise InvalidInputError("format must be 'json' or 'graphml'")
+        if path is not None:
+            Path(path).write_text(text, encoding="utf-8")
+        return text
+
+    def draw(self, user_id: str, path: str | Path, *, now: datetime | None = None) -> Path:
+        """Draw one user's graph as a PNG; expired edges dashed.
+
+        Needs matplotlib (extra ``graph``), imported here.
+
+        Raises:
+            MissingExtraError: if matplotlib is not installed.
+        """
+        try:
+            import matplotlib
+        except ImportError as exc:
+            from memories_core.errors import MissingExtraError
+
+            raise MissingExtraError("matplotlib", "graph") from exc
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        import networkx as nx
+
+        graph = self.to_networkx(user_id)
+        when = ensure_utc(now) if now is not None else self.clock.now()
+        live = {r.id for r in self.memories(user_id, now=when)}
+        layers = {"user": 0, "type": 1, "subclass": 2, "entity": 3}
+        for _node, data in graph.nodes(data=True):
+            data["layer"] = layers.get(data["kind"], 3)
+        used = {n for u, v, d in graph.edges(data=True) if d["record_id"] for n in (u, v)}
+        used |= {f"sub:{graph.nodes[n]['data'].get('subclass')}" for n in used if n != ROOT}
+        used |= {f"type:{s.split('/', 1)[0][4:]}" for s in list(used) if s.startswith("sub:")}
+        keep = [n for n in graph.nodes if n in used or graph.nodes[n]["kind"] in {"user", "type"}]
+        view = graph.subgraph(keep).copy()
+        pos = nx.multipartite_layout(view, subset_key="layer", align="horizontal", scale=3)
+        colours = {"user": "#d62728", "type": "#ff7f0e", "subclass": "#2ca02c", "entity": "#1f77b4"}
+        fig, ax = plt.subplots(figsize=(14, 8))
+        nx.draw_networkx_nodes(
+            view,
+            pos,
+            ax=ax,
+            node_size=500,
+            node_color=[colours.get(view.nodes[n]["kind"], "#999999") for n in view.nodes],
+        )
+        nx.draw_networkx_labels(
+            view,
+            pos,
+            ax=ax,
+            font_size=7,
+            labels={n: str(view.nodes[n]["label"])[:28] for n in view.nodes},
+        )
+        solid = [
+            (u, v)
+            for u, v, d in view.edges(data=True)
+            if not d["record_id"] or d["record_id"] in live
+        ]
+        dashed = [
+            (u, v)
+            for u, v, d in view.edges(data=True)
+            if d["record_id"] and d["record_id"] not in live
+        ]
+        nx.draw_networkx_edges(view, pos, ax=ax, edgelist=solid, alpha=0.6, arrows=True)
+        nx.draw_networkx_edges(
+            view, pos, ax=ax, edgelist=dashed, style="dashed", alpha=0.4, edge_color="#888888"
+        )
+        nx.draw_networkx_edge_labels(
+            view,
+            pos,
+            ax=ax,
+            font_size=6,
+            edge_labels={
+                (u, v): d["relation"] for u, v, d in view.edges(data=True) if d["record_id"]
+            },
+        )
+        ax.set_title(f"Editable memory graph (dashed: no longer valid at {when:%Y-%m-%d %H:%M})")
+        ax.axis("off")
+        target = Path(path)
+        fig.savefig(target, dpi=110, bbox_inches="tight")
+        plt.close(fig)
+        return target
+
+    # ------------------------------------------------------------------ selection (§4.3)
+    def policy(self, user_id: str | None = None) -> SelectionPolicy | None:
+        """The trained policy serving ``user_id`` (theirs, else the store's), or ``None``."""
+        owners = [check_user_id(user_id), STORE_OWNER] if user_id is not None else [STORE_OWNER]
+        for owner in owners:
+            info = self.engine.artifacts.get(owner, POLICY_ARTIFACT)
+            if info is None:
+                continue
+            cached = self._policies.get(owner)
+            if cached is not None and cached[0] == info.sha256:
+                return cached[1]
+            policy = SelectionPolicy.from_json(
+                self.engine.artifacts.read(owner, POLICY_ARTIFACT, "policy.json")
+            )
+            self._policies[owner] = (info.sha256, policy)
+            return policy
+        return None
+
+    def save_policy(self, policy: SelectionPolicy, user_id: str | None = None) -> None:
+        """Save a policy for the whole store (``user_id=None``) or for one user (artifact)."""
+        owner = STORE_OWNER if user_id is None else check_user_id(user_id)
+        self.engine.artifacts.put(
+            owner,
+            POLICY_ARTIFACT,
+            {"policy.json": policy.to_json().encode("utf-8")},
+            meta={"architecture": "mlp-3-20-tanh-2", "trained": policy.trained},
+        )
+        self._policies.pop(owner, None)
+
+    def select(
+        self,
+        question: str,
+        scope: Scope | str,
+        *,
+        now: datetime | None = None,
+        activate: int | None = None,
+        policy: SelectionPolicy | Literal["auto"] | None = "auto",
+    ) -> Selection:
+        """Select the memories for a question by walking the graph (§4.3).
+
+        Args:
+            question: The question.
+            scope: Whose graph (a :class:`Scope` or a user id).
+            now: Time of the question; memories not valid then are never visited.
+            activate: Activated nodes (default: ``self.activate``).
+            policy: A policy to use, ``None`` for the similarity threshold, ``"auto"`` for the
+                user's or store's trained policy (threshold if there is none).
+
+        Raises:
+            InvalidInputError: on an empty question.
+        """
+        check_query(question)
+        user_id = scope.user_id if isinstance(scope, Scope) else check_user_id(scope)
+        when = ensure_utc(now) if now is not None else self.clock.now()
+        chosen = self.policy(user_id) if policy == "auto" else policy
+        decide = self._decider(chosen)
+        steps = self._walk(question, user_id, when, activate or self.activate, decide)
+        picked: dict[str, tuple[MemoryRecord, float]] = {}
+        for record, _, include, score in steps.visits:
+            if include and (record.id not in picked or picked[record.id][1] < score):
+                picked[record.id] = (record, score)
+        ranked = sorted(picked.values(), key=lambda pair: -pair[1])[: self.max_select]
+        if len(ranked) < self.min_select:
+            extra = [
+                (r, s)
+                for r, _, _, s in steps.visits
+                if r.id in steps.activated and r.id not in picked
+            ]
+            ranked += extra[: self.min_select - len(ranked)]
+        return Selection(
+            question=question,
+            memories=tuple(ScoredRecord(r, float(s)) for r, s in ranked),
+            activated=tuple(steps.activated),
+            visited=len(steps.visits),
+            policy="threshold" if chosen is None else "trained",
+        )
+
+    def _decider(
+        self, policy: SelectionPolicy | None
+    ) -> Callable[[tuple[float, float, float]], tuple[bool, float]]:
+        if policy is None:
+            return lambda s: (s[2] >= self.threshold, s[2])
+
+        def decide(state: tuple[float, float, float]) -> tuple[bool, float]:
+            p = float(policy.include_probability([state])[0])
+            return p >= 0.5, p
+
+        return decide
+
+    def _walk(
+        self,
+        question: str,
+        user_id: str,
+        now: datetime,
+        activate: int,
+        decide: Callable[[tuple[float, float, float]], tuple[bool, float]],
+    ) -> _Walk:
+        """Activate the top-K memories, then walk depth first from their nodes."""
+        pool_hits = self.engine.search(
+            question,
+            user_id,
+            k=max(self.pool, activate),
+            kinds=[MEMORY_KIND],
+            now=now,
+            pipeline=self._activation_pipeline(),
+        )
+        walk = _Walk(activated=[h.record.id for h in pool_hits[:activate]])
+        if not pool_hits:
+            return walk
+        pool = {h.record.id: h.record for h in pool_hits}
+        q = self.embedder.embed_query(question)
+        texts = [r.text for r in pool.values()]
+        # One embedding call for every name and relation the walk may meet (then cached).
+        self._vectors(
+            list(
+                dict.fromkeys(
+                    [
+                        *texts,
+                        "the user",
+                        *(
+                            str(r.metadata.get(key) or "").replace("_", " ")
+                            for r in pool.values()
+                            for key in ("subject", "object", "relation")
+                            if r.metadata.get(key)
+                        ),
+                    ]
+                )
+            )
+        )
+        memory_sim = dict(zip(pool, (_cos(q, v) for v in self._vectors(texts)), strict=True))
+        visited_nodes: set[str] = set()
+        decided: dict[str, bool] = {}
+
+        def state_of(
+            record: MemoryRecord, node_label: str, relation: str
+        ) -> tuple[float, float, float]:
+            msim = memory_sim[record.id]
+            if not relation:  # a memory without edges (extraction fallback)
+                return (msim, msim, msim)
+            ent, rel = self._vectors([node_label, relation.replace("_", " ")])
+            return (_cos(q, ent), _cos(q, rel), msim)
+
+        def visit(record: MemoryRecord, label: str, relation: str) -> bool:
+            state = state_of(record, label, relation)
+            include, score = decide(state)
+            walk.visits.append((record, state, include, score))
+            return include
+
+        for start in walk.activated:
+            record = pool[start]
+            edges = self.engine.graph.edges(user_id, record_id=start)
+            if not edges:
+                if start not in decided:
+                    decided[start] = visit(record, "", "")
+                continue
+            edge = edges[0]
+            # The in-degree node first (it holds the memory), then the head entity.
+            stack: list[tuple[str, GraphEdge]] = [(edge.source, edge), (edge.target, edge)]
+            while stack and len(walk.visits) < 4 * self.pool:
+                node, via = stack.pop()
+                assert via.record_id is not None
+                rec = pool.get(via.record_id)
+                if rec is None:
+                    continue
+                if via.record_id not in decided:
+                    end = "object" if node == via.target else "subject"
+                    label = "the user" if node == ROOT else str(via.data.get(end) or "")
+                    decided[via.record_id] = visit(rec, label, via.relation)
+                if not decided[via.record_id]:
+                    continue  # stop this branch, restart from the others (Eq. 2)
+                if node in visited_nodes:
+                    continue
+                visited_nodes.add(node)
+                for nxt in self.engine.graph.edges(user_id, node_id=node):
+                    if (
+                        nxt.record_id is None
+                        or nxt.record_id in decided
+                        or nxt.record_id not in pool
+                    ):
+                        continue
+                    other = nxt.target if nxt.source == node else nxt.source
+                    stack.append((other, nxt))
+        return walk
+
+    # ------------------------------------------------------------------ training
+    def train_policy(
+        self,
+        examples: Sequence[TrainingExample],
+        *,
+        user_id: str | None = None,
+        warm_epochs: int = 300,
+        episodes: int = 100,
+        lr: float = 1e-3,
+        warm_lr: float = 1e-2,
+        reward_llm: LLM | None = None,
+        now: datetime | None = None,
+        seed: int = 0,
+        progress: bool = True,
+        save: bool = True,
+    ) -> TrainingReport:
+        """Train the selection policy: warm start (Eq. 5), then REINFORCE (Eq. 6).
+
+        WS states come from walks that include every visited memory (the teacher explores
+        the whole reachable neighbourhood), labelled by ``example.required``. PG samples
+        walks from the policy; the return is the change in answer quality (Eq. 3-4):
+
+        * with ``reward_llm`` and reference answers: ROUGE-L of the LLM's answer from the
+          selected memories minus ROUGE-L of its answer from none (§4.3);
+        * otherwise (offline): the F1 of the selected memories against the required ones,
+          minus that of the empty selection (0): a retrieval-quality reward.
+
+        Args:
+            examples: Questions with required memory ids (and reference answers).
+            user_id: Save the policy for this user only (online fine-tuning, §4.4); default:
+                for the whole store.
+            warm_epochs: WS epochs (0 skips WS).
+            episodes: PG episodes (A.4: 100; 0 skips PG).
+            lr: PG learning rate (A.4: 0.001).
+            warm_lr: WS learning rate.
+            reward_llm: Model whose answers are scored by ROUGE-L.
+            now: Time of the questions.
+            seed: Seed of initialisation, sampling and torch.
+            progress: tqdm bars.
+            save: Save the policy as an artifact.
+
+        Raises:
+            InvalidInputError: if there are no examples or no state could be collected.
+        """
+        if not examples:
+            raise InvalidInputError("train_policy needs at least one example")
+        when = ensure_utc(now) if now is not None else self.clock.now()
+        policy = self.policy(user_id) if user_id is not None else None
+        policy = SelectionPolicy.initial(seed) if policy is None else policy
+        from tqdm.auto import tqdm
+
+        states: list[tuple[float, float, float]] = []
+        labels: list[int] = []
+        for example in tqdm(examples, desc="EMG warm-start states", disable=not progress):
+            walk = self._walk(
+                example.question, example.user_id, when, self.activate, lambda s: (True, 1.0)
+            )
+            for record, state, _, _ in walk.visits:
+                states.append(state)
+                labels.append(int(record.id in example.required))
+        if not states:
+            raise InvalidInputError("no memory was reachable from any training question")
+        losses = (
+            warm_start(
+                policy, states, labels, epochs=warm_epochs, lr=warm_lr, seed=seed, progress=progress
+            )
+            if warm_epochs > 0
+            else []
+        )
+        use_llm = reward_llm is not None and all(e.answer for e in examples)
+        baseline_quality: dict[int, float] = {}
+
+        def quality(index: int, chosen: Sequence[MemoryRecord]) -> float:
+            example = examples[index]
+            if not use_llm:
+                return selection_f1([r.id for r in chosen], example.required)
+            assert reward_llm is not None and example.answer is not None
+            lines = tuple(self._line(r) for r in chosen)
+            try:
+                text = run_spec(reward_llm, ANSWER, AnswerInput(example.question, lines, when))
+            except (LLMError, ParseError):
+                text = ""
+            return rouge_l(text, example.answer)
+
+        def rollout(current: SelectionPolicy, rng: random.Random) -> Episode | None:
+            index = rng.randrange(len(examples))
+            example = examples[index]
+
+            def sample(state: tuple[float, float, float]) -> tuple[bool, float]:
+                p = float(current.include_probability([state])[0])
+                return rng.random() < p, p
+
+            walk = self._walk(example.question, example.user_id, when, self.activate, sample)
+            if not walk.visits:
+                return None
+            chosen = [r for r, _, inc, _ in walk.visits if inc]
+            if index not in baseline_quality:
+                baseline_quality[index] = 0.0 if not use_llm else quality(index, [])
+            reward = quality(index, chosen) - baseline_quality[index]
+            return Episode(
+                states=tuple(s for _, s, _, _ in walk.visits),
+                actions=tuple(int(inc) for _, _, inc, _ in walk.visits),
+                reward=reward,
+            )
+
+        returns = (
+            reinforce(policy, rollout, episodes=episodes, lr=lr, seed=seed, progress=progress)
+            if episodes > 0
+            else []
+        )
+        policy.trained = True
+        if save:
+            self.save_policy(policy, user_id)
+        return TrainingReport(
+            states=len(states),
+            positives=sum(labels),
+            warm_start_loss=losses[-1] if losses else None,
+            episodes=len(returns),
+            mean_return=float(np.mean(returns)) if returns else None,
+            reward="rouge-l" if use_llm else "selection-f1",
+            owner=STORE_OWNER if user_id is None else user_id,
+        )
+
+    # ------------------------------------------------------------------ recall and applications
+    def recall(
+        self, query: str, scope: Scope, *, k: int | None = None, now: datetime | None = None
+    ) -> Recall:
+        """The ``k`` best memories: the graph walk's selection first, then dense + lexical.
+
+        Raises:
+            InvalidInputError: on an empty query or a bad ``k``.
+            MissingUserError: if ``scope`` has no user.
+        """
+        scope = check_scope(scope)
+        hits = self._search(query, scope, k=self.default_k if k is None else k, now=now)
+        return Recall(query=query, records=tuple(hits), context=self._render(hits))
+
+    def _render(self, hits: Sequence[ScoredRecord]) -> str:
+        return "\n".join(self._line(h.record).render() for h in hits)
+
+    @staticmethod
+    def _line(record: MemoryRecord) -> MemoryLine:
+        meta = record.metadata
+        return MemoryLine(
+            record.text,
+            str(meta.get("subject") or ""),
+            str(meta.get("relation") or ""),
+            str(meta.get("object") or ""),
+        )
+
+    def answer(self, question: str, scope: Scope, *, now: datetime | None = None) -> Answer:
+        """Answer a question from the selected memories (§4.3 ``LLM(Q ⊕ M)``, §4.4).
+
+        Raises:
+            InvalidInputError: on an empty question.
+            LLMError: if the model fails; ParseError: if its answer is empty or markup.
+        """
+        scope = check_scope(scope)
+        when = ensure_utc(now) if now is not None else self.clock.now()
+        chosen = self.select(question, scope, now=when)
+        lines = tuple(self._line(h.record) for h in chosen.memories)
+        text = run_spec(self._llm(scope), ANSWER, AnswerInput(question, lines, when))
+        return Answer(question, text, chosen.memories)
+
+    async def aanswer(self, question: str, scope: Scope, *, now: datetime | None = None) -> Answer:
+        """Async twin of :meth:`answer`."""
+        return await asyncio.to_thread(self.answer, question, scope, now=now)
+
+    def autofill(
+        self, fields: Sequence[str], scope: Scope, *, now: datetime | None = None
+    ) -> dict[str, str | None]:
+        """Fill form fields from the user's memories (§4.4 autofill forms).
+
+        Each field becomes the question "What is the user's <field>?"; its memories are
+        selected and the model gives the value. A value no memory holds, or an unusable
+        answer, gives ``None`` (documented graceful fallback); an outage raises ``LLMError``.
+        """
+        scope = check_scope(scope)
+        if isinstance(fields, str) or not all(isinstance(f, str) and f.strip() for f in fields):
+            raise InvalidInputError("fields must be a list of non-empty field names")
+        when = ensure_utc(now) if now is not None else self.clock.now()
+        out: dict[str, str | None] = {}
+        for name in fields:
+            chosen = self.select(f"What is the user's {name}?", scope, now=when)
+            lines = tuple(self._line(h.record) for h in chosen.memories)
+            try:
+                out[name] = run_spec(self._llm(scope), AUTOFILL, AutofillInput(name, lines))
+            except ParseError:
+                out[name] = None
+        return out
+
+    def reminders(
+        self,
+        scope: Scope,
+        now: datetime | None = None,
+        horizon: timedelta = timedelta(days=7),
+    ) -> list[Reminder]:
+        """Upcoming events and expiries in ``(now, now + horizon]`` (§4.4 reminders).
+
+        Events come from the memories' extracted event times (absolute, A.1); memories not
+        valid at ``now`` (expired, replaced) are left out; a memory valid until a time inside
+        the horizon gives an "expires" reminder. Soonest first.
+        """
+        scope = check_scope(scope)
+        if horizon <= timedelta(0):
+            raise InvalidInputError("horizon must be positive")
+        when = ensure_utc(now) if now is not None else self.clock.now()
+        end = when + horizon
+        out: list[Reminder] = []
+        for record in self.memories(scope.user_id, now=when):
+            raw = record.metadata.get("when")
+            if raw:
+                at = ensure_utc(datetime.fromisoformat(str(raw)))
+                if when < at <= end:
+                    out.append(Reminder(at, "event", record.text, record.id))
+            until = record.state.valid_until
+            if until is not None and when < until <= end:
+                out.append(Reminder(until, "expires", record.text, record.id))
+        return sorted(out, key=lambda r: (r.at, r.text))
+
+    def _on_delete_user(self, user_id: str) -> None:
+        """Drop cached embeddings (they may hold the user's texts) and their policy."""
+        with self._cache_lock:
+            self._cache.clear()
+        self._policies.pop(user_id, None)
+
+
+@dataclass
+class _Walk:
+    activated: list[str]
+    visits: list[tuple[MemoryRecord, tuple[float, float, float], bool, float]] = field(
+        default_factory=list
+    )
+
+
+def _flat(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, (str, int, float, bool)):
+        return value
+    return json.dumps(value, default=str)
+
+
+@dataclass(frozen=True)
+class EMGSource:
+    """The graph walk as a candidate source of the retrieval pipeline (§4.3).
+
+    Candidates are the memories the agent selects, scored by ``P(include)`` (or cosine).
+    """
+
+    memory: EMGMemory
+    weight: float = 0.5
+    name: str = "emg"
+
+    def candidates(self, request: RecallRequest, backend: RecallBackend, depth: int) -> Ranking:
+        """Run the selection for ``request.query`` and return it as a ranking."""
+        chosen = self.memory.select(request.query, request.user_id, now=request.now)
+        return [(h.record.id, h.score) for h in chosen.memories][:depth]

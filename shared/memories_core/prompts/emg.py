@@ -1,0 +1,690 @@
+"""Prompts of EMG-RAG (Wang et al., 2024): memory extraction, answering and autofill.
+
+* :data:`EXTRACT` (appendix A.1, step 2 "Memory Data Construction"): raw text (a conversation
+  turn, an app notification, the OCR text of a screenshot) -> structured memories, each with
+  a memory type and subclass of Table 7, the entities and the relation between them (for the
+  Memory Graph Layer, §4.2), the event time and an optional end of validity. Relative dates
+  ("next Monday", "tomorrow at 9") are resolved to absolute ones against the message time,
+  as the paper's absolute date conversion does; :func:`resolve_date` repairs a relative phrase
+  the model left in a date field.
+* :data:`ANSWER` (§4.3 "LLM(Q ⊕ M)", §4.4 question answering): the question and the selected
+  memories -> a short answer.
+* :data:`AUTOFILL` (§4.4 autofill forms): a form field and the selected memories -> the
+  field's value, or ``null`` when the memories do not hold it.
+
+The instructions follow the paper's steps in our own words. Untrusted text (the raw text,
+stored memories) is fenced and escaped (:func:`~memories_core.prompts.spec.fence`).
+
+:func:`emg_reply` is a deterministic, rule-based stand-in that answers these prompts offline
+(tests, the contract suite and benchmarks; ``ScriptedLLM(default=emg_reply)``). It splits the
+text into sentences and guesses entities with capitalisation and keyword rules: it is not a
+model, and never a judge of a prompt.
+"""
+
+from __future__ import annotations
+
+import calendar
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, time, timedelta, timezone
+
+import pydantic
+
+from memories_core.errors import ParseError
+from memories_core.prompts.spec import (
+    PromptSpec,
+    fence,
+    json_instruction,
+    parse_model,
+    read_section,
+    unescape,
+)
+from memories_core.types import ChatMessage, ensure_utc
+
+__all__ = [
+    "ANSWER",
+    "AUTOFILL",
+    "EXTRACT",
+    "MEMORY_TYPES",
+    "TABLE7_SUBCLASSES",
+    "AnswerInput",
+    "AutofillInput",
+    "ExtractInput",
+    "ExtractedMemory",
+    "MemoryLine",
+    "emg_reply",
+    "resolve_date",
+]
+
+#: The four memory types of the Memory Type Layer (§4.2, appendix A.2).
+MEMORY_TYPES: tuple[str, ...] = ("Relationship", "Preference", "Event", "Attribute")
+
+#: Table 7's subclasses per type (the Memory Subclass Layer); extensible per memory.
+TABLE7_SUBCLASSES: dict[str, tuple[str, ...]] = {
+    "Relationship": (
+        "Spouse",
+        "Parents/Children",
+        "Relatives",
+        "Colleague/Friends",
+        "Teacher/Student",
+    ),
+    "Preference": (
+        "Diet preference",
+        "Cultural preference",
+        "Car preference",
+        "Sports preference",
+        "Gaming preference",
+        "Audio-visual entertainment preference",
+    ),
+    "Event": ("Life events", "Arrangement", "Anniversary"),
+    "Attribute": (
+        "Name/Nickname",
+        "Birthday/Age",
+        "Gender",
+        "Education",
+        "Personal belongings/Pets",
+        "Address",
+        "Occupation",
+        "Contact",
+        "Documents",
+    ),
+}
+
+_MARKUP = re.compile(r"</?\s*[A-Za-z_][\w ]{0,30}>\s*:?")
+_WORD = re.compile(r"[^\W\d_]{3,}|\d+", re.UNICODE)
+
+
+# ----------------------------------------------------------------------------- dates
+_WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
+_TIME = re.compile(
+    r"\b(\d{1,2})[:.h](\d{2})\s*(am|pm)?\b|\b(\d{1,2})\s*(am|pm)\b|\bat\s+(\d{1,2})\b(?![-/]|[:.h]\d)",
+    re.I,
+)
+_ISO = re.compile(r"\b(\d{4})-(\d{2})-(\d{2})(?:[T ](\d{2}):(\d{2})(?::(\d{2}))?)?")
+_NUMBERS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7}
+
+
+def _clock_time(text: str) -> time | None:
+    match = _TIME.search(text)
+    if not match:
+        return None
+    if match.group(1) is not None:
+        hour, minute, half = int(match.group(1)), int(match.group(2)), match.group(3)
+    elif match.group(6) is not None:
+        hour, minute, half = int(match.group(6)), 0, None
+    else:
+        hour, minute, half = int(match.group(4)), 0, match.group(5)
+    if half:
+        hour = hour % 12 + (12 if half.lower() == "pm" else 0)
+    if not (0 <= hour < 24 and 0 <= minute < 60):
+        return None
+    return time(hour, minute)
+
+
+def _add_months(day: datetime, months: int) -> datetime:
+    month = day.month - 1 + months
+    year = day.year + month // 12
+    month = month % 12 + 1
+    return day.replace(
+        year=year, month=month, day=min(day.day, calendar.monthrange(year, month)[1])
+    )
+
+
+def resolve_date(text: str | None, anchor: datetime) -> datetime | None:
+    """Resolve a date phrase to an absolute UTC datetime against ``anchor`` (appendix A.1).
+
+    Understands ISO dates and datetimes, ``today``/``tonight``/``tomorrow``/``yesterday``/
+    ``the day after tomorrow``, ``[next|this] <weekday>``, ``in N days|weeks|months``,
+    ``next week|month|year``, each with an optional clock time (``at 9``, ``01:40``,
+    ``7pm``). A phrase without a clock time resolves to midnight of that day.
+
+    Returns:
+        The datetime, or ``None`` if ``text`` holds no date it understands.
+    """
+    if not text or not text.strip():
+        return None
+    anchor = ensure_utc(anchor)
+    lowered = text.lower()
+    iso = _ISO.search(text)
+    if iso:
+        year, month, mday = int(iso.group(1)), int(iso.group(2)), int(iso.group(3))
+        try:
+            base = datetime(year, month, mday, tzinfo=timezone.utc)
+        except ValueError:
+            return None
+        if iso.group(4) is not None:
+            return base.replace(hour=int(iso.group(4)), minute=int(iso.group(5)))
+        rest = text[: iso.start()] + text[iso.end() :]
+        clock = _clock_time(rest)
+        return base if clock is None else base.replace(hour=clock.hour, minute=clock.minute)
+    midnight = anchor.replace(hour=0, minute=0, second=0, microsecond=0)
+    day: datetime | None = None
+    if "day after tomorrow" in lowered:
+        day = midnight + timedelta(days=2)
+    elif "tomorrow" in lowered:
+        day = midnight + timedelta(days=1)
+    elif "yesterday" in lowered:
+        day = midnight - timedelta(days=1)
+    elif "today" in lowered or "tonight" in lowered:
+        day = midnight
+    else:
+        weekday = re.search(r"\b(next|this|on)?\s*(" + "|".join(_WEEKDAYS) + r")\b", lowered)
+        span = re.search(
+            r"\bin\s+(\d+|" + "|".join(_NUMBERS) + r")\s+(day|week|month)s?\b", lowered
+        )
+        nxt = re.search(r"\bnext\s+(week|month|year)\b", lowered)
+        if weekday:
+            target = _WEEKDAYS.index(weekday.group(2))
+            ahead = (target - midnight.weekday()) % 7
+            if ahead == 0 and weekday.group(1) != "this":
+                ahead = 7  # "next Monday" / "on Monday" said on a Monday: a week later
+            day = midnight + timedelta(days=ahead)
+        elif span:
+            raw = span.group(1)
+            count = int(raw) if raw.isdigit() else _NUMBERS[raw]
+            unit = span.group(2)
+            if unit == "month":
+                day = _add_months(midnight, count)
+            else:
+                day = midnight + timedelta(days=count * (7 if unit == "week" else 1))
+        elif nxt:
+            unit = nxt.group(1)
+            if unit == "week":
+                day = midnight + timedelta(days=7)
+            elif unit == "month":
+                day = _add_months(midnight, 1)
+            else:
+                day = _add_months(midnight, 12)
+    if day is None:
+        return None
+    clock = _clock_time(text)
+    if clock is None and "tonight" in lowered:
+        clock = time(20, 0)
+    return day if clock is None else day.replace(hour=clock.hour, minute=clock.minute)
+
+
+# ----------------------------------------------------------------------------- extraction
+@dataclass(frozen=True)
+class ExtractInput:
+    """Input of the extraction prompt.
+
+    Attributes:
+        text: The raw text (untrusted).
+        at: When it was said or received; relative dates are resolved against it.
+        source: What the text is (``"user"`` turn, ``"notification"``, ``"screenshot"``...).
+        subclasses: The memory's subclasses as ``"Type/Subclass"`` labels.
+    """
+
+    text: str
+    at: datetime
+    source: str = "user"
+    subclasses: tuple[str, ...] = field(
+        default_factory=lambda: tuple(
+            f"{t}/{s}" for t, subs in TABLE7_SUBCLASSES.items() for s in subs
+        )
+    )
+
+
+class ExtractedMemoryModel(pydantic.BaseModel):
+    """JSON form of one extracted memory."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+    text: str = pydantic.Field(
+        min_length=3, max_length=600, description="One self-contained statement, absolute dates"
+    )
+    type: str = pydantic.Field(description="Relationship, Preference, Event or Attribute")
+    subclass: str = pydantic.Field(description="A subclass of the type, from the list")
+    subject: str = pydantic.Field(min_length=1, max_length=120, description="Head entity")
+    relation: str = pydantic.Field(min_length=1, max_length=80, description="Relation name")
+    object: str = pydantic.Field(min_length=1, max_length=200, description="Tail entity or value")
+    when: str | None = pydantic.Field(default=None, description="ISO time of the event or null")
+    valid_until: str | None = pydantic.Field(
+        default=None, description="ISO time the memory stops being true, or null"
+    )
+
+
+class ExtractAnswer(pydantic.BaseModel):
+    """JSON form of the extraction answer."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+    memories: list[ExtractedMemoryModel] = pydantic.Field(max_length=20)
+
+
+@dataclass(frozen=True)
+class ExtractedMemory:
+    """One parsed memory (type and subclass as the model named them; the graph maps them).
+
+    Attributes:
+        text: The memory as one statement.
+        type: Memory type (one of :data:`MEMORY_TYPES`, matched case-insensitively).
+        subclass: Subclass label as given (mapped to the nearest known subclass later).
+        subject: Head entity.
+        relation: Relation name (lower case, words joined by ``_``).
+        object: Tail entity or value.
+        when: Time of the event, if any (absolute, UTC).
+        valid_until: End of validity, if any (absolute, UTC).
+    """
+
+    text: str
+    type: str
+    subclass: str
+    subject: str
+    relation: str
+    object: str
+    when: datetime | None = None
+    valid_until: datetime | None = None
+
+
+EXTRACT_SYSTEM = (
+    "You build the personal memory of a smartphone assistant. You will read one piece of raw "
+    "text about the user: something they said, an app notification, or text read from a "
+    "screenshot, and the time it was received. Pull out the facts worth keeping about the "
+    "user and the people, plans and things around them, and ignore small talk. For each "
+    "fact give: a short self-contained statement in which every relative date or time "
+    "(tomorrow, next Monday, in two weeks) is rewritten as an absolute date against the "
+    "received time; its type (Relationship, Preference, Event or Attribute) and the best "
+    "fitting subclass from the list; the main entity it is about (subject), the relation, "
+    "and the other entity or value (object); the absolute time of the event if it has one "
+    "(ISO 8601, else null); and, if the fact stops being true at a known time (a voucher "
+    "that expires, a booking that ends), that time as valid_until (ISO 8601, else null). "
+    "Use the same relation name for the same kind of fact, so that a later change can be "
+    "matched to it. If nothing is worth keeping, return an empty list.\n"
+    + json_instruction(ExtractAnswer)
+)
+
+
+def build_extract_messages(inputs: ExtractInput) -> list[ChatMessage]:
+    """Messages asking for the memories in one raw text (appendix A.1, step 2)."""
+    user = (
+        f"Received: {ensure_utc(inputs.at):%Y-%m-%d %H:%M} UTC ({ensure_utc(inputs.at):%A})\n"
+        f"Source: {inputs.source}\n"
+        f"Subclasses: {'; '.join(inputs.subclasses)}\n"
+        f"{fence('raw_text', inputs.text)}\n\nExtract the memories as JSON."
+    )
+    return [ChatMessage("system", EXTRACT_SYSTEM), ChatMessage("user", user)]
+
+
+def _relation(value: str) -> str:
+    words = re.findall(r"[^\W_]+", value.lower())
+    return "_".join(words)[:80] or "related_to"
+
+
+def _date_field(value: str | None, anchor: datetime, raw: str) -> datetime | None:
+    if value is None or not str(value).strip() or str(value).strip().lower() in {"null", "none"}:
+        return None
+    resolved = resolve_date(str(value), anchor)
+    if resolved is None:
+        raise ParseError(f"the date {value!r} is neither ISO 8601 nor a known phrase", raw)
+    return resolved
+
+
+def parse_extract(text: str, inputs: ExtractInput) -> list[ExtractedMemory]:
+    """Validate an extraction answer; return the memories (possibly none).
+
+    A memory is rejected (the whole answer raises ``ParseError``) when its type is not one of
+    the four, when it holds prompt markup, or when its statement shares no word with the raw
+    text (a hallucinated or forged memory). Dates are resolved with :func:`resolve_date`.
+
+    Raises:
+        ParseError: on an unusable answer.
+    """
+    answer = parse_model(text, ExtractAnswer, (inputs.text,))
+    source = {w.lower() for w in _WORD.findall(inputs.text)}
+    types = {t.lower(): t for t in MEMORY_TYPES}
+    out: list[ExtractedMemory] = []
+    for item in answer.memories:
+        statement = unescape(item.text).strip()
+        kind = types.get(item.type.strip().lower())
+        if kind is None:
+            raise ParseError(f"unknown memory type {item.type!r}", text)
+        fields = (statement, item.subject, item.relation, item.object, item.subclass)
+        if any(_MARKUP.search(unescape(value)) for value in fields):
+            raise ParseError("a memory holds prompt markup", text)
+        if not {w.lower() for w in _WORD.findall(statement)} & source:
+            raise ParseError(f"the memory {statement!r} shares no word with the text", text)
+        out.append(
+            ExtractedMemory(
+                text=statement,
+                type=kind,
+                subclass=unescape(item.subclass).strip(),
+                subject=unescape(item.subject).strip(),
+                relation=_relation(unescape(item.relation)),
+                object=unescape(item.object).strip(),
+                when=_date_field(item.when, inputs.at, text),
+                valid_until=_date_field(item.valid_until, inputs.at, text),
+            )
+        )
+    return out
+
+
+# -------------------------------------------------------------- rule-based stand-in
+_KEYWORDS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("Event", "Anniversary", ("anniversary",)),
+    ("Attribute", "Birthday/Age", ("birthday", "born", "years old")),
+    ("Relationship", "Spouse", ("wife", "husband", "spouse")),
+    ("Relationship", "Parents/Children", ("mom", "mother", "dad", "father", "son", "daughter")),
+    ("Relationship", "Colleague/Friends", ("boss", "colleague", "friend", "coworker")),
+    ("Attribute", "Contact", ("phone", "mobile", "email")),
+    ("Attribute", "Documents", ("passport", "licence", "license", "id card")),
+    ("Attribute", "Address", ("address", "live in", "reside")),
+    ("Attribute", "Name/Nickname", ("my name", "call me")),
+    ("Attribute", "Occupation", ("work as", "i am a", "job")),
+    ("Preference", "Diet preference", ("food", "eat", "drink", "tea", "coffee", "spicy")),
+    ("Preference", "Cultural preference", ("travel", "museum", "like", "love", "enjoy")),
+    (
+        "Event",
+        "Arrangement",
+        ("flight", "hotel", "booked", "reservation", "meeting", "visit", "voucher", "trip"),
+    ),
+)
+_STOP = frozenset(
+    [
+        "i",
+        "me",
+        "my",
+        "the",
+        "a",
+        "an",
+        "is",
+        "are",
+        "was",
+        "were",
+        "be",
+        "to",
+        "of",
+        "and",
+        "at",
+        "on",
+        "in",
+        "for",
+        "with",
+        "it",
+        "this",
+        "that",
+        "his",
+        "her",
+        "their",
+        "our",
+        "your",
+        "has",
+        "have",
+        "had",
+        "will",
+        "would",
+        "just",
+        "also",
+        "very",
+        "so",
+    ]
+)
+_DATE_PHRASE = re.compile(
+    r"\b(?:\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2})?|the day after tomorrow|tomorrow|today|"
+    r"tonight|yesterday|(?:next|this)\s+(?:week|month|year|" + "|".join(_WEEKDAYS) + r")|"
+    r"in\s+\w+\s+(?:days?|weeks?|months?))(?:\s+at\s+\d{1,2}(?::\d{2})?\s*(?:am|pm)?)?",
+    re.I,
+)
+
+
+def _stand_in_memories(inputs: ExtractInput) -> list[dict[str, str | None]]:
+    memories: list[dict[str, str | None]] = []
+    for sentence in re.split(r"(?<=[.!?])\s+|\n+", inputs.text):
+        sentence = sentence.strip()
+        phrase = _DATE_PHRASE.search(sentence)
+        undated = sentence.replace(phrase.group(0), " ") if phrase else sentence
+        words = re.findall(r"[^\W_]+(?:[:'][^\W_]+)*", undated)
+        if len(words) < 3 or sentence.endswith("?"):
+            continue
+        lowered = sentence.lower()
+        kind, subclass = "Event", "Life events"
+        for t, s, keys in _KEYWORDS:
+            if any(re.search(rf"\b{re.escape(k)}", lowered) for k in keys):
+                kind, subclass = t, s
+                break
+        names = [w for w in words if w[0].isupper() and w.lower() not in _STOP]
+        first_person = any(w.lower() in {"i", "my", "me"} for w in words)
+        subject = "user" if first_person or not names else names[0]
+        rest = [n for n in names if n != subject]
+        tokens = [w for w in words if w.lower() not in _STOP and w != subject]
+        obj = rest[-1] if rest else (tokens[-1] if tokens else words[-1])
+        relation = (
+            "_".join(
+                w.lower() for w in tokens if w != obj and not w[0].isupper() and not w[0].isdigit()
+            )[:40].strip("_")
+            or "mentions"
+        )
+        when = None
+        if phrase:
+            iso = _ISO.match(phrase.group(0))
+            when = resolve_date(sentence if iso else phrase.group(0), inputs.at)
+        statement = sentence
+        if phrase and when is not None and not _ISO.match(phrase.group(0)):
+            stamp = (
+                f"{when:%Y-%m-%d}" if when.hour == when.minute == 0 else f"{when:%Y-%m-%d %H:%M}"
+            )
+            statement = sentence.replace(phrase.group(0), f"{phrase.group(0)} ({stamp})")
+        expires = re.search(r"\b(expires?|valid until|ends?)\b", lowered) is not None
+        memories.append(
+            {
+                "text": statement,
+                "type": kind,
+                "subclass": subclass,
+                "subject": subject,
+                "relation": relation,
+                "object": obj,
+                "when": None if expires or when is None else when.isoformat(),
+                "valid_until": when.isoformat() if expires and when is not None else None,
+            }
+        )
+    return memories
+
+
+def _extract_stand_in(inputs: ExtractInput) -> str:
+    return json.dumps({"memories": _stand_in_memories(inputs)})
+
+
+def _read_extract(user: str) -> ExtractInput:
+    match = re.search(r"Received: (\d{4}-\d{2}-\d{2} \d{2}:\d{2})", user)
+    at = (
+        datetime.strptime(match.group(1), "%Y-%m-%d %H:%M").replace(tzinfo=timezone.utc)
+        if match
+        else datetime(2000, 1, 1, tzinfo=timezone.utc)
+    )
+    source = re.search(r"Source: (.*)", user)
+    return ExtractInput(read_section(user, "raw_text"), at, source.group(1) if source else "user")
+
+
+#: Raw text -> memories with type, subclass, entities, relation and times (A.1 step 2).
+EXTRACT: PromptSpec[ExtractInput, list[ExtractedMemory]] = PromptSpec(
+    name="emg.extract",
+    build=build_extract_messages,
+    parse=parse_extract,
+    stand_in=_extract_stand_in,
+    response_model=ExtractAnswer,
+    max_tokens=800,
+)
+
+
+# ----------------------------------------------------------------------------- answering
+@dataclass(frozen=True)
+class MemoryLine:
+    """A selected memory as the answer and autofill prompts show it."""
+
+    text: str
+    subject: str = ""
+    relation: str = ""
+    object: str = ""
+
+    def render(self) -> str:
+        """``text [subject | relation | object]`` (one line)."""
+        if not self.relation:
+            return self.text
+        return f"{self.text} [{self.subject} | {self.relation} | {self.object}]"
+
+
+@dataclass(frozen=True)
+class AnswerInput:
+    """Input of the answer prompt (§4.3: ``LLM(Q ⊕ M)``)."""
+
+    question: str
+    memories: tuple[MemoryLine, ...]
+    now: datetime
+
+
+ANSWER_SYSTEM = (
+    "You are a personal assistant on the user's phone. Answer the user's question using only "
+    "their memories listed below; they are the user's own notes, so 'I' and 'my' in them mean "
+    "the user. Give the exact names, times and numbers the memories hold. If the memories do "
+    "not contain the answer, say that you do not know. Answer in one or two sentences."
+)
+
+
+def _memories_block(lines: Sequence[MemoryLine]) -> str:
+    return fence("memories", "\n".join(f"- {m.render()}" for m in lines) or "(none)")
+
+
+def build_answer_messages(inputs: AnswerInput) -> list[ChatMessage]:
+    """Messages asking for the answer to a question from the selected memories (§4.4)."""
+    user = (
+        f"Now: {ensure_utc(inputs.now):%Y-%m-%d %H:%M} UTC\n{_memories_block(inputs.memories)}\n"
+        f"{fence('question', inputs.question)}\n\nAnswer the question."
+    )
+    return [ChatMessage("system", ANSWER_SYSTEM), ChatMessage("user", user)]
+
+
+def parse_answer(text: str, inputs: AnswerInput) -> str:
+    """Return the answer stripped; an empty answer or prompt markup raises ``ParseError``."""
+    cleaned = unescape((text or "").strip()).strip().strip('"').strip()
+    cleaned = re.sub(r"^\s*answer\s*:\s*", "", cleaned, flags=re.I)
+    if not re.search(r"\w", cleaned):
+        raise ParseError("the answer is empty", text)
+    if _MARKUP.search(cleaned):
+        raise ParseError("the answer holds prompt markup", text)
+    return cleaned
+
+
+def _overlap(a: str, b: str) -> int:
+    return len({w.lower() for w in _WORD.findall(a)} & {w.lower() for w in _WORD.findall(b)})
+
+
+def _answer_stand_in(inputs: AnswerInput) -> str:
+    if not inputs.memories:
+        return "I do not know."
+    timely = re.match(r"\s*(when|what time|what date)\b", inputs.question, re.I) is not None
+
+    def score(line: MemoryLine) -> int:
+        bonus = 2 if timely and re.search(r"\d{1,2}:\d{2}|\d{4}-\d{2}-\d{2}", line.text) else 0
+        return _overlap(line.render(), inputs.question) + bonus
+
+    return max(inputs.memories, key=score).text
+
+
+#: Question + selected memories -> answer (§4.3, §4.4 question answering).
+ANSWER: PromptSpec[AnswerInput, str] = PromptSpec(
+    name="emg.answer",
+    build=build_answer_messages,
+    parse=parse_answer,
+    stand_in=_answer_stand_in,
+    max_tokens=200,
+)
+
+
+@dataclass(frozen=True)
+class AutofillInput:
+    """Input of the autofill prompt: one form field and the memories selected for it."""
+
+    field: str
+    memories: tuple[MemoryLine, ...]
+
+
+class AutofillAnswer(pydantic.BaseModel):
+    """JSON form of one autofilled field."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+    value: str | None = pydantic.Field(description="The field's value, or null if unknown")
+
+
+AUTOFILL_SYSTEM = (
+    "You fill in online forms for the user of a smartphone assistant. You will get one form "
+    "field and the user's memories that may hold it. Give the field's value exactly as the "
+    "memories state it (a name, a number, an address), with nothing around it. If no memory "
+    "holds it, give null.\n" + json_instruction(AutofillAnswer)
+)
+
+
+def build_autofill_messages(inputs: AutofillInput) -> list[ChatMessage]:
+    """Messages asking for one form field's value from the memories (§4.4 autofill)."""
+    user = (
+        f"{_memories_block(inputs.memories)}\n{fence('field', inputs.field)}\n\n"
+        "Give the field's value as JSON."
+    )
+    return [ChatMessage("system", AUTOFILL_SYSTEM), ChatMessage("user", user)]
+
+
+def parse_autofill(text: str, inputs: AutofillInput) -> str | None:
+    """The value, or ``None``; a value found in no memory raises ``ParseError`` (made up)."""
+    answer = parse_model(text, AutofillAnswer)
+    if answer.value is None or not answer.value.strip():
+        return None
+    value = unescape(answer.value).strip()
+    haystack = " ".join(m.render() for m in inputs.memories).lower()
+    if value.lower() not in haystack:
+        raise ParseError(f"the value {value!r} is in none of the memories", text)
+    return value
+
+
+def _autofill_stand_in(inputs: AutofillInput) -> str:
+    wanted = {w.lower() for w in _WORD.findall(inputs.field)}
+    scored = [
+        (_overlap(f"{m.relation.replace('_', ' ')} {m.text}", inputs.field), m)
+        for m in inputs.memories
+        if wanted <= {w.lower() for w in _WORD.findall(f"{m.relation.replace('_', ' ')} {m.text}")}
+    ]
+    scored = [pair for pair in scored if pair[0] > 0 and pair[1].object]
+    if not scored:
+        return AutofillAnswer(value=None).model_dump_json()
+    best = max(scored, key=lambda pair: pair[0])[1]
+    return AutofillAnswer(value=best.object).model_dump_json()
+
+
+#: Form field + selected memories -> value or null (§4.4 autofill forms).
+AUTOFILL: PromptSpec[AutofillInput, str | None] = PromptSpec(
+    name="emg.autofill",
+    build=build_autofill_messages,
+    parse=parse_autofill,
+    stand_in=_autofill_stand_in,
+    response_model=AutofillAnswer,
+    max_tokens=100,
+)
+
+
+def _read_lines(user: str) -> tuple[MemoryLine, ...]:
+    out: list[MemoryLine] = []
+    for line in read_section(user, "memories").splitlines():
+        line = line[2:] if line.startswith("- ") else line
+        if not line or line == "(none)":
+            continue
+        match = re.match(r"(.*) \[(.*) \| (.*) \| (.*)\]$", line)
+        if match:
+            out.append(MemoryLine(match.group(1), match.group(2), match.group(3), match.group(4)))
+        else:
+            out.append(MemoryLine(line))
+    return tuple(out)
+
+
+def emg_reply(messages: Sequence[ChatMessage]) -> str:
+    """Answer one of this module's prompts by rule (see the module docstring).
+
+    Returns ``"I can only answer EMG-RAG prompts."`` for any other prompt.
+    """
+    system = messages[0].content
+    user = next((m.content for m in messages if m.role == "user"), messages[-1].content)
+    if system == EXTRACT_SYSTEM:
+        return _extract_stand_in(_read_extract(user))
+    if system == ANSWER_SYSTEM:
+        now = datetime(2000, 1, 1, tzinfo=timezone.utc)
+        return _answer_stand_in(AnswerInput(read_section(user, "question"), _read_lines(user), now))
+    if system == AUTOFILL_SYSTEM:
+        return _autofill_stand_in(AutofillInput(read_section(user, "field"), _read_lines(user)))
+    return "I can only answer EMG-RAG prompts."

@@ -1,0 +1,628 @@
+"""EMG-RAG (Wang et al., 2024): graph, extraction, edits, expiry, selection, applications."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from memories_core import EMGMemory, FixedClock, Scope, Turn
+from memories_core.embedders import HashingEmbedder
+from memories_core.errors import InvalidInputError, LLMError
+from memories_core.llms import ScriptedLLM
+from memories_core.mechanisms.emg import MEMORY_KIND, ROOT, TrainingExample
+from memories_core.mechanisms.emg_policy import SelectionPolicy, rouge_l, selection_f1
+from memories_core.prompts.emg import (
+    EXTRACT,
+    EXTRACT_SYSTEM,
+    ExtractInput,
+    emg_reply,
+    parse_extract,
+    resolve_date,
+)
+from memories_core.prompts.spec import read_section
+from memories_core.testing import GARBAGE_REPLIES
+from memories_core.types import ChatMessage, GraphEdge
+
+T0 = datetime(2024, 4, 10, 9, 0, tzinfo=timezone.utc)
+USER = "secretary"
+
+
+def fact(
+    text: str,
+    subject: str,
+    relation: str,
+    obj: str,
+    *,
+    kind: str = "Event",
+    subclass: str = "Arrangement",
+    when: str | None = None,
+    valid_until: str | None = None,
+) -> dict[str, Any]:
+    return {
+        "text": text,
+        "type": kind,
+        "subclass": subclass,
+        "subject": subject,
+        "relation": relation,
+        "object": obj,
+        "when": when,
+        "valid_until": valid_until,
+    }
+
+
+#: Extraction answers of a scripted model, by raw text (Table 1's memories and edits).
+SCRIPT: dict[str, list[dict[str, Any]]] = {
+    "My boss is traveling to Amsterdam next month, I arrange the flight and hotel.": [
+        fact(
+            "The boss travels to Amsterdam in May 2024.",
+            "boss",
+            "travels_to",
+            "Amsterdam",
+            when="next month",
+        ),
+        fact(
+            "The user's boss is a colleague.",
+            "user",
+            "has_boss",
+            "boss",
+            kind="Relationship",
+            subclass="Colleague/Friends",
+        ),
+    ],
+    "I booked the EK349 flight for my boss.": [
+        fact("The boss flies on flight EK349.", "boss", "flight", "EK349"),
+    ],
+    "EK349 departs at 01:40 on 2024-05-12.": [
+        fact(
+            "Flight EK349 departs at 01:40 on 2024-05-12.",
+            "EK349",
+            "departs_at",
+            "01:40 on 2024-05-12",
+            when="2024-05-12T01:40",
+        ),
+    ],
+    "I booked the Crowne Plaza near Central Station.": [
+        fact(
+            "The boss stays at the Crowne Plaza near Central Station.",
+            "boss",
+            "hotel",
+            "Crowne Plaza",
+        ),
+    ],
+    "Airline notice: EK349 now departs at 01:30 on 2024-05-12.": [
+        fact(
+            "Flight EK349 departs at 01:30 on 2024-05-12.",
+            "EK349",
+            "departs_at",
+            "01:30 on 2024-05-12",
+            when="2024-05-12T01:30",
+        ),
+    ],
+    "Your Crowne Plaza breakfast voucher expires on 2024-05-14.": [
+        fact(
+            "The Crowne Plaza breakfast voucher expires on 2024-05-14.",
+            "Crowne Plaza",
+            "breakfast_voucher",
+            "voucher",
+            valid_until="2024-05-14",
+        ),
+    ],
+    "EK349 departs at 01:30 on 2024-05-12, as I said.": [
+        fact(
+            "Flight EK349 departs at 01:30 on 2024-05-12.",
+            "EK349",
+            "departs_at",
+            "01:30 on 2024-05-12",
+            when="2024-05-12T01:30",
+        ),
+    ],
+    "My phone number is +31 6 1234 5678.": [
+        fact(
+            "The user's phone number is +31 6 1234 5678.",
+            "user",
+            "phone_number",
+            "+31 6 1234 5678",
+            kind="Attribute",
+            subclass="Contact",
+        ),
+    ],
+}
+
+STORY = list(SCRIPT)[:6]
+
+
+def scripted_reply(messages: Sequence[ChatMessage]) -> str:
+    """Answers the extraction prompt from SCRIPT; every other prompt by rule (emg_reply)."""
+    if messages[0].content == EXTRACT_SYSTEM:
+        text = read_section(messages[-1].content, "raw_text")
+        if text in SCRIPT:
+            return json.dumps({"memories": SCRIPT[text]})
+    return emg_reply(messages)
+
+
+def make(path: Path | None = None, llm: Any = None, **kwargs: Any) -> EMGMemory:
+    return EMGMemory(
+        path=path,
+        llm=llm or ScriptedLLM(default=scripted_reply),
+        embedder=HashingEmbedder(dimension=256),
+        clock=FixedClock(T0 + timedelta(days=1)),
+        **kwargs,
+    )
+
+
+def tell(memory: EMGMemory, texts: Sequence[str], user: str = USER) -> None:
+    for i, text in enumerate(texts):
+        role = "notification" if text.startswith(("Airline", "Your")) else "user"
+        memory.save([Turn(role, text, timestamp=T0 + timedelta(hours=i))], Scope(user))
+
+
+EXPECTED_AFTER_EDITS = {
+    ("boss", "travels_to", "Amsterdam"),
+    ("user", "has_boss", "boss"),
+    ("boss", "flight", "EK349"),
+    ("boss", "hotel", "Crowne Plaza"),
+    ("EK349", "departs_at", "01:30 on 2024-05-12"),
+    ("Crowne Plaza", "breakfast_voucher", "voucher"),
+}
+
+
+# ----------------------------------------------------------------------------- edits (§4.2)
+def test_scripted_edit_suite_gives_the_expected_graph() -> None:
+    memory = make()
+    tell(memory, STORY)
+    now = T0 + timedelta(days=2)
+    assert memory.triples(USER, now=now) == EXPECTED_AFTER_EDITS
+    ops = [c.reason.split(":")[0] for c in memory.edits(USER) if c.reason]
+    assert ops.count("emg insert") == 5
+    assert ops.count("emg delete") == 1
+    assert ops.count("emg replace") == 2  # the old memory's end and the new one's start
+
+
+def test_replacement_keeps_the_old_memory_with_its_validity_end() -> None:
+    memory = make()
+    tell(memory, STORY)
+    every = {r.text: r for r in memory.memories(USER, include_expired=True)}
+    old = every["Flight EK349 departs at 01:40 on 2024-05-12."]
+    new = every["Flight EK349 departs at 01:30 on 2024-05-12."]
+    assert old.state.valid_until == T0 + timedelta(hours=4)  # when the notice arrived
+    assert old.state.attrs["replaced_by"] == new.id
+    assert new.state.attrs["replaces"] == old.id
+    history = memory.engine.history(USER, record_id=old.id)
+    assert history[-1].reason is not None and "01:40" in history[-1].reason
+    assert history[-1].new["valid_until"] == (T0 + timedelta(hours=4)).isoformat()
+    # Before the notice the old time was the valid one; the graph keeps both edges.
+    before = T0 + timedelta(hours=3, minutes=30)
+    assert ("EK349", "departs_at", "01:40 on 2024-05-12") in memory.triples(USER, now=before)
+    assert len(memory.engine.graph.edges(USER, record_id=old.id)) == 1
+
+
+def test_duplicate_writes_nothing() -> None:
+    memory = make()
+    tell(memory, STORY)
+    count = len(memory.memories(USER, include_expired=True))
+    tell(memory, ["EK349 departs at 01:30 on 2024-05-12, as I said."])
+    assert len(memory.memories(USER, include_expired=True)) == count
+
+
+def test_expired_memory_is_never_returned_after_its_time() -> None:
+    memory = make()
+    tell(memory, STORY)
+    voucher = "The Crowne Plaza breakfast voucher expires on 2024-05-14."
+    before = datetime(2024, 5, 13, tzinfo=timezone.utc)
+    after = datetime(2024, 5, 14, 0, 0, 1, tzinfo=timezone.utc)
+    query = "breakfast voucher Crowne Plaza"
+    assert voucher in memory.recall(query, Scope(USER), now=before).context
+    assert voucher not in memory.recall(query, Scope(USER), k=20, now=after).context
+    texts_after = [h.record.text for h in memory.select(query, USER, now=after).memories]
+    assert voucher not in texts_after
+    assert voucher not in [r.text for r in memory.memories(USER, now=after)]
+    assert voucher in [r.text for r in memory.memories(USER, include_expired=True)]
+    soon = memory.reminders(Scope(USER), now=before, horizon=timedelta(days=3))
+    assert ("expires", voucher) in [(r.what, r.text) for r in soon]
+    assert all(r.text != voucher for r in memory.reminders(Scope(USER), now=after))
+
+
+def test_edits_are_atomic(monkeypatch: pytest.MonkeyPatch) -> None:
+    from memories_core.mechanisms.emg import ExtractedMemory
+
+    memory = make()
+    tell(memory, STORY[:2])
+    before = memory.memories(USER, include_expired=True)
+    history = memory.engine.history(USER)
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(memory.engine.graph, "put", broken)
+    new = ExtractedMemory(
+        "The boss likes tea.", "Preference", "Diet preference", "boss", "likes", "tea"
+    )
+    with pytest.raises(RuntimeError):
+        memory.add_memories(USER, [new])
+    assert memory.memories(USER, include_expired=True) == before
+    assert memory.engine.history(USER) == history
+
+
+# ----------------------------------------------------------------------------- graph layers
+def test_graph_has_the_papers_layers_and_links_in_degree_nodes_to_memories() -> None:
+    memory = make()
+    tell(memory, STORY)
+    graph = memory.to_networkx(USER)
+    kinds = {n: d["kind"] for n, d in graph.nodes(data=True)}
+    assert kinds[ROOT] == "user"
+    assert {graph.nodes[n]["label"] for n, k in kinds.items() if k == "type"} == {
+        "Relationship",
+        "Preference",
+        "Event",
+        "Attribute",
+    }
+    assert "Event/Arrangement" in {
+        graph.nodes[n]["label"] for n, k in kinds.items() if k == "subclass"
+    }
+    ids = {r.id for r in memory.memories(USER, include_expired=True)}
+    relation_edges = [d for _, _, d in graph.edges(data=True) if d["record_id"]]
+    assert {d["record_id"] for d in relation_edges} == ids
+    for node, kind in kinds.items():
+        if kind == "entity":  # each entity hangs under exactly one subclass
+            parents = [
+                u for u, _, d in graph.in_edges(node, data=True) if d["relation"] == "contains"
+            ]
+            assert len(parents) == 1 and kinds[parents[0]] == "subclass"
+    centre = next(d for n, d in graph.nodes(data=True) if d["label"] == "Event/Arrangement")
+    assert centre["data"]["count"] >= 4 and len(centre["data"]["centre"]) == 256
+
+
+def test_subclasses_are_extensible() -> None:
+    memory = make(subclasses={"Preference": ["Coffee preference"]})
+    assert "Preference/Coffee preference" in memory.subclass_labels
+    tell(memory, ["I booked the EK349 flight for my boss."])
+    labels = {n.label for n in memory.engine.graph.nodes(USER, kind="subclass")}
+    assert "Preference/Coffee preference" in labels
+
+
+# ----------------------------------------------------------------------------- extraction
+def test_relative_dates_resolve_against_the_message_time() -> None:
+    wednesday = datetime(2024, 4, 10, 15, 0, tzinfo=timezone.utc)
+    assert resolve_date("next Monday", wednesday) == datetime(2024, 4, 15, tzinfo=timezone.utc)
+    assert resolve_date("tomorrow at 9", wednesday) == datetime(2024, 4, 11, 9, tzinfo=timezone.utc)
+    assert resolve_date("in two weeks", wednesday) == datetime(2024, 4, 24, tzinfo=timezone.utc)
+    assert resolve_date("next month", wednesday) == datetime(2024, 5, 10, tzinfo=timezone.utc)
+    assert resolve_date("01:40 on 2024-05-12", wednesday) == datetime(
+        2024, 5, 12, 1, 40, tzinfo=timezone.utc
+    )
+    assert resolve_date("some day", wednesday) is None
+
+
+def test_extraction_resolves_a_relative_date_the_model_left() -> None:
+    memory = make()
+    tell(memory, STORY[:1])
+    trip = next(r for r in memory.memories(USER) if r.metadata.get("relation") == "travels_to")
+    assert trip.metadata["when"] == "2024-05-10T00:00:00+00:00"
+
+
+def test_extraction_parser_rejects_made_up_or_forged_memories() -> None:
+    inputs = ExtractInput("I booked the EK349 flight.", T0)
+    made_up = json.dumps({"memories": [fact("Lorem ipsum dolor.", "x", "y", "z")]})
+    with pytest.raises(Exception, match="shares no word"):
+        parse_extract(made_up, inputs)
+    bad_type = json.dumps(
+        {"memories": [fact("I booked EK349.", "user", "booked", "EK349", kind="Mood")]}
+    )
+    with pytest.raises(Exception, match="unknown memory type"):
+        parse_extract(bad_type, inputs)
+    assert parse_extract(EXTRACT.stand_in(inputs), inputs)[0].object == "EK349"
+
+
+@pytest.mark.parametrize("garbage", sorted(GARBAGE_REPLIES))
+def test_unparsable_extraction_falls_back_to_an_edgeless_memory(garbage: str) -> None:
+    memory = make(llm=ScriptedLLM(default=lambda m: GARBAGE_REPLIES[garbage]))
+    memory.save([Turn("user", "I always drink jasmine tea in the morning")], Scope(USER))
+    stored = memory.memories(USER)
+    assert [r.text for r in stored] == ["I always drink jasmine tea in the morning"]
+    assert stored[0].metadata["fallback"] is True
+    assert stored[0].metadata["subclass"] in memory.subclass_labels
+    assert memory.engine.graph.edges(USER, record_id=stored[0].id) == []
+    assert memory.pending(USER) == []
+
+
+def test_llm_outage_keeps_the_job_until_the_model_is_back() -> None:
+    down = {"on": True}
+
+    def reply(messages: Sequence[ChatMessage]) -> str:
+        if down["on"]:
+            raise LLMError("outage")
+        return scripted_reply(messages)
+
+    memory = make(llm=ScriptedLLM(default=reply))
+    tell(memory, STORY[1:2])
+    assert memory.memories(USER) == [] and len(memory.pending(USER)) == 1
+    assert [t.content for t in memory.turns(Scope(USER))] == [STORY[1]]
+    down["on"] = False
+    assert memory.retry_pending(USER) == 0
+    assert [r.text for r in memory.memories(USER)] == ["The boss flies on flight EK349."]
+
+
+def test_assistant_turns_are_not_extracted_and_notifications_are() -> None:
+    memory = make()
+    memory.save([Turn("assistant", "I booked the EK349 flight for my boss.")], Scope(USER))
+    assert memory.memories(USER) == []
+    memory.ingest("I booked the Crowne Plaza near Central Station.", Scope(USER), at=T0)
+    assert [r.text for r in memory.memories(USER)] == [
+        "The boss stays at the Crowne Plaza near Central Station."
+    ]
+
+
+# ----------------------------------------------------------------------------- persistence
+def test_graph_history_and_policy_persist_across_reopen(tmp_path: Path) -> None:
+    memory = make(tmp_path / "m")
+    tell(memory, STORY)
+    triples = memory.triples(USER, now=T0 + timedelta(days=2))
+    edits = [(c.record_id, c.reason) for c in memory.edits(USER)]
+    required = frozenset(r.id for r in memory.memories(USER) if "EK349" in r.text)
+    memory.train_policy(
+        [TrainingExample(USER, "When does flight EK349 depart?", required)],
+        warm_epochs=20,
+        episodes=5,
+        progress=False,
+    )
+    weights = memory.policy().w1.copy()  # type: ignore[union-attr]
+    memory.close()
+    again = make(tmp_path / "m")
+    try:
+        assert again.triples(USER, now=T0 + timedelta(days=2)) == triples
+        assert [(c.record_id, c.reason) for c in again.edits(USER)] == edits
+        policy = again.policy()
+        assert policy is not None and policy.trained
+        np.testing.assert_allclose(policy.w1, weights)
+        assert again.select("When does flight EK349 depart?", USER).policy == "trained"
+    finally:
+        again.close()
+
+
+# ----------------------------------------------------------------------------- isolation
+def test_users_graphs_never_link(tmp_path: Path) -> None:
+    memory = make(tmp_path / "m")
+    tell(memory, STORY, user="ann")
+    tell(memory, STORY[:3], user="bob")
+    ann_nodes = {n.id for n in memory.engine.graph.nodes("ann")}
+    bob_ids = {r.id for r in memory.memories("bob", include_expired=True)}
+    assert all(e.record_id not in bob_ids for e in memory.engine.graph.edges("ann"))
+    # An edge of bob's naming a node only ann has is refused by the store.
+    only_ann = next(
+        n for n in ann_nodes if n not in {x.id for x in memory.engine.graph.nodes("bob")}
+    )
+    with pytest.raises(InvalidInputError):
+        memory.engine.graph.put("bob", edges=[GraphEdge("x", ROOT, only_ann, "leak")])
+    picked = memory.select("When does flight EK349 depart?", "bob").memories
+    assert picked and all(h.record.user_id == "bob" for h in picked)
+    assert "Crowne" not in memory.recall("Crowne Plaza hotel", Scope("bob"), k=10).context
+    memory.close()
+
+
+def test_delete_user_removes_graph_history_and_policy(tmp_path: Path) -> None:
+    memory = make(tmp_path / "m")
+    tell(memory, STORY, user="ann")
+    tell(memory, STORY[:2], user="bob")
+    required = frozenset(r.id for r in memory.memories("ann"))
+    memory.train_policy(
+        [TrainingExample("ann", "Where does the boss travel?", required)],
+        user_id="ann",
+        warm_epochs=10,
+        episodes=0,
+        progress=False,
+    )
+    assert memory.policy("ann") is not None
+    memory.delete_user("ann")
+    assert memory.engine.graph.nodes("ann") == [] and memory.engine.graph.edges("ann") == []
+    assert memory.engine.history("ann") == [] and memory.edits("ann") == []
+    assert memory.policy("ann") is None and memory.engine.artifacts.list("ann") == []
+    assert memory.memories("ann", include_expired=True) == []
+    assert memory.triples("bob") == {
+        ("boss", "travels_to", "Amsterdam"),
+        ("user", "has_boss", "boss"),
+        ("boss", "flight", "EK349"),
+    }
+    memory.close()
+
+
+# ----------------------------------------------------------------------------- selection
+def test_untrained_policy_falls_back_to_the_similarity_threshold() -> None:
+    memory = make(threshold=1.0, min_select=0)  # no memory is the question: none included
+    tell(memory, STORY)
+    chosen = memory.select("flight EK349", USER)
+    assert chosen.policy == "threshold" and chosen.memories == () and chosen.visited >= 1
+    low = make(threshold=-1.0)
+    tell(low, STORY)
+    every = low.select("flight EK349 departs", USER, now=T0 + timedelta(days=2))
+    assert len(every.memories) >= 3  # the walk reaches neighbours of the activated nodes
+
+
+def test_walk_reaches_memories_beyond_the_activated_ones() -> None:
+    memory = make(threshold=-1.0, activate=1)
+    tell(memory, STORY)
+    chosen = memory.select("EK349 departs", USER, now=T0 + timedelta(days=2))
+    assert len(chosen.activated) == 1
+    assert len(chosen.memories) > 1  # reached through the EK349 / boss entity nodes
+
+
+def test_policy_training_learns_the_required_memories_and_round_trips() -> None:
+    memory = make()
+    tell(memory, STORY)
+    now = T0 + timedelta(days=2)
+    by_text = {r.text: r.id for r in memory.memories(USER, now=now)}
+    flight = frozenset(v for k, v in by_text.items() if "EK349" in k)
+    hotel = frozenset(v for k, v in by_text.items() if "Crowne" in k)
+    examples = [
+        TrainingExample(USER, "What time does EK349 depart?", flight),
+        TrainingExample(USER, "Which flight does the boss take?", flight),
+        TrainingExample(USER, "Where does the boss stay, Crowne Plaza?", hotel),
+    ]
+    report = memory.train_policy(examples, warm_epochs=150, episodes=30, now=now, progress=False)
+    assert report.states > 0 and report.positives > 0 and report.reward == "selection-f1"
+    assert report.episodes == 30
+    policy = memory.policy()
+    assert policy is not None and policy.trained
+    loaded = SelectionPolicy.from_json(policy.to_json())
+    states = np.random.default_rng(0).uniform(-1, 1, (10, 3))
+    np.testing.assert_allclose(
+        loaded.include_probability(states), policy.include_probability(states)
+    )
+    with pytest.raises(InvalidInputError):
+        SelectionPolicy.from_json('{"w1": [[1]]}')
+
+
+def test_policy_gradient_uses_rouge_with_a_reward_llm() -> None:
+    memory = make()
+    tell(memory, STORY)
+    now = T0 + timedelta(days=2)
+    flight = frozenset(r.id for r in memory.memories(USER, now=now) if "EK349" in r.text)
+    example = TrainingExample(
+        USER, "What time does EK349 depart?", flight, "Flight EK349 departs at 01:30 on 2024-05-12."
+    )
+    llm = ScriptedLLM(default=emg_reply)
+    report = memory.train_policy(
+        [example], warm_epochs=5, episodes=4, reward_llm=llm, now=now, progress=False, save=False
+    )
+    assert report.reward == "rouge-l" and llm.calls
+    assert memory.policy() is None  # save=False
+
+
+def test_metrics() -> None:
+    assert rouge_l("departs at 01:30", "EK349 departs at 01:30 on 2024-05-12") == pytest.approx(
+        2 * 1 * (4 / 9) / (1 + 4 / 9)
+    )
+    assert rouge_l("", "x") == 0.0
+    assert selection_f1(["a", "b"], {"a"}) == pytest.approx(2 / 3)
+    assert selection_f1([], {"a"}) == 0.0
+
+
+# ----------------------------------------------------------------------------- applications
+def test_answer_uses_the_replaced_departure_time() -> None:
+    memory = make()
+    tell(memory, STORY)
+    answer = memory.answer(
+        "What time is my boss's flight EK349 to Amsterdam departing?",
+        Scope(USER),
+        now=T0 + timedelta(days=2),
+    )
+    # The offline stand-in answers with the best-matching selected memory (it is no model);
+    # what is checked is that the replaced departure time is the one selected.
+    assert answer.text and "01:40" not in answer.text
+    assert any("01:30" in h.record.text for h in answer.memories)
+    assert all("01:40" not in h.record.text for h in answer.memories)
+
+
+def test_autofill_and_reminders() -> None:
+    memory = make()
+    tell(memory, [*STORY, "My phone number is +31 6 1234 5678."])
+    filled = memory.autofill(["phone number", "passport number"], Scope(USER))
+    assert filled == {"phone number": "+31 6 1234 5678", "passport number": None}
+    with pytest.raises(InvalidInputError):
+        memory.autofill("phone", Scope(USER))
+    may10 = datetime(2024, 5, 10, tzinfo=timezone.utc)
+    upcoming = memory.reminders(Scope(USER), now=may10, horizon=timedelta(days=7))
+    assert [(r.what, r.at) for r in upcoming] == [
+        ("event", datetime(2024, 5, 12, 1, 30, tzinfo=timezone.utc)),
+        ("expires", datetime(2024, 5, 14, tzinfo=timezone.utc)),
+    ]
+    with pytest.raises(InvalidInputError):
+        memory.reminders(Scope(USER), now=may10, horizon=timedelta(0))
+
+
+def test_recall_uses_the_graph_walk_as_a_pipeline_source() -> None:
+    from memories_core.mechanisms.emg import EMGSource
+
+    memory = make()
+    tell(memory, STORY)
+    assert any(isinstance(s, EMGSource) for s in memory.pipeline.sources)  # type: ignore[union-attr]
+    recall = memory.recall("EK349 departure time", Scope(USER), k=3, now=T0 + timedelta(days=2))
+    assert len(recall.records) == 3
+    assert all(h.record.kind == MEMORY_KIND for h in recall.records)
+    assert "01:30" in recall.context
+
+
+def test_export_and_draw(tmp_path: Path) -> None:
+    import networkx as nx
+
+    memory = make()
+    tell(memory, STORY)
+    data = json.loads(memory.export_graph(USER, tmp_path / "g.json"))
+    assert {n["id"] for n in data["nodes"]} >= {ROOT, "type:Event"}
+    live = {e["memory"]: e["live"] for e in data["edges"] if e.get("record_id")}
+    assert live["Flight EK349 departs at 01:40 on 2024-05-12."] is False
+    memory.export_graph(USER, tmp_path / "g.graphml", format="graphml")
+    loaded = nx.read_graphml(tmp_path / "g.graphml")
+    assert loaded.number_of_nodes() == len(data["nodes"])
+    png = memory.draw(USER, tmp_path / "g.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ----------------------------------------------------------------------------- adapters
+def test_langchain_lcel_chain_answers_from_the_graph() -> None:
+    from langchain_core.language_models.fake_chat_models import FakeListChatModel
+    from langchain_core.output_parsers import StrOutputParser
+    from langchain_core.prompts import ChatPromptTemplate
+    from langchain_core.runnables import RunnablePassthrough
+
+    from langchain_memories import MemoryRetriever
+
+    memory = make()
+    tell(memory, STORY)
+    seen: list[str] = []
+    retriever = MemoryRetriever(memory=memory, user_id=USER, k=3)
+
+    def context(docs: list[Any]) -> str:
+        text = "\n".join(d.page_content for d in docs)
+        seen.append(text)
+        return text
+
+    prompt = ChatPromptTemplate.from_messages(
+        [("system", "Memories:\n{context}"), ("human", "{question}")]
+    )
+    chain = (
+        {"context": retriever | context, "question": RunnablePassthrough()}
+        | prompt
+        | FakeListChatModel(responses=["At 01:30."])
+        | StrOutputParser()
+    )
+    assert chain.invoke("When does flight EK349 depart?") == "At 01:30."
+    assert "EK349" in seen[0]
+
+
+def test_llamaindex_query_engine_answers_from_the_graph() -> None:
+    from llama_index.core.llms import MockLLM
+    from llama_index.core.query_engine import RetrieverQueryEngine
+
+    from llamaindex_memories import MemoryRetriever
+
+    memory = make()
+    tell(memory, STORY)
+    engine = RetrieverQueryEngine.from_args(MemoryRetriever(memory, USER), llm=MockLLM())
+    response = engine.query("When does flight EK349 depart?")
+    texts = [n.node.get_content() for n in response.source_nodes]
+    assert texts and any("EK349" in t for t in texts)
+    assert all(n.node.metadata["user_id"] == USER for n in response.source_nodes)
+
+
+def test_secretary_example_runs_offline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "memory_graph_assistant.py"
+    spec = importlib.util.spec_from_file_location("memory_graph_assistant", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(tmp_path)
+    out = capsys.readouterr().out
+    assert "A: The EK349 flight departs at 01:30 on 2024-05-12." in out
+    assert "emg replace" in out and "emg delete" in out
+    assert "'mobile number': '+65 8123 4567'" in out and "'passport': None" in out
+    assert "expires  The Crowne Plaza breakfast voucher" in out
+    assert "Voucher still listed on 2024-05-15: False" in out
+    assert (tmp_path / "secretary_graph.png").read_bytes()[:4] == b"\x89PNG"
