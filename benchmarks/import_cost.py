@@ -52,7 +52,9 @@ def measure(stmt: str, runs: int) -> tuple[float, list[str]]:
     for _ in range(runs):
         out = subprocess.run(
             [sys.executable, "-c", PROBE.format(stmt=stmt)],
-            capture_output=True, text=True, check=True,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout.split()
         times.append(float(out[0]))
         heavy = out[1].split(",") if len(out) > 1 else []
@@ -68,8 +70,15 @@ def main() -> int:
         measure(ours, 1)  # warm the OS file cache once
         base, _ = measure(framework, args.runs)
         total, heavy = measure(f"{framework}\n{ours}", args.runs)
-        rows.append({"framework": name, "framework_s": base, "with_adapters_s": total,
-                     "extra_s": total - base, "heavy_modules_loaded": heavy})
+        rows.append(
+            {
+                "framework": name,
+                "framework_s": base,
+                "with_adapters_s": total,
+                "extra_s": total - base,
+                "heavy_modules_loaded": heavy,
+            }
+        )
     lines = [
         "| framework | framework alone (s) | framework + our adapters (s) | extra (s) | "
         "target <= 0.5 s | heavy modules loaded |",

@@ -11,6 +11,7 @@
 * :func:`create_memory_tools`: save / search / update / forget memory tools for agents.
 * :func:`create_memochat_chain`, :func:`memochat_retriever`: MemoChat's chat with memo.
 * :class:`PersonalizedChatModel`: a user's MaLP model (LoRA adapter + DPeM memory).
+* :func:`dpem_retriever`: DPeM's STM and LTM knowledge items as documents.
 """
 
 try:
@@ -29,7 +30,7 @@ from langchain_memories.forgetting import ForgettingCurveRetriever, MemoryBankRe
 from langchain_memories.legacy import LegacyChainMemory
 from langchain_memories.memochat import create_memochat_chain, memochat_retriever
 from langchain_memories.middleware import MemoryMiddleware
-from langchain_memories.personalized import PersonalizedChatModel
+from langchain_memories.personalized import PersonalizedChatModel, dpem_retriever
 from langchain_memories.reflective import SelfReflectiveRetriever
 from langchain_memories.retriever import MemoryRetriever
 from langchain_memories.store import MemoryStore
@@ -50,5 +51,6 @@ __all__ = [
     "SelfReflectiveRetriever",
     "create_memochat_chain",
     "create_memory_tools",
+    "dpem_retriever",
     "memochat_retriever",
 ]

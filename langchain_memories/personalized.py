@@ -11,11 +11,13 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from langchain_core.outputs import ChatGeneration, ChatResult
 from pydantic import ConfigDict, Field, PrivateAttr, field_validator
 
+from langchain_memories.retriever import MemoryRetriever
 from memories_core.errors import InvalidInputError
+from memories_core.mechanisms.dpem import DualProcessMemory
 from memories_core.personalize import PersonalizedLLM, Personalizer
 from memories_core.types import ChatMessage, Scope
 
-__all__ = ["PersonalizedChatModel"]
+__all__ = ["PersonalizedChatModel", "dpem_retriever"]
 
 
 def _to_core(message: BaseMessage) -> ChatMessage:
@@ -133,3 +135,16 @@ class PersonalizedChatModel(BaseChatModel):
             response_metadata={"adapter": llm.trace.adapter, "user_id": self.user_id},
         )
         return ChatResult(generations=[ChatGeneration(message=message)])
+
+
+def dpem_retriever(
+    memory: DualProcessMemory, user_id: str, *, k: int | None = None
+) -> MemoryRetriever:
+    """The generic retriever over a DPeM memory: STM and LTM knowledge items as documents.
+
+    The documents interleave LTM's fused semantic hits and STM's closest Levenshtein matches,
+    each carrying its type (user-specific or common-sense) in the metadata, as the
+    executive process's retrieval has them (Zhang et al., 2023, "DPeM Mechanism",
+    Figure 5).
+    """
+    return MemoryRetriever(memory=memory, user_id=user_id, k=k)

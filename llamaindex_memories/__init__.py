@@ -12,6 +12,7 @@
 * :class:`MemoryRecallEvent`, :class:`MemorySaveEvent`: instrumentation events of memory.
 * :class:`MemoChatEngine`, :func:`memochat_retriever`: MemoChat's chat with memo.
 * :class:`PersonalizedLlamaLLM`: a user's MaLP model (LoRA adapter + DPeM memory).
+* :func:`dpem_retriever`: DPeM's STM and LTM knowledge items as nodes.
 """
 
 try:
@@ -27,7 +28,7 @@ from llamaindex_memories.forgetting import ForgettingCurvePostprocessor, MemoryB
 from llamaindex_memories.memochat import MemoChatEngine, memochat_retriever
 from llamaindex_memories.memory_block import MemoryBlock
 from llamaindex_memories.observability import MemoryRecallEvent, MemorySaveEvent
-from llamaindex_memories.personalized import PersonalizedLlamaLLM
+from llamaindex_memories.personalized import PersonalizedLlamaLLM, dpem_retriever
 from llamaindex_memories.reflective import SelfReflectiveFilter, SelfReflectiveRetriever
 from llamaindex_memories.retriever import MemoryRetriever
 from llamaindex_memories.tools import MemoryToolSpec
@@ -49,5 +50,6 @@ __all__ = [
     "PersonalizedLlamaLLM",
     "SelfReflectiveFilter",
     "SelfReflectiveRetriever",
+    "dpem_retriever",
     "memochat_retriever",
 ]

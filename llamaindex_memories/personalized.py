@@ -21,11 +21,13 @@ from llama_index.core.bridge.pydantic import Field, PrivateAttr, field_validator
 from llama_index.core.llms import LLM
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 
+from llamaindex_memories.retriever import MemoryRetriever
+from memories_core.mechanisms.dpem import DualProcessMemory
 from memories_core.personalize import PersonalizedLLM, Personalizer
 from memories_core.types import ChatMessage as CoreMessage
 from memories_core.types import Scope
 
-__all__ = ["PersonalizedLlamaLLM"]
+__all__ = ["PersonalizedLlamaLLM", "dpem_retriever"]
 
 _ROLES = {
     MessageRole.SYSTEM: "system",
@@ -196,3 +198,16 @@ class PersonalizedLlamaLLM(LLM):
             yield response
 
         return gen()
+
+
+def dpem_retriever(
+    memory: DualProcessMemory, user_id: str, *, k: int | None = None
+) -> MemoryRetriever:
+    """The generic retriever over a DPeM memory: STM and LTM knowledge items as nodes.
+
+    The nodes interleave LTM's fused semantic hits and STM's closest Levenshtein matches,
+    each carrying its type (user-specific or common-sense) in the metadata, as the
+    executive process's retrieval has them (Zhang et al., 2023, "DPeM Mechanism",
+    Figure 5).
+    """
+    return MemoryRetriever(memory, user_id, similarity_top_k=k)

@@ -23,6 +23,7 @@ EXPECTED_ALL = [
     "SelfReflectiveRetriever",
     "create_memochat_chain",
     "create_memory_tools",
+    "dpem_retriever",
     "memochat_retriever",
 ]
 

@@ -14,7 +14,7 @@ from langchain_core.runnables import ConfigurableField
 from personalize_setup import trained_personalizer
 from pydantic import ValidationError
 
-from langchain_memories import MemoryRetriever, PersonalizedChatModel
+from langchain_memories import PersonalizedChatModel, dpem_retriever
 from memories_core.personalize import Personalizer
 from memories_core.types import Scope
 
@@ -83,7 +83,7 @@ def test_async_chain_and_retriever_chain(personalizer: Personalizer) -> None:
     chat = PersonalizedChatModel(personalizer=personalizer, user_id="ann")
     memory = personalizer.memory
     assert memory is not None
-    retriever = MemoryRetriever(memory=memory, user_id="ann", k=3)
+    retriever = dpem_retriever(memory, "ann", k=3)
     chain = (
         {
             "context": retriever | (lambda docs: "\n".join(d.page_content for d in docs)),
@@ -98,6 +98,8 @@ def test_async_chain_and_retriever_chain(personalizer: Personalizer) -> None:
     sent = chat.core_llm.last_prompt[-1].content
     documents = retriever.invoke(QUESTION)
     assert documents and all(d.page_content in sent for d in documents)
+    assert {d.metadata["type"] for d in documents} <= {"user-specific", "common-sense"}
+    assert {d.metadata["kind"] for d in documents} == {"dpem_knowledge"}
     assert sent.endswith(QUESTION)
 
 

@@ -27,6 +27,7 @@ EXPECTED_ALL = [
     "PersonalizedLlamaLLM",
     "SelfReflectiveFilter",
     "SelfReflectiveRetriever",
+    "dpem_retriever",
     "memochat_retriever",
 ]
 

@@ -12,7 +12,7 @@ from llama_index.core.chat_engine import SimpleChatEngine
 from llama_index.core.query_engine import RetrieverQueryEngine
 from personalize_setup import trained_personalizer
 
-from llamaindex_memories import MemoryRetriever, PersonalizedLlamaLLM
+from llamaindex_memories import PersonalizedLlamaLLM, dpem_retriever
 from memories_core.personalize import Personalizer
 from memories_core.types import Scope
 
@@ -51,9 +51,7 @@ def test_query_engine_over_the_dpem_retriever(personalizer: Personalizer) -> Non
     memory = personalizer.memory
     assert memory is not None
     llm = PersonalizedLlamaLLM(personalizer=personalizer, user_id="ann")
-    engine = RetrieverQueryEngine.from_args(
-        MemoryRetriever(memory, user_id="ann", similarity_top_k=3), llm=llm
-    )
+    engine = RetrieverQueryEngine.from_args(dpem_retriever(memory, "ann", k=3), llm=llm)
     response = engine.query("What should I keep steady?")
     assert isinstance(response, Response) and isinstance(response.response, str)
     assert response.source_nodes
