@@ -12,7 +12,8 @@ the untrained fallback (cosine threshold) and of fixed top-K (K = 1..10, the act
 ranking), and recall@k of the evidence. Then the latency of ``answer``'s retrieval step
 (``EMGMemory.select``) at 1k and 10k memories per user (synthetic facts), without the LLM.
 
-Run: ``PYTHONPATH=shared:. python benchmarks/emg_selection.py [/work/shared/datasets]``
+Run: ``python benchmarks/emg_selection.py [DATASETS]`` (default: ``../shared/datasets`` next to the
+repository)
 Writes ``benchmarks/out/emg_selection.{json,md,png}``; embeddings are cached under
 ``benchmarks/out/cache/``.
 """
@@ -224,7 +225,11 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("datasets", nargs="?", default="/work/shared/datasets")
+    parser.add_argument(
+        "datasets",
+        nargs="?",
+        default=str(Path(__file__).resolve().parents[1] / ".." / "shared" / "datasets"),
+    )
     parser.add_argument("--train", type=int, default=3, help="conversations used for training")
     parser.add_argument("--episodes", type=int, default=300)
     parser.add_argument("--sizes", default="1000,10000")
