@@ -8,41 +8,13 @@ from typing import ClassVar
 from memories_core import DualProcessMemory
 from memories_core.embedders import HashingEmbedder
 from memories_core.interfaces import LLM, Mechanism
-from memories_core.llms.base import BaseLLM, LLMResult
 from memories_core.prompts.dpem import dpem_reply
-from memories_core.testing import MechanismContract
-from memories_core.types import ChatMessage
-
-#: What ``rule_following_reply`` answers to a prompt it does not know.
-_UNKNOWN_PROMPT = "I can only answer the memory prompts of llm-memories."
+from memories_core.testing import MechanismContract, TaughtLLM
 
 
-class DPeMAware(BaseLLM):
-    """The suite's model, taught DPeM's coordinator prompts.
-
-    ``rule_following_reply`` answers only the older mechanisms' prompts; where it says so,
-    this wrapper answers with ``dpem_reply`` instead, as it would if it knew them. Outages
-    and garbage replies pass through unchanged.
-    """
-
-    def __init__(self, inner: LLM) -> None:
-        super().__init__()
-        self.inner = inner
-
-    @property
-    def name(self) -> str:
-        return "dpem-aware"
-
-    def _generate(
-        self,
-        messages: tuple[ChatMessage, ...],
-        *,
-        max_tokens: int | None,
-        temperature: float,
-        stop: tuple[str, ...] | None,
-    ) -> LLMResult:
-        reply = self.inner.generate(messages, max_tokens=max_tokens, stop=stop)
-        return LLMResult(dpem_reply(messages) if reply == _UNKNOWN_PROMPT else reply)
+def aware(llm: LLM) -> LLM:
+    """``llm`` taught DPeM's own prompts (offline stand-in ``dpem_reply``)."""
+    return TaughtLLM(llm, dpem_reply, name="dpem-aware")
 
 
 class TestDualProcessMemoryContract(MechanismContract):
@@ -53,5 +25,5 @@ class TestDualProcessMemoryContract(MechanismContract):
 
     def make_memory(self, path: Path | None, llm: LLM) -> Mechanism:
         return DualProcessMemory(
-            path=path, llm=DPeMAware(llm), embedder=HashingEmbedder(dimension=64), theta=2
+            path=path, llm=aware(llm), embedder=HashingEmbedder(dimension=64), theta=2
         )

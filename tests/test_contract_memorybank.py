@@ -8,46 +8,13 @@ from typing import ClassVar
 from memories_core import MemoryBankMemory
 from memories_core.embedders import HashingEmbedder
 from memories_core.interfaces import LLM, Mechanism
-from memories_core.llms.base import BaseLLM, LLMResult
 from memories_core.prompts.memorybank import memorybank_reply
-from memories_core.testing import MechanismContract
-from memories_core.types import ChatMessage
-
-#: What ``rule_following_reply`` answers to a prompt it does not know.
-_UNKNOWN_PROMPT = "I can only answer the memory prompts of llm-memories."
-
-
-class MemoryBankAware(BaseLLM):
-    """The suite's model, taught MemoryBank's prompts.
-
-    ``rule_following_reply`` (``memories_core.llms``) answers only the older mechanisms'
-    prompts; where it says so, this wrapper answers with ``memorybank_reply`` instead, as it
-    would if it knew them. Outages and garbage replies pass through unchanged.
-    """
-
-    def __init__(self, inner: LLM) -> None:
-        super().__init__()
-        self.inner = inner
-
-    @property
-    def name(self) -> str:
-        return "memorybank-aware"
-
-    def _generate(
-        self,
-        messages: tuple[ChatMessage, ...],
-        *,
-        max_tokens: int | None,
-        temperature: float,
-        stop: tuple[str, ...] | None,
-    ) -> LLMResult:
-        reply = self.inner.generate(messages, max_tokens=max_tokens, stop=stop)
-        return LLMResult(memorybank_reply(messages) if reply == _UNKNOWN_PROMPT else reply)
+from memories_core.testing import MechanismContract, TaughtLLM
 
 
 def aware(llm: LLM) -> LLM:
-    """``llm`` taught MemoryBank's prompts (see :class:`MemoryBankAware`)."""
-    return MemoryBankAware(llm)
+    """``llm`` taught MemoryBank's own prompts (offline stand-in ``memorybank_reply``)."""
+    return TaughtLLM(llm, memorybank_reply, name="memorybank-aware")
 
 
 class TestMemoryBankContract(MechanismContract):

@@ -96,7 +96,8 @@ from typing import Any, ClassVar
 
 from memories_core.errors import LLMError, MemoriesError
 from memories_core.interfaces import LLM, Mechanism
-from memories_core.llms.rule_following import rule_following_reply
+from memories_core.llms.base import BaseLLM, LLMResult
+from memories_core.llms.rule_following import UNKNOWN_PROMPT_REPLY, rule_following_reply
 from memories_core.llms.scripted import ScriptedLLM
 from memories_core.types import ChatMessage, MemoryRecord, Recall, Scope, Turn
 
@@ -107,6 +108,7 @@ __all__ = [
     "TRICKY_USER_IDS",
     "FlakyLLM",
     "MechanismContract",
+    "TaughtLLM",
     "run_crash_writer",
 ]
 
@@ -181,6 +183,54 @@ class FlakyLLM(ScriptedLLM):
             self._served += 1
             return reply
         return rule_following_reply(messages)
+
+
+class TaughtLLM(BaseLLM):
+    """The suite's model taught a mechanism's own prompts.
+
+    :func:`~memories_core.llms.rule_following.rule_following_reply` answers only the prompts
+    it knows; where it says so (:data:`~memories_core.llms.rule_following.UNKNOWN_PROMPT_REPLY`),
+    this wrapper answers with ``reply`` instead, as the model would if it knew them. Outages
+    and garbage replies of ``inner`` (e.g. :class:`FlakyLLM`) pass through unchanged, so a
+    new mechanism runs the whole contract suite with only its own offline stand-in.
+
+    Args:
+        inner: The suite's model.
+        reply: The mechanism's stand-in: messages -> reply text.
+        name: The model's name in usage records.
+
+    Example:
+        >>> from memories_core.prompts.memorybank import memorybank_reply
+        >>> llm = TaughtLLM(FlakyLLM(), memorybank_reply, name="memorybank-aware")
+    """
+
+    def __init__(
+        self,
+        inner: LLM,
+        reply: Callable[[Sequence[ChatMessage]], str],
+        *,
+        name: str = "taught",
+    ) -> None:
+        super().__init__()
+        self.inner = inner
+        self._reply = reply
+        self._name = name
+
+    @property
+    def name(self) -> str:
+        """The name given at construction (``"taught"`` by default)."""
+        return self._name
+
+    def _generate(
+        self,
+        messages: tuple[ChatMessage, ...],
+        *,
+        max_tokens: int | None,
+        temperature: float,
+        stop: tuple[str, ...] | None,
+    ) -> LLMResult:
+        answer = self.inner.generate(messages, max_tokens=max_tokens, stop=stop)
+        return LLMResult(self._reply(messages) if answer == UNKNOWN_PROMPT_REPLY else answer)
 
 
 #: Words of :data:`GARBAGE_REPLIES` that must never reach a stored record or a recall.

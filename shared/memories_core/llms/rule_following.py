@@ -67,6 +67,10 @@ _PROMPTS: tuple[tuple[str, PromptSpec[Any, Any], Callable[[str], Any]], ...] = (
 )
 
 
+#: What :func:`rule_following_reply` answers to a prompt it does not know.
+UNKNOWN_PROMPT_REPLY = "I can only answer the memory prompts of llm-memories."
+
+
 def rule_following_reply(messages: Sequence[ChatMessage]) -> str:
     """Answer one of the package's prompts in its output format (see the module docstring).
 
@@ -80,4 +84,4 @@ def rule_following_reply(messages: Sequence[ChatMessage]) -> str:
     for prompt, spec, read in _PROMPTS:
         if system.endswith(prompt):
             return str(spec.stand_in(read(user)))
-    return "I can only answer the memory prompts of llm-memories."
+    return UNKNOWN_PROMPT_REPLY
