@@ -451,6 +451,30 @@ def test_walk_reaches_memories_beyond_the_activated_ones() -> None:
     assert len(chosen.memories) > 1  # reached through the EK349 / boss entity nodes
 
 
+def test_walk_reads_memory_vectors_from_the_index_instead_of_embedding_them_again(
+    tmp_path: Path,
+) -> None:
+    first = make(tmp_path, threshold=-1.0)
+    tell(first, STORY)
+    before = first.select("EK349 departs", USER, now=T0 + timedelta(days=2))
+    first.close()
+    memory = make(tmp_path, threshold=-1.0)  # a new process: nothing cached in memory
+    texts = {r.text for r in memory.memories(USER, now=T0 + timedelta(days=2))}
+    embedded: list[str] = []
+    original = memory.embedder.embed_documents
+
+    def spy(batch: Sequence[str]) -> Any:
+        embedded.extend(batch)
+        return original(batch)
+
+    memory.embedder.embed_documents = spy  # type: ignore[method-assign]
+    again = memory.select("EK349 departs", USER, now=T0 + timedelta(days=2))
+    assert again.memories
+    assert [m.record.id for m in again.memories] == [m.record.id for m in before.memories]
+    assert not texts & set(embedded)  # the pool's memories came from the index
+    memory.close()
+
+
 def test_policy_training_learns_the_required_memories_and_round_trips() -> None:
     memory = make()
     tell(memory, STORY)

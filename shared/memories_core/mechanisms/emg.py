@@ -1033,13 +1033,19 @@ class EMGMemory(MemoryBase):
             return walk
         pool = {h.record.id: h.record for h in pool_hits}
         q = self.embedder.embed_query(question)
-        texts = [r.text for r in pool.values()]
+        # The memories' own vectors are already in the index: read them instead of embedding
+        # the pool's texts again (an index without ``vectors`` falls back to the cache).
+        reader = getattr(self.engine.index, "vectors", None)
+        stored: dict[str, npt.NDArray[np.float32]] = (
+            dict(reader(list(pool), user_id=user_id)) if callable(reader) else {}
+        )
+        unstored = [r.text for rid, r in pool.items() if rid not in stored]
         # One embedding call for every name and relation the walk may meet (then cached).
         self._vectors(
             list(
                 dict.fromkeys(
                     [
-                        *texts,
+                        *unstored,
                         "the user",
                         *(
                             str(r.metadata.get(key) or "").replace("_", " ")
@@ -1051,7 +1057,10 @@ class EMGMemory(MemoryBase):
                 )
             )
         )
-        memory_sim = dict(zip(pool, (_cos(q, v) for v in self._vectors(texts)), strict=True))
+        memory_sim = {
+            rid: _cos(q, stored[rid] if rid in stored else self._vectors([r.text])[0])
+            for rid, r in pool.items()
+        }
         visited_nodes: set[str] = set()
         decided: dict[str, bool] = {}
 
