@@ -94,6 +94,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, ClassVar
 
+from memories_core.clock import FixedClock
 from memories_core.errors import LLMError, MemoriesError
 from memories_core.interfaces import LLM, Mechanism
 from memories_core.llms.base import BaseLLM, LLMResult
@@ -839,13 +840,33 @@ class MechanismContract:
         where = f"seed {seed}, {kill + 1} kills, {len(acked)} saves acknowledged"
         self._check_after_crashes(path, acked, in_flight, where)
 
+    def _retry_after_leases(self, memory: Any, user_id: str) -> None:
+        """Retry pending work as it runs once the killed writers' job leases have ended.
+
+        A writer killed while running a job leaves the job claimed until its lease ends
+        (:class:`~memories_core.engine.JobPolicy`); only then may another worker take it. The
+        writers here are dead, so the retry runs on the engine's clock moved past one lease,
+        which is when a real restart would run it. A memory without an engine is retried as is.
+        """
+        engine = getattr(memory, "engine", None)
+        policy = getattr(engine, "policy", None)
+        if engine is None or policy is None:
+            self.retry(memory, user_id)
+            return
+        real = engine.clock
+        engine.clock = FixedClock(real.now() + policy.lease + timedelta(seconds=1))
+        try:
+            self.retry(memory, user_id)
+        finally:
+            engine.clock = real
+
     def _check_after_crashes(
         self, path: Path, acked: set[int], in_flight: set[int], where: str
     ) -> None:
         memory = self.make_memory(path, self.make_llm())
         try:
             for index, user in enumerate(_CRASH_USERS):
-                self.retry(memory, user)
+                self._retry_after_leases(memory, user)
                 mine = {i for i in acked if i % 2 == index}
                 listings = self.stored_turns(memory, Scope(user))
                 if listings is None:
