@@ -28,7 +28,6 @@ import json
 import pickle
 import platform
 import random
-import shlex
 import shutil
 import statistics
 import sys
@@ -64,6 +63,9 @@ from memories_core.retrieval.keys import DEFAULT_KEY_FUSION, KEY_FOR, SEARCH_KEY
 from memories_core.retrieval.memory_backend import InMemoryBackend
 from memories_core.retrieval.temporal import TemporalBoost
 from memories_core.types import MemoryRecord, ensure_utc, new_id
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine_info import command_line
 
 #: The shared datasets folder next to the repository (see shared/datasets/README.md).
 DEFAULT_DATA = (
@@ -1084,8 +1086,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     chart_rows |= {label: r for label, r in public.items() if "no session ids" in label}
     plot_variants(chart_rows, args.out / f"{stem}_variants.png")
-    command = "python benchmarks/locomo_retrieval.py " + " ".join(
-        shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])
+    command = command_line(
+        "benchmarks/locomo_retrieval.py", list(argv if argv is not None else sys.argv[1:])
     )
     markdown = [
         "## LoCoMo retrieval (recall@k of evidence turns and sessions)",

@@ -65,3 +65,21 @@ def repo_state() -> str:
         return "unknown"
     changed = [line[3:] for line in dirty if line.strip()]
     return f"{head}" + (f" + uncommitted changes in {', '.join(changed)}" if changed else "")
+
+
+def command_line(script: str, argv: list[str]) -> str:
+    """The command that produced a result, with paths relative to the repository root.
+
+    Absolute paths on the benchmarking machine mean nothing elsewhere; ``../shared/datasets``
+    does (it is where every benchmark's default data lives).
+    """
+    import shlex
+
+    root = Path(__file__).resolve().parents[1]
+
+    def portable(arg: str) -> str:
+        if os.path.isabs(arg):
+            return os.path.relpath(arg, root)
+        return arg
+
+    return " ".join(["python", script, *(shlex.quote(portable(a)) for a in argv)])

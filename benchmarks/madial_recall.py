@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import statistics
 import sys
 import time
@@ -35,6 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from locomo_retrieval import CachedEmbedder, machine
+from machine_info import command_line
 from tqdm import tqdm
 
 from memories_core.evaluation import recall_at_k
@@ -245,8 +245,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     (args.out / "madial_recall.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
     plot(results, args.out / "madial_recall.png")
-    command = "python benchmarks/madial_recall.py " + " ".join(
-        shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])
+    command = command_line(
+        "benchmarks/madial_recall.py", list(argv if argv is not None else sys.argv[1:])
     )
     lines = [
         "## MADial-Bench memory recall",

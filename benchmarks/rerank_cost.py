@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import shlex
 import statistics
 import sys
 import time
@@ -43,9 +42,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from locomo_retrieval import (
     DEFAULT_DATA,
     CachedEmbedder,
+    build_backend,
     machine,
-    pipeline_backend,
 )
+from machine_info import command_line
 from tqdm import tqdm
 
 from memories_core.evaluation import CATEGORY_NAMES, load_locomo, recall_at_k
@@ -342,7 +342,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     embedder.warm([qa.question for c in conversations for qa in c.qa], query=True)
     embedder.save()
 
-    backends = {c.sample_id: pipeline_backend(c, embedder, STORAGE) for c in conversations}
+    backends = {c.sample_id: build_backend(c, embedder, STORAGE) for c in conversations}
     base = Pipeline()
     questions: list[Question] = []
     for conversation in conversations:
@@ -459,8 +459,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     (args.out / "rerank_cost.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
     plot(grid, timing, base_all, args.out / "rerank_cost.png")
-    command = "python benchmarks/rerank_cost.py " + " ".join(
-        shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])
+    command = command_line(
+        "benchmarks/rerank_cost.py", list(argv if argv is not None else sys.argv[1:])
     )
     lines = [
         "## Cross-encoder reranking",
