@@ -9,7 +9,7 @@ from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
-from pydantic import ConfigDict, Field, PrivateAttr, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
 from langchain_memories.retriever import MemoryRetriever
 from memories_core.errors import InvalidInputError
@@ -95,23 +95,12 @@ class PersonalizedChatModel(BaseChatModel):
             "use_adapter": self.use_adapter,
         }
 
-    _core: PersonalizedLLM | None = PrivateAttr(default=None)
-
     @property
     def core_llm(self) -> PersonalizedLLM:
         """The core model this chat model runs (``last_prompt`` shows what it sent)."""
-        llm = self.personalizer.llm(self.user_id)
-        if (llm.use_memory, llm.use_adapter) == (self.use_memory, self.use_adapter):
-            return llm
-        own = self._core
-        if own is None or own.user_id != self.user_id:
-            own = self._core = PersonalizedLLM(
-                self.personalizer,
-                self.user_id,
-                use_memory=self.use_memory,
-                use_adapter=self.use_adapter,
-            )
-        return own
+        return self.personalizer.llm(
+            self.user_id, use_memory=self.use_memory, use_adapter=self.use_adapter
+        )
 
     def _generate(
         self,

@@ -17,7 +17,7 @@ from llama_index.core.base.llms.types import (
     LLMMetadata,
     MessageRole,
 )
-from llama_index.core.bridge.pydantic import Field, PrivateAttr, field_validator
+from llama_index.core.bridge.pydantic import Field, field_validator
 from llama_index.core.llms import LLM
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 
@@ -94,23 +94,12 @@ class PersonalizedLlamaLLM(LLM):
             context_window=self.personalizer.config.max_input_tokens,
         )
 
-    _core: PersonalizedLLM | None = PrivateAttr(default=None)
-
     @property
     def core_llm(self) -> PersonalizedLLM:
         """The core model this LLM runs (``last_prompt`` shows what it sent)."""
-        llm = self.personalizer.llm(self.user_id)
-        if (llm.use_memory, llm.use_adapter) == (self.use_memory, self.use_adapter):
-            return llm
-        own = self._core
-        if own is None or own.user_id != self.user_id:
-            own = self._core = PersonalizedLLM(
-                self.personalizer,
-                self.user_id,
-                use_memory=self.use_memory,
-                use_adapter=self.use_adapter,
-            )
-        return own
+        return self.personalizer.llm(
+            self.user_id, use_memory=self.use_memory, use_adapter=self.use_adapter
+        )
 
     def _answer(self, messages: Sequence[CoreMessage]) -> tuple[str, dict[str, Any]]:
         llm = self.core_llm

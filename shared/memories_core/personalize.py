@@ -328,7 +328,7 @@ class Personalizer:
         self._peft: Any = None
         self._loaded: dict[str, str] = {}  # adapter name -> artifact sha256
         self._lock = threading.RLock()
-        self._llms: dict[str, PersonalizedLLM] = {}
+        self._llms: dict[tuple[str, bool, bool], PersonalizedLLM] = {}
 
     # ------------------------------------------------------------------ data
     def prompt_messages(
@@ -369,7 +369,8 @@ class Personalizer:
     def delete_adapter(self, user_id: str) -> bool:
         """Delete the user's adapter and checkpoint; returns whether an adapter existed."""
         with self._lock:
-            self._llms.pop(user_id, None)
+            for key in [k for k in self._llms if k[0] == user_id]:
+                del self._llms[key]
             self.engine.artifacts.delete(user_id, CHECKPOINT_ARTIFACT)
             return self.engine.artifacts.delete(user_id, ADAPTER_ARTIFACT)
 
@@ -685,13 +686,24 @@ class Personalizer:
                     total_tokens += count
         return math.exp(total_nll / max(1, total_tokens))
 
-    def llm(self, user_id: str) -> PersonalizedLLM:
-        """The user's :class:`PersonalizedLLM` (cached)."""
+    def llm(
+        self, user_id: str, *, use_memory: bool = True, use_adapter: bool = True
+    ) -> PersonalizedLLM:
+        """The user's :class:`PersonalizedLLM` (cached per user and switches).
+
+        Args:
+            user_id: Whose adapter and memory.
+            use_memory: Put the recalled DPeM memory in the prompt (eq. 3's ``p``).
+            use_adapter: Generate with the user's LoRA adapter (else the base model).
+        """
         check_user_id(user_id)
+        key = (user_id, use_memory, use_adapter)
         with self._lock:
-            llm = self._llms.get(user_id)
+            llm = self._llms.get(key)
             if llm is None:
-                llm = self._llms[user_id] = PersonalizedLLM(self, user_id)
+                llm = self._llms[key] = PersonalizedLLM(
+                    self, user_id, use_memory=use_memory, use_adapter=use_adapter
+                )
             return llm
 
     def llm_for(self, scope: Scope) -> PersonalizedLLM | None:
