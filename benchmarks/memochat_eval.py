@@ -295,6 +295,23 @@ def decide(scores: np.ndarray, setting: Setting) -> list[int]:
     raise ValueError(rule)
 
 
+def ranking_ceiling(items: Sequence[dict[str, Any]], scorer: Scorer, setting: Setting) -> float:
+    """F1 when told how many options are right: the top-k options by their best sentence score.
+
+    Over the items whose reference is not NOTO; k = the reference's size. No threshold or
+    decision rule can beat this with the same scores (an upper bound of what ranking allows).
+    """
+    scores = []
+    for item in items:
+        if item["noto"] in item["gold"] or not real_options(item):
+            continue
+        real = [i for i in range(1, len(item["options"]) + 1) if i != item["noto"]]
+        best = scorer.scores(item, setting).max(axis=0)
+        top = np.argsort(-best, kind="stable")[: len(item["gold"])]
+        scores.append(f1({real[int(j)] for j in top}, item["gold"]))
+    return statistics.fmean(scores) if scores else float("nan")
+
+
 def select(item: dict[str, Any], scorer: Scorer, setting: Setting) -> set[int]:
     """Run a selector on one item; map back to the item's option numbers (NOTO if none)."""
     real = [i for i in range(1, len(item["options"]) + 1) if i != item["noto"]]
@@ -588,6 +605,19 @@ def main(argv: Sequence[str] | None = None) -> None:
         held = " / ".join(f"{r['tune'][:2]}->{r['test'][:2]} {r['test_f1']:.3f}" for r in cv)
         detail = ", ".join(f"{s} {v:.3f}" for s, v in per.items())
         print(f"  {name:22s} held-out {held}; best mean: {describe(best)} ({detail})")
+
+    print("\nranking ceiling: F1 of the top-k options by best sentence score, k given (non-NOTO)")
+    ceilings: dict[str, Setting] = {
+        "fused (default scores)": {},
+        "embedding-only": dense_only,
+    }
+    if args.cross_encoder:
+        ceilings["cross-encoder alone"] = {"dense_weight": 0.0, "ce_weight": 1000.0}
+    out["ranking_ceiling"] = {}
+    for name, setting in ceilings.items():
+        per = {s: ranking_ceiling(split[s], scorer, setting) for s in sources}
+        out["ranking_ceiling"][name] = per
+        print(f"  {name:22s} " + "  ".join(f"{s} {v:.3f}" for s, v in per.items()))
 
     print("\nsegmenter boundary P/R/F1 (LLM-free, TextTiling-style + speaker-turn cues)")
 
