@@ -18,8 +18,10 @@ from memories_core.mechanisms.memochat import (
     SEARCH_KEY_KIND,
     LLMOptionSource,
     choose_memos,
+    option_scores,
     segment_lines,
     select_options,
+    vote,
 )
 from memories_core.prompts.memochat import (
     MEMO_RETRIEVAL,
@@ -453,6 +455,36 @@ def test_select_options_answer_rule() -> None:
     assert select_options(query, options, embedder, answer_penalty=1.0) == [1]
     # Not an answer (no question before it): naming the option still selects it.
     assert select_options("I met Sam Wood.", options, embedder, answer_penalty=1.0) == [0]
+
+
+def test_option_scores_rows_are_sentences_and_select_options_votes_on_them() -> None:
+    embedder = HashingEmbedder()
+    options = ["Sam Wood", "Kings Row. a film directed in 1942"]
+    query = "who directed the film Kings Row? Sam Wood."
+    sentences, plain = option_scores(query, options, embedder, answer_penalty=0.0, smoothing=0.0)
+    assert sentences == ["who directed the film Kings Row?", "Sam Wood."]
+    assert plain.shape == (2, 2)
+    _, ruled = option_scores(query, options, embedder, answer_penalty=1.0, smoothing=0.0)
+    # The rule lowers only the answer sentence's score for the option it names whole.
+    assert ruled[1, 0] == pytest.approx(plain[1, 0] - 1.0)
+    assert ruled[0] == pytest.approx(plain[0]) and ruled[1, 1] == pytest.approx(plain[1, 1])
+    _, smoothed = option_scores(query, options, embedder, answer_penalty=0.0, smoothing=0.5)
+    assert smoothed[0] == pytest.approx((plain[0] + 0.5 * plain[1]) / 2)
+    for threshold in (0.0, 0.05, 0.3):
+        _, default = option_scores(query, options, embedder)
+        assert select_options(query, options, embedder, threshold=threshold) == vote(
+            default, threshold
+        )
+
+
+def test_vote_threshold_and_noto() -> None:
+    import numpy as np
+
+    scores = np.array([[0.1, 0.4], [0.3, 0.2], [0.01, 0.02]])
+    assert vote(scores, 0.0) == [0, 1]
+    assert vote(scores, 0.35) == [1]
+    assert vote(scores, 0.5) == []  # no vote: none of the others
+    assert vote(np.zeros((1, 0)), 0.0) == []
 
 
 # --------------------------------------------------------------------------- retrieval spec

@@ -80,8 +80,10 @@ __all__ = [
     "MemoChatMemory",
     "MemoEntry",
     "extractive_memo",
+    "option_scores",
     "segment_lines",
     "select_options",
+    "vote",
 ]
 
 logger = logging.getLogger(__name__)
@@ -151,48 +153,37 @@ def _bm25(query: Sequence[str], docs: Sequence[Sequence[str]]) -> npt.NDArray[np
 
 
 # ------------------------------------------------------------------------------ LLM-free
-def select_options(
+def option_scores(
     query: str,
     options: Sequence[str],
     embedder: Embedder,
     *,
-    threshold: float = DEFAULT_THRESHOLD,
     dense_weight: float = DEFAULT_DENSE_WEIGHT,
     bm25_saturation: float = DEFAULT_BM25_SATURATION,
     smoothing: float = DEFAULT_SMOOTHING,
     answer_penalty: float = DEFAULT_ANSWER_PENALTY,
-) -> list[int]:
-    """The LLM-free memo selector: which options ``query`` relates to (0-based, sorted).
+) -> tuple[list[str], npt.NDArray[np.float64]]:
+    """Every query sentence's score for every option (what :func:`select_options` votes on).
 
     The query is split into sentences (a MemoChat query mixes lines of several topics,
     Table 7). Each sentence scores each option by a fused dense + lexical score,
-    ``dense_weight * cosine + (1 - dense_weight) * bm25 / (bm25 + bm25_saturation)``; scores
-    are smoothed with the neighbouring sentences (weight ``smoothing``, since neighbouring
-    lines usually share a topic), and each sentence votes for its best option if that
-    option's score reaches ``threshold``. No vote means none of the others (NOTO).
-
-    *Answer rule*: a sentence that answers the question just before it (it follows a
-    sentence ending in ``?`` and is not a question itself) and names every content word of
-    an option (``"who directed it? Sam Wood"`` against the option ``"Sam Wood"``) is about
-    what the question asked after, which the question's pronoun points at ("it": the film),
-    not about the person or thing it names; that option's score there is lowered by
-    ``answer_penalty`` before smoothing. Options with summaries rarely have every word named.
+    ``dense_weight * cosine + (1 - dense_weight) * bm25 / (bm25 + bm25_saturation)``; the
+    answer rule (see :func:`select_options`) lowers some scores; then the scores are smoothed
+    with the neighbouring sentences (weight ``smoothing``, since neighbouring lines usually
+    share a topic).
 
     Args:
-        query: The query sentence(s).
-        options: ``"topic. summary"`` texts.
-        embedder: Embeds sentences and options (the memory's embedder).
-        threshold: Lowest fused score that counts as related.
+        query: The query sentence(s); not empty.
+        options: ``"topic. summary"`` texts; at least one.
+        embedder: Embeds sentences and options.
         dense_weight: Weight of the cosine similarity in the fused score.
         bm25_saturation: BM25 scores ``s`` enter as ``s / (s + bm25_saturation)``.
         smoothing: Weight of each neighbouring sentence's scores.
         answer_penalty: Score taken off an option an answer sentence names whole.
 
     Returns:
-        Indices into ``options``; empty when none is related.
+        The sentences and a ``(sentences, options)`` score matrix.
     """
-    if not options or not query.strip():
-        return []
     sentences = [s for s in _SENTENCE.split(query.strip()) if s.strip()] or [query]
     vectors = _normalise(embedder.embed_documents([*sentences, *options]))
     cosine = vectors[: len(sentences)] @ vectors[len(sentences) :].T
@@ -209,8 +200,73 @@ def select_options(
     if len(sentences) > 1 and smoothing:
         padded = np.vstack([np.zeros_like(scores[:1]), scores, np.zeros_like(scores[:1])])
         scores = (scores + smoothing * (padded[:-2] + padded[2:])) / (1 + 2 * smoothing)
-    chosen = {int(row.argmax()) for row in scores if row.max() >= threshold}
-    return sorted(chosen)
+    return sentences, np.asarray(scores, dtype=np.float64)
+
+
+def vote(scores: npt.NDArray[np.float64], threshold: float = DEFAULT_THRESHOLD) -> list[int]:
+    """Each row (query sentence) votes for its best column (option) if it reaches ``threshold``.
+
+    Returns:
+        The options voted for (0-based, sorted); empty means none of the others (NOTO).
+    """
+    return sorted({int(row.argmax()) for row in scores if row.size and row.max() >= threshold})
+
+
+def select_options(
+    query: str,
+    options: Sequence[str],
+    embedder: Embedder,
+    *,
+    threshold: float = DEFAULT_THRESHOLD,
+    dense_weight: float = DEFAULT_DENSE_WEIGHT,
+    bm25_saturation: float = DEFAULT_BM25_SATURATION,
+    smoothing: float = DEFAULT_SMOOTHING,
+    answer_penalty: float = DEFAULT_ANSWER_PENALTY,
+) -> list[int]:
+    """The LLM-free memo selector: which options ``query`` relates to (0-based, sorted).
+
+    The query's sentences score the options (:func:`option_scores`: fused dense + BM25,
+    answer rule, smoothing with the neighbouring sentences) and each sentence votes for its
+    best option if that option's score reaches ``threshold`` (:func:`vote`). No vote means
+    none of the others (NOTO, Table 7's option).
+
+    *Answer rule*: a sentence that answers the question just before it (it follows a
+    sentence ending in ``?`` and is not a question itself) and names every content word of
+    an option (``"who directed it? Sam Wood"`` against the option ``"Sam Wood"``) is about
+    what the question asked after, which the question's pronoun points at ("it": the film),
+    not about the person or thing it names; that option's score there is lowered by
+    ``answer_penalty`` before smoothing. Options with summaries rarely have every word named.
+
+    Defaults come from cross-validation over MemoChat's two test sources (BENCHMARKS.md,
+    "MemoChat"); the answer rule never fires on options that carry summaries, so only
+    TopiOCQA-style bare-title options can inform its penalty (split-half cross-validation
+    within that source, same section).
+
+    Args:
+        query: The query sentence(s).
+        options: ``"topic. summary"`` texts.
+        embedder: Embeds sentences and options (the memory's embedder).
+        threshold: Lowest fused score that counts as related.
+        dense_weight: Weight of the cosine similarity in the fused score.
+        bm25_saturation: BM25 scores ``s`` enter as ``s / (s + bm25_saturation)``.
+        smoothing: Weight of each neighbouring sentence's scores.
+        answer_penalty: Score taken off an option an answer sentence names whole.
+
+    Returns:
+        Indices into ``options``; empty when none is related.
+    """
+    if not options or not query.strip():
+        return []
+    _, scores = option_scores(
+        query,
+        options,
+        embedder,
+        dense_weight=dense_weight,
+        bm25_saturation=bm25_saturation,
+        smoothing=smoothing,
+        answer_penalty=answer_penalty,
+    )
+    return vote(scores, threshold)
 
 
 def segment_lines(
