@@ -86,9 +86,7 @@ def load(memory: EMGMemory, sample: dict[str, Any]) -> dict[str, str]:
     return {e.record_id: d for e, d in zip(edits, dias, strict=True) if e.record_id}
 
 
-def examples(
-    sample: dict[str, Any], ids: dict[str, str]
-) -> list[tuple[TrainingExample, int]]:
+def examples(sample: dict[str, Any], ids: dict[str, str]) -> list[tuple[TrainingExample, int]]:
     """The conversation's questions with required memories, with their LoCoMo category."""
     by_dia: dict[str, set[str]] = {}
     for rid, dias in ids.items():
@@ -136,8 +134,12 @@ def cross_validate(
     order: list[int] = []
     training: list[dict[str, Any]] = []
     selectors: dict[str, Callable[[Any, TrainingExample], list[str]]] = {}
+
+    def top(k: int) -> Callable[[Any, TrainingExample], list[str]]:
+        return lambda env, ex: list(env.pool)[:k]
+
     for k in range(1, 11):
-        selectors[f"top-{k}"] = lambda env, ex, k=k: list(env.pool)[:k]
+        selectors[f"top-{k}"] = top(k)
     selectors["untrained fallback"] = lambda env, ex: [
         h.record.id for h in memory._choose(env, None).memories
     ]

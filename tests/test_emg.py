@@ -537,7 +537,7 @@ def test_walk_reads_memory_vectors_from_the_index_instead_of_embedding_them_agai
         embedded.extend(batch)
         return original(batch)
 
-    memory.embedder.embed_documents = spy  # type: ignore[method-assign]
+    memory.embedder.embed_documents = spy  # type: ignore[method-assign,assignment]
     again = memory.select("EK349 departs", USER, now=T0 + timedelta(days=2))
     assert again.memories
     assert [m.record.id for m in again.memories] == [m.record.id for m in before.memories]

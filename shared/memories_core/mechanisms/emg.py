@@ -608,13 +608,14 @@ class EMGMemory(MemoryBase):
             out.centres.setdefault(label, []).append(self._vectors([raw])[0])
             out.edits.append(Edit("fallback", raw, record.id))
             return out
-        # One embedding call for the batch's statements and names (then served from the cache).
+        # One embedding call for the batch's statements, names and relations (then served from
+        # the cache: the walk compares questions with them).
         self._vectors(
             list(
                 dict.fromkeys(
                     t
                     for m in memories
-                    for t in (m.text, m.subject, m.object)
+                    for t in (m.text, m.subject, m.object, m.relation.replace("_", " "))
                     if entity_id(t) != ROOT
                 )
             )
