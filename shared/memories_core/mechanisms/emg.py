@@ -40,14 +40,25 @@ Every edit is written with the records in one transaction (``Derivation.apply``)
 the engine's update history with its reason (:meth:`EMGMemory.edits`).
 
 **Selection** (§4.3): the question activates the top-``activate`` memories (K=3, Table 6);
-from each activated node the agent walks depth first. At a node reached by a relation edge it
-sees three cosines (Eq. 1) and includes the edge's memory and continues, or stops the branch
-(Eq. 2). The question's entity and relation are not extracted by a model at query time: the
-question's own embedding stands for both (no LLM call before retrieval). The walk stays
-inside the ``pool`` memories nearest to the question (a hub such as the user has an edge per
-memory; this bounds a question's cost). The policy (:mod:`.emg_policy`) is trained by
-:meth:`EMGMemory.train_policy` and saved as an artifact per store (or per user); untrained,
-a memory is included when its cosine to the question reaches ``threshold``.
+from each activated node the agent walks depth first. At each memory reached by a relation
+edge it sees a state and includes the memory and continues, or stops the branch (Eq. 2).
+The state is Eq. 1's three cosines (question entity vs node entity, question relation vs
+edge relation, question vs memory) plus four documented relative features
+(:mod:`.emg_policy`). The question's entities and relation are read without a model
+(:func:`~memories_core.prompts.emg.question_parts`: the graph's entity names found in the
+question, capitalised words, the remaining words as the relation), so no LLM runs before
+retrieval, and the question is embedded once. The walk stays inside the ``pool`` memories
+nearest to the question (a hub such as the user has an edge per memory; this bounds a
+question's cost). The policy is trained by :meth:`EMGMemory.train_policy` and saved as an
+artifact per store (or per user); untrained, a memory is included when its cosine to the
+question reaches ``threshold``.
+
+**Policies and deletion**: the examples a policy is trained on are kept per user, as that
+user's artifact, and the policy lists its contributors. :meth:`EMGMemory.delete_user`
+removes the user's examples and own policy, and drops every policy the user contributed to
+(it carries their influence), leaving a *stale* mark (:meth:`EMGMemory.policy_status`) until
+:meth:`EMGMemory.retrain_policy` trains it again from the remaining users' examples; in the
+meantime the similarity threshold serves.
 
 **Applications** (§4.4): :meth:`EMGMemory.answer`, :meth:`EMGMemory.autofill`,
 :meth:`EMGMemory.reminders`. The walk is also a candidate source of the retrieval pipeline
