@@ -788,6 +788,8 @@ def test_secretary_example_runs_offline(tmp_path: Path, capsys: pytest.CaptureFi
     module.main(tmp_path)
     out = capsys.readouterr().out
     assert "A: The EK349 flight departs at 01:30 on 2024-05-12." in out
+    assert "Store policy trained on the examples of: secretary" in out
+    assert "State of the first (Eq. 1): entity " in out
     assert "emg replace" in out and "emg delete" in out
     assert "'mobile number': '+65 8123 4567'" in out and "'passport': None" in out
     assert "expires  The Crowne Plaza breakfast voucher" in out
