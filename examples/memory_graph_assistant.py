@@ -197,6 +197,9 @@ def main(out: Path) -> None:
         progress=False,
     )
     print(f"\nPolicy trained: {report.states} states, {report.episodes} episodes ({report.reward})")
+    # The secretary's examples are her artifact: deleting her would drop this policy too.
+    status = assistant.policy_status()
+    print(f"Store policy trained on the examples of: {', '.join(status.contributors)}")
 
     question = "What time is my boss's flight to Amsterdam?"
     answer = assistant.answer(question, scope, now=now)
@@ -204,6 +207,11 @@ def main(out: Path) -> None:
     print("Selected memories:")
     for hit in answer.memories:
         print(f"  {hit.score:.2f}  {hit.record.text}")
+    seen = assistant.select(question, scope, now=now).states[answer.memories[0].record.id]
+    print(
+        "State of the first (Eq. 1): entity {entity_cos:.2f}, relation {relation_cos:.2f}, "
+        "memory {memory_cos:.2f}".format(**seen)
+    )
 
     print("\nAutofill:", assistant.autofill(["name", "mobile number", "passport"], scope, now=now))
 

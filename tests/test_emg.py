@@ -15,14 +15,30 @@ from memories_core import EMGMemory, FixedClock, Scope, Turn
 from memories_core.embedders import HashingEmbedder
 from memories_core.errors import InvalidInputError, LLMError
 from memories_core.llms import ScriptedLLM
-from memories_core.mechanisms.emg import MEMORY_KIND, ROOT, TrainingExample
-from memories_core.mechanisms.emg_policy import SelectionPolicy, rouge_l, selection_f1
+from memories_core.mechanisms.emg import (
+    MEMORY_KIND,
+    POLICY_ARTIFACT,
+    ROOT,
+    STORE_OWNER,
+    TRAINING_OWN,
+    TRAINING_STORE,
+    PolicyStatus,
+    TrainingExample,
+)
+from memories_core.mechanisms.emg_policy import (
+    ALL_FEATURES,
+    PAPER_FEATURES,
+    SelectionPolicy,
+    rouge_l,
+    selection_f1,
+)
 from memories_core.prompts.emg import (
     EXTRACT,
     EXTRACT_SYSTEM,
     ExtractInput,
     emg_reply,
     parse_extract,
+    question_parts,
     resolve_date,
 )
 from memories_core.prompts.spec import read_section
@@ -418,6 +434,10 @@ def test_delete_user_removes_graph_history_and_policy(tmp_path: Path) -> None:
         progress=False,
     )
     assert memory.policy("ann") is not None
+    assert {a.name for a in memory.engine.artifacts.list("ann")} == {
+        POLICY_ARTIFACT,
+        TRAINING_OWN,
+    }
     memory.delete_user("ann")
     assert memory.engine.graph.nodes("ann") == [] and memory.engine.graph.edges("ann") == []
     assert memory.engine.history("ann") == [] and memory.edits("ann") == []
@@ -429,6 +449,56 @@ def test_delete_user_removes_graph_history_and_policy(tmp_path: Path) -> None:
         ("boss", "flight", "EK349"),
     }
     memory.close()
+
+
+def test_deleting_a_contributor_drops_the_store_policy_until_it_is_retrained(
+    tmp_path: Path,
+) -> None:
+    memory = make(tmp_path / "m")
+    tell(memory, STORY, user="ann")
+    tell(memory, STORY, user="bob")
+    now = T0 + timedelta(days=2)
+
+    def flight(user: str) -> TrainingExample:
+        ids = frozenset(r.id for r in memory.memories(user, now=now) if "EK349" in r.text)
+        return TrainingExample(user, "When does flight EK349 depart?", ids)
+
+    settings: dict[str, Any] = {"warm_epochs": 20, "episodes": 10, "now": now, "progress": False}
+    report = memory.train_policy([flight("ann"), flight("bob")], **settings)
+    assert report.contributors == ("ann", "bob")
+    assert memory.policy_status() == PolicyStatus(STORE_OWNER, True, False, ("ann", "bob"))
+    # Each user's examples are that user's artifact; bob's own policy builds on the store's.
+    assert memory.engine.artifacts.get("ann", TRAINING_STORE) is not None
+    memory.train_policy([flight("bob")], user_id="bob", **settings)
+    assert memory.policy_status("bob").contributors == ("ann", "bob")
+    with pytest.raises(InvalidInputError):
+        memory.train_policy([flight("ann")], user_id="bob", **settings)
+
+    memory.delete_user("ann")
+    # Both policies carried ann's influence: dropped, marked stale, threshold serves bob.
+    assert memory.policy_status() == PolicyStatus(STORE_OWNER, False, True, ("bob",))
+    assert memory.policy_status("bob") == PolicyStatus("bob", False, True, ("bob",))
+    assert memory.policy("bob") is None
+    assert memory.select("When does flight EK349 depart?", "bob", now=now).policy == "threshold"
+    memory.close()
+
+    again = make(tmp_path / "m")  # the stale marks and bob's examples persist
+    try:
+        assert again.policy_status().stale
+        retrained = again.retrain_policy(progress=False)
+        assert retrained is not None and retrained.contributors == ("bob",)
+        assert again.policy_status() == PolicyStatus(STORE_OWNER, True, False, ("bob",))
+        assert again.select("When does flight EK349 depart?", "bob", now=now).policy == "trained"
+        own = again.retrain_policy("bob", progress=False)
+        assert own is not None and again.policy_status("bob").contributors == ("bob",)
+        # With no stored example left, retraining leaves no policy (threshold serves).
+        again.delete_user("bob")
+        assert again.policy_status().stale and again.retrain_policy(progress=False) is None
+        assert again.policy_status() == PolicyStatus(STORE_OWNER, False, False, ())
+        with pytest.raises(InvalidInputError):
+            again.retrain_policy(progress=False)
+    finally:
+        again.close()
 
 
 # ----------------------------------------------------------------------------- selection
@@ -467,7 +537,7 @@ def test_walk_reads_memory_vectors_from_the_index_instead_of_embedding_them_agai
         embedded.extend(batch)
         return original(batch)
 
-    memory.embedder.embed_documents = spy  # type: ignore[method-assign]
+    memory.embedder.embed_documents = spy  # type: ignore[method-assign,assignment]
     again = memory.select("EK349 departs", USER, now=T0 + timedelta(days=2))
     assert again.memories
     assert [m.record.id for m in again.memories] == [m.record.id for m in before.memories]
@@ -492,13 +562,86 @@ def test_policy_training_learns_the_required_memories_and_round_trips() -> None:
     assert report.episodes == 30
     policy = memory.policy()
     assert policy is not None and policy.trained
+    assert policy.features == ALL_FEATURES
     loaded = SelectionPolicy.from_json(policy.to_json())
-    states = np.random.default_rng(0).uniform(-1, 1, (10, 3))
+    states = np.random.default_rng(0).uniform(-1, 1, (10, len(ALL_FEATURES)))
     np.testing.assert_allclose(
         loaded.include_probability(states), policy.include_probability(states)
     )
     with pytest.raises(InvalidInputError):
         SelectionPolicy.from_json('{"w1": [[1]]}')
+    with pytest.raises(InvalidInputError):
+        SelectionPolicy.initial(features=["memory_cos", "not_a_feature"])
+    # The selection is what the policy gives P(include) >= 0.5, else its best-scored memory.
+    chosen = memory.select("What time does EK349 depart?", USER, now=now)
+    assert chosen.policy == "trained" and chosen.visited == len(chosen.states)
+    probs = {
+        rid: float(policy.include_probability(np.array([[st[f] for f in ALL_FEATURES]]))[0])
+        for rid, st in chosen.states.items()
+    }
+    included = {rid for rid, pr in probs.items() if pr >= 0.5}
+    expected = included or {max(probs, key=lambda rid: probs[rid])}
+    assert {h.record.id for h in chosen.memories} == expected
+
+
+def test_policy_of_the_papers_three_features_still_loads_and_serves() -> None:
+    memory = make()
+    tell(memory, STORY)
+    now = T0 + timedelta(days=2)
+    old = SelectionPolicy.initial(3)  # the paper's state (Eq. 1), as saved before extras
+    data = json.loads(old.to_json())
+    del data["features"]  # written by an older version
+    data["trained"] = True
+    loaded = SelectionPolicy.from_json(json.dumps(data))
+    assert loaded.features == PAPER_FEATURES and loaded.columns == [0, 1, 2]
+    memory.save_policy(loaded)
+    chosen = memory.select("When does EK349 depart?", USER, now=now)
+    assert chosen.policy == "trained" and chosen.memories
+
+
+def test_question_parts_reads_entities_and_relation_without_a_model() -> None:
+    entities, relation = question_parts(
+        "What time is my boss's flight to Amsterdam?", ["boss", "Amsterdam", "EK349"]
+    )
+    assert entities == ["Amsterdam", "boss", "the user"] and relation == "time flight"
+    entities, relation = question_parts("When did Melanie paint a sunrise?", [])
+    assert entities == ["Melanie"] and relation == "paint sunrise"
+    assert question_parts("what?", []) == ([], "")
+
+
+def test_state_compares_the_questions_entity_and_relation_with_the_edge() -> None:
+    memory = make(threshold=-1.0)
+    tell(memory, STORY)
+    now = T0 + timedelta(days=2)
+    chosen = memory.select("Which hotel has the boss?", USER, now=now)
+    by_text = {memory.engine.get(USER, [rid])[0].text: s for rid, s in chosen.states.items()}
+    hotel = by_text["The boss stays at the Crowne Plaza near Central Station."]
+    # "boss" is the edge's subject node, "hotel" its relation: both cosines are 1.
+    assert hotel["entity_cos"] == pytest.approx(1.0)
+    assert hotel["relation_cos"] == pytest.approx(1.0)
+    assert hotel["memory_cos"] < 1.0
+    departs = by_text["Flight EK349 departs at 01:30 on 2024-05-12."]
+    assert departs["entity_cos"] < 1.0 and departs["relation_cos"] < 1.0
+    best = max(s["memory_cos"] for s in chosen.states.values())
+    assert all(
+        s["memory_cos_gap"] == pytest.approx(s["memory_cos"] - best) for s in by_text.values()
+    )
+    assert all(0 < s["rank"] <= 1 and 0 < s["depth"] <= 1 for s in by_text.values())
+
+
+def test_select_embeds_the_question_once() -> None:
+    memory = make()
+    tell(memory, STORY)
+    queries: list[str] = []
+    original = memory.embedder.embed_query
+
+    def spy(text: str) -> Any:
+        queries.append(text)
+        return original(text)
+
+    memory.embedder.embed_query = spy  # type: ignore[method-assign]
+    memory.select("When does EK349 depart?", USER, now=T0 + timedelta(days=2))
+    assert queries == ["When does EK349 depart?"]
 
 
 def test_policy_gradient_uses_rouge_with_a_reward_llm() -> None:
@@ -645,6 +788,8 @@ def test_secretary_example_runs_offline(tmp_path: Path, capsys: pytest.CaptureFi
     module.main(tmp_path)
     out = capsys.readouterr().out
     assert "A: The EK349 flight departs at 01:30 on 2024-05-12." in out
+    assert "Store policy trained on the examples of: secretary" in out
+    assert "State of the first (Eq. 1): entity " in out
     assert "emg replace" in out and "emg delete" in out
     assert "'mobile number': '+65 8123 4567'" in out and "'passport': None" in out
     assert "expires  The Crowne Plaza breakfast voucher" in out

@@ -40,14 +40,25 @@ Every edit is written with the records in one transaction (``Derivation.apply``)
 the engine's update history with its reason (:meth:`EMGMemory.edits`).
 
 **Selection** (§4.3): the question activates the top-``activate`` memories (K=3, Table 6);
-from each activated node the agent walks depth first. At a node reached by a relation edge it
-sees three cosines (Eq. 1) and includes the edge's memory and continues, or stops the branch
-(Eq. 2). The question's entity and relation are not extracted by a model at query time: the
-question's own embedding stands for both (no LLM call before retrieval). The walk stays
-inside the ``pool`` memories nearest to the question (a hub such as the user has an edge per
-memory; this bounds a question's cost). The policy (:mod:`.emg_policy`) is trained by
-:meth:`EMGMemory.train_policy` and saved as an artifact per store (or per user); untrained,
-a memory is included when its cosine to the question reaches ``threshold``.
+from each activated node the agent walks depth first. At each memory reached by a relation
+edge it sees a state and includes the memory and continues, or stops the branch (Eq. 2).
+The state is Eq. 1's three cosines (question entity vs node entity, question relation vs
+edge relation, question vs memory) plus four documented relative features
+(:mod:`.emg_policy`). The question's entities and relation are read without a model
+(:func:`~memories_core.prompts.emg.question_parts`: the graph's entity names found in the
+question, capitalised words, the remaining words as the relation), so no LLM runs before
+retrieval, and the question is embedded once. The walk stays inside the ``pool`` memories
+nearest to the question (a hub such as the user has an edge per memory; this bounds a
+question's cost). The policy is trained by :meth:`EMGMemory.train_policy` and saved as an
+artifact per store (or per user); untrained, a memory is included when its cosine to the
+question reaches ``threshold``.
+
+**Policies and deletion**: the examples a policy is trained on are kept per user, as that
+user's artifact, and the policy lists its contributors. :meth:`EMGMemory.delete_user`
+removes the user's examples and own policy, and drops every policy the user contributed to
+(it carries their influence), leaving a *stale* mark (:meth:`EMGMemory.policy_status`) until
+:meth:`EMGMemory.retrain_policy` trains it again from the remaining users' examples; in the
+meantime the similarity threshold serves.
 
 **Applications** (§4.4): :meth:`EMGMemory.answer`, :meth:`EMGMemory.autofill`,
 :meth:`EMGMemory.reminders`. The walk is also a candidate source of the retrieval pipeline
@@ -58,6 +69,7 @@ generic adapters (retrievers, memory blocks, middleware) serve it unchanged.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import random
@@ -77,6 +89,7 @@ from memories_core.engine import Derivation, JobFailed, check_query, check_scope
 from memories_core.errors import ConfigurationError, InvalidInputError, LLMError, ParseError
 from memories_core.mechanisms.base import MemoryBase
 from memories_core.mechanisms.emg_policy import (
+    ALL_FEATURES,
     Episode,
     SelectionPolicy,
     reinforce,
@@ -95,6 +108,7 @@ from memories_core.prompts.emg import (
     ExtractedMemory,
     ExtractInput,
     MemoryLine,
+    question_parts,
 )
 from memories_core.prompts.spec import run_spec
 from memories_core.types import (
@@ -122,11 +136,15 @@ __all__ = [
     "MEMORY_KIND",
     "POLICY_ARTIFACT",
     "ROOT",
+    "STALE_ARTIFACT",
     "STORE_OWNER",
+    "TRAINING_OWN",
+    "TRAINING_STORE",
     "Answer",
     "EMGMemory",
     "EMGSource",
     "Edit",
+    "PolicyStatus",
     "Reminder",
     "Selection",
     "TrainingExample",
@@ -141,6 +159,12 @@ ROOT = "user"
 POLICY_ARTIFACT = "emg/policy"
 #: Artifact owner of the store-wide policy (shared by every user without a policy of their own).
 STORE_OWNER = "__emg_store__"
+#: Marker left where a policy was dropped because a contributing user was deleted.
+STALE_ARTIFACT = "emg/policy-stale"
+#: A user's examples that trained the store's policy (their artifact: deleted with them).
+TRAINING_STORE = "emg/training/store"
+#: A user's examples that trained their own policy.
+TRAINING_OWN = "emg/training/own"
 #: Subjects that mean the user (mapped to the root node).
 _SELF = frozenset({"user", "i", "me", "my", "myself", "the user", "mine"})
 #: Turn roles that are never extracted from (the assistant's and system's words).
@@ -178,8 +202,10 @@ class Selection:
         memories: Selected memories, best first (score = ``P(include)`` or, untrained, the
             cosine to the question).
         activated: Ids of the activated memories (top-K).
-        visited: Number of (node, memory) states the agent evaluated.
+        visited: Number of memories the agent evaluated.
         policy: ``"trained"`` or ``"threshold"``.
+        states: The state the agent saw at each evaluated memory (record id -> feature name
+            -> value, :data:`~.emg_policy.ALL_FEATURES`), for inspection.
     """
 
     question: str
@@ -187,6 +213,7 @@ class Selection:
     activated: tuple[str, ...]
     visited: int
     policy: str
+    states: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -220,7 +247,16 @@ class TrainingExample:
 
 @dataclass(frozen=True)
 class TrainingReport:
-    """What :meth:`EMGMemory.train_policy` did."""
+    """What :meth:`EMGMemory.train_policy` did.
+
+    Attributes:
+        states: WS states collected; positives: of which required.
+        warm_start_loss: Last WS loss; episodes: PG episodes run; mean_return: their mean.
+        reward: ``"selection-f1"`` (offline) or ``"rouge-l"``.
+        owner: Whose policy (:data:`STORE_OWNER` for the store's).
+        policy: The trained policy.
+        contributors: Users whose examples trained it.
+    """
 
     states: int
     positives: int
@@ -229,6 +265,26 @@ class TrainingReport:
     mean_return: float | None
     reward: str
     owner: str
+    policy: SelectionPolicy | None = None
+    contributors: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PolicyStatus:
+    """The state of a selection policy (:meth:`EMGMemory.policy_status`).
+
+    Attributes:
+        owner: :data:`STORE_OWNER` or the user.
+        trained: A policy is saved and serves.
+        stale: A contributing user was deleted since it was trained; the weights were
+            dropped and :meth:`EMGMemory.retrain_policy` has not run yet.
+        contributors: Users whose stored examples train it.
+    """
+
+    owner: str
+    trained: bool
+    stale: bool
+    contributors: tuple[str, ...]
 
 
 @dataclass
@@ -279,7 +335,7 @@ class EMGMemory(MemoryBase):
         activate: Activated nodes per question (K, Table 6: 3).
         pool: Nearest memories the walk may visit.
         max_select: Most memories one selection returns.
-        min_select: Fewest (the best activated memory fills an empty selection).
+        min_select: Fewest (the best-scored visited memories fill a short selection).
         threshold: Cosine at which the untrained fallback includes a memory.
         relation_match: Cosine of relation names at which two relations are the same.
         subclasses: Extra subclasses per type, added to Table 7's.
@@ -366,13 +422,6 @@ class EMGMemory(MemoryBase):
             sources=(EMGSource(self), DenseSource(weight=0.2), LexicalSource(weight=0.3)),
             rerankers=(),
         )
-
-    def _activation_pipeline(self) -> Pipeline:
-        """Top-K activation: the engine's dense + lexical fusion, without context spreading."""
-        from memories_core.retrieval import Pipeline
-
-        base = (self.fusion or self.engine.retriever.fusion).pipeline()
-        return Pipeline(sources=base.sources, fusion=base.fusion, rerankers=(), depth=base.depth)
 
     # ------------------------------------------------------------------ embeddings
     def _vectors(self, texts: Sequence[str]) -> list[npt.NDArray[np.float32]]:
@@ -570,13 +619,14 @@ class EMGMemory(MemoryBase):
             out.centres.setdefault(label, []).append(self._vectors([raw])[0])
             out.edits.append(Edit("fallback", raw, record.id))
             return out
-        # One embedding call for the batch's statements and names (then served from the cache).
+        # One embedding call for the batch's statements, names and relations (then served from
+        # the cache: the walk compares questions with them).
         self._vectors(
             list(
                 dict.fromkeys(
                     t
                     for m in memories
-                    for t in (m.text, m.subject, m.object)
+                    for t in (m.text, m.subject, m.object, m.relation.replace("_", " "))
                     if entity_id(t) != ROOT
                 )
             )
@@ -940,16 +990,57 @@ class EMGMemory(MemoryBase):
             return policy
         return None
 
-    def save_policy(self, policy: SelectionPolicy, user_id: str | None = None) -> None:
-        """Save a policy for the whole store (``user_id=None``) or for one user (artifact)."""
+    def save_policy(
+        self,
+        policy: SelectionPolicy,
+        user_id: str | None = None,
+        *,
+        contributors: Sequence[str] = (),
+        settings: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Save a policy for the whole store (``user_id=None``) or for one user (artifact).
+
+        Args:
+            policy: The weights.
+            user_id: Owner of a per-user policy; ``None`` for the store's.
+            contributors: Users whose examples trained it (kept in the artifact's metadata:
+                deleting one of them drops this policy, see :meth:`policy_status`).
+            settings: Training settings :meth:`retrain_policy` reuses.
+        """
         owner = STORE_OWNER if user_id is None else check_user_id(user_id)
         self.engine.artifacts.put(
             owner,
             POLICY_ARTIFACT,
             {"policy.json": policy.to_json().encode("utf-8")},
-            meta={"architecture": "mlp-3-20-tanh-2", "trained": policy.trained},
+            meta={
+                "architecture": policy.architecture,
+                "features": list(policy.features),
+                "trained": policy.trained,
+                "contributors": sorted(set(contributors)),
+                "settings": dict(settings or {}),
+            },
         )
+        self.engine.artifacts.delete(owner, STALE_ARTIFACT)
         self._policies.pop(owner, None)
+
+    def policy_status(self, user_id: str | None = None) -> PolicyStatus:
+        """Whether the store's (or ``user_id``'s own) policy is trained, or stale.
+
+        A policy is *stale* when a user whose examples trained it was deleted: the weights
+        are dropped at once (they carry that user's influence), selection falls back to the
+        next policy (the store's) or the similarity threshold, and :meth:`retrain_policy`
+        trains it again from the remaining users' stored examples.
+        """
+        owner = STORE_OWNER if user_id is None else check_user_id(user_id)
+        info = self.engine.artifacts.get(owner, POLICY_ARTIFACT)
+        marker = self.engine.artifacts.get(owner, STALE_ARTIFACT)
+        source = info if info is not None else marker
+        return PolicyStatus(
+            owner=owner,
+            trained=info is not None,
+            stale=marker is not None,
+            contributors=tuple(source.meta.get("contributors", ())) if source else (),
+        )
 
     def select(
         self,
@@ -961,6 +1052,10 @@ class EMGMemory(MemoryBase):
         policy: SelectionPolicy | Literal["auto"] | None = "auto",
     ) -> Selection:
         """Select the memories for a question by walking the graph (§4.3).
+
+        The question is embedded once (the activation search and the state share the
+        vector); its entities and relation are read without a model
+        (:func:`~memories_core.prompts.emg.question_parts`).
 
         Args:
             question: The question.
@@ -977,143 +1072,228 @@ class EMGMemory(MemoryBase):
         user_id = scope.user_id if isinstance(scope, Scope) else check_user_id(scope)
         when = ensure_utc(now) if now is not None else self.clock.now()
         chosen = self.policy(user_id) if policy == "auto" else policy
-        decide = self._decider(chosen)
-        steps = self._walk(question, user_id, when, activate or self.activate, decide)
-        picked: dict[str, tuple[MemoryRecord, float]] = {}
-        for record, _, include, score in steps.visits:
-            if include and (record.id not in picked or picked[record.id][1] < score):
-                picked[record.id] = (record, score)
-        ranked = sorted(picked.values(), key=lambda pair: -pair[1])[: self.max_select]
-        if len(ranked) < self.min_select:
-            extra = [
-                (r, s)
-                for r, _, _, s in steps.visits
-                if r.id in steps.activated and r.id not in picked
-            ]
-            ranked += extra[: self.min_select - len(ranked)]
+        env = self._environment(question, user_id, when, activate or self.activate)
+        return self._choose(env, chosen)
+
+    def _choose(self, env: _Env, policy: SelectionPolicy | None) -> Selection:
+        """Walk ``env`` with ``policy`` (threshold if ``None``) and rank what it included."""
+        walk = self._traverse(env, self._decider(policy))
+        ranked = self._picked(env, walk)
         return Selection(
-            question=question,
-            memories=tuple(ScoredRecord(r, float(s)) for r, s in ranked),
-            activated=tuple(steps.activated),
-            visited=len(steps.visits),
-            policy="threshold" if chosen is None else "trained",
+            question=env.question,
+            memories=tuple(ScoredRecord(env.pool[i], float(s)) for i, s in ranked),
+            activated=tuple(env.activated),
+            visited=len(walk),
+            policy="threshold" if policy is None else "trained",
+            states={
+                v.record_id: dict(zip(ALL_FEATURES, (float(x) for x in v.state), strict=True))
+                for v in walk
+            },
         )
 
-    def _decider(
-        self, policy: SelectionPolicy | None
-    ) -> Callable[[tuple[float, float, float]], tuple[bool, float]]:
-        if policy is None:
-            return lambda s: (s[2] >= self.threshold, s[2])
+    def _picked(self, env: _Env, walk: list[_Visit]) -> list[tuple[str, float]]:
+        """Included memories best first (at most ``max_select``), filled to ``min_select``."""
+        picked: dict[str, float] = {}
+        for visit in walk:
+            if visit.include and picked.get(visit.record_id, -2.0) < visit.score:
+                picked[visit.record_id] = visit.score
+        ranked = sorted(picked.items(), key=lambda pair: -pair[1])[: self.max_select]
+        if len(ranked) < self.min_select:
+            # Fill with the best-scored memories the agent saw (P(include), or the cosine):
+            # a trained policy that includes nothing still ranks the candidates.
+            extra = sorted(
+                ((v.record_id, v.score) for v in walk if v.record_id not in picked),
+                key=lambda pair: -pair[1],
+            )
+            ranked += extra[: self.min_select - len(ranked)]
+        return ranked
 
-        def decide(state: tuple[float, float, float]) -> tuple[bool, float]:
-            p = float(policy.include_probability([state])[0])
+    def _decider(self, policy: SelectionPolicy | None) -> Callable[[_State], tuple[bool, float]]:
+        if policy is None:
+            memory_cos = ALL_FEATURES.index("memory_cos")
+            return lambda s: (bool(s[memory_cos] >= self.threshold), float(s[memory_cos]))
+        columns = policy.columns
+
+        def decide(state: _State) -> tuple[bool, float]:
+            p = float(policy.include_probability(state[columns])[0])
             return p >= 0.5, p
 
         return decide
 
-    def _walk(
-        self,
-        question: str,
-        user_id: str,
-        now: datetime,
-        activate: int,
-        decide: Callable[[tuple[float, float, float]], tuple[bool, float]],
-    ) -> _Walk:
-        """Activate the top-K memories, then walk depth first from their nodes."""
+    def _activation_pipeline(self, vector: npt.NDArray[np.float32] | None = None) -> Pipeline:
+        """Top-K activation: the engine's dense + lexical fusion, without context spreading.
+
+        With ``vector`` the dense sources use it instead of embedding the question again.
+        """
+        from memories_core.retrieval import DenseSource, Pipeline
+
+        base = (self.fusion or self.engine.retriever.fusion).pipeline()
+        sources = tuple(
+            _VectorSource(vector, s.weight, s.name)
+            if vector is not None and isinstance(s, DenseSource)
+            else s
+            for s in base.sources
+        )
+        return Pipeline(sources=sources, fusion=base.fusion, rerankers=(), depth=base.depth)
+
+    def _environment(self, question: str, user_id: str, now: datetime, activate: int) -> _Env:
+        """What a walk for ``question`` may see: the pool, its graph edges and the states.
+
+        Constructing the environment (§4.3): the ``pool`` memories nearest to the question
+        (dense + lexical fusion), of which the top ``activate`` are the activated nodes.
+        Each memory's state (:data:`~.emg_policy.ALL_FEATURES`, depth added by the walk):
+
+        * ``entity_cos``: the question's entities (:func:`question_parts`) against the two
+          entity nodes the memory's relation edge joins, the best pair (a memory has the
+          same state whichever end the walk reached it from); without a named entity in the
+          question, the question's own embedding stands for it;
+        * ``relation_cos``: the question's relation words against the edge's relation (the
+          question's embedding when no relation word is left);
+        * ``memory_cos``: the question against the memory;
+        * the extras of :mod:`.emg_policy` (gap to the best ``memory_cos``, activation rank,
+          activation score relative to the best).
+
+        A memory without edges (extraction fallback) uses ``memory_cos`` for all three.
+        """
+        q = np.asarray(self.embedder.embed_query(question), dtype=np.float32)
         pool_hits = self.engine.search(
             question,
             user_id,
             k=max(self.pool, activate),
             kinds=[MEMORY_KIND],
             now=now,
-            pipeline=self._activation_pipeline(),
+            pipeline=self._activation_pipeline(q),
         )
-        walk = _Walk(activated=[h.record.id for h in pool_hits[:activate]])
+        ids = [h.record.id for h in pool_hits]
+        env = _Env(question=question, activated=ids[:activate])
         if not pool_hits:
-            return walk
-        pool = {h.record.id: h.record for h in pool_hits}
-        q = self.embedder.embed_query(question)
-        # The memories' own vectors are already in the index: read them instead of embedding
-        # the pool's texts again (an index without ``vectors`` falls back to the cache).
-        reader = getattr(self.engine.index, "vectors", None)
-        stored: dict[str, npt.NDArray[np.float32]] = (
-            dict(reader(list(pool), user_id=user_id)) if callable(reader) else {}
-        )
-        unstored = [r.text for rid, r in pool.items() if rid not in stored]
-        # One embedding call for every name and relation the walk may meet (then cached).
-        self._vectors(
-            list(
-                dict.fromkeys(
-                    [
-                        *unstored,
-                        "the user",
-                        *(
-                            str(r.metadata.get(key) or "").replace("_", " ")
-                            for r in pool.values()
-                            for key in ("subject", "object", "relation")
-                            if r.metadata.get(key)
-                        ),
-                    ]
-                )
+            return env
+        env.pool = {h.record.id: h.record for h in pool_hits}
+        graph = self.engine.graph
+        for rid in ids:
+            found = [e for e in graph.edges(user_id, record_id=rid) if e.id == f"e:{rid}"]
+            env.edges[rid] = found[0] if found else None
+            if found:
+                for node in {found[0].source, found[0].target}:
+                    env.adjacency.setdefault(node, []).append(rid)
+
+        def label(record: MemoryRecord, end: str) -> str:
+            value = str(record.metadata.get(end) or "")
+            return "the user" if entity_id(value) == ROOT else value
+
+        names = list(
+            dict.fromkeys(
+                label(r, end)
+                for r in env.pool.values()
+                for end in ("subject", "object")
+                if r.metadata.get(end)
             )
         )
-        memory_sim = {
-            rid: _cos(q, stored[rid] if rid in stored else self._vectors([r.text])[0])
-            for rid, r in pool.items()
+        entities, relation = question_parts(question, names)
+        # The memories' vectors are already in the index: read them instead of embedding the
+        # pool's texts again (an index without ``vectors`` falls back to the cache).
+        reader = getattr(self.engine.index, "vectors", None)
+        stored: dict[str, npt.NDArray[np.float32]] = (
+            dict(reader(ids, user_id=user_id)) if callable(reader) else {}
+        )
+        relations = {
+            rid: str(r.metadata.get("relation") or "").replace("_", " ")
+            for rid, r in env.pool.items()
         }
-        visited_nodes: set[str] = set()
+        texts = list(
+            dict.fromkeys(
+                [
+                    *(env.pool[rid].text for rid in ids if rid not in stored),
+                    *names,
+                    *(x for x in relations.values() if x),
+                    *entities,
+                    *([relation] if relation else []),
+                ]
+            )
+        )
+        vectors = dict(zip(texts, self._vectors(texts), strict=True)) if texts else {}
+
+        def unit(v: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+            n = float(np.linalg.norm(v))
+            return v / n if n else v
+
+        qu = unit(q)
+        memory_cos = np.array(
+            [
+                float(unit(stored[rid] if rid in stored else vectors[env.pool[rid].text]) @ qu)
+                for rid in ids
+            ]
+        )
+        ent_vectors = [unit(vectors[e]) for e in entities] or [qu]
+        rel_vector = unit(vectors[relation]) if relation else qu
+        rows = []
+        top_score = max(float(pool_hits[0].score), 1e-12)
+        for i, rid in enumerate(ids):
+            record = env.pool[rid]
+            msim = float(memory_cos[i])
+            if env.edges[rid] is None or not relations[rid]:
+                ent = rel = msim
+            else:
+                ends = [label(record, end) for end in ("subject", "object")]
+                ent = max(
+                    float(unit(vectors[name]) @ e) for name in ends if name for e in ent_vectors
+                )
+                rel = float(unit(vectors[relations[rid]]) @ rel_vector)
+            rows.append(
+                (
+                    ent,
+                    rel,
+                    msim,
+                    msim - float(memory_cos.max()),
+                    1.0 / (1 + i),
+                    float(pool_hits[i].score) / top_score,
+                )
+            )
+        env.states = {
+            rid: np.asarray(row, dtype=np.float64) for rid, row in zip(ids, rows, strict=True)
+        }
+        return env
+
+    def _traverse(self, env: _Env, decide: Callable[[_State], tuple[bool, float]]) -> list[_Visit]:
+        """Depth-first walk from each activated node (§4.3); one decision per memory.
+
+        At a memory reached by a relation edge the agent includes it and continues to the
+        edge's other entity node, or stops this branch and restarts from the next one on the
+        stack (Eq. 2). The depth feature is ``1 / (1 + hops from the activated node)``.
+        """
+        visits: list[_Visit] = []
         decided: dict[str, bool] = {}
+        seen_nodes: set[str] = set()
 
-        def state_of(
-            record: MemoryRecord, node_label: str, relation: str
-        ) -> tuple[float, float, float]:
-            msim = memory_sim[record.id]
-            if not relation:  # a memory without edges (extraction fallback)
-                return (msim, msim, msim)
-            ent, rel = self._vectors([node_label, relation.replace("_", " ")])
-            return (_cos(q, ent), _cos(q, rel), msim)
-
-        def visit(record: MemoryRecord, label: str, relation: str) -> bool:
-            state = state_of(record, label, relation)
+        def visit(rid: str, depth: int) -> bool:
+            state = np.append(env.states[rid], 1.0 / (1 + depth))
             include, score = decide(state)
-            walk.visits.append((record, state, include, score))
+            visits.append(_Visit(rid, state, include, score))
             return include
 
-        for start in walk.activated:
-            record = pool[start]
-            edges = self.engine.graph.edges(user_id, record_id=start)
-            if not edges:
+        for start in env.activated:
+            edge = env.edges.get(start)
+            if edge is None:
                 if start not in decided:
-                    decided[start] = visit(record, "", "")
+                    decided[start] = visit(start, 0)
                 continue
-            edge = edges[0]
             # The in-degree node first (it holds the memory), then the head entity.
-            stack: list[tuple[str, GraphEdge]] = [(edge.source, edge), (edge.target, edge)]
-            while stack and len(walk.visits) < 4 * self.pool:
-                node, via = stack.pop()
-                assert via.record_id is not None
-                rec = pool.get(via.record_id)
-                if rec is None:
-                    continue
-                if via.record_id not in decided:
-                    end = "object" if node == via.target else "subject"
-                    label = "the user" if node == ROOT else str(via.data.get(end) or "")
-                    decided[via.record_id] = visit(rec, label, via.relation)
-                if not decided[via.record_id]:
-                    continue  # stop this branch, restart from the others (Eq. 2)
-                if node in visited_nodes:
-                    continue
-                visited_nodes.add(node)
-                for nxt in self.engine.graph.edges(user_id, node_id=node):
-                    if (
-                        nxt.record_id is None
-                        or nxt.record_id in decided
-                        or nxt.record_id not in pool
-                    ):
+            stack: list[tuple[str, str, int]] = [(edge.source, start, 0), (edge.target, start, 0)]
+            while stack:
+                node, rid, depth = stack.pop()
+                if rid not in decided:
+                    decided[rid] = visit(rid, depth)
+                if not decided[rid] or node in seen_nodes:
+                    continue  # stopped: restart from the other branches (Eq. 2)
+                seen_nodes.add(node)
+                for other_id in env.adjacency.get(node, ()):
+                    if other_id in decided:
                         continue
-                    other = nxt.target if nxt.source == node else nxt.source
-                    stack.append((other, nxt))
-        return walk
+                    other = env.edges[other_id]
+                    assert other is not None
+                    nxt = other.target if other.source == node else other.source
+                    stack.append((nxt, other_id, depth + 1))
+        return visits
 
     # ------------------------------------------------------------------ training
     def train_policy(
@@ -1121,10 +1301,13 @@ class EMGMemory(MemoryBase):
         examples: Sequence[TrainingExample],
         *,
         user_id: str | None = None,
+        features: Sequence[str] = ALL_FEATURES,
         warm_epochs: int = 300,
-        episodes: int = 100,
+        episodes: int = 3000,
+        batch: int = 16,
         lr: float = 1e-3,
         warm_lr: float = 1e-2,
+        balance: bool = False,
         reward_llm: LLM | None = None,
         now: datetime | None = None,
         seed: int = 0,
@@ -1142,57 +1325,148 @@ class EMGMemory(MemoryBase):
         * otherwise (offline): the F1 of the selected memories against the required ones,
           minus that of the empty selection (0): a retrieval-quality reward.
 
+        Offline, the greedy walk's F1 on the same question is the baseline (self-critical);
+        with an LLM reward a running mean is (no extra model calls). Each question's
+        environment is built once.
+
+        With ``save`` the policy is saved (store-wide, or ``user_id``'s), and each user's
+        examples are kept as that user's artifact (``emg/training/...``), so they go with
+        :meth:`delete_user`, which also drops the policies they trained (see
+        :meth:`policy_status`, :meth:`retrain_policy`).
+
         Args:
             examples: Questions with required memory ids (and reference answers).
-            user_id: Save the policy for this user only (online fine-tuning, §4.4); default:
-                for the whole store.
+            user_id: Train ``user_id``'s own policy (online fine-tuning, §4.4) from their
+                examples only, starting from the store's policy; default: the store's.
+            features: State features (default every one; the paper's Eq. 1 is
+                :data:`~.emg_policy.PAPER_FEATURES`).
             warm_epochs: WS epochs (0 skips WS).
-            episodes: PG episodes (A.4: 100; 0 skips PG).
+            episodes: PG episodes (A.4 uses 100; 0 skips PG).
+            batch: PG episodes per Adam step.
             lr: PG learning rate (A.4: 0.001).
             warm_lr: WS learning rate.
+            balance: Class-balanced BCE in WS (see :func:`.emg_policy.warm_start`).
             reward_llm: Model whose answers are scored by ROUGE-L.
             now: Time of the questions.
             seed: Seed of initialisation, sampling and torch.
             progress: tqdm bars.
-            save: Save the policy as an artifact.
+            save: Save the policy and the examples as artifacts.
 
         Raises:
-            InvalidInputError: if there are no examples or no state could be collected.
+            InvalidInputError: if there are no examples, a per-user policy gets another
+                user's example, or no state could be collected.
         """
         if not examples:
             raise InvalidInputError("train_policy needs at least one example")
+        if user_id is not None:
+            check_user_id(user_id)
+            if any(e.user_id != user_id for e in examples):
+                raise InvalidInputError("a user's own policy trains on that user's examples only")
         when = ensure_utc(now) if now is not None else self.clock.now()
-        policy = self.policy(user_id) if user_id is not None else None
-        policy = SelectionPolicy.initial(seed) if policy is None else policy
         from tqdm.auto import tqdm
 
-        states: list[tuple[float, float, float]] = []
+        envs = [
+            self._environment(e.question, e.user_id, when, self.activate)
+            for e in tqdm(examples, desc="EMG environments", disable=not progress)
+        ]
+        settings = {
+            "features": list(features),
+            "warm_epochs": warm_epochs,
+            "episodes": episodes,
+            "batch": batch,
+            "lr": lr,
+            "warm_lr": warm_lr,
+            "balance": balance,
+            "seed": seed,
+        }
+        base = self.policy() if user_id is not None else None
+        contributors = {e.user_id for e in examples}
+        if base is not None and list(base.features) == list(features):
+            policy = SelectionPolicy.from_json(base.to_json())
+            info = self.engine.artifacts.get(STORE_OWNER, POLICY_ARTIFACT)
+            contributors |= set(info.meta.get("contributors", ())) if info else set()
+        else:
+            policy = SelectionPolicy.initial(seed, features)
+        report = self._train(
+            policy,
+            list(examples),
+            envs,
+            warm_epochs=warm_epochs,
+            episodes=episodes,
+            batch=batch,
+            lr=lr,
+            warm_lr=warm_lr,
+            balance=balance,
+            reward_llm=reward_llm,
+            when=when,
+            seed=seed,
+            progress=progress,
+        )
+        owner = STORE_OWNER if user_id is None else user_id
+        if save:
+            name = TRAINING_STORE if user_id is None else TRAINING_OWN
+            for uid in sorted({e.user_id for e in examples}):
+                mine = [e for e in examples if e.user_id == uid]
+                self.engine.artifacts.put(
+                    uid,
+                    name,
+                    {"examples.json": _examples_json(mine, when).encode("utf-8")},
+                    meta={"examples": len(mine)},
+                )
+            self.save_policy(policy, user_id, contributors=sorted(contributors), settings=settings)
+        return dataclasses.replace(report, owner=owner, contributors=tuple(sorted(contributors)))
+
+    def _train(
+        self,
+        policy: SelectionPolicy,
+        examples: list[TrainingExample],
+        envs: list[_Env],
+        *,
+        warm_epochs: int,
+        episodes: int,
+        batch: int,
+        lr: float,
+        warm_lr: float,
+        balance: bool,
+        reward_llm: LLM | None,
+        when: datetime,
+        seed: int,
+        progress: bool,
+    ) -> TrainingReport:
+        """WS + PG on prepared environments (the benchmark's cross-validation reuses them)."""
+        columns = policy.columns
+        states: list[npt.NDArray[np.float64]] = []
         labels: list[int] = []
-        for example in tqdm(examples, desc="EMG warm-start states", disable=not progress):
-            walk = self._walk(
-                example.question, example.user_id, when, self.activate, lambda s: (True, 1.0)
-            )
-            for record, state, _, _ in walk.visits:
-                states.append(state)
-                labels.append(int(record.id in example.required))
+        for example, env in zip(examples, envs, strict=True):
+            for v in self._traverse(env, lambda s: (True, 1.0)):
+                states.append(v.state[columns])
+                labels.append(int(v.record_id in example.required))
         if not states:
             raise InvalidInputError("no memory was reachable from any training question")
         losses = (
             warm_start(
-                policy, states, labels, epochs=warm_epochs, lr=warm_lr, seed=seed, progress=progress
+                policy,
+                np.stack(states),
+                labels,
+                epochs=warm_epochs,
+                lr=warm_lr,
+                balance=balance,
+                seed=seed,
+                progress=progress,
             )
             if warm_epochs > 0
             else []
         )
         use_llm = reward_llm is not None and all(e.answer for e in examples)
-        baseline_quality: dict[int, float] = {}
+        empty_quality: dict[int, float] = {}
+        usable = [i for i, env in enumerate(envs) if env.pool]
 
-        def quality(index: int, chosen: Sequence[MemoryRecord]) -> float:
+        def quality(index: int, chosen: Sequence[str]) -> float:
             example = examples[index]
             if not use_llm:
-                return selection_f1([r.id for r in chosen], example.required)
+                return selection_f1(chosen, example.required)
             assert reward_llm is not None and example.answer is not None
-            lines = tuple(self._line(r) for r in chosen)
+            lines = tuple(self._line(envs[index].pool[i]) for i in chosen)
             try:
                 text = run_spec(reward_llm, ANSWER, AnswerInput(example.question, lines, when))
             except (LLMError, ParseError):
@@ -1200,34 +1474,41 @@ class EMGMemory(MemoryBase):
             return rouge_l(text, example.answer)
 
         def rollout(current: SelectionPolicy, rng: random.Random) -> Episode | None:
-            index = rng.randrange(len(examples))
-            example = examples[index]
+            if not usable:
+                return None
+            index = rng.choice(usable)
+            env = envs[index]
 
-            def sample(state: tuple[float, float, float]) -> tuple[bool, float]:
-                p = float(current.include_probability([state])[0])
+            def sample(state: _State) -> tuple[bool, float]:
+                p = float(current.include_probability(state[columns])[0])
                 return rng.random() < p, p
 
-            walk = self._walk(example.question, example.user_id, when, self.activate, sample)
-            if not walk.visits:
+            walk = self._traverse(env, sample)
+            if not walk:
                 return None
-            chosen = [r for r, _, inc, _ in walk.visits if inc]
-            if index not in baseline_quality:
-                baseline_quality[index] = 0.0 if not use_llm else quality(index, [])
-            reward = quality(index, chosen) - baseline_quality[index]
+            chosen = [i for i, _ in self._picked(env, walk)]
+            if index not in empty_quality:
+                empty_quality[index] = quality(index, []) if use_llm else 0.0
+            reward = quality(index, chosen) - empty_quality[index]
+            baseline = None
+            if not use_llm:  # self-critical: the greedy walk's return on the same question
+                greedy = self._traverse(env, self._decider(current))
+                baseline = quality(index, [i for i, _ in self._picked(env, greedy)])
             return Episode(
-                states=tuple(s for _, s, _, _ in walk.visits),
-                actions=tuple(int(inc) for _, _, inc, _ in walk.visits),
+                states=tuple(tuple(float(x) for x in v.state[columns]) for v in walk),
+                actions=tuple(int(v.include) for v in walk),
                 reward=reward,
+                baseline=baseline,
             )
 
         returns = (
-            reinforce(policy, rollout, episodes=episodes, lr=lr, seed=seed, progress=progress)
+            reinforce(
+                policy, rollout, episodes=episodes, lr=lr, batch=batch, seed=seed, progress=progress
+            )
             if episodes > 0
             else []
         )
         policy.trained = True
-        if save:
-            self.save_policy(policy, user_id)
         return TrainingReport(
             states=len(states),
             positives=sum(labels),
@@ -1235,8 +1516,91 @@ class EMGMemory(MemoryBase):
             episodes=len(returns),
             mean_return=float(np.mean(returns)) if returns else None,
             reward="rouge-l" if use_llm else "selection-f1",
-            owner=STORE_OWNER if user_id is None else user_id,
+            owner=STORE_OWNER,
+            policy=policy,
         )
+
+    def retrain_policy(
+        self, user_id: str | None = None, *, progress: bool = True
+    ) -> TrainingReport | None:
+        """Train the store's (or ``user_id``'s) policy again from the stored examples.
+
+        The examples are those the contributing users still have (each user's
+        ``emg/training/...`` artifact, which :meth:`delete_user` removes); required ids whose
+        memories are gone are dropped. The settings are those the policy was trained with.
+        Used after a contributor was deleted (:meth:`policy_status` ``stale``).
+
+        Returns:
+            The report, or ``None`` when no stored example is left (no policy is saved; the
+            similarity threshold serves).
+        """
+        owner = STORE_OWNER if user_id is None else check_user_id(user_id)
+        artifacts = self.engine.artifacts
+        source = artifacts.get(owner, POLICY_ARTIFACT) or artifacts.get(owner, STALE_ARTIFACT)
+        if source is None:
+            raise InvalidInputError("there is no policy to retrain")
+        settings = dict(source.meta.get("settings", {}))
+        name = TRAINING_STORE if user_id is None else TRAINING_OWN
+        users = [user_id] if user_id is not None else list(source.meta.get("contributors", ()))
+        examples: list[TrainingExample] = []
+        when: datetime | None = None
+        for uid in users:
+            assert uid is not None
+            if artifacts.get(uid, name) is None or self.engine.store.is_deleting(uid):
+                continue
+            loaded, at = _examples_from_json(uid, artifacts.read(uid, name, "examples.json"))
+            alive = {r.id for r in self.engine.records(uid, where={"kind": MEMORY_KIND})}
+            for example in loaded:
+                required = example.required & alive
+                if required:
+                    examples.append(dataclasses.replace(example, required=frozenset(required)))
+            when = at if when is None or (at is not None and at > when) else when
+        if not examples:
+            artifacts.delete(owner, POLICY_ARTIFACT)
+            artifacts.delete(owner, STALE_ARTIFACT)
+            self._policies.pop(owner, None)
+            return None
+        known = {
+            "features",
+            "warm_epochs",
+            "episodes",
+            "batch",
+            "lr",
+            "warm_lr",
+            "balance",
+            "seed",
+        }
+        kwargs = {k: v for k, v in settings.items() if k in known}
+        return self.train_policy(examples, user_id=user_id, now=when, progress=progress, **kwargs)
+
+    def _drop_policies_trained_by(self, user_id: str) -> None:
+        """Drop every policy ``user_id``'s examples trained; leave a stale marker (deletion).
+
+        Per-user policies start from the store's weights, so they list the store's
+        contributors too; they are looked for only while a store policy (or its marker)
+        exists.
+        """
+        artifacts = self.engine.artifacts
+        owners = [STORE_OWNER]
+        if artifacts.get(STORE_OWNER, POLICY_ARTIFACT) or artifacts.get(
+            STORE_OWNER, STALE_ARTIFACT
+        ):
+            owners += [u for u in self.engine.users() if u != user_id]
+        for owner in owners:
+            for name in (POLICY_ARTIFACT, STALE_ARTIFACT):
+                info = artifacts.get(owner, name)
+                if info is None or user_id not in info.meta.get("contributors", ()):
+                    continue
+                remaining = [c for c in info.meta.get("contributors", ()) if c != user_id]
+                artifacts.put(
+                    owner,
+                    STALE_ARTIFACT,
+                    {"stale.json": b'{"reason": "a contributing user was deleted"}'},
+                    meta={"contributors": remaining, "settings": info.meta.get("settings", {})},
+                )
+                artifacts.delete(owner, POLICY_ARTIFACT)
+                self._policies.pop(owner, None)
+                break
 
     # ------------------------------------------------------------------ recall and applications
     def recall(
@@ -1336,18 +1700,76 @@ class EMGMemory(MemoryBase):
         return sorted(out, key=lambda r: (r.at, r.text))
 
     def _on_delete_user(self, user_id: str) -> None:
-        """Drop cached embeddings (they may hold the user's texts) and their policy."""
+        """Forget what the user left in this process and in shared policies.
+
+        Drops cached embeddings (they may hold the user's texts), the user's cached policy,
+        and every policy the user's examples trained (marked stale, see
+        :meth:`policy_status`). The user's own artifacts (their policy, their stored
+        examples) are removed by the engine.
+        """
         with self._cache_lock:
             self._cache.clear()
         self._policies.pop(user_id, None)
+        self._drop_policies_trained_by(user_id)
+
+
+_State = npt.NDArray[np.float64]
 
 
 @dataclass
-class _Walk:
+class _Env:
+    """A question's walk environment (§4.3): pool, activated ids, edges and states."""
+
+    question: str
     activated: list[str]
-    visits: list[tuple[MemoryRecord, tuple[float, float, float], bool, float]] = field(
-        default_factory=list
+    pool: dict[str, MemoryRecord] = field(default_factory=dict)
+    edges: dict[str, GraphEdge | None] = field(default_factory=dict)
+    adjacency: dict[str, list[str]] = field(default_factory=dict)
+    states: dict[str, _State] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Visit:
+    record_id: str
+    state: _State
+    include: bool
+    score: float
+
+
+@dataclass(frozen=True)
+class _VectorSource:
+    """A dense source that uses an already computed query vector (one embedding a select)."""
+
+    vector: npt.NDArray[np.float32]
+    weight: float
+    name: str = "dense"
+
+    def candidates(self, request: RecallRequest, backend: RecallBackend, depth: int) -> Ranking:
+        """The records nearest to ``vector``."""
+        return backend.dense(
+            self.vector, user_id=request.user_id, depth=depth, where=request.filter
+        )
+
+
+def _examples_json(examples: Sequence[TrainingExample], at: datetime) -> str:
+    return json.dumps(
+        {
+            "at": ensure_utc(at).isoformat(),
+            "examples": [
+                {"question": e.question, "required": sorted(e.required), "answer": e.answer}
+                for e in examples
+            ],
+        }
     )
+
+
+def _examples_from_json(user_id: str, data: bytes) -> tuple[list[TrainingExample], datetime | None]:
+    parsed = json.loads(data)
+    at = parsed.get("at")
+    return [
+        TrainingExample(user_id, e["question"], frozenset(e["required"]), e.get("answer"))
+        for e in parsed.get("examples", [])
+    ], (datetime.fromisoformat(at) if at else None)
 
 
 def _flat(value: Any) -> Any:

@@ -2,8 +2,17 @@
 
 The agent that walks the memory graph sees, at each visited node, the state of three cosine
 similarities (Eq. 1): question entity vs node entity, question relation vs edge relation,
-question vs memory. It chooses between two actions (Eq. 2): include the node's memory and go
-on to its neighbours (1), or stop this branch (0).
+question vs memory (:data:`PAPER_FEATURES`). It chooses between two actions (Eq. 2): include
+the node's memory and go on to its neighbours (1), or stop this branch (0).
+
+We add four features the paper does not have (:data:`EXTRA_FEATURES`), because the three
+cosines are absolute: they cannot say whether a memory is the best one the question has, and
+a fixed cut on an absolute cosine is what a fixed top-K already beats. The extras place a
+memory among the question's candidates: its cosine minus the best candidate's, its rank in
+the activation ranking (as ``1 / (1 + rank)``), its activation score relative to the best
+one, and its depth (hops from the activated node it was reached from, as ``1 / (1 + d)``).
+A policy records the features it was trained on (``features``), so a policy of the paper's
+three features keeps working; ``benchmarks/emg_selection.py`` compares both.
 
 :class:`SelectionPolicy` is the paper's network: two layers, 20 ``tanh`` hidden units, two
 outputs (A.4). Inference runs in numpy (no torch import on the answer path); training
@@ -14,8 +23,10 @@ outputs (A.4). Inference runs in numpy (no torch import on the answer path); tra
 * **policy gradient** (PG, Eq. 6, REINFORCE): ``-R · Σ log π(a|s)`` over an episode's actions,
   with ``R`` the episode's return. By Eq. 4 the undiscounted sum of the per-step rewards
   ``Δ(Â', A) - Δ(Â, A)`` telescopes to ``Δ(final) - Δ(initial)``, so one quality measurement
-  per episode suffices. A running-mean baseline is subtracted (variance reduction; it does not
-  change the expected gradient).
+  per episode suffices. A baseline is subtracted from ``R`` (variance reduction; it does not
+  change the expected gradient): the episode's own baseline when the rollout gives one (the
+  return of the greedy walk on the same question, "self-critical"), else a running mean.
+  Gradients of ``batch`` episodes are averaged per Adam step.
 
 The weights are saved as JSON (no pickle): :meth:`SelectionPolicy.to_json`.
 """
@@ -35,7 +46,10 @@ import numpy.typing as npt
 from memories_core.errors import InvalidInputError
 
 __all__ = [
+    "ALL_FEATURES",
+    "EXTRA_FEATURES",
     "HIDDEN",
+    "PAPER_FEATURES",
     "STATE_SIZE",
     "Episode",
     "SelectionPolicy",
@@ -45,21 +59,32 @@ __all__ = [
     "warm_start",
 ]
 
-#: Size of the state (Eq. 1).
-STATE_SIZE = 3
+#: The paper's state (Eq. 1): question entity vs node entity, question relation vs edge
+#: relation, question vs memory.
+PAPER_FEATURES: tuple[str, ...] = ("entity_cos", "relation_cos", "memory_cos")
+#: Our additions (module docstring): the memory among the question's candidates.
+EXTRA_FEATURES: tuple[str, ...] = ("memory_cos_gap", "rank", "score_ratio", "depth")
+#: Every feature a walk computes, in state order.
+ALL_FEATURES: tuple[str, ...] = PAPER_FEATURES + EXTRA_FEATURES
+#: Size of the paper's state (Eq. 1).
+STATE_SIZE = len(PAPER_FEATURES)
 #: Hidden units (A.4).
 HIDDEN = 20
 
 
 @dataclass
 class SelectionPolicy:
-    """Two-layer MLP ``3 -> 20 (tanh) -> 2`` (A.4); action 1 = include, 0 = stop.
+    """Two-layer MLP ``n -> 20 (tanh) -> 2`` (A.4); action 1 = include, 0 = stop.
+
+    ``n`` is the number of state features (3 for the paper's state, Eq. 1).
 
     Attributes:
-        w1, b1, w2, b2: The weights (numpy; ``w1`` is ``HIDDEN x 3``, ``w2`` is ``2 x HIDDEN``).
+        w1, b1, w2, b2: The weights (numpy; ``w1`` is ``HIDDEN x n``, ``w2`` is ``2 x HIDDEN``).
         trained: Whether any training step ran (an untrained policy is not used; selection
             falls back to a similarity threshold).
         meta: Free notes kept with the weights (training sizes, rewards).
+        features: Names of the state features, in input order (a subset of
+            :data:`ALL_FEATURES`; default the paper's three).
     """
 
     w1: npt.NDArray[np.float64]
@@ -68,21 +93,33 @@ class SelectionPolicy:
     b2: npt.NDArray[np.float64]
     trained: bool = False
     meta: dict[str, Any] = field(default_factory=dict)
+    features: tuple[str, ...] = PAPER_FEATURES
 
     @classmethod
-    def initial(cls, seed: int = 0) -> SelectionPolicy:
-        """A fresh, untrained policy (uniform init in ``±1/sqrt(fan_in)``, as torch's Linear)."""
+    def initial(cls, seed: int = 0, features: Sequence[str] = PAPER_FEATURES) -> SelectionPolicy:
+        """A fresh, untrained policy (uniform init in ``±1/sqrt(fan_in)``, as torch's Linear).
+
+        Raises:
+            InvalidInputError: on an unknown or repeated feature name.
+        """
+        names = _check_features(features)
         rng = np.random.default_rng(seed)
-        a1, a2 = 1 / math.sqrt(STATE_SIZE), 1 / math.sqrt(HIDDEN)
+        a1, a2 = 1 / math.sqrt(len(names)), 1 / math.sqrt(HIDDEN)
         return cls(
-            w1=rng.uniform(-a1, a1, (HIDDEN, STATE_SIZE)),
+            w1=rng.uniform(-a1, a1, (HIDDEN, len(names))),
             b1=rng.uniform(-a1, a1, HIDDEN),
             w2=rng.uniform(-a2, a2, (2, HIDDEN)),
             b2=rng.uniform(-a2, a2, 2),
+            features=names,
         )
 
+    @property
+    def columns(self) -> list[int]:
+        """Positions of this policy's features in a full state (:data:`ALL_FEATURES` order)."""
+        return [ALL_FEATURES.index(name) for name in self.features]
+
     def include_probability(self, states: npt.ArrayLike) -> npt.NDArray[np.float64]:
-        """``π(a=1 | s)`` for each row of ``states`` (shape ``n x 3``)."""
+        """``π(a=1 | s)`` for each row of ``states`` (shape ``n x len(features)``)."""
         x = np.atleast_2d(np.asarray(states, dtype=np.float64))
         hidden = np.tanh(x @ self.w1.T + self.b1)
         logits = hidden @ self.w2.T + self.b2
@@ -94,7 +131,8 @@ class SelectionPolicy:
         """The weights and notes as JSON."""
         return json.dumps(
             {
-                "architecture": f"mlp-{STATE_SIZE}-{HIDDEN}-tanh-2",
+                "architecture": self.architecture,
+                "features": list(self.features),
                 "w1": self.w1.tolist(),
                 "b1": self.b1.tolist(),
                 "w2": self.w2.tolist(),
@@ -103,6 +141,11 @@ class SelectionPolicy:
                 "meta": self.meta,
             }
         )
+
+    @property
+    def architecture(self) -> str:
+        """``"mlp-<n>-20-tanh-2"``."""
+        return f"mlp-{len(self.features)}-{HIDDEN}-tanh-2"
 
     @classmethod
     def from_json(cls, text: str | bytes) -> SelectionPolicy:
@@ -120,11 +163,13 @@ class SelectionPolicy:
                 b2=np.asarray(data["b2"], dtype=np.float64),
                 trained=bool(data.get("trained", False)),
                 meta=dict(data.get("meta", {})),
+                features=_check_features(data.get("features", PAPER_FEATURES)),
             )
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise InvalidInputError(f"not a selection policy: {exc}") from exc
         shapes = (policy.w1.shape, policy.b1.shape, policy.w2.shape, policy.b2.shape)
-        if shapes != ((HIDDEN, STATE_SIZE), (HIDDEN,), (2, HIDDEN), (2,)):
+        size = len(policy.features)
+        if shapes != ((HIDDEN, size), (HIDDEN,), (2, HIDDEN), (2,)):
             raise InvalidInputError(f"policy weights have shapes {shapes}")
         return policy
 
@@ -133,7 +178,7 @@ class SelectionPolicy:
         import torch
 
         net = torch.nn.Sequential(
-            torch.nn.Linear(STATE_SIZE, HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, 2)
+            torch.nn.Linear(len(self.features), HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, 2)
         ).double()
         first, second = (m for m in net if isinstance(m, torch.nn.Linear))
         with torch.no_grad():
@@ -151,6 +196,14 @@ class SelectionPolicy:
         self.trained = True
 
 
+def _check_features(features: Sequence[str]) -> tuple[str, ...]:
+    names = tuple(str(name) for name in features)
+    unknown = [name for name in names if name not in ALL_FEATURES]
+    if not names or unknown or len(set(names)) != len(names):
+        raise InvalidInputError(f"policy features must be distinct names of {ALL_FEATURES}")
+    return names
+
+
 def warm_start(
     policy: SelectionPolicy,
     states: npt.ArrayLike,
@@ -166,11 +219,13 @@ def warm_start(
 
     Args:
         policy: Trained in place.
-        states: ``n x 3`` states.
+        states: ``n x len(policy.features)`` states.
         labels: 1 if the visited memory is required for the question, else 0.
         epochs: Full-batch Adam steps.
         lr: Adam learning rate.
-        balance: Weight positives by ``#neg / #pos`` (required memories are rare).
+        balance: Weight positives by ``#neg / #pos`` (required memories are rare). Off, the
+            output is a calibrated ``P(required)``, which the policy-gradient stage then moves
+            towards the reward's trade-off.
         seed: Torch seed.
         progress: Show a tqdm bar.
 
@@ -185,8 +240,9 @@ def warm_start(
 
     x = np.atleast_2d(np.asarray(states, dtype=np.float64))
     y = np.asarray(labels, dtype=np.float64).reshape(-1)
-    if x.shape[0] == 0 or x.shape != (len(y), STATE_SIZE):
-        raise InvalidInputError(f"need n x {STATE_SIZE} states and n labels, got {x.shape}")
+    size = len(policy.features)
+    if x.shape[0] == 0 or x.shape != (len(y), size):
+        raise InvalidInputError(f"need n x {size} states and n labels, got {x.shape}")
     torch.manual_seed(seed)
     net = policy._module()
     optim = torch.optim.Adam(net.parameters(), lr=lr)
@@ -203,17 +259,27 @@ def warm_start(
         optim.step()
         losses.append(float(loss.detach()))
     policy._load_module(net)
-    policy.meta["warm_start"] = {"states": len(y), "positives": int(positives), "epochs": epochs}
+    policy.meta["warm_start"] = {
+        "states": len(y),
+        "positives": int(positives),
+        "epochs": epochs,
+        "balance": balance,
+    }
     return losses
 
 
 @dataclass(frozen=True)
 class Episode:
-    """One sampled walk: the states met, the actions taken and the return ``R``."""
+    """One sampled walk: the states met, the actions taken and the return ``R``.
+
+    ``baseline`` (optional) is subtracted from ``R``: e.g. the return of the greedy walk on
+    the same question (self-critical baseline).
+    """
 
     states: tuple[tuple[float, ...], ...]
     actions: tuple[int, ...]
     reward: float
+    baseline: float | None = None
 
 
 def reinforce(
@@ -222,6 +288,7 @@ def reinforce(
     *,
     episodes: int = 100,
     lr: float = 1e-3,
+    batch: int = 1,
     seed: int = 0,
     progress: bool = True,
 ) -> list[float]:
@@ -234,38 +301,56 @@ def reinforce(
             reachable memory).
         episodes: Episodes (A.4: 100).
         lr: Adam learning rate (A.4: 0.001).
+        batch: Episodes whose gradients are averaged per Adam step (1: a step per episode).
         seed: Seeds the sampling and torch.
         progress: Show a tqdm bar.
 
     Returns:
         The return of each episode that ran.
+
+    Raises:
+        InvalidInputError: on a batch size below 1.
     """
     import torch
     from tqdm.auto import tqdm
 
+    if batch < 1:
+        raise InvalidInputError("batch must be at least 1")
     torch.manual_seed(seed)
     rng = random.Random(seed)
     net = policy._module()
     optim = torch.optim.Adam(net.parameters(), lr=lr)
     rewards: list[float] = []
-    baseline = 0.0
+    running = 0.0
+    pending: list[Any] = []
+
+    def step() -> None:
+        optim.zero_grad()
+        loss = torch.stack(pending).mean()
+        loss.backward()
+        optim.step()
+        pending.clear()
+        policy._load_module(net)  # the next rollout samples from the updated policy
+
     for _ in tqdm(range(episodes), desc="EMG policy gradient", disable=not progress):
         episode = rollout(policy, rng)
         if episode is None or not episode.actions:
             continue
         rewards.append(episode.reward)
-        advantage = episode.reward - baseline
-        baseline = 0.9 * baseline + 0.1 * episode.reward if len(rewards) > 1 else episode.reward
+        base = episode.baseline if episode.baseline is not None else running
+        advantage = episode.reward - base
+        running = 0.9 * running + 0.1 * episode.reward if len(rewards) > 1 else episode.reward
         states = torch.tensor(episode.states, dtype=torch.float64)
         actions = torch.tensor(episode.actions, dtype=torch.long)
         log_probs = torch.log_softmax(net(states), dim=1).gather(1, actions[:, None]).squeeze(1)
-        loss = -advantage * log_probs.sum()
-        optim.zero_grad()
-        loss.backward()
-        optim.step()
-        policy._load_module(net)  # the next rollout samples from the updated policy
+        pending.append(-advantage * log_probs.sum())
+        if len(pending) >= batch:
+            step()
+    if pending:
+        step()
     policy.meta["policy_gradient"] = {
         "episodes": len(rewards),
+        "batch": batch,
         "mean_return": float(np.mean(rewards)) if rewards else None,
     }
     return rewards

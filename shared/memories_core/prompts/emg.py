@@ -55,6 +55,7 @@ __all__ = [
     "ExtractedMemory",
     "MemoryLine",
     "emg_reply",
+    "question_parts",
     "resolve_date",
 ]
 
@@ -478,6 +479,69 @@ def _stand_in_memories(inputs: ExtractInput) -> list[dict[str, str | None]]:
             }
         )
     return memories
+
+
+#: Words that ask rather than name (left out of a question's entities and relation).
+_ASKING = frozenset(
+    {
+        *("what", "when", "where", "who", "whom", "whose", "which", "why", "how"),
+        *("did", "does", "do", "is", "are", "was", "were", "can", "could", "should"),
+        *("shall", "may", "might", "must", "kind", "sort", "type", "much", "many", "ever"),
+        *("any", "some"),
+    }
+)
+
+
+def question_parts(question: str, names: Sequence[str] = ()) -> tuple[list[str], str]:
+    """The entities and the relation of a question, without a model (§4.3, Eq. 1's N_Q, R_Q).
+
+    The paper extracts the question's entity and relation before building the state; we do
+    it with the rules the offline extractor uses for statements, so no LLM is called before
+    retrieval:
+
+    * **entities**: the graph's entity ``names`` that occur in the question as whole words
+      (longest first; the caller passes the names of the candidate memories' nodes), then
+      capitalised words that are not asking words, then ``"the user"`` for a first-person
+      question ("my", "I", "me");
+    * **relation**: the remaining words, without asking words and stop words, in order
+      ("What time is my boss's flight to Amsterdam?" with the known names ``boss`` and
+      ``Amsterdam`` -> entities ``boss``, ``Amsterdam``, ``the user``; relation
+      ``"time flight"``).
+
+    Args:
+        question: The question.
+        names: Entity names of the graph that may be mentioned.
+
+    Returns:
+        ``(entities, relation)``; the relation is ``""`` when no word is left.
+    """
+    lowered = " " + " ".join(re.findall(r"[^\W_]+", question.lower())) + " "
+    found: list[str] = []
+    covered = lowered
+    for name in sorted({n for n in names if n}, key=lambda n: -len(n)):
+        key = " ".join(re.findall(r"[^\W_]+", name.lower()))
+        if key and key not in _STOP and f" {key} " in covered:
+            found.append(name)
+            covered = covered.replace(f" {key} ", " ")
+    words = re.findall(r"[^\W_]+(?:'[^\W_]+)?", question)
+    taken = {w for n in found for w in re.findall(r"[^\W_]+", n.lower())}
+    for word in words:
+        bare = word.split("'")[0]
+        low = bare.lower()
+        if bare[:1].isupper() and low not in _STOP and low not in _ASKING and low not in taken:
+            found.append(bare)
+            taken.add(low)
+    if any(w.lower() in {"i", "my", "me", "mine", "myself"} for w in words):
+        found.append("the user")
+    relation = " ".join(
+        w.split("'")[0].lower()
+        for w in words
+        if w.split("'")[0].lower() not in taken
+        and w.split("'")[0].lower() not in _STOP
+        and w.split("'")[0].lower() not in _ASKING
+        and w.lower() not in {"i", "me", "my", "mine", "myself"}
+    )
+    return found, relation
 
 
 def _extract_stand_in(inputs: ExtractInput) -> str:
