@@ -65,7 +65,7 @@ def score_questions(
     """Per sampled question: default ranking, fused scores, cross-encoder scores (cached)."""
     cache = args.out / "cache" / f"rerank_context_{args.max_length}_{args.candidates}.pkl"
     if cache.exists():
-        return pickle.loads(cache.read_bytes())  # type: ignore[no-any-return]
+        return pickle.loads(cache.read_bytes())
     text = {c.sample_id: {t.dia_id: t.render() for t in c.turns} for c in conversations}
     previous: dict[tuple[str, str], str] = {}
     for c in conversations:
@@ -107,10 +107,12 @@ def score_questions(
     return rows
 
 
-def evaluate(
-    rows: Sequence[dict[str, Any]], field: str, candidates: int, weight: float, convs: set[str]
-) -> dict[str, float]:
+Cell = tuple[str, int, float]
+
+
+def evaluate(rows: Sequence[dict[str, Any]], cell: Cell, convs: set[str]) -> dict[str, float]:
     """Mean R@5 / R@10 / S@10 of the blend over the questions of ``convs``."""
+    field, candidates, weight = cell
     out: dict[str, list[float]] = {"R@5": [], "R@10": [], "S@10": []}
     for row in rows:
         if row["sid"] not in convs:
@@ -149,9 +151,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     score_s = time.perf_counter() - started
     convs = sorted({row["sid"] for row in rows})
     everything = set(convs)
-    grid = [(f, c, w) for f in FIELDS for c in CANDIDATES for w in WEIGHTS]
-    cells = {cell: evaluate(rows, *cell, convs=everything) for cell in grid}
-    base = evaluate(rows, "alone", args.candidates, 0.0, everything)
+    grid: list[Cell] = [(f, c, w) for f in FIELDS for c in CANDIDATES for w in WEIGHTS]
+    cells = {cell: evaluate(rows, cell, everything) for cell in grid}
+    base = evaluate(rows, ("alone", args.candidates, 0.0), everything)
     per_fold: dict[str, Any] = {}
     counts: Counter[str] = Counter()
     sizes = Counter(row["sid"] for row in rows)
@@ -159,13 +161,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         train = everything - {fold}
         best = max(
             grid,
-            key=lambda cell: sum(evaluate(rows, *cell, convs=train)[m] for m in ("R@5", "R@10")),
+            key=lambda cell: sum(evaluate(rows, cell, train)[m] for m in ("R@5", "R@10")),
         )
         counts[f"{best[0]}, {best[1]} candidates, weight {best[2]}"] += 1
         per_fold[fold] = {
             "chosen": best,
-            "held_out": evaluate(rows, *best, convs={fold}),
-            "default_pipeline": evaluate(rows, "alone", args.candidates, 0.0, {fold}),
+            "held_out": evaluate(rows, best, {fold}),
+            "default_pipeline": evaluate(rows, ("alone", args.candidates, 0.0), {fold}),
         }
     held = {
         m: sum(per_fold[f]["held_out"][m] * sizes[f] for f in convs) / len(rows)

@@ -447,10 +447,16 @@ class BlendedCrossEncoderReranker:
         if not self.context:
             return texts
         links = ctx.adjacent(head, user_id=request.user_id, gap=self.context_gap)
-        previous = {item: links[item][0] for item in head if item in links and links[item][0]}
+        previous: dict[str, str] = {}
+        for item in head:
+            before = links.get(item, (None, None))[0]
+            if before:
+                previous[item] = before
         found = ctx.load(list(dict.fromkeys(previous.values())), user_id=request.user_id)
         return [
-            f"{found[previous[item]].text} {text}" if previous.get(item) in found else text
+            f"{found[previous[item]].text} {text}"
+            if item in previous and previous[item] in found
+            else text
             for item, text in zip(head, texts, strict=True)
         ]
 
