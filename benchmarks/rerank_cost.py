@@ -183,7 +183,7 @@ def evaluate_cell(
             records = backends[question.conv].load(list(table), user_id=question.conv)
             texts = {item: records[item].text for item in table}
             reranker = BlendedCrossEncoderReranker(
-                StoredScorer(table, texts), candidates=candidates, weight=weight
+                StoredScorer(table, texts), candidates=candidates, weight=weight, context=False
             )
         ranked = rerank_ids(question, backends[question.conv], reranker)
         rows[question.conv].append(metrics(ranked, question) | {"category": question.category})
@@ -236,7 +236,9 @@ def time_settings(
     for candidates, max_length, thread_count in settings:
         scorer = OnnxCrossEncoder(max_length=max_length, threads=thread_count)
         scorer("warm up", ["load the model"])  # model load is once per process
-        reranker = BlendedCrossEncoderReranker(scorer, candidates=candidates)
+        # Turn-alone pairs: the setting this script measured (rerank_context.py measures
+        # pairs with context, the default since).
+        reranker = BlendedCrossEncoderReranker(scorer, candidates=candidates, context=False)
         pipeline = replace(base, rerankers=(*base.rerankers, reranker))
         configs.append(("+ cross-encoder", pipeline, candidates, max_length, thread_count))
     for label, pipeline, candidates, max_length, thread_count in tqdm(configs, desc="timing"):

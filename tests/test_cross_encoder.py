@@ -89,7 +89,9 @@ def test_pure_cross_encoder_orders_the_head_and_keeps_the_rest_below(
     # The scorer prefers the third fused candidate, then the first, then the second.
     scorer = FakeScorer({TEXTS[int(head[2][1:])]: 5.0, TEXTS[int(head[0][1:])]: 1.0})
     reranked = ids(
-        with_reranker(BlendedCrossEncoderReranker(scorer, 3, weight=1.0)), backend, query
+        with_reranker(BlendedCrossEncoderReranker(scorer, 3, weight=1.0, context=False)),
+        backend,
+        query,
     )
     assert reranked[:3] == [head[2], head[0], head[1]]
     assert reranked[3:] == plain[3:]
@@ -103,22 +105,45 @@ def test_weight_zero_keeps_the_fused_order_and_weight_blends(backend: InMemoryBa
     query = "cat"
     plain = ids(Pipeline(), backend, query)
     contrary = FakeScorer({TEXTS[int(item[1:])]: float(i) for i, item in enumerate(plain)})
-    kept = ids(with_reranker(BlendedCrossEncoderReranker(contrary, 6, weight=0.0)), backend, query)
+    kept = ids(
+        with_reranker(BlendedCrossEncoderReranker(contrary, 6, weight=0.0, context=False)),
+        backend,
+        query,
+    )
     assert kept == plain
     reversed_head = ids(
-        with_reranker(BlendedCrossEncoderReranker(contrary, 6, weight=1.0)), backend, query
+        with_reranker(BlendedCrossEncoderReranker(contrary, 6, weight=1.0, context=False)),
+        backend,
+        query,
     )
     assert reversed_head == plain[::-1]
 
 
 def test_smaller_k_is_a_prefix_and_other_users_stay_hidden(backend: InMemoryBackend) -> None:
     scorer = FakeScorer({TEXTS[3]: 9.0, TEXTS[5]: 4.0})
-    pipeline = with_reranker(BlendedCrossEncoderReranker(scorer, 4, weight=0.8))
+    pipeline = with_reranker(BlendedCrossEncoderReranker(scorer, 4, weight=0.8, context=False))
     full = ids(pipeline, backend, "Ana cat hiking", k=6)
     for k in range(1, 6):
         assert ids(pipeline, backend, "Ana cat hiking", k=k) == full[:k]
     assert "other" not in full
     assert all(text in TEXTS for _, texts in scorer.calls for text in texts)
+
+
+def test_context_pairs_score_a_turn_with_the_turn_before_it(backend: InMemoryBackend) -> None:
+    # The scorer only knows the pair "question turn + answer turn" (r0 then r1).
+    scorer = FakeScorer({f"{TEXTS[0]} {TEXTS[1]}": 9.0})
+    reranker = BlendedCrossEncoderReranker(scorer, 6, weight=1.0)
+    assert reranker.context is True  # the default
+    ranked = ids(with_reranker(reranker), backend, "cat")
+    assert ranked[0] == "r1"
+    # r0 has no earlier neighbour; every other turn is scored after the one before it
+    # (records without a session id, a minute apart: neighbours by the time gap).
+    expected = {TEXTS[0]} | {f"{TEXTS[i - 1]} {TEXTS[i]}" for i in range(1, len(TEXTS))}
+    assert set(scorer.calls[0][1]) == expected
+    # Without context the same scorer sees the turns alone and knows none of them.
+    alone = FakeScorer({f"{TEXTS[0]} {TEXTS[1]}": 9.0})
+    ids(with_reranker(BlendedCrossEncoderReranker(alone, 6, context=False)), backend, "cat")
+    assert set(alone.calls[0][1]) == set(TEXTS)
 
 
 def test_scorer_returning_wrong_count_and_bad_settings_raise(backend: InMemoryBackend) -> None:
@@ -141,7 +166,7 @@ def test_history_memory_recall_with_a_reranker_pipeline() -> None:
     scorer = FakeScorer({"user: my sister lives in Lisbon": 10.0})
     memory = HistoryMemory(
         embedder=HashingEmbedder(),
-        pipeline=with_reranker(BlendedCrossEncoderReranker(scorer, 10, weight=1.0)),
+        pipeline=with_reranker(BlendedCrossEncoderReranker(scorer, 10, weight=1.0, context=False)),
     )
     scope = Scope("ana")
     for text in ("I like tea", "my sister lives in Lisbon", "tea with my sister is nice"):
@@ -237,7 +262,9 @@ def test_bundled_onnx_model_ranks_the_answer_first_and_caches_tokens() -> None:
 def test_bundled_reranker_in_history_memory_lifts_the_answer() -> None:
     memory = HistoryMemory(
         embedder=HashingEmbedder(),
-        pipeline=with_reranker(cross_encoder_reranker(candidates=10, weight=1.0)),
+        # Turn-alone pairs and the cross-encoder's order alone: with context pairs the turn
+        # after the answer shares the answer's text, which only the blend can separate.
+        pipeline=with_reranker(cross_encoder_reranker(candidates=10, weight=1.0, context=False)),
     )
     scope = Scope("ana")
     for text in (

