@@ -281,3 +281,49 @@ def test_each_job_lease_starts_when_it_is_claimed_not_when_the_run_started(
     assert stolen == [False]  # "next" was leased from its own claim: nobody else got it
     other.close()
     engine.close()
+
+
+# A read-modify-write whose read is outside the write's transaction (EMG's shape): each round
+# reads a counter, waits a moment and writes counter + 1 in a transaction of its own. Only
+# engine.user_lock keeps it whole when several processes share the SQLite file.
+RMW_WORKER = """
+import sys, time
+from memories_core.backends import NumpyIndex, SQLiteRecordStore
+from memories_core.embedders import HashingEmbedder
+from memories_core.engine import MemoryEngine
+
+db, rounds = sys.argv[1], int(sys.argv[2])
+engine = MemoryEngine(store=SQLiteRecordStore(db), index=NumpyIndex(),
+                      embedder=HashingEmbedder(dimension=64))
+for _ in range(rounds):
+    with engine.user_lock("shared"):
+        (record,) = engine.get("shared", ["m1"])
+        time.sleep(0.005)
+        engine.update_state("shared", {"m1": {"strength": record.state.strength + 1}})
+engine.close()
+"""
+
+
+def test_user_lock_serializes_read_modify_write_across_processes_on_one_sqlite_file(
+    tmp_path: Path,
+) -> None:
+    """Issue 15, Build 3: ``engine.user_lock`` takes the store's file lock of the user, so
+    processes sharing one SQLite file lose no increment; the lock files name no user."""
+    from datetime import datetime, timezone
+
+    from memories_core.types import MemoryRecord
+
+    db = tmp_path / "records.sqlite3"
+    with SQLiteRecordStore(db) as store:
+        store.add([MemoryRecord("m1", "shared", "note", "a counter", datetime.now(timezone.utc))])
+    workers, rounds = 3, 25
+    procs = [spawn(RMW_WORKER, str(db), str(rounds)) for _ in range(workers)]
+    for proc in procs:
+        finish(proc)
+    with SQLiteRecordStore(db) as store:
+        (record,) = store.get(["m1"], user_id="shared")
+        history = store.history("shared", record_id="m1")
+    assert record.state.strength == 1.0 + workers * rounds
+    assert len(history) == workers * rounds
+    locks = list((tmp_path / "records.sqlite3.user-locks").iterdir())
+    assert len(locks) == 1 and locks[0].stat().st_size == 0 and "shared" not in locks[0].name

@@ -30,6 +30,7 @@ maintenance queries (``pending_index``, ``mark_*`` by record ids, ``users``, ``c
 from __future__ import annotations
 
 import builtins
+import contextlib
 import json
 import logging
 import threading
@@ -418,7 +419,7 @@ class PostgresRecordStore:
                 local.depth -= 1
             return
         try:
-            with self._pool.connection() as conn:
+            with self._borrow() as conn:
                 if not write:
                     try:
                         yield conn
@@ -442,6 +443,87 @@ class PostgresRecordStore:
             if isinstance(exc, PoolTimeout):
                 raise BackendError("no PostgreSQL connection free in the pool in time") from exc
             raise
+
+    @contextmanager
+    def _borrow(self) -> Iterator[Any]:
+        """The connection pinned to this thread by :meth:`user_lock`, else one from the pool."""
+        pinned = getattr(self._local, "pinned", None)
+        if pinned is not None:
+            yield pinned
+            return
+        with self._pool.connection() as conn:
+            yield conn
+
+    @contextmanager
+    def user_lock(self, user_id: str) -> Iterator[None]:
+        """Hold ``user_id``'s lock, across every process on this schema, for the block.
+
+        What :meth:`MemoryEngine.user_lock <memories_core.engine.MemoryEngine.user_lock>`
+        takes after its in-process lock: a mechanism's read-modify-write of one user
+        (reads, then a transaction that writes what they decided) runs in one process at a
+        time. Outside a transaction it is a session-level ``pg_advisory_lock`` on a pooled
+        connection that stays pinned to the thread until the block ends, so the block's own
+        reads and transactions run on that same connection (a lock wait is then always
+        between two server sessions, where PostgreSQL detects deadlocks). Inside a
+        transaction it is a transaction-level lock on the same key, released at commit.
+        Its key is not the one of the per-transaction user lock (``_lock_users``): a save of
+        the user in another process does not wait for the block, only another block does.
+        Re-entrant per thread. Never call a model while holding it.
+
+        Raises:
+            BackendError: if PostgreSQL fails (the lock is then not held).
+        """
+        import psycopg
+
+        check_user_id(user_id)
+        self._ensure_open()
+        local = self._local
+        held: dict[str, int] = local.__dict__.setdefault("held", {})
+        if held.get(user_id):
+            held[user_id] += 1
+            try:
+                yield
+            finally:
+                held[user_id] -= 1
+            return
+        key = (f"llm-memories:{self.schema}:user-lock:{user_id}",)
+        current = getattr(local, "conn", None)
+        if current is not None:  # inside a transaction: until it ends
+            try:
+                current.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", key)
+            except psycopg.Error as exc:
+                raise BackendError(f"PostgreSQL user lock failed: {exc}") from exc
+            held[user_id] = 1
+            try:
+                yield
+            finally:
+                held.pop(user_id, None)
+            return
+        outer = getattr(local, "pinned", None)
+        with contextlib.ExitStack() as stack:
+            conn = outer
+            if conn is None:
+                try:
+                    conn = stack.enter_context(self._pool.connection())
+                except psycopg.Error as exc:
+                    raise BackendError(f"PostgreSQL connection failed: {exc}") from exc
+            try:
+                conn.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", key)
+            except psycopg.Error as exc:
+                raise BackendError(f"PostgreSQL user lock failed: {exc}") from exc
+            local.pinned, held[user_id] = conn, 1
+            try:
+                yield
+            finally:
+                held.pop(user_id, None)
+                local.pinned = outer
+                try:
+                    conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", key)
+                except psycopg.Error:
+                    # The session still holds the lock: close it so the server drops it
+                    # (the pool discards a closed connection).
+                    with suppress(Exception):
+                        conn.close()
 
     def transaction(self) -> Any:
         """One transaction around several calls: all of them commit, or none.
