@@ -262,6 +262,7 @@ def test_postgres_statements_name_the_user(
     )
     allowed = re.compile(
         r"^(UPDATE jobs SET .* WHERE id = |DELETE FROM jobs WHERE id = %s$|"
+        r"SELECT claimed_by FROM jobs WHERE id = %s FOR UPDATE SKIP LOCKED$|"
         r"UPDATE records SET index_state = \d WHERE index_state (= \d|IN \(\d, \d\))"
         r"( AND id = ANY\(%s\))?$|"
         r"SELECT count\(\*\) FROM records( WHERE index_state = \d)?$|VACUUM \w+$)"
@@ -562,6 +563,20 @@ def test_postgres_user_lock_is_per_user_and_released(postgres_dsn: str, pg_schem
         assert "a" in got, "the lock was not released after an error in the block"
 
 
+def test_postgres_a_dead_workers_job_claim_is_taken_at_once(
+    postgres_dsn: str, pg_schema: str
+) -> None:
+    """Issue 15: the claim records its owner (host, pid, start time); a job claimed by a
+    killed worker is run at once by a process of the same host, not after the lease."""
+    import test_multiprocess
+    from memories_core.backends import postgres_storage
+
+    parts = postgres_storage(postgres_dsn, dimension=64, schema=pg_schema, pool_size=2)
+    test_multiprocess.dead_owner_claims_are_taken_at_once(
+        parts, "postgres", postgres_dsn, pg_schema
+    )
+
+
 async def test_postgres_async_twins_run_concurrently(postgres_dsn: str, pg_schema: str) -> None:
     memory = HistoryMemory(
         store=PostgresRecordStore(postgres_dsn, schema=pg_schema, pool_size=3),
@@ -594,7 +609,7 @@ def test_postgres_schema_is_versioned_and_a_newer_one_is_refused(
         rows = conn.execute(
             f'SELECT component, version FROM "{pg_schema}".schema_version ORDER BY 1'
         ).fetchall()
-        assert rows == [("store", postgres_module.SCHEMA_VERSION)]
+        assert rows == [("store", v) for v in range(1, postgres_module.SCHEMA_VERSION + 1)]
         conn.execute(
             f'INSERT INTO "{pg_schema}".schema_version (component, version) VALUES (%s, %s)',
             ("store", postgres_module.SCHEMA_VERSION + 1),

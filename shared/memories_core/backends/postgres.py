@@ -40,6 +40,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from memories_core.backends.claims import current_owner, owner_is_dead
 from memories_core.backends.pg_common import check_schema, make_pool, migrate, redact_dsn
 from memories_core.backends.sqlite_store import query_terms
 from memories_core.backends.sqlite_tables import (
@@ -47,11 +48,11 @@ from memories_core.backends.sqlite_tables import (
     _STATE_DEFAULTS,
     _changed,
     _dumps,
-    _row_to_job,
     _state_change,
     from_micros,
     state_from_row,
     to_micros,
+    unclaimed_jobs,
 )
 from memories_core.errors import BackendError, InvalidInputError
 from memories_core.filters import ColumnType, compile_filter
@@ -185,7 +186,12 @@ CREATE TABLE state (
 """
 
 #: Migration ``i`` brings the store to version ``i + 1``; append, never edit.
-MIGRATIONS: tuple[str, ...] = (_V1,)
+MIGRATIONS: tuple[str, ...] = (
+    _V1,
+    # 2: job claims name their owner process (memories_core.backends.claims), so a dead
+    # worker's claim is taken over at once by a process of the same host.
+    "ALTER TABLE jobs ADD COLUMN IF NOT EXISTS claimed_by text",
+)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 _USER_TABLES = (
@@ -1092,7 +1098,7 @@ class PostgresRecordStore:
         limit: int | None = None,
     ) -> builtins.list[Job]:
         """Stored jobs, oldest first (see :meth:`SQLiteRecordStore.jobs`)."""
-        sql = f"SELECT {_JOB_SELECT} FROM jobs WHERE TRUE"
+        sql = f"SELECT {_JOB_SELECT}, claimed_until, claimed_by FROM jobs WHERE TRUE"
         params: builtins.list[Any] = []
         users: builtins.list[str] = []
         if user_id is not None:
@@ -1107,14 +1113,19 @@ class PostgresRecordStore:
             params.append(key)
         if due_at is not None:
             micros = to_micros(due_at)
-            sql += " AND next_attempt_at <= %s AND (claimed_until IS NULL OR claimed_until < %s)"
+            # Claimed jobs whose owner is known are checked after (a dead owner frees them).
+            sql += (
+                " AND next_attempt_at <= %s AND (claimed_until IS NULL OR claimed_until < %s"
+                " OR claimed_by IS NOT NULL)"
+            )
             params += [micros, micros]
         sql += " ORDER BY created_at, jseq"
-        if limit is not None:
+        if limit is not None and due_at is None:
             sql += " LIMIT %s"
             params.append(limit)
         with self._read(users) as conn:
-            return [_row_to_job(row) for row in conn.execute(sql, params)]
+            rows = conn.execute(sql, params).fetchall()
+        return unclaimed_jobs(rows, None if due_at is None else to_micros(due_at), limit)
 
     def claim_job(self, job_id: str, *, now: datetime, lease: timedelta) -> bool:
         """Claim a job for ``lease``; ``False`` if gone, claimed by a live lease, or locked.
@@ -1122,13 +1133,26 @@ class PostgresRecordStore:
         The job row is locked with ``FOR UPDATE SKIP LOCKED``: a row another transaction is
         finishing (deleting) right now counts as taken instead of being waited for.
         """
-        micros = to_micros(now)
+        micros, until, owner = to_micros(now), to_micros(now + lease), current_owner()
         with self._write() as conn:
             cursor = conn.execute(
-                "UPDATE jobs SET claimed_until = %s WHERE id = ("
+                "UPDATE jobs SET claimed_until = %s, claimed_by = %s WHERE id = ("
                 "  SELECT id FROM jobs WHERE id = %s "
                 "  AND (claimed_until IS NULL OR claimed_until < %s) FOR UPDATE SKIP LOCKED)",
-                (to_micros(now + lease), job_id, micros),
+                (until, owner, job_id, micros),
+            )
+            if cursor.rowcount == 1:
+                return True
+            # A live lease: taken over at once if its owner is a dead process of this host.
+            row = conn.execute(
+                "SELECT claimed_by FROM jobs WHERE id = %s FOR UPDATE SKIP LOCKED", (job_id,)
+            ).fetchone()
+            if row is None or not owner_is_dead(row[0]):
+                return False
+            cursor = conn.execute(
+                "UPDATE jobs SET claimed_until = %s, claimed_by = %s "
+                "WHERE id = %s AND claimed_by = %s",
+                (until, owner, job_id, row[0]),
             )
             return bool(cursor.rowcount == 1)
 
@@ -1149,7 +1173,7 @@ class PostgresRecordStore:
         with self._write() as conn:
             conn.execute(
                 "UPDATE jobs SET attempts = attempts + 1, last_error = %s, "
-                "next_attempt_at = %s, claimed_until = NULL WHERE id = %s",
+                "next_attempt_at = %s, claimed_until = NULL, claimed_by = NULL WHERE id = %s",
                 (error[:2000].replace("\x00", "\ufffd"), to_micros(retry_at), job_id),
             )
 
@@ -1163,7 +1187,9 @@ class PostgresRecordStore:
     def release_job(self, job_id: str) -> None:
         """Release a claim without counting a failure."""
         with self._write() as conn:
-            conn.execute("UPDATE jobs SET claimed_until = NULL WHERE id = %s", (job_id,))
+            conn.execute(
+                "UPDATE jobs SET claimed_until = NULL, claimed_by = NULL WHERE id = %s", (job_id,)
+            )
 
     def restore_jobs(self, user_id: str, jobs: Sequence[Job]) -> int:
         """Write jobs exactly as given, skipping existing ids and keys; returns how many."""

@@ -47,6 +47,7 @@ from memories_core.backends.sqlite_tables import (
     ENGINE_SCHEMA,
     STATE_COLUMNS,
     EngineTablesMixin,
+    _add_claim_owner,
     state_from_row,
 )
 from memories_core.errors import BackendError, InvalidInputError, SchemaVersionError
@@ -146,6 +147,11 @@ SQLITE_MIGRATIONS: tuple[Migration, ...] = (
         3,
         "migration log; jobs ordered by creation for workers that drain every user's queue",
         {"sqlite": "CREATE INDEX IF NOT EXISTS jobs_created ON jobs (created_at);"},
+    ),
+    Migration(
+        4,
+        "job claims name their owner process, so a dead worker's claim is taken over at once",
+        run=_add_claim_owner,
     ),
 )
 #: Schema version of stores written by this release.
