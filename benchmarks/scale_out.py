@@ -722,6 +722,30 @@ def run_seeded(ns: argparse.Namespace, args: dict[str, Any], files: tuple[Path, 
     print(markdown(result))
 
 
+def embedding_cost(texts: int) -> dict[str, Any]:
+    """MiniLM's cost per record (the model the loads above leave out), on ``texts`` records'
+    texts of the load, after one warm-up batch; with the load average around it."""
+    from memories_core.embedders import SentenceTransformerEmbedder
+
+    vocab = vocabulary()
+    batch = [record_text(i, vocab) for i in range(texts)]
+    embedder = SentenceTransformerEmbedder()
+    embedder.embed_documents(batch[:64])  # load the model, warm up
+    before = _load()
+    t0 = time.perf_counter()
+    embedder.embed_documents(batch)
+    seconds = time.perf_counter() - t0
+    return {
+        "model": embedder.name,
+        "records": texts,
+        "ms_per_record": round(1000 * seconds / texts, 3),
+        "records_per_s": round(texts / seconds, 1),
+        "load_avg_before": before,
+        "load_avg_after": _load(),
+        "torch_threads": __import__("torch").get_num_threads(),
+    }
+
+
 # -- report -------------------------------------------------------------------------------
 
 
@@ -857,9 +881,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--extra", type=int, default=6000, help="--seed: records per run")
     parser.add_argument("--schema", default="", help="--seed: schema (reused if loaded)")
     parser.add_argument("--keep", action="store_true", help="--seed: keep the schema")
+    parser.add_argument(
+        "--embed-cost", type=int, default=0, help="only time MiniLM on this many record texts"
+    )
     ns = parser.parse_args(argv)
     if ns.plot:
         combine()
+        return
+    if ns.embed_cost:
+        cost = {"machine": machine(), **embedding_cost(ns.embed_cost)}
+        OUT.mkdir(exist_ok=True)
+        (OUT / "scale_out_minilm_cost.json").write_text(json.dumps(cost, indent=2))
+        print(json.dumps(cost))
         return
     workers = [int(w) for w in ns.workers.split(",")]
     args = {k: getattr(ns, k) for k in ("records", "users", "dim", "batch", "saves", "queries")}
