@@ -45,7 +45,7 @@ from memories_core import engine as engine_module
 from memories_core.backends import postgres_storage
 from memories_core.embedders import HashingEmbedder
 from memories_core.interfaces import LLM, Mechanism
-from memories_core.testing import MechanismContract
+from memories_core.testing import BAD_INPUT_CASES, MechanismContract
 
 _DIM = 64
 # Schemas with this prefix are dropped at the end of the session (tests/conftest.py).
@@ -168,15 +168,33 @@ def chroma_server_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int
         log.close()
 
 
+#: The one case of each parametrised axis that every mechanism runs on the Chroma combination.
+_REPRESENTATIVE = {"case": next(iter(BAD_INPUT_CASES)), "garbage": "mixed"}
+
+
 @pytest.mark.server
 class _OnPostgresAndChroma(_OnPostgres):
-    """Runs every contract test of the class it is mixed into on PostgreSQL + Chroma server."""
+    """Runs the contract tests of the class it is mixed into on PostgreSQL + Chroma server.
+
+    Every test runs; of the two parametrised tests (34 bad inputs, 9 garbage replies: the
+    mechanism's validation and parsing, which the vector store does not change) a class with
+    ``all_cases = False`` runs one representative (the first bad input, the ``mixed`` garbage)
+    and skips the rest, with a reason, to keep CI time in bounds. They all run on
+    PostgreSQL + pgvector.
+    """
 
     vectors: ClassVar[str] = "chroma"
+    all_cases: ClassVar[bool] = True
 
     @pytest.fixture(autouse=True)
-    def _servers(self, postgres_dsn: str, chroma_server_port: int) -> None:
+    def _servers(
+        self, request: pytest.FixtureRequest, postgres_dsn: str, chroma_server_port: int
+    ) -> None:
         assert os.environ[_CHROMA_PORT_ENV] == str(chroma_server_port)
+        params = getattr(getattr(request.node, "callspec", None), "params", {})
+        for axis, kept in _REPRESENTATIVE.items():
+            if not self.all_cases and axis in params and params[axis] != kept:
+                pytest.skip(f"{axis} {params[axis]!r} runs on Postgres + pgvector (CI time)")
 
 
 # -- every mechanism's contract class, on both networked combinations --------------------------
@@ -194,6 +212,11 @@ CONTRACTS: tuple[type[MechanismContract], ...] = (
     test_contract_dpem.TestDualProcessMemoryContract,
     test_contract_emg.TestEMGContract,
 )
+#: Mechanisms that run every parametrised case on PostgreSQL + Chroma server too.
+ALL_CASES_ON_CHROMA = (
+    test_contract.TestHistoryMemoryContract,
+    test_contract_memorybank.TestMemoryBankContract,
+)
 COMBINATIONS: dict[str, type[MechanismContract]] = {
     "Postgres": _OnPostgres,
     "PostgresChroma": _OnPostgresAndChroma,
@@ -210,5 +233,8 @@ for _contract in CONTRACTS:
     for _combination, _mixin in COMBINATIONS.items():
         _name = _networked_name(_contract, _combination)
         # Module-level and named: the crash test's child process imports it by name.
-        _cls = type(_name, (_mixin, _contract), {"__module__": __name__, "__qualname__": _name})
+        _attrs: dict[str, Any] = {"__module__": __name__, "__qualname__": _name}
+        if _mixin is _OnPostgresAndChroma and _contract not in ALL_CASES_ON_CHROMA:
+            _attrs["all_cases"] = False
+        _cls = type(_name, (_mixin, _contract), _attrs)
         globals()[_name] = _cls
