@@ -565,6 +565,11 @@ def _load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
+def _count(conn: Any, table: str) -> int:
+    row = conn.execute(f"SELECT count(*) FROM {table}").fetchone()
+    return int(row[0]) if row else 0
+
+
 def seed_postgres(target: Target, args: dict[str, Any]) -> dict[str, Any]:
     """Write ``--records`` records and their vectors with ``COPY``, indexes built afterwards.
 
@@ -589,8 +594,8 @@ def seed_postgres(target: Target, args: dict[str, Any]) -> dict[str, Any]:
     info: dict[str, Any] = {"load_avg_start": _load()}
     with psycopg.connect(target.dsn, autocommit=True) as conn:
         conn.execute(f'SET search_path TO "{target.schema}", public')
-        have = conn.execute("SELECT count(*) FROM records").fetchone()[0]
-        vecs = conn.execute("SELECT count(*) FROM vectors").fetchone()[0]
+        have = _count(conn, "records")
+        vecs = _count(conn, "vectors")
         if have == records and vecs == records:
             info["reused"] = True
             return info

@@ -545,14 +545,16 @@ def test_postgres_user_lock_is_per_user_and_released(postgres_dsn: str, pg_schem
             threading.Thread(target=take, args=("b",)),
             threading.Thread(target=take, args=("a",)),
         )
-        other.start(), same.start()
+        other.start()
+        same.start()
         other.join(10)
         assert "b" in got and "a" not in got
         time.sleep(0.3)
         assert "a" not in got  # still waiting for the holder
         released_at = time.monotonic()
         release.set()
-        holder.join(10), same.join(10)
+        holder.join(10)
+        same.join(10)
         assert got["a"] >= released_at
         with pytest.raises(RuntimeError), store.user_lock("a"):
             raise RuntimeError("boom")
