@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import multiprocessing as mp
 import os
@@ -163,7 +164,11 @@ class PrecomputedEmbedder(BaseEmbedder):
             elif tag.isdigit() and int(tag) < len(self._records):
                 out[n] = self._records[int(tag)]
             else:
-                seed = int.from_bytes(text.encode()[:16].ljust(16, b"\0"), "little")
+                # Seeded by a hash of the whole text: distinct texts get distinct vectors
+                # (runs before 2026-11-23 seeded by the first 16 bytes, so the exchange
+                # phase's turns shared about ten vectors, which made HNSW inserts cheap).
+                digest = hashlib.blake2b(text.encode(), digest_size=16).digest()
+                seed = int.from_bytes(digest, "little")
                 out[n] = np.random.default_rng(seed).standard_normal(self._dim)
         return out
 
@@ -685,7 +690,7 @@ def run_seeded(ns: argparse.Namespace, args: dict[str, Any], files: tuple[Path, 
     result: dict[str, Any] = {
         "backend": "postgres",
         "mode": "seeded",
-        "args": {**args, "extra": ns.extra},
+        "args": {**args, "extra": ns.extra, "offset": ns.offset},
         "machine": machine(),
         "command": " ".join(["python", "benchmarks/scale_out.py", *sys.argv[1:]]),
         "load": [],
@@ -701,7 +706,7 @@ def run_seeded(ns: argparse.Namespace, args: dict[str, Any], files: tuple[Path, 
         )
         result["seed"] = seed_postgres(target, args)
         print(json.dumps(result["seed"]), flush=True)
-        at = args["records"]
+        at = args["records"] + ns.offset
         for w in workers:
             before = _load()
             row = run_load(target, w, {**args, "rows": (at, at + ns.extra)})
@@ -886,6 +891,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--extra", type=int, default=6000, help="--seed: records per run")
     parser.add_argument("--schema", default="", help="--seed: schema (reused if loaded)")
     parser.add_argument("--keep", action="store_true", help="--seed: keep the schema")
+    parser.add_argument(
+        "--offset", type=int, default=0, help="--seed: first new row (after an earlier run)"
+    )
     parser.add_argument(
         "--embed-cost", type=int, default=0, help="only time MiniLM on this many record texts"
     )
