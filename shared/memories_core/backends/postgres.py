@@ -308,11 +308,15 @@ class PostgresRecordStore:
         inside by that thread join it, and it commits or rolls back as a whole (READ
         COMMITTED). Every call that names a user inside a transaction (and every write
         outside one) first takes that user's transaction-level advisory lock
-        (``pg_advisory_xact_lock``), so a read-then-write sequence of one user (session
-        routing, a mechanism's read-modify-write under ``engine.user_lock``) is serialized
-        across processes, as ``BEGIN IMMEDIATE`` serializes it in SQLite, while different
-        users run in parallel. Jobs are claimed with a lease: ``claim_job`` locks the
-        job row with ``FOR UPDATE SKIP LOCKED`` and sets ``claimed_until`` only if no live
+        (``pg_advisory_xact_lock``), so a read-then-write sequence of one user inside one
+        transaction (session routing) is serialized across processes, as ``BEGIN
+        IMMEDIATE`` serializes it in SQLite, while different users run in parallel. A
+        mechanism's read-modify-write that spans several transactions runs under
+        ``engine.user_lock``, which takes :meth:`user_lock` (a session-level advisory lock
+        of the user). Jobs are claimed with a lease: ``claim_job`` locks the
+        job row with ``FOR UPDATE SKIP LOCKED`` and sets ``claimed_until`` (and
+        ``claimed_by``, the owner process: a dead owner's claim is taken over at once by a
+        process of the same host, :mod:`memories_core.backends.claims`) only if no live
         lease exists; ``finish_job`` deletes it in the transaction that stores what it
         derived, so a job whose lease expired and was run elsewhere is rolled back, never
         committed twice.
