@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import multiprocessing as mp
 import os
@@ -160,10 +161,14 @@ class PrecomputedEmbedder(BaseEmbedder):
             tag = text.rsplit("#", 1)[-1] if "#" in text else ""
             if tag.startswith("q") and tag[1:].isdigit():
                 out[n] = self._queries[int(tag[1:])]
-            elif tag.isdigit():
+            elif tag.isdigit() and int(tag) < len(self._records):
                 out[n] = self._records[int(tag)]
             else:
-                seed = int.from_bytes(text.encode()[:16].ljust(16, b"\0"), "little")
+                # Seeded by a hash of the whole text: distinct texts get distinct vectors
+                # (runs before 2026-11-23 seeded by the first 16 bytes, so the exchange
+                # phase's turns shared about ten vectors, which made HNSW inserts cheap).
+                digest = hashlib.blake2b(text.encode(), digest_size=16).digest()
+                seed = int.from_bytes(digest, "little")
                 out[n] = np.random.default_rng(seed).standard_normal(self._dim)
         return out
 
@@ -297,10 +302,10 @@ def postgres_dsn(given: str | None) -> Iterator[str]:
 # -- phases -------------------------------------------------------------------------------
 
 
-def _records_of(worker: int, workers: int, records: int, users: int) -> list[int]:
-    """The worker's records, user by user (a batch then holds one user's records, as when
-    a user's history is imported; one vector-index write per batch)."""
-    mine = [i for i in range(records) if (i % users) % workers == worker]
+def _records_of(worker: int, workers: int, lo: int, hi: int, users: int) -> list[int]:
+    """The worker's records among rows ``lo..hi-1``, user by user (a batch then holds one
+    user's records, as when a user's history is imported; one vector-index write per batch)."""
+    mine = [i for i in range(lo, hi) if (i % users) % workers == worker]
     return sorted(mine, key=lambda i: (i % users, i))
 
 
@@ -325,10 +330,11 @@ def load_worker(
         start.wait()
         return
     vocab = vocabulary()
-    mine = _records_of(worker, workers, args["records"], args["users"])
+    lo, hi = args.get("rows", (0, args["records"]))
+    mine = _records_of(worker, workers, lo, hi, args["users"])
     # A user's records are an hour apart (a realistic pace; records minutes apart would
     # all be neighbours of each other for the context reranker's idle-gap rule).
-    base = time.time() - (args["records"] // args["users"] + 2) * 3600.0
+    base = time.time() - (hi // args["users"] + 2) * 3600.0
     results.put({"worker": worker, "ready": True})
     start.wait()
     if abort.is_set():  # another worker was refused: the count is checked, nothing to time
@@ -556,6 +562,201 @@ def run_floor(target: Target, args: dict[str, Any]) -> dict[str, Any]:
     return _latency_row(lat, wall, sum(r["hits"] for r in got), "processes")
 
 
+# -- bulk seeding (PostgreSQL) --------------------------------------------------------------
+
+
+def _load() -> list[float]:
+    """The 1, 5 and 15 minute load averages (the machine is shared; kept beside each number)."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def _count(conn: Any, table: str) -> int:
+    row = conn.execute(f"SELECT count(*) FROM {table}").fetchone()
+    return int(row[0]) if row else 0
+
+
+def seed_postgres(target: Target, args: dict[str, Any]) -> dict[str, Any]:
+    """Write ``--records`` records and their vectors with ``COPY``, indexes built afterwards.
+
+    Not the engine's write path: this prepares a loaded store so that the workers' writes and
+    the searches are measured at 1M records (loading 1M through ``add_records``, one HNSW
+    insert per record, takes hours on this machine). The engine creates the schema; the
+    rows are what ``add_records`` + indexing would write (records marked indexed, vector
+    metadata from :func:`~memories_core.retrieval.index_metadata`). The secondary indexes
+    are dropped and re-created from their own definitions (``pg_indexes``), the HNSW last.
+    A schema that already holds the records is reused.
+    """
+    import psycopg
+    from tqdm import tqdm
+
+    from memories_core.filters import to_micros
+    from memories_core.retrieval import index_metadata
+    from memories_core.types import MemoryRecord
+
+    engine = open_engine(target)  # creates (or migrates) both tables
+    engine.close()
+    records, users = args["records"], args["users"]
+    info: dict[str, Any] = {"load_avg_start": _load()}
+    with psycopg.connect(target.dsn, autocommit=True) as conn:
+        conn.execute(f'SET search_path TO "{target.schema}", public')
+        have = _count(conn, "records")
+        vecs = _count(conn, "vectors")
+        if have >= records and vecs >= records:  # seeded (plus earlier runs' writes)
+            info["reused"] = True
+            info["records_present"] = have
+            return info
+        if have or vecs:
+            raise SystemExit(f"schema {target.schema} holds {have} records; drop it first")
+        defs = conn.execute(
+            "SELECT p.indexname, p.indexdef FROM pg_indexes AS p WHERE p.schemaname = %s "
+            "AND p.tablename IN ('records', 'vectors') AND NOT EXISTS ("
+            " SELECT 1 FROM pg_constraint AS c JOIN pg_class AS ic ON ic.oid = c.conindid "
+            " JOIN pg_namespace AS n ON n.oid = ic.relnamespace "
+            " WHERE n.nspname = p.schemaname AND ic.relname = p.indexname)",
+            (target.schema,),
+        ).fetchall()
+        defs.sort(key=lambda d: "hnsw" in d[1])  # the HNSW graph last
+        for name, _ in defs:
+            conn.execute(f'DROP INDEX "{target.schema}"."{name}"')
+        vectors = np.load(target.files[0], mmap_mode="r")
+        vocab = vocabulary()
+        base = time.time() - (records // users + 2) * 3600.0
+        row_fmt = "[" + ",".join(["%.7g"] * target.dim) + "]"
+        t0 = time.perf_counter()
+        step = 20_000
+        with tqdm(total=records, desc="COPY records + vectors", unit="rec") as bar:
+            for start in range(0, records, step):
+                stop = min(records, start + step)
+                batch = [
+                    MemoryRecord(
+                        f"r{i}",
+                        f"user-{i % users:05d}",
+                        "note",
+                        record_text(i, vocab),
+                        _utc(base + (i // users) * 3600.0),
+                    )
+                    for i in range(start, stop)
+                ]
+                block = vectors[start:stop].tolist()
+                with conn.transaction(), conn.cursor() as cur:
+                    with cur.copy(
+                        "COPY records (id, user_id, kind, text, created_at, session_id, "
+                        "metadata, source_ids, index_state) FROM STDIN"
+                    ) as copy:
+                        for r in batch:
+                            copy.write_row(
+                                (
+                                    r.id,
+                                    r.user_id,
+                                    r.kind,
+                                    r.text,
+                                    to_micros(r.created_at),
+                                    None,
+                                    "{}",
+                                    "[]",
+                                    2,
+                                )
+                            )
+                    with cur.copy(
+                        "COPY vectors (id, user_id, metadata, embedding) FROM STDIN"
+                    ) as copy:
+                        for r, v in zip(batch, block, strict=True):
+                            copy.write_row(
+                                (r.id, r.user_id, json.dumps(index_metadata(r)), row_fmt % tuple(v))
+                            )
+                bar.update(stop - start)
+        info["copy_s"] = round(time.perf_counter() - t0, 1)
+        info["load_avg_after_copy"] = _load()
+        conn.execute("SET maintenance_work_mem = '4GB'")
+        conn.execute("SET max_parallel_maintenance_workers = 1")
+        info["indexes"] = {}
+        for name, ddl in tqdm(defs, desc="CREATE INDEX", unit="index"):
+            t = time.perf_counter()
+            conn.execute(ddl)
+            info["indexes"][name] = round(time.perf_counter() - t, 1)
+            print(f"  {name}: {info['indexes'][name]} s, load {_load()}", flush=True)
+        conn.execute("ANALYZE records")
+        conn.execute("ANALYZE vectors")
+    info["load_avg_end"] = _load()
+    return info
+
+
+def run_seeded(ns: argparse.Namespace, args: dict[str, Any], files: tuple[Path, Path]) -> None:
+    """1M records seeded with COPY, then 1/2/4 workers writing through the engine on top,
+    then recall (4 client processes) and the bare pgvector floor. Saved as
+    ``scale_out_postgres<tag>.json``."""
+    workers = [int(w) for w in ns.workers.split(",")]
+    root = Path(ns.workdir or tempfile.mkdtemp(prefix="scale-out-"))
+    root.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {
+        "backend": "postgres",
+        "mode": "seeded",
+        "args": {**args, "extra": ns.extra, "offset": ns.offset},
+        "machine": machine(),
+        "command": " ".join(["python", "benchmarks/scale_out.py", *sys.argv[1:]]),
+        "load": [],
+    }
+    with postgres_dsn(ns.dsn) as dsn:
+        target = Target(
+            "postgres",
+            str(root / "seeded"),
+            dsn=dsn,
+            schema=ns.schema or f"scale_seeded_{args['records']}",
+            dim=ns.dim,
+            files=(str(files[0]), str(files[1])),
+        )
+        result["seed"] = seed_postgres(target, args)
+        print(json.dumps(result["seed"]), flush=True)
+        at = args["records"] + ns.offset
+        for w in workers:
+            before = _load()
+            row = run_load(target, w, {**args, "rows": (at, at + ns.extra)})
+            row["load_avg_before"], row["load_avg_after"] = before, _load()
+            at += ns.extra
+            print(json.dumps(row), flush=True)
+            result["load"].append(row)
+        before = _load()
+        result["recall"] = run_recall(target, args, threads=False)
+        result["recall"]["load_avg_before"], result["recall"]["load_avg_after"] = before, _load()
+        print(json.dumps(result["recall"]), flush=True)
+        before = _load()
+        result["floor"] = run_floor(target, args)
+        result["floor"]["load_avg_before"], result["floor"]["load_avg_after"] = before, _load()
+        print(json.dumps(result["floor"]), flush=True)
+        if not ns.keep:
+            drop_target(target)
+    name = f"scale_out_postgres{ns.tag}"
+    OUT.mkdir(exist_ok=True)
+    (OUT / f"{name}.json").write_text(json.dumps(result, indent=2))
+    (OUT / f"{name}.md").write_text(markdown(result) + "\n")
+    plot([result], OUT / f"{name}.png")
+    print(markdown(result))
+
+
+def embedding_cost(texts: int) -> dict[str, Any]:
+    """MiniLM's cost per record (the model the loads above leave out), on ``texts`` records'
+    texts of the load, after one warm-up batch; with the load average around it."""
+    from memories_core.embedders import SentenceTransformerEmbedder
+
+    vocab = vocabulary()
+    batch = [record_text(i, vocab) for i in range(texts)]
+    embedder = SentenceTransformerEmbedder()
+    embedder.embed_documents(batch[:64])  # load the model, warm up
+    before = _load()
+    t0 = time.perf_counter()
+    embedder.embed_documents(batch)
+    seconds = time.perf_counter() - t0
+    return {
+        "model": embedder.name,
+        "records": texts,
+        "ms_per_record": round(1000 * seconds / texts, 3),
+        "records_per_s": round(texts / seconds, 1),
+        "load_avg_before": before,
+        "load_avg_after": _load(),
+        "torch_threads": __import__("torch").get_num_threads(),
+    }
+
+
 # -- report -------------------------------------------------------------------------------
 
 
@@ -683,13 +884,38 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--tag", default="", help="suffix of the output files")
     parser.add_argument("--workdir", default=None, help="folder for the stores (default: tmp)")
     parser.add_argument("--plot", action="store_true", help="only redraw scale_out.png")
+    parser.add_argument(
+        "--seed",
+        action="store_true",
+        help="postgres: COPY --records first, then measure workers writing --extra on top",
+    )
+    parser.add_argument("--extra", type=int, default=6000, help="--seed: records per run")
+    parser.add_argument("--schema", default="", help="--seed: schema (reused if loaded)")
+    parser.add_argument("--keep", action="store_true", help="--seed: keep the schema")
+    parser.add_argument(
+        "--offset", type=int, default=0, help="--seed: first new row (after an earlier run)"
+    )
+    parser.add_argument(
+        "--embed-cost", type=int, default=0, help="only time MiniLM on this many record texts"
+    )
     ns = parser.parse_args(argv)
     if ns.plot:
         combine()
         return
+    if ns.embed_cost:
+        cost = {"machine": machine(), **embedding_cost(ns.embed_cost)}
+        OUT.mkdir(exist_ok=True)
+        (OUT / "scale_out_minilm_cost.json").write_text(json.dumps(cost, indent=2))
+        print(json.dumps(cost))
+        return
     workers = [int(w) for w in ns.workers.split(",")]
     args = {k: getattr(ns, k) for k in ("records", "users", "dim", "batch", "saves", "queries")}
     files = vector_files(ns.records, ns.queries * CLIENTS, ns.dim)
+    if ns.seed:
+        if ns.backend != "postgres":
+            raise SystemExit("--seed is for --backend postgres")
+        run_seeded(ns, args, files)
+        return
     root = Path(ns.workdir or tempfile.mkdtemp(prefix="scale-out-"))
     root.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {

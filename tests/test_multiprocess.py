@@ -281,3 +281,134 @@ def test_each_job_lease_starts_when_it_is_claimed_not_when_the_run_started(
     assert stolen == [False]  # "next" was leased from its own claim: nobody else got it
     other.close()
     engine.close()
+
+
+# A read-modify-write whose read is outside the write's transaction (EMG's shape): each round
+# reads a counter, waits a moment and writes counter + 1 in a transaction of its own. Only
+# engine.user_lock keeps it whole when several processes share the SQLite file.
+RMW_WORKER = """
+import sys, time
+from memories_core.backends import NumpyIndex, SQLiteRecordStore
+from memories_core.embedders import HashingEmbedder
+from memories_core.engine import MemoryEngine
+
+db, rounds = sys.argv[1], int(sys.argv[2])
+engine = MemoryEngine(store=SQLiteRecordStore(db), index=NumpyIndex(),
+                      embedder=HashingEmbedder(dimension=64))
+for _ in range(rounds):
+    with engine.user_lock("shared"):
+        (record,) = engine.get("shared", ["m1"])
+        time.sleep(0.005)
+        engine.update_state("shared", {"m1": {"strength": record.state.strength + 1}})
+engine.close()
+"""
+
+
+def test_user_lock_serializes_read_modify_write_across_processes_on_one_sqlite_file(
+    tmp_path: Path,
+) -> None:
+    """Issue 15, Build 3: ``engine.user_lock`` takes the store's file lock of the user, so
+    processes sharing one SQLite file lose no increment; the lock files name no user."""
+    from datetime import datetime, timezone
+
+    from memories_core.types import MemoryRecord
+
+    db = tmp_path / "records.sqlite3"
+    with SQLiteRecordStore(db) as store:
+        store.add([MemoryRecord("m1", "shared", "note", "a counter", datetime.now(timezone.utc))])
+    workers, rounds = 3, 25
+    procs = [spawn(RMW_WORKER, str(db), str(rounds)) for _ in range(workers)]
+    for proc in procs:
+        finish(proc)
+    with SQLiteRecordStore(db) as store:
+        (record,) = store.get(["m1"], user_id="shared")
+        history = store.history("shared", record_id="m1")
+    assert record.state.strength == 1.0 + workers * rounds
+    assert len(history) == workers * rounds
+    locks = list((tmp_path / "records.sqlite3.user-locks").iterdir())
+    assert len(locks) == 1 and locks[0].stat().st_size == 0 and "shared" not in locks[0].name
+
+
+# A worker that claims its save's job and then either dies in it (SIGKILL, as a crash in a
+# model call) or stays alive holding the claim. Store: a SQLite file, or PostgreSQL.
+CLAIMER = """
+import os, signal, sys, time
+from memories_core.backends import NumpyIndex, SQLiteRecordStore
+from memories_core.embedders import HashingEmbedder
+from memories_core.engine import MechanismHooks, MemoryEngine
+from memories_core.types import JobSpec, Scope, Turn
+
+mode, backend, where = sys.argv[1], sys.argv[2], sys.argv[3:]
+if backend == "sqlite":
+    parts = {"store": SQLiteRecordStore(where[0]), "index": NumpyIndex()}
+else:
+    from memories_core.backends import postgres_storage
+    parts = postgres_storage(where[0], dimension=64, schema=where[1], pool_size=2)
+engine = MemoryEngine(**parts, embedder=HashingEmbedder(dimension=64))
+
+def run_job(job):
+    print("claimed", flush=True)
+    if mode == "die":
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(120)
+
+engine.attach(MechanismHooks(
+    name="derive",
+    on_turns=lambda records: [JobSpec("derive", "note", f"turn:{r.id}", {}) for r in records],
+    run_job=run_job,
+))
+engine.save([Turn("user", f"{mode}: hello")], Scope("alice"))
+"""
+
+
+def dead_owner_claims_are_taken_at_once(parts: dict[str, Any], *where: str) -> None:
+    """A job claimed by a live worker stays its own (for the 5-minute lease); once that
+    worker is dead (killed, reaped), a process on the same host runs it at once, and a
+    worker killed mid-derivation has its job run at once too. Each job commits once."""
+    from memories_core.engine import Derivation, MechanismHooks
+    from memories_core.types import Job, MemoryRecord, new_id
+
+    engine = MemoryEngine(**parts, embedder=HashingEmbedder(dimension=64))
+
+    def run_job(job: Job) -> Derivation:
+        note = MemoryRecord(new_id(), job.user_id, "note", f"note of {job.key}", engine.clock.now())
+        return Derivation(add=[note])
+
+    engine.attach(MechanismHooks(name="derive", run_job=run_job))
+    try:
+        holder = spawn(CLAIMER, "hold", *where)
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "claimed"
+        assert engine.run_pending("alice") == 1  # a live owner's claim is left alone
+        holder.kill()
+        holder.communicate(timeout=60)  # reaped: its pid is gone
+        assert engine.run_pending("alice") == 0  # at once, not after the lease
+
+        dying = spawn(CLAIMER, "die", *where)
+        dying.communicate(timeout=120)
+        assert dying.returncode == -9
+        assert engine.run_pending("alice") == 0
+        notes = engine.records("alice", where={"kind": "note"})
+        assert len(notes) == 2 and len({n.text for n in notes}) == 2
+    finally:
+        engine.close()
+
+
+def test_a_dead_workers_job_claim_is_taken_at_once_on_one_sqlite_file(tmp_path: Path) -> None:
+    from memories_core.backends import NumpyIndex
+
+    db = tmp_path / "records.sqlite3"
+    parts = {"store": SQLiteRecordStore(db), "index": NumpyIndex()}
+    dead_owner_claims_are_taken_at_once(parts, "sqlite", str(db))
+
+
+def test_claim_owner_is_dead_only_when_this_host_can_tell() -> None:
+    from memories_core.backends.claims import current_owner, owner_is_dead
+
+    me = current_owner()
+    assert me is not None  # Linux: /proc is there
+    host, pid, start = me.rsplit("/", 2)
+    assert pid == str(os.getpid()) and not owner_is_dead(me)
+    assert owner_is_dead(f"{host}/{pid}/{int(start) + 1}")  # the pid, recycled later
+    assert owner_is_dead(f"{host}/{2**22 + 17}/1")  # above Linux's pid_max: no such pid
+    assert not owner_is_dead(f"another-host:boot:1/{pid}/{int(start) + 1}")  # not ours to judge
+    assert not owner_is_dead(None) and not owner_is_dead("garbage")

@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 from collections import Counter
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
@@ -261,6 +262,7 @@ def test_postgres_statements_name_the_user(
     )
     allowed = re.compile(
         r"^(UPDATE jobs SET .* WHERE id = |DELETE FROM jobs WHERE id = %s$|"
+        r"SELECT claimed_by FROM jobs WHERE id = %s FOR UPDATE SKIP LOCKED$|"
         r"UPDATE records SET index_state = \d WHERE index_state (= \d|IN \(\d, \d\))"
         r"( AND id = ANY\(%s\))?$|"
         r"SELECT count\(\*\) FROM records( WHERE index_state = \d)?$|VACUUM \w+$)"
@@ -460,6 +462,123 @@ def test_postgres_read_modify_write_of_one_user_is_serialized_across_processes(
     assert len(history) == workers * times
 
 
+# A read-modify-write whose read is NOT inside the write's transaction (EMG's shape: plan
+# from what is stored, then write the plan): only engine.user_lock keeps it whole. Each round
+# reads the counter, waits a moment (other processes get to read the same value if nothing
+# serializes them) and writes counter + 1 in a transaction of its own.
+_RMW_WORKER = textwrap.dedent(
+    """
+    import sys, time
+    from memories_core.backends import postgres_storage
+    from memories_core.embedders import HashingEmbedder
+    from memories_core.engine import MemoryEngine
+
+    dsn, schema, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    engine = MemoryEngine(**postgres_storage(dsn, dimension=32, schema=schema, pool_size=2),
+                          embedder=HashingEmbedder(dimension=32))
+    for _ in range(rounds):
+        with engine.user_lock("shared"):
+            (record,) = engine.get("shared", ["m1"])
+            time.sleep(0.005)
+            engine.update_state("shared", {"m1": {"strength": record.state.strength + 1}})
+            with engine.user_lock("shared"):  # re-entrant in one thread
+                pass
+    engine.close()
+    """
+)
+
+
+def test_postgres_user_lock_serializes_read_modify_write_across_processes(
+    postgres_dsn: str, pg_schema: str
+) -> None:
+    """Issue 15, Build 3: ``engine.user_lock`` holds across worker processes (an advisory
+    lock of the store), so no increment is lost when the read is outside the write's
+    transaction."""
+    with PostgresRecordStore(postgres_dsn, schema=pg_schema) as store:
+        store.add([_record("shared", "m1", "a counter")])
+    workers, rounds = 3, 25
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _RMW_WORKER, postgres_dsn, pg_schema, str(rounds)],
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(workers)
+    ]
+    for proc in procs:
+        _, err = proc.communicate(timeout=240)
+        assert proc.returncode == 0, err[-3000:]
+    with PostgresRecordStore(postgres_dsn, schema=pg_schema) as store:
+        (record,) = store.get(["m1"], user_id="shared")
+        history = store.history("shared", record_id="m1")
+    assert record.state.strength == 1.0 + workers * rounds
+    assert len(history) == workers * rounds
+
+
+def test_postgres_user_lock_is_per_user_and_released(postgres_dsn: str, pg_schema: str) -> None:
+    """One thread holds user a's lock: another thread takes b's at once, a's only after the
+    block; the block's reads and writes run (on its pinned connection), and an error inside
+    releases the lock."""
+    import threading
+
+    with PostgresRecordStore(postgres_dsn, schema=pg_schema, pool_size=3) as store:
+        entered, release = threading.Event(), threading.Event()
+        got: dict[str, float] = {}
+
+        def hold_a() -> None:
+            with store.user_lock("a"):
+                store.add([_record("a", "a1", "written under the lock")])
+                assert [r.id for r in store.list(user_id="a")] == ["a1"]
+                entered.set()
+                release.wait(10)
+
+        def take(user: str) -> None:
+            with store.user_lock(user):
+                got[user] = time.monotonic()
+
+        holder = threading.Thread(target=hold_a)
+        holder.start()
+        assert entered.wait(10)
+        other, same = (
+            threading.Thread(target=take, args=("b",)),
+            threading.Thread(target=take, args=("a",)),
+        )
+        other.start()
+        same.start()
+        other.join(10)
+        assert "b" in got and "a" not in got
+        time.sleep(0.3)
+        assert "a" not in got  # still waiting for the holder
+        released_at = time.monotonic()
+        release.set()
+        holder.join(10)
+        same.join(10)
+        assert got["a"] >= released_at
+        with pytest.raises(RuntimeError), store.user_lock("a"):
+            raise RuntimeError("boom")
+        got.clear()
+        after_error = threading.Thread(target=take, args=("a",))
+        after_error.start()
+        after_error.join(10)
+        assert "a" in got, "the lock was not released after an error in the block"
+
+
+def test_postgres_a_dead_workers_job_claim_is_taken_at_once(
+    postgres_dsn: str, pg_schema: str
+) -> None:
+    """Issue 15: the claim records its owner (host, pid, start time); a job claimed by a
+    killed worker is run at once by a process of the same host, not after the lease."""
+    import test_multiprocess
+    from memories_core.backends import postgres_storage
+
+    parts = postgres_storage(postgres_dsn, dimension=64, schema=pg_schema, pool_size=2)
+    test_multiprocess.dead_owner_claims_are_taken_at_once(
+        parts, "postgres", postgres_dsn, pg_schema
+    )
+
+
 async def test_postgres_async_twins_run_concurrently(postgres_dsn: str, pg_schema: str) -> None:
     memory = HistoryMemory(
         store=PostgresRecordStore(postgres_dsn, schema=pg_schema, pool_size=3),
@@ -492,7 +611,7 @@ def test_postgres_schema_is_versioned_and_a_newer_one_is_refused(
         rows = conn.execute(
             f'SELECT component, version FROM "{pg_schema}".schema_version ORDER BY 1'
         ).fetchall()
-        assert rows == [("store", postgres_module.SCHEMA_VERSION)]
+        assert rows == [("store", v) for v in range(1, postgres_module.SCHEMA_VERSION + 1)]
         conn.execute(
             f'INSERT INTO "{pg_schema}".schema_version (component, version) VALUES (%s, %s)',
             ("store", postgres_module.SCHEMA_VERSION + 1),

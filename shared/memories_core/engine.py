@@ -30,8 +30,8 @@ import asyncio
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -417,16 +417,28 @@ class MemoryEngine:
                 return chosen
         return default if default is not None else self.llm
 
-    def user_lock(self, user_id: str) -> threading.RLock:
+    @contextmanager
+    def user_lock(self, user_id: str) -> Iterator[None]:
         """A lock of one user, for a mechanism's read-modify-write of its own state.
 
-        Never call a model while holding it.
+        Re-entrant. The in-process lock of the user first, then the store's lock of the user
+        if the store has one (``user_lock``; see
+        :class:`~memories_core.interfaces.UserLockingStore`: PostgreSQL takes an advisory
+        lock, so worker processes sharing the database are serialized too; the embedded
+        SQLite store needs none, its folder serves one process). Never call a model while
+        holding it.
         """
         with self._user_locks_guard:
             lock = self._user_locks.get(user_id)
             if lock is None:
                 lock = self._user_locks[user_id] = threading.RLock()
-            return lock
+        with lock:
+            store_lock = getattr(self.store, "user_lock", None)
+            if store_lock is None:
+                yield
+                return
+            with store_lock(user_id):
+                yield
 
     def transaction(self) -> AbstractContextManager[Any]:
         """One store transaction around several engine calls (all commit, or none)."""

@@ -47,6 +47,7 @@ __all__ = [
     "LLMRouter",
     "Mechanism",
     "RecordStore",
+    "UserLockingStore",
     "VectorIndex",
 ]
 
@@ -406,6 +407,21 @@ class EngineStore(RecordStore, Protocol):
 
     def include_in_index(self, *, user_id: str | None = None, kind: str) -> int:
         """Mark unindexed records of a kind pending for the vector index."""
+        ...
+
+
+@runtime_checkable
+class UserLockingStore(Protocol):
+    """An optional seam of an :class:`EngineStore` shared by several processes.
+
+    :meth:`MemoryEngine.user_lock <memories_core.engine.MemoryEngine.user_lock>` takes this
+    lock after its in-process one, so that a mechanism's read-modify-write of one user is
+    serialized across worker processes too (PostgreSQL: an advisory lock). A store that one
+    process at a time can open (the embedded default) does not need it.
+    """
+
+    def user_lock(self, user_id: str) -> AbstractContextManager[None]:
+        """Hold ``user_id``'s lock across processes for the ``with`` block (re-entrant)."""
         ...
 
 

@@ -30,6 +30,7 @@ maintenance queries (``pending_index``, ``mark_*`` by record ids, ``users``, ``c
 from __future__ import annotations
 
 import builtins
+import contextlib
 import json
 import logging
 import threading
@@ -39,6 +40,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from memories_core.backends.claims import current_owner, owner_is_dead
 from memories_core.backends.pg_common import check_schema, make_pool, migrate, redact_dsn
 from memories_core.backends.sqlite_store import query_terms
 from memories_core.backends.sqlite_tables import (
@@ -46,11 +48,11 @@ from memories_core.backends.sqlite_tables import (
     _STATE_DEFAULTS,
     _changed,
     _dumps,
-    _row_to_job,
     _state_change,
     from_micros,
     state_from_row,
     to_micros,
+    unclaimed_jobs,
 )
 from memories_core.errors import BackendError, InvalidInputError
 from memories_core.filters import ColumnType, compile_filter
@@ -184,7 +186,12 @@ CREATE TABLE state (
 """
 
 #: Migration ``i`` brings the store to version ``i + 1``; append, never edit.
-MIGRATIONS: tuple[str, ...] = (_V1,)
+MIGRATIONS: tuple[str, ...] = (
+    _V1,
+    # 2: job claims name their owner process (memories_core.backends.claims), so a dead
+    # worker's claim is taken over at once by a process of the same host.
+    "ALTER TABLE jobs ADD COLUMN IF NOT EXISTS claimed_by text",
+)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 _USER_TABLES = (
@@ -301,11 +308,15 @@ class PostgresRecordStore:
         inside by that thread join it, and it commits or rolls back as a whole (READ
         COMMITTED). Every call that names a user inside a transaction (and every write
         outside one) first takes that user's transaction-level advisory lock
-        (``pg_advisory_xact_lock``), so a read-then-write sequence of one user (session
-        routing, a mechanism's read-modify-write under ``engine.user_lock``) is serialized
-        across processes, as ``BEGIN IMMEDIATE`` serializes it in SQLite, while different
-        users run in parallel. Jobs are claimed with a lease: ``claim_job`` locks the
-        job row with ``FOR UPDATE SKIP LOCKED`` and sets ``claimed_until`` only if no live
+        (``pg_advisory_xact_lock``), so a read-then-write sequence of one user inside one
+        transaction (session routing) is serialized across processes, as ``BEGIN
+        IMMEDIATE`` serializes it in SQLite, while different users run in parallel. A
+        mechanism's read-modify-write that spans several transactions runs under
+        ``engine.user_lock``, which takes :meth:`user_lock` (a session-level advisory lock
+        of the user). Jobs are claimed with a lease: ``claim_job`` locks the
+        job row with ``FOR UPDATE SKIP LOCKED`` and sets ``claimed_until`` (and
+        ``claimed_by``, the owner process: a dead owner's claim is taken over at once by a
+        process of the same host, :mod:`memories_core.backends.claims`) only if no live
         lease exists; ``finish_job`` deletes it in the transaction that stores what it
         derived, so a job whose lease expired and was run elsewhere is rolled back, never
         committed twice.
@@ -418,7 +429,7 @@ class PostgresRecordStore:
                 local.depth -= 1
             return
         try:
-            with self._pool.connection() as conn:
+            with self._borrow() as conn:
                 if not write:
                     try:
                         yield conn
@@ -442,6 +453,87 @@ class PostgresRecordStore:
             if isinstance(exc, PoolTimeout):
                 raise BackendError("no PostgreSQL connection free in the pool in time") from exc
             raise
+
+    @contextmanager
+    def _borrow(self) -> Iterator[Any]:
+        """The connection pinned to this thread by :meth:`user_lock`, else one from the pool."""
+        pinned = getattr(self._local, "pinned", None)
+        if pinned is not None:
+            yield pinned
+            return
+        with self._pool.connection() as conn:
+            yield conn
+
+    @contextmanager
+    def user_lock(self, user_id: str) -> Iterator[None]:
+        """Hold ``user_id``'s lock, across every process on this schema, for the block.
+
+        What :meth:`MemoryEngine.user_lock <memories_core.engine.MemoryEngine.user_lock>`
+        takes after its in-process lock: a mechanism's read-modify-write of one user
+        (reads, then a transaction that writes what they decided) runs in one process at a
+        time. Outside a transaction it is a session-level ``pg_advisory_lock`` on a pooled
+        connection that stays pinned to the thread until the block ends, so the block's own
+        reads and transactions run on that same connection (a lock wait is then always
+        between two server sessions, where PostgreSQL detects deadlocks). Inside a
+        transaction it is a transaction-level lock on the same key, released at commit.
+        Its key is not the one of the per-transaction user lock (``_lock_users``): a save of
+        the user in another process does not wait for the block, only another block does.
+        Re-entrant per thread. Never call a model while holding it.
+
+        Raises:
+            BackendError: if PostgreSQL fails (the lock is then not held).
+        """
+        import psycopg
+
+        check_user_id(user_id)
+        self._ensure_open()
+        local = self._local
+        held: dict[str, int] = local.__dict__.setdefault("held", {})
+        if held.get(user_id):
+            held[user_id] += 1
+            try:
+                yield
+            finally:
+                held[user_id] -= 1
+            return
+        key = (f"llm-memories:{self.schema}:user-lock:{user_id}",)
+        current = getattr(local, "conn", None)
+        if current is not None:  # inside a transaction: until it ends
+            try:
+                current.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", key)
+            except psycopg.Error as exc:
+                raise BackendError(f"PostgreSQL user lock failed: {exc}") from exc
+            held[user_id] = 1
+            try:
+                yield
+            finally:
+                held.pop(user_id, None)
+            return
+        outer = getattr(local, "pinned", None)
+        with contextlib.ExitStack() as stack:
+            conn = outer
+            if conn is None:
+                try:
+                    conn = stack.enter_context(self._pool.connection())
+                except psycopg.Error as exc:
+                    raise BackendError(f"PostgreSQL connection failed: {exc}") from exc
+            try:
+                conn.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", key)
+            except psycopg.Error as exc:
+                raise BackendError(f"PostgreSQL user lock failed: {exc}") from exc
+            local.pinned, held[user_id] = conn, 1
+            try:
+                yield
+            finally:
+                held.pop(user_id, None)
+                local.pinned = outer
+                try:
+                    conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", key)
+                except psycopg.Error:
+                    # The session still holds the lock: close it so the server drops it
+                    # (the pool discards a closed connection).
+                    with suppress(Exception):
+                        conn.close()
 
     def transaction(self) -> Any:
         """One transaction around several calls: all of them commit, or none.
@@ -1010,7 +1102,7 @@ class PostgresRecordStore:
         limit: int | None = None,
     ) -> builtins.list[Job]:
         """Stored jobs, oldest first (see :meth:`SQLiteRecordStore.jobs`)."""
-        sql = f"SELECT {_JOB_SELECT} FROM jobs WHERE TRUE"
+        sql = f"SELECT {_JOB_SELECT}, claimed_until, claimed_by FROM jobs WHERE TRUE"
         params: builtins.list[Any] = []
         users: builtins.list[str] = []
         if user_id is not None:
@@ -1025,14 +1117,19 @@ class PostgresRecordStore:
             params.append(key)
         if due_at is not None:
             micros = to_micros(due_at)
-            sql += " AND next_attempt_at <= %s AND (claimed_until IS NULL OR claimed_until < %s)"
+            # Claimed jobs whose owner is known are checked after (a dead owner frees them).
+            sql += (
+                " AND next_attempt_at <= %s AND (claimed_until IS NULL OR claimed_until < %s"
+                " OR claimed_by IS NOT NULL)"
+            )
             params += [micros, micros]
         sql += " ORDER BY created_at, jseq"
-        if limit is not None:
+        if limit is not None and due_at is None:
             sql += " LIMIT %s"
             params.append(limit)
         with self._read(users) as conn:
-            return [_row_to_job(row) for row in conn.execute(sql, params)]
+            rows = conn.execute(sql, params).fetchall()
+        return unclaimed_jobs(rows, None if due_at is None else to_micros(due_at), limit)
 
     def claim_job(self, job_id: str, *, now: datetime, lease: timedelta) -> bool:
         """Claim a job for ``lease``; ``False`` if gone, claimed by a live lease, or locked.
@@ -1040,13 +1137,26 @@ class PostgresRecordStore:
         The job row is locked with ``FOR UPDATE SKIP LOCKED``: a row another transaction is
         finishing (deleting) right now counts as taken instead of being waited for.
         """
-        micros = to_micros(now)
+        micros, until, owner = to_micros(now), to_micros(now + lease), current_owner()
         with self._write() as conn:
             cursor = conn.execute(
-                "UPDATE jobs SET claimed_until = %s WHERE id = ("
+                "UPDATE jobs SET claimed_until = %s, claimed_by = %s WHERE id = ("
                 "  SELECT id FROM jobs WHERE id = %s "
                 "  AND (claimed_until IS NULL OR claimed_until < %s) FOR UPDATE SKIP LOCKED)",
-                (to_micros(now + lease), job_id, micros),
+                (until, owner, job_id, micros),
+            )
+            if cursor.rowcount == 1:
+                return True
+            # A live lease: taken over at once if its owner is a dead process of this host.
+            row = conn.execute(
+                "SELECT claimed_by FROM jobs WHERE id = %s FOR UPDATE SKIP LOCKED", (job_id,)
+            ).fetchone()
+            if row is None or not owner_is_dead(row[0]):
+                return False
+            cursor = conn.execute(
+                "UPDATE jobs SET claimed_until = %s, claimed_by = %s "
+                "WHERE id = %s AND claimed_by = %s",
+                (until, owner, job_id, row[0]),
             )
             return bool(cursor.rowcount == 1)
 
@@ -1067,7 +1177,7 @@ class PostgresRecordStore:
         with self._write() as conn:
             conn.execute(
                 "UPDATE jobs SET attempts = attempts + 1, last_error = %s, "
-                "next_attempt_at = %s, claimed_until = NULL WHERE id = %s",
+                "next_attempt_at = %s, claimed_until = NULL, claimed_by = NULL WHERE id = %s",
                 (error[:2000].replace("\x00", "\ufffd"), to_micros(retry_at), job_id),
             )
 
@@ -1081,7 +1191,9 @@ class PostgresRecordStore:
     def release_job(self, job_id: str) -> None:
         """Release a claim without counting a failure."""
         with self._write() as conn:
-            conn.execute("UPDATE jobs SET claimed_until = NULL WHERE id = %s", (job_id,))
+            conn.execute(
+                "UPDATE jobs SET claimed_until = NULL, claimed_by = NULL WHERE id = %s", (job_id,)
+            )
 
     def restore_jobs(self, user_id: str, jobs: Sequence[Job]) -> int:
         """Write jobs exactly as given, skipping existing ids and keys; returns how many."""

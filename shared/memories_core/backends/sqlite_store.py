@@ -24,7 +24,9 @@ Schema (one file, ``records.sqlite3`` in a memory's directory):
 from __future__ import annotations
 
 import builtins
+import hashlib
 import json
+import os
 import re
 import sqlite3
 import threading
@@ -45,6 +47,7 @@ from memories_core.backends.sqlite_tables import (
     ENGINE_SCHEMA,
     STATE_COLUMNS,
     EngineTablesMixin,
+    _add_claim_owner,
     state_from_row,
 )
 from memories_core.errors import BackendError, InvalidInputError, SchemaVersionError
@@ -144,6 +147,11 @@ SQLITE_MIGRATIONS: tuple[Migration, ...] = (
         3,
         "migration log; jobs ordered by creation for workers that drain every user's queue",
         {"sqlite": "CREATE INDEX IF NOT EXISTS jobs_created ON jobs (created_at);"},
+    ),
+    Migration(
+        4,
+        "job claims name their owner process, so a dead worker's claim is taken over at once",
+        run=_add_claim_owner,
     ),
 )
 #: Schema version of stores written by this release.
@@ -261,6 +269,10 @@ def _stateful_filter_sql(where: Filter | None) -> tuple[str, list[Any]]:
     return _filter_sql(where, "r.", columns=_STATE_FILTER_COLUMNS, attrs_column="s.attrs")
 
 
+#: Lock files of :meth:`SQLiteRecordStore.user_lock` (users are hashed into these).
+_USER_LOCK_BUCKETS = 256
+
+
 class SQLiteRecordStore(EngineTablesMixin):
     """The default :class:`~memories_core.interfaces.RecordStore`, on SQLite with FTS5.
 
@@ -323,6 +335,7 @@ class SQLiteRecordStore(EngineTablesMixin):
         self._lock = threading.RLock()
         self._closed = False
         self._depth = 0  # nesting of _write() in the thread holding the lock
+        self._threads = threading.local()  # user_lock's held buckets, per thread
         if path is None:
             target = ":memory:"
         else:
@@ -364,6 +377,54 @@ class SQLiteRecordStore(EngineTablesMixin):
 
     def __repr__(self) -> str:
         return f"SQLiteRecordStore(path={str(self.path) if self.path else None!r})"
+
+    @contextmanager
+    def user_lock(self, user_id: str) -> Iterator[None]:
+        """Hold ``user_id``'s lock, across processes sharing this file, for the block.
+
+        What :meth:`MemoryEngine.user_lock <memories_core.engine.MemoryEngine.user_lock>`
+        takes after its in-process lock, for when several processes share the file (with
+        a Chroma server for the vectors): an exclusive ``flock`` on one of
+        ``_USER_LOCK_BUCKETS`` empty files in ``<file>.user-locks/`` chosen by a hash of the
+        user id (fixed names: nothing on disk names a user; two users in one bucket only
+        wait for each other). The OS drops it if the process dies. An in-memory store, or a
+        platform without ``fcntl``, needs none: one process has the store. Re-entrant per
+        thread. Never call a model while holding it.
+        """
+        check_user_id(user_id)
+        self._ensure_open()
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not POSIX
+            fcntl = None  # type: ignore[assignment]
+        if self.path is None or fcntl is None:
+            yield
+            return
+        digest = hashlib.blake2b(user_id.encode("utf-8", "surrogatepass"), digest_size=4)
+        bucket = int.from_bytes(digest.digest(), "big") % _USER_LOCK_BUCKETS
+        held: dict[int, int] = self._threads.__dict__.setdefault("buckets", {})
+        if held.get(bucket):
+            held[bucket] += 1
+            try:
+                yield
+            finally:
+                held[bucket] -= 1
+            return
+        folder = self.path.with_name(self.path.name + ".user-locks")
+        try:
+            folder.mkdir(exist_ok=True)
+            fd = os.open(folder / f"{bucket:03d}", os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise BackendError(f"cannot open the user lock of {self.path}: {exc}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            held[bucket] = 1
+            try:
+                yield
+            finally:
+                held.pop(bucket, None)
+        finally:
+            os.close(fd)  # releases the flock
 
     def _ensure_open(self) -> None:
         # Checked up front too, so calls that would return early (no ids, no query terms)

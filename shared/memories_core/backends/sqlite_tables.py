@@ -35,6 +35,7 @@ from contextlib import AbstractContextManager
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from memories_core.backends.claims import current_owner, owner_is_dead
 from memories_core.errors import InvalidInputError
 from memories_core.types import (
     STATE_FIELDS,
@@ -275,6 +276,37 @@ _JOB_COLUMNS = (
 )
 
 
+def unclaimed_jobs(
+    rows: Sequence[Sequence[Any]], due_micros: int | None, limit: int | None
+) -> builtins.list[Job]:
+    """Jobs of rows ``(*_JOB_COLUMNS, claimed_until, claimed_by)``.
+
+    With ``due_micros``, a row claimed until later is kept only if its owner is a dead
+    process of this host (:mod:`memories_core.backends.claims`); then at most ``limit``.
+    """
+    jobs: builtins.list[Job] = []
+    for row in rows:
+        claimed_until, owner = row[-2], row[-1]
+        if (
+            due_micros is not None
+            and claimed_until is not None
+            and claimed_until >= due_micros
+            and not owner_is_dead(owner)
+        ):
+            continue
+        jobs.append(_row_to_job(row[:-2]))
+        if limit is not None and len(jobs) >= limit:
+            break
+    return jobs
+
+
+def _add_claim_owner(connection: Any, dialect: str) -> None:
+    """Migration step: ``jobs.claimed_by`` (the claim's owner process), if missing."""
+    columns = {row[1] for row in connection.execute("PRAGMA table_info(jobs)")}
+    if "claimed_by" not in columns:
+        connection.execute("ALTER TABLE jobs ADD COLUMN claimed_by TEXT")
+
+
 def _dumps(value: Any) -> str:
     try:
         return json.dumps(value, ensure_ascii=False, allow_nan=False)
@@ -462,7 +494,7 @@ class EngineTablesMixin:
             key: Only the job with this dedupe key.
             limit: At most this many.
         """
-        sql = f"SELECT {_JOB_COLUMNS} FROM jobs WHERE 1 = 1"
+        sql = f"SELECT {_JOB_COLUMNS}, claimed_until, claimed_by FROM jobs WHERE 1 = 1"
         params: builtins.list[Any] = []
         if user_id is not None:
             sql += " AND user_id = ?"
@@ -475,14 +507,19 @@ class EngineTablesMixin:
             params.append(key)
         if due_at is not None:
             micros = to_micros(due_at)
-            sql += " AND next_attempt_at <= ? AND (claimed_until IS NULL OR claimed_until < ?)"
+            # Claimed jobs whose owner is known are checked below (a dead owner frees them).
+            sql += (
+                " AND next_attempt_at <= ? AND (claimed_until IS NULL OR claimed_until < ?"
+                " OR claimed_by IS NOT NULL)"
+            )
             params += [micros, micros]
         sql += " ORDER BY created_at, rowid"
-        if limit is not None:
+        if limit is not None and due_at is None:
             sql += " LIMIT ?"
             params.append(limit)
         with self._read() as conn:
-            return [_row_to_job(row) for row in conn.execute(sql, params)]
+            rows = conn.execute(sql, params).fetchall()
+        return unclaimed_jobs(rows, None if due_at is None else to_micros(due_at), limit)
 
     def claim_job(self, job_id: str, *, now: datetime, lease: timedelta) -> bool:
         """Claim a job for ``lease`` so that no other worker runs it meanwhile.
@@ -490,12 +527,22 @@ class EngineTablesMixin:
         Returns:
             ``False`` if the job is gone or claimed by a live worker.
         """
-        micros = to_micros(now)
+        micros, until, owner = to_micros(now), to_micros(now + lease), current_owner()
         with self._write() as conn:
             cursor = conn.execute(
-                "UPDATE jobs SET claimed_until = ? WHERE id = ? "
+                "UPDATE jobs SET claimed_until = ?, claimed_by = ? WHERE id = ? "
                 "AND (claimed_until IS NULL OR claimed_until < ?)",
-                (to_micros(now + lease), job_id, micros),
+                (until, owner, job_id, micros),
+            )
+            if cursor.rowcount == 1:
+                return True
+            # A live lease: taken over at once if its owner is a dead process of this host.
+            row = conn.execute("SELECT claimed_by FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            if row is None or not owner_is_dead(row[0]):
+                return False
+            cursor = conn.execute(
+                "UPDATE jobs SET claimed_until = ?, claimed_by = ? WHERE id = ? AND claimed_by = ?",
+                (until, owner, job_id, row[0]),
             )
             return cursor.rowcount == 1
 
@@ -514,7 +561,7 @@ class EngineTablesMixin:
         with self._write() as conn:
             conn.execute(
                 "UPDATE jobs SET attempts = attempts + 1, last_error = ?, next_attempt_at = ?, "
-                "claimed_until = NULL WHERE id = ?",
+                "claimed_until = NULL, claimed_by = NULL WHERE id = ?",
                 (error[:2000], to_micros(retry_at), job_id),
             )
 
@@ -528,7 +575,9 @@ class EngineTablesMixin:
     def release_job(self, job_id: str) -> None:
         """Release a claim without counting a failure."""
         with self._write() as conn:
-            conn.execute("UPDATE jobs SET claimed_until = NULL WHERE id = ?", (job_id,))
+            conn.execute(
+                "UPDATE jobs SET claimed_until = NULL, claimed_by = NULL WHERE id = ?", (job_id,)
+            )
 
     def restore_jobs(self, user_id: str, jobs: Sequence[Job]) -> int:
         """Write jobs exactly as given (ids, attempts, errors, times), skipping existing keys.
