@@ -467,6 +467,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         action="store_true",
         help="also measure the ONNX ms-marco cross-encoder blended in (extra 'rerank')",
     )
+    parser.add_argument(
+        "--bge",
+        action="store_true",
+        help="also score the default selector with the optional bge-small OnnxEmbedder "
+        "(extra 'rerank') in place of MiniLM",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     args = parser.parse_args(argv)
 
@@ -618,6 +624,25 @@ def main(argv: Sequence[str] | None = None) -> None:
         per = {s: ranking_ceiling(split[s], scorer, setting) for s in sources}
         out["ranking_ceiling"][name] = per
         print(f"  {name:22s} " + "  ".join(f"{s} {v:.3f}" for s, v in per.items()))
+
+    if args.bge:
+        from memories_core.embedders import OnnxEmbedder
+
+        bge = CachedEmbedder(OnnxEmbedder(), cache.with_name("memochat_bge.npz"))
+        bge_scorer = Scorer(bge)
+        print("\nbge-small-en-v1.5 (OnnxEmbedder) in place of MiniLM, default settings")
+        out["bge"] = {}
+        for name, setting in (("fused", {}), ("embedding-only", dense_only)):
+            per = {s: selector_f1(split[s], bge_scorer, setting) for s in sources}
+            ceiling = {s: ranking_ceiling(split[s], bge_scorer, setting) for s in sources}
+            out["bge"][name] = {"f1": per, "ranking_ceiling": ceiling}
+            print(
+                f"  {name:15s} F1 "
+                + "  ".join(f"{s} {v:.3f}" for s, v in per.items())
+                + "  | ceiling "
+                + "  ".join(f"{s} {v:.3f}" for s, v in ceiling.items())
+            )
+        bge.save()
 
     print("\nsegmenter boundary P/R/F1 (LLM-free, TextTiling-style + speaker-turn cues)")
 
