@@ -14,7 +14,7 @@ import sys
 import textwrap
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -379,6 +379,21 @@ _WORKER = textwrap.dedent(
 )
 
 
+def _run_workers(workers: int, argv_of: Callable[[int], list[str]]) -> None:
+    """Run ``workers`` Python processes (``python -c SCRIPT ARGS...`` from ``argv_of(i)``)
+    at once on this interpreter's path; each must exit 0."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", *argv_of(w)], env=env, stderr=subprocess.PIPE, text=True
+        )
+        for w in range(workers)
+    ]
+    for proc in procs:
+        _, err = proc.communicate(timeout=240)
+        assert proc.returncode == 0, err[-3000:]
+
+
 def test_postgres_concurrent_processes_lose_and_duplicate_nothing(
     postgres_dsn: str, pg_schema: str, tmp_path: Path
 ) -> None:
@@ -386,19 +401,9 @@ def test_postgres_concurrent_processes_lose_and_duplicate_nothing(
     log = tmp_path / "ran.log"
     # Create the schema once, so that the workers race on data, not on the migration.
     PostgresRecordStore(postgres_dsn, schema=pg_schema).close()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", _WORKER, postgres_dsn, pg_schema, str(w), str(count), str(log)],
-            env=env,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for w in range(workers)
-    ]
-    for proc in procs:
-        _, err = proc.communicate(timeout=240)
-        assert proc.returncode == 0, err[-3000:]
+    _run_workers(
+        workers, lambda w: [_WORKER, postgres_dsn, pg_schema, str(w), str(count), str(log)]
+    )
     with PostgresRecordStore(postgres_dsn, schema=pg_schema) as store:
         records = store.list(user_id="shared")
         jobs_left = store.jobs(user_id="shared")
@@ -441,19 +446,7 @@ def test_postgres_read_modify_write_of_one_user_is_serialized_across_processes(
     with PostgresRecordStore(postgres_dsn, schema=pg_schema) as store:
         store.add([_record("shared", "m1", "a memory")])
     workers, times = 3, 15
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", _REINFORCER, postgres_dsn, pg_schema, "m1", str(times)],
-            env=env,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(workers)
-    ]
-    for proc in procs:
-        _, err = proc.communicate(timeout=240)
-        assert proc.returncode == 0, err[-3000:]
+    _run_workers(workers, lambda _: [_REINFORCER, postgres_dsn, pg_schema, "m1", str(times)])
     with PostgresRecordStore(postgres_dsn, schema=pg_schema) as store:
         (record,) = store.get(["m1"], user_id="shared")
         history = store.history("shared", record_id="m1")
@@ -497,19 +490,7 @@ def test_postgres_user_lock_serializes_read_modify_write_across_processes(
     with PostgresRecordStore(postgres_dsn, schema=pg_schema) as store:
         store.add([_record("shared", "m1", "a counter")])
     workers, rounds = 3, 25
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", _RMW_WORKER, postgres_dsn, pg_schema, str(rounds)],
-            env=env,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(workers)
-    ]
-    for proc in procs:
-        _, err = proc.communicate(timeout=240)
-        assert proc.returncode == 0, err[-3000:]
+    _run_workers(workers, lambda _: [_RMW_WORKER, postgres_dsn, pg_schema, str(rounds)])
     with PostgresRecordStore(postgres_dsn, schema=pg_schema) as store:
         (record,) = store.get(["m1"], user_id="shared")
         history = store.history("shared", record_id="m1")
