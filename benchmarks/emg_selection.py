@@ -184,8 +184,12 @@ def cross_validate(
                 chosen = choose(env, ex)
                 per_q.setdefault(name, []).append((*prf(chosen, ex.required), len(chosen)))
             for name, policy in policies.items():
-                chosen = [h.record.id for h in memory._choose(env, policy).memories]
-                per_q.setdefault(name, []).append((*prf(chosen, ex.required), len(chosen)))
+                for decode, label in (
+                    ("expected_f1", name),
+                    ("greedy", f"{name}, greedy walk"),
+                ):
+                    chosen = [h.record.id for h in memory._choose(env, policy, decode).memories]
+                    per_q.setdefault(label, []).append((*prf(chosen, ex.required), len(chosen)))
     return {"per_question": per_q, "fold": fold_of, "order": order, "training": training}
 
 
@@ -209,6 +213,24 @@ def report_tables(
         )
         for name in per_q
         if name.startswith("trained")
+    }
+    beats_top1 = {
+        name: sum(fold_f1[name][fold] > fold_f1["top-1"][fold] for fold in range(folds))
+        for name in per_q
+        if name.startswith("trained")
+    }
+    sizes = {
+        name: {
+            label: sum(1 for r in rows if key(r[3])) / len(rows)
+            for label, key in (
+                ("1", lambda n: n == 1),
+                ("2", lambda n: n == 2),
+                ("3", lambda n: n == 3),
+                ("4+", lambda n: n >= 4),
+            )
+        }
+        for name, rows in per_q.items()
+        if name.startswith("trained") or name == "untrained fallback"
     }
     groups: dict[str, Callable[[int], str]] = {
         "required memories": lambda i: str(min(len(data[i][0].required), 4)).replace("4", "4+"),
@@ -235,6 +257,8 @@ def report_tables(
         "fold_f1": fold_f1,
         "best_fixed_per_fold": best_fixed_per_fold,
         "folds_beating_best_fixed": wins,
+        "folds_beating_top1": beats_top1,
+        "size_distribution": sizes,
         "breakdown": breakdown,
     }
 
@@ -321,6 +345,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax.plot(ks, [sel[f"top-{k}"]["recall"] for k in ks], ".:", label="fixed top-K recall")
     for name, style in (
         ("trained policy", "r"),
+        ("trained policy, greedy walk", "orange"),
         ("trained policy (paper's 3 features)", "m"),
         ("untrained fallback", "g"),
     ):
@@ -343,7 +368,12 @@ def plot(result: dict[str, Any], path: Path) -> None:
     groups = list(by_req)
     width = 0.2
     for j, (name, colour) in enumerate(
-        (("top-1", "#1f77b4"), ("top-2", "#aec7e8"), ("top-3", "#c5dbee"), ("trained policy", "r"))
+        (
+            ("top-1", "#1f77b4"),
+            ("top-2", "#aec7e8"),
+            ("trained policy, greedy walk", "#ff9896"),
+            ("trained policy", "r"),
+        )
     ):
         bx.bar(
             [g + (j - 1.5) * width for g in range(len(groups))],
@@ -382,7 +412,17 @@ def markdown(result: dict[str, Any]) -> str:
         "policy's F1 beats that fold's best fixed K: "
         + ", ".join(f"{k}: {v}/5" for k, v in tables["folds_beating_best_fixed"].items()),
     ]
-    shown = ["top-1", "top-2", "top-3", "trained policy", "trained policy (paper's 3 features)"]
+    lines += [
+        "",
+        "Folds where the F1 beats top-1's (strictly): "
+        + ", ".join(f"{k}: {v}/5" for k, v in tables["folds_beating_top1"].items()),
+        "",
+        "| selector | size 1 | size 2 | size 3 | size 4+ |",
+        "|---|---|---|---|---|",
+    ]
+    for name, dist in tables["size_distribution"].items():
+        lines.append(f"| {name} | " + " | ".join(f"{v:.1%}" for v in dist.values()) + " |")
+    shown = ["top-1", "top-2", "top-3", "trained policy", "trained policy, greedy walk"]
     for title, table in tables["breakdown"].items():
         lines += ["", f"| F1 by {title} | questions | " + " | ".join(shown) + " |"]
         lines += ["|---|---|" + "---|" * len(shown)]
