@@ -14,11 +14,15 @@ F1 of
 * the trained policy with every state feature (the paper's three cosines of Eq. 1 plus our
   four relative features, ``memories_core.mechanisms.emg_policy``),
 * the trained policy with the paper's three features only,
+
+each with both decodes of ``EMGMemory.select``: the expected-F1 set of the warm-start
+``P(required)`` (the default, variable size) and the greedy include/stop walk (Eq. 2);
 * the untrained fallback (cosine threshold),
 * fixed top-K, K = 1..10, of the activation ranking the walk starts from,
 
-then F1 by number of required memories and by LoCoMo category (where variable size wins or
-loses against the best fixed K), and recall@k of the evidence.
+then the folds where each beats top-1, the distribution of selection sizes, F1 by number of
+required memories and by LoCoMo category (where variable size wins or loses against the best
+fixed K), and recall@k of the evidence.
 
 Each question's walk environment (activation search, graph edges, states) is built once with
 ``EMGMemory._environment`` and reused by every fold and selector; that it gives exactly what

@@ -51,7 +51,12 @@ retrieval, and the question is embedded once. The walk stays inside the ``pool``
 nearest to the question (a hub such as the user has an edge per memory; this bounds a
 question's cost). The policy is trained by :meth:`EMGMemory.train_policy` and saved as an
 artifact per store (or per user); untrained, a memory is included when its cosine to the
-question reaches ``threshold``.
+question reaches ``threshold``. A trained policy's selection is decoded, by default, as a
+set (``decode="expected_f1"``, ours, not the paper's): the walk scores every reachable
+memory with ``P(required)`` (the warm-start network, Eq. 5, kept with the policy) and the
+best-first prefix of highest expected F1 is returned, so the size follows how confident the
+top memory is; ``decode="greedy"`` keeps the paper's include/stop walk, which on LoCoMo
+always stops at one memory (``benchmarks/emg_selection.py``, BENCHMARKS.md).
 
 **Policies and deletion**: the examples a policy is trained on are kept per user, as that
 user's artifact, and the policy lists its contributors. :meth:`EMGMemory.delete_user`
