@@ -19,6 +19,9 @@ each with both decodes of ``EMGMemory.select``: the expected-F1 set of the warm-
 ``P(required)`` (the default, variable size) and the greedy include/stop walk (Eq. 2);
 * the untrained fallback (cosine threshold),
 * fixed top-K, K = 1..10, of the activation ranking the walk starts from,
+* two reference rows: the expected-F1 decode of REINFORCE's ``π(include)`` (why the decode
+  reads the warm-start head), and the oracle size per question on the default ranking (an
+  upper bound for any size rule, not a selector),
 
 then the folds where each beats top-1, the distribution of selection sizes, F1 by number of
 required memories and by LoCoMo category (where variable size wins or loses against the best
@@ -64,6 +67,11 @@ from memories_core.prompts.emg import EXTRACT, ExtractInput, parse_extract
 
 OUT = Path(__file__).resolve().parent / "out"
 NOW = datetime(2024, 1, 1, tzinfo=timezone.utc)
+#: Not a selector: the best prefix size per question on the default decode's ranking, knowing
+#: the required memories (how much a perfect size choice could add).
+ORACLE = "oracle size on the default ranking (upper bound, not a selector)"
+#: The expected-F1 decode applied to REINFORCE's π(include) instead of the warm-start head.
+PI_DECODED = "trained policy, expected-F1 of REINFORCE's π (no warm-start head)"
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
 
 
@@ -187,6 +195,17 @@ def cross_validate(
             for name, choose in selectors.items():
                 chosen = choose(env, ex)
                 per_q.setdefault(name, []).append((*prf(chosen, ex.required), len(chosen)))
+            policy = policies["trained policy"]
+            walk = memory._traverse(env, memory._scorer(policy))
+            ranked = sorted({v.record_id: v.score for v in walk}.items(), key=lambda x: -x[1])
+            ids = [rid for rid, _ in ranked][: memory.max_select]
+            f1s = [prf(ids[:k], ex.required)[2] for k in range(1, len(ids) + 1)] or [0.0]
+            best = ids[: 1 + f1s.index(max(f1s))]
+            per_q.setdefault(ORACLE, []).append((*prf(best, ex.required), len(best)))
+            bare = SelectionPolicy.from_json(policy.to_json())
+            bare.meta = {}  # no warm-start head, no Platt map: REINFORCE's π(include) itself
+            chosen = [h.record.id for h in memory._choose(env, bare, "expected_f1").memories]
+            per_q.setdefault(PI_DECODED, []).append((*prf(chosen, ex.required), len(chosen)))
             for name, policy in policies.items():
                 for decode, label in (
                     ("expected_f1", name),
