@@ -14,11 +14,18 @@ F1 of
 * the trained policy with every state feature (the paper's three cosines of Eq. 1 plus our
   four relative features, ``memories_core.mechanisms.emg_policy``),
 * the trained policy with the paper's three features only,
+
+each with both decodes of ``EMGMemory.select``: the expected-F1 set of the warm-start
+``P(required)`` (the default, variable size) and the greedy include/stop walk (Eq. 2);
 * the untrained fallback (cosine threshold),
 * fixed top-K, K = 1..10, of the activation ranking the walk starts from,
+* two reference rows: the expected-F1 decode of REINFORCE's ``π(include)`` (why the decode
+  reads the warm-start head), and the oracle size per question on the default ranking (an
+  upper bound for any size rule, not a selector),
 
-then F1 by number of required memories and by LoCoMo category (where variable size wins or
-loses against the best fixed K), and recall@k of the evidence.
+then the folds where each beats top-1, the distribution of selection sizes, F1 by number of
+required memories and by LoCoMo category (where variable size wins or loses against the best
+fixed K), and recall@k of the evidence.
 
 Each question's walk environment (activation search, graph edges, states) is built once with
 ``EMGMemory._environment`` and reused by every fold and selector; that it gives exactly what
@@ -60,6 +67,11 @@ from memories_core.prompts.emg import EXTRACT, ExtractInput, parse_extract
 
 OUT = Path(__file__).resolve().parent / "out"
 NOW = datetime(2024, 1, 1, tzinfo=timezone.utc)
+#: Not a selector: the best prefix size per question on the default decode's ranking, knowing
+#: the required memories (how much a perfect size choice could add).
+ORACLE = "oracle size on the default ranking (upper bound, not a selector)"
+#: The expected-F1 decode applied to REINFORCE's π(include) instead of the warm-start head.
+PI_DECODED = "trained policy, expected-F1 of REINFORCE's π (no warm-start head)"
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
 
 
@@ -183,9 +195,24 @@ def cross_validate(
             for name, choose in selectors.items():
                 chosen = choose(env, ex)
                 per_q.setdefault(name, []).append((*prf(chosen, ex.required), len(chosen)))
+            policy = policies["trained policy"]
+            walk = memory._traverse(env, memory._scorer(policy))
+            ranked = sorted({v.record_id: v.score for v in walk}.items(), key=lambda x: -x[1])
+            ids = [rid for rid, _ in ranked][: memory.max_select]
+            f1s = [prf(ids[:k], ex.required)[2] for k in range(1, len(ids) + 1)] or [0.0]
+            best = ids[: 1 + f1s.index(max(f1s))]
+            per_q.setdefault(ORACLE, []).append((*prf(best, ex.required), len(best)))
+            bare = SelectionPolicy.from_json(policy.to_json())
+            bare.meta = {}  # no warm-start head, no Platt map: REINFORCE's π(include) itself
+            chosen = [h.record.id for h in memory._choose(env, bare, "expected_f1").memories]
+            per_q.setdefault(PI_DECODED, []).append((*prf(chosen, ex.required), len(chosen)))
             for name, policy in policies.items():
-                chosen = [h.record.id for h in memory._choose(env, policy).memories]
-                per_q.setdefault(name, []).append((*prf(chosen, ex.required), len(chosen)))
+                for decode, label in (
+                    ("expected_f1", name),
+                    ("greedy", f"{name}, greedy walk"),
+                ):
+                    chosen = [h.record.id for h in memory._choose(env, policy, decode).memories]
+                    per_q.setdefault(label, []).append((*prf(chosen, ex.required), len(chosen)))
     return {"per_question": per_q, "fold": fold_of, "order": order, "training": training}
 
 
@@ -209,6 +236,24 @@ def report_tables(
         )
         for name in per_q
         if name.startswith("trained")
+    }
+    beats_top1 = {
+        name: sum(fold_f1[name][fold] > fold_f1["top-1"][fold] for fold in range(folds))
+        for name in per_q
+        if name.startswith("trained")
+    }
+    sizes = {
+        name: {
+            label: sum(1 for r in rows if key(r[3])) / len(rows)
+            for label, key in (
+                ("1", lambda n: n == 1),
+                ("2", lambda n: n == 2),
+                ("3", lambda n: n == 3),
+                ("4+", lambda n: n >= 4),
+            )
+        }
+        for name, rows in per_q.items()
+        if name.startswith("trained") or name == "untrained fallback"
     }
     groups: dict[str, Callable[[int], str]] = {
         "required memories": lambda i: str(min(len(data[i][0].required), 4)).replace("4", "4+"),
@@ -235,6 +280,8 @@ def report_tables(
         "fold_f1": fold_f1,
         "best_fixed_per_fold": best_fixed_per_fold,
         "folds_beating_best_fixed": wins,
+        "folds_beating_top1": beats_top1,
+        "size_distribution": sizes,
         "breakdown": breakdown,
     }
 
@@ -321,6 +368,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax.plot(ks, [sel[f"top-{k}"]["recall"] for k in ks], ".:", label="fixed top-K recall")
     for name, style in (
         ("trained policy", "r"),
+        ("trained policy, greedy walk", "orange"),
         ("trained policy (paper's 3 features)", "m"),
         ("untrained fallback", "g"),
     ):
@@ -343,7 +391,12 @@ def plot(result: dict[str, Any], path: Path) -> None:
     groups = list(by_req)
     width = 0.2
     for j, (name, colour) in enumerate(
-        (("top-1", "#1f77b4"), ("top-2", "#aec7e8"), ("top-3", "#c5dbee"), ("trained policy", "r"))
+        (
+            ("top-1", "#1f77b4"),
+            ("top-2", "#aec7e8"),
+            ("trained policy, greedy walk", "#ff9896"),
+            ("trained policy", "r"),
+        )
     ):
         bx.bar(
             [g + (j - 1.5) * width for g in range(len(groups))],
@@ -382,7 +435,17 @@ def markdown(result: dict[str, Any]) -> str:
         "policy's F1 beats that fold's best fixed K: "
         + ", ".join(f"{k}: {v}/5" for k, v in tables["folds_beating_best_fixed"].items()),
     ]
-    shown = ["top-1", "top-2", "top-3", "trained policy", "trained policy (paper's 3 features)"]
+    lines += [
+        "",
+        "Folds where the F1 beats top-1's (strictly): "
+        + ", ".join(f"{k}: {v}/5" for k, v in tables["folds_beating_top1"].items()),
+        "",
+        "| selector | size 1 | size 2 | size 3 | size 4+ |",
+        "|---|---|---|---|---|",
+    ]
+    for name, dist in tables["size_distribution"].items():
+        lines.append(f"| {name} | " + " | ".join(f"{v:.1%}" for v in dist.values()) + " |")
+    shown = ["top-1", "top-2", "top-3", "trained policy", "trained policy, greedy walk"]
     for title, table in tables["breakdown"].items():
         lines += ["", f"| F1 by {title} | questions | " + " | ".join(shown) + " |"]
         lines += ["|---|---|" + "---|" * len(shown)]

@@ -13,7 +13,7 @@ import pytest
 
 from memories_core import EMGMemory, FixedClock, Scope, Turn
 from memories_core.embedders import HashingEmbedder
-from memories_core.errors import InvalidInputError, LLMError
+from memories_core.errors import ConfigurationError, InvalidInputError, LLMError
 from memories_core.llms import ScriptedLLM
 from memories_core.mechanisms.emg import (
     MEMORY_KIND,
@@ -27,8 +27,12 @@ from memories_core.mechanisms.emg import (
 )
 from memories_core.mechanisms.emg_policy import (
     ALL_FEATURES,
+    HIDDEN,
     PAPER_FEATURES,
     SelectionPolicy,
+    calibrate,
+    expected_f1,
+    expected_f1_size,
     rouge_l,
     selection_f1,
 )
@@ -572,8 +576,10 @@ def test_policy_training_learns_the_required_memories_and_round_trips() -> None:
         SelectionPolicy.from_json('{"w1": [[1]]}')
     with pytest.raises(InvalidInputError):
         SelectionPolicy.initial(features=["memory_cos", "not_a_feature"])
-    # The selection is what the policy gives P(include) >= 0.5, else its best-scored memory.
-    chosen = memory.select("What time does EK349 depart?", USER, now=now)
+    assert "probability_head" in policy.meta and "platt" in policy.meta
+    # The greedy walk selects what the policy gives P(include) >= 0.5, else its best one.
+    chosen = memory.select("What time does EK349 depart?", USER, now=now, decode="greedy")
+    assert chosen.decode == "greedy"
     assert chosen.policy == "trained" and chosen.visited == len(chosen.states)
     probs = {
         rid: float(policy.include_probability(np.array([[st[f] for f in ALL_FEATURES]]))[0])
@@ -582,6 +588,88 @@ def test_policy_training_learns_the_required_memories_and_round_trips() -> None:
     included = {rid for rid, pr in probs.items() if pr >= 0.5}
     expected = included or {max(probs, key=lambda rid: probs[rid])}
     assert {h.record.id for h in chosen.memories} == expected
+
+
+def rank_policy(top: float, rest: float) -> SelectionPolicy:
+    """A hand-set policy on the activation-rank feature: P = ``top`` at rank 0, else ``rest``."""
+    policy = SelectionPolicy.initial(0, ["rank"])
+    policy.w1 = np.zeros((HIDDEN, 1))
+    policy.b1 = np.zeros(HIDDEN)
+    policy.w2 = np.zeros((2, HIDDEN))
+    policy.b2 = np.zeros(2)
+    policy.w1[0, 0], policy.b1[0] = 40.0, -30.0  # rank feature 1 / (1 + rank): 1 vs <= 0.5
+    hi, lo = (float(np.log(q / (1 - q))) for q in (top, rest))
+    policy.w2[1, 0], policy.b2[1] = (hi - lo) / 2, (hi + lo) / 2
+    policy.trained = True
+    return policy
+
+
+def test_expected_f1_decode_selects_one_when_confident_and_more_when_spread() -> None:
+    memory = make()
+    tell(memory, STORY)
+    now = T0 + timedelta(days=2)
+    question = "What time does EK349 depart?"
+    confident = memory.select(question, USER, now=now, policy=rank_policy(0.95, 0.02))
+    assert confident.decode == "expected_f1" and confident.policy == "trained"
+    assert len(confident.memories) == 1
+    assert confident.memories[0].record.id == confident.activated[0]
+    assert confident.memories[0].score == pytest.approx(0.95, abs=1e-3)
+    spread_policy = rank_policy(0.6, 0.6)
+    spread = memory.select(question, USER, now=now, policy=spread_policy)
+    # Every walked memory is scored (the walk goes on), and equal P(required) of 0.6 makes
+    # each larger prefix better in expectation: all of them, up to max_select.
+    assert len(spread.memories) == min(spread.visited, memory.max_select) > 1
+    assert set(spread.states) == {h.record.id for h in spread.memories}
+    # The greedy walk of the same policy is the paper's include/stop decision per node.
+    greedy = memory.select(question, USER, now=now, policy=rank_policy(0.95, 0.02), decode="greedy")
+    assert greedy.decode == "greedy" and len(greedy.memories) == 1
+    small = make(max_select=2)
+    tell(small, STORY)
+    assert len(small.select(question, USER, now=now, policy=spread_policy).memories) == 2
+    # The threshold fallback has no probabilities: it always walks greedily.
+    assert memory.select(question, USER, now=now).decode == "greedy"
+    with pytest.raises(ConfigurationError):
+        make(decode="best")
+
+
+def test_expected_f1_sizes() -> None:
+    assert expected_f1_size([0.95, 0.02, 0.02]) == 1
+    assert expected_f1_size([0.5, 0.5, 0.5, 0.01]) == 3
+    assert expected_f1_size([0.5, 0.5, 0.5, 0.01], max_size=2) == 2
+    assert expected_f1_size([0.95, 0.02, 0.02], min_size=2) == 2
+    assert expected_f1_size([]) == 0
+    # Exact: one candidate of probability p has expected F1 p (F1 is 1 or 0).
+    assert expected_f1([0.3]) == pytest.approx([0.3])
+    # Two sure ones: prefix 1 has F1 2/3, prefix 2 has F1 1.
+    assert expected_f1([1.0, 1.0]) == pytest.approx([2 / 3, 1.0])
+    # Agrees with a Monte Carlo estimate on a spread case.
+    p = np.array([0.7, 0.4, 0.3, 0.1])
+    rng = np.random.default_rng(0)
+    draws = rng.random((20000, p.size)) < p
+    for k in range(1, 5):
+        hits = draws[:, :k].sum(1)
+        f1 = np.where(hits > 0, 2 * hits / (k + draws.sum(1)), 0.0)
+        assert expected_f1(p)[k - 1] == pytest.approx(f1.mean(), abs=0.01)
+
+
+def test_calibration_maps_the_probability_head_to_the_label_frequency() -> None:
+    rng = np.random.default_rng(1)
+    policy = SelectionPolicy.initial(0, ["rank"])
+    states = rng.uniform(0, 1, (2000, 1))
+    raw = policy.include_probability(states)
+    # Labels drawn from a sharper function of the raw score: the fit must move a and b.
+    truth = 1 / (1 + np.exp(-(4 * np.log(raw / (1 - raw)) - 1)))
+    labels = (rng.random(raw.size) < truth).astype(int)
+    a, b = calibrate(policy, states, labels)
+    assert a == pytest.approx(4, rel=0.25) and b == pytest.approx(-1, abs=0.4)
+    np.testing.assert_allclose(policy.required_probability(states), truth, atol=0.08)
+    np.testing.assert_allclose(policy.include_probability(states), raw)  # π unchanged
+    again = SelectionPolicy.from_json(policy.to_json())
+    np.testing.assert_allclose(
+        again.required_probability(states), policy.required_probability(states)
+    )
+    with pytest.raises(InvalidInputError):
+        calibrate(policy, states, np.zeros(len(states)))
 
 
 def test_policy_of_the_papers_three_features_still_loads_and_serves() -> None:

@@ -51,7 +51,12 @@ retrieval, and the question is embedded once. The walk stays inside the ``pool``
 nearest to the question (a hub such as the user has an edge per memory; this bounds a
 question's cost). The policy is trained by :meth:`EMGMemory.train_policy` and saved as an
 artifact per store (or per user); untrained, a memory is included when its cosine to the
-question reaches ``threshold``.
+question reaches ``threshold``. A trained policy's selection is decoded, by default, as a
+set (``decode="expected_f1"``, ours, not the paper's): the walk scores every reachable
+memory with ``P(required)`` (the warm-start network, Eq. 5, kept with the policy) and the
+best-first prefix of highest expected F1 is returned, so the size follows how confident the
+top memory is; ``decode="greedy"`` keeps the paper's include/stop walk, which on LoCoMo
+always stops at one memory (``benchmarks/emg_selection.py``, BENCHMARKS.md).
 
 **Policies and deletion**: the examples a policy is trained on are kept per user, as that
 user's artifact, and the policy lists its contributors. :meth:`EMGMemory.delete_user`
@@ -92,6 +97,8 @@ from memories_core.mechanisms.emg_policy import (
     ALL_FEATURES,
     Episode,
     SelectionPolicy,
+    calibrate,
+    expected_f1_size,
     reinforce,
     rouge_l,
     selection_f1,
@@ -204,6 +211,8 @@ class Selection:
         activated: Ids of the activated memories (top-K).
         visited: Number of memories the agent evaluated.
         policy: ``"trained"`` or ``"threshold"``.
+        decode: How the policy's decisions became the set: ``"greedy"`` (include/stop walk)
+            or ``"expected_f1"`` (the prefix of highest expected F1, ``EMGMemory.decode``).
         states: The state the agent saw at each evaluated memory (record id -> feature name
             -> value, :data:`~.emg_policy.ALL_FEATURES`), for inspection.
     """
@@ -214,6 +223,7 @@ class Selection:
     visited: int
     policy: str
     states: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    decode: str = "greedy"
 
 
 @dataclass(frozen=True)
@@ -340,6 +350,10 @@ class EMGMemory(MemoryBase):
         relation_match: Cosine of relation names at which two relations are the same.
         subclasses: Extra subclasses per type, added to Table 7's.
         retries: Repair attempts of an unparsable extraction before the fallback.
+        decode: How a trained policy's decisions become the selected set (:meth:`select`):
+            ``"expected_f1"`` (default; variable size, the prefix of the walked memories by
+            ``P(required)`` with the highest expected F1) or ``"greedy"`` (the paper's
+            include/stop walk, Eq. 2). The threshold fallback always walks greedily.
         **kwargs: Engine or storage options of :class:`~memories_core.mechanisms.base.MemoryBase`.
 
     Instantiate, save, ask:
@@ -375,8 +389,12 @@ class EMGMemory(MemoryBase):
         relation_match: float = 0.9,
         subclasses: Mapping[str, Sequence[str]] | None = None,
         retries: int = 1,
+        decode: Literal["greedy", "expected_f1"] = "expected_f1",
         **kwargs: Any,
     ) -> None:
+        if decode not in ("greedy", "expected_f1"):
+            raise ConfigurationError("decode must be 'expected_f1' or 'greedy'")
+        self.decode: str = decode
         if not 1 <= activate <= pool:
             raise ConfigurationError("activate must be between 1 and pool")
         if not 0 <= min_select <= max_select:
@@ -1050,6 +1068,7 @@ class EMGMemory(MemoryBase):
         now: datetime | None = None,
         activate: int | None = None,
         policy: SelectionPolicy | Literal["auto"] | None = "auto",
+        decode: Literal["greedy", "expected_f1"] | None = None,
     ) -> Selection:
         """Select the memories for a question by walking the graph (§4.3).
 
@@ -1064,6 +1083,11 @@ class EMGMemory(MemoryBase):
             activate: Activated nodes (default: ``self.activate``).
             policy: A policy to use, ``None`` for the similarity threshold, ``"auto"`` for the
                 user's or store's trained policy (threshold if there is none).
+            decode: How a trained policy's ``P(include)`` becomes the set (default:
+                ``self.decode``): ``"greedy"``, the include/stop walk of Eq. 2; or
+                ``"expected_f1"``, every reachable memory scored, then the best-first prefix
+                of highest expected F1 (:func:`~.emg_policy.expected_f1_size`). The
+                threshold fallback always walks greedily.
 
         Raises:
             InvalidInputError: on an empty question.
@@ -1073,18 +1097,27 @@ class EMGMemory(MemoryBase):
         when = ensure_utc(now) if now is not None else self.clock.now()
         chosen = self.policy(user_id) if policy == "auto" else policy
         env = self._environment(question, user_id, when, activate or self.activate)
-        return self._choose(env, chosen)
+        return self._choose(env, chosen, decode)
 
-    def _choose(self, env: _Env, policy: SelectionPolicy | None) -> Selection:
+    def _choose(
+        self, env: _Env, policy: SelectionPolicy | None, decode: str | None = None
+    ) -> Selection:
         """Walk ``env`` with ``policy`` (threshold if ``None``) and rank what it included."""
-        walk = self._traverse(env, self._decider(policy))
-        ranked = self._picked(env, walk)
+        decode = decode or self.decode
+        if policy is not None and decode == "expected_f1":
+            walk = self._traverse(env, self._scorer(policy))
+            ranked = self._expected_f1_pick(walk)
+        else:
+            decode = "greedy"
+            walk = self._traverse(env, self._decider(policy))
+            ranked = self._picked(env, walk)
         return Selection(
             question=env.question,
             memories=tuple(ScoredRecord(env.pool[i], float(s)) for i, s in ranked),
             activated=tuple(env.activated),
             visited=len(walk),
             policy="threshold" if policy is None else "trained",
+            decode=decode,
             states={
                 v.record_id: dict(zip(ALL_FEATURES, (float(x) for x in v.state), strict=True))
                 for v in walk
@@ -1107,6 +1140,22 @@ class EMGMemory(MemoryBase):
             )
             ranked += extra[: self.min_select - len(ranked)]
         return ranked
+
+    def _expected_f1_pick(self, walk: list[_Visit]) -> list[tuple[str, float]]:
+        """The best-first prefix of the walked memories with the highest expected F1."""
+        best: dict[str, float] = {}
+        for visit in walk:
+            best[visit.record_id] = max(best.get(visit.record_id, 0.0), visit.score)
+        ranked = sorted(best.items(), key=lambda pair: -pair[1])
+        size = expected_f1_size(
+            [p for _, p in ranked], min_size=max(self.min_select, 1), max_size=self.max_select
+        )
+        return ranked[:size]
+
+    def _scorer(self, policy: SelectionPolicy) -> Callable[[_State], tuple[bool, float]]:
+        """Score every reachable memory with ``P(include)`` and walk on (expected-F1 decode)."""
+        columns = policy.columns
+        return lambda state: (True, float(policy.required_probability(state[columns])[0]))
 
     def _decider(self, policy: SelectionPolicy | None) -> Callable[[_State], tuple[bool, float]]:
         if policy is None:
@@ -1457,6 +1506,16 @@ class EMGMemory(MemoryBase):
             if warm_epochs > 0
             else []
         )
+        head = (
+            {
+                "w1": policy.w1.tolist(),
+                "b1": policy.b1.tolist(),
+                "w2": policy.w2.tolist(),
+                "b2": policy.b2.tolist(),
+            }
+            if warm_epochs > 0
+            else None
+        )
         use_llm = reward_llm is not None and all(e.answer for e in examples)
         empty_quality: dict[int, float] = {}
         usable = [i for i, env in enumerate(envs) if env.pool]
@@ -1509,6 +1568,11 @@ class EMGMemory(MemoryBase):
             else []
         )
         policy.trained = True
+        if head is not None:  # the WS network: P(required) for the expected-F1 decode
+            policy.meta["probability_head"] = head
+        if 0 < sum(labels) < len(labels):
+            # Probabilities for the expected-F1 decode, refitted on the training states only.
+            calibrate(policy, np.stack(states), labels)
         return TrainingReport(
             states=len(states),
             positives=sum(labels),

@@ -53,6 +53,9 @@ __all__ = [
     "STATE_SIZE",
     "Episode",
     "SelectionPolicy",
+    "calibrate",
+    "expected_f1",
+    "expected_f1_size",
     "reinforce",
     "rouge_l",
     "selection_f1",
@@ -126,6 +129,32 @@ class SelectionPolicy:
         logits -= logits.max(axis=1, keepdims=True)
         exp = np.exp(logits)
         return np.asarray(exp[:, 1] / exp.sum(axis=1), dtype=np.float64)
+
+    def _head_probability(self, states: npt.ArrayLike) -> npt.NDArray[np.float64]:
+        head = self.meta.get("probability_head")
+        if not head:
+            return self.include_probability(states)
+        x = np.atleast_2d(np.asarray(states, dtype=np.float64))
+        hidden = np.tanh(x @ np.asarray(head["w1"]).T + np.asarray(head["b1"]))
+        logits = hidden @ np.asarray(head["w2"]).T + np.asarray(head["b2"])
+        return np.asarray(1 / (1 + np.exp(logits[:, 0] - logits[:, 1])), dtype=np.float64)
+
+    def required_probability(self, states: npt.ArrayLike) -> npt.NDArray[np.float64]:
+        """``P(required | s)`` for the expected-F1 decode (:func:`expected_f1_size`).
+
+        REINFORCE moves ``π(include)`` towards the reward's trade-off and away from a
+        probability, so training keeps the warm-start network (WS, Eq. 5: binary
+        cross-entropy against the required labels) as ``meta["probability_head"]`` and this
+        reads it; without one, ``π(include)``. Then the Platt map of :func:`calibrate`, if
+        fitted: ``sigmoid(a · logit(p) + b)`` with ``(a, b) = meta["platt"]``.
+        """
+        p = self._head_probability(states)
+        platt = self.meta.get("platt")
+        if not platt:
+            return p
+        a, b = float(platt[0]), float(platt[1])
+        q = np.clip(p, 1e-7, 1 - 1e-7)
+        return np.asarray(1 / (1 + np.exp(-(a * np.log(q / (1 - q)) + b))), dtype=np.float64)
 
     def to_json(self) -> str:
         """The weights and notes as JSON."""
@@ -354,6 +383,96 @@ def reinforce(
         "mean_return": float(np.mean(rewards)) if rewards else None,
     }
     return rewards
+
+
+def _poisson_binomial(p: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """Distribution of the number of successes of independent trials with probabilities ``p``."""
+    dist = np.zeros(p.size + 1, dtype=np.float64)
+    dist[0] = 1.0
+    for q in p:
+        dist[1:] = dist[1:] * (1 - q) + dist[:-1] * q
+        dist[0] *= 1 - q
+    return dist
+
+
+def expected_f1(
+    probabilities: Sequence[float] | npt.ArrayLike, max_size: int | None = None
+) -> npt.NDArray[np.float64]:
+    """Expected F1 of each best-first prefix of the candidates, if they are independent.
+
+    With ``p`` sorted best first, the prefix of size ``k`` holds ``H`` required memories and
+    the rest ``O`` (both Poisson-binomial, independent), so its F1 is ``2H / (k + H + O)``
+    (0 when ``H = 0``); the expectation is summed exactly over both distributions. Not in
+    the paper: a decode of ``P(required)`` into a set whose size follows how the probability
+    mass is spread, instead of one include/stop decision per node (§4.3's Eq. 2).
+
+    Args:
+        probabilities: ``P(required)`` of each candidate, any order.
+        max_size: Largest prefix scored (default: all candidates).
+
+    Returns:
+        ``E[F1]`` for sizes ``1..`` (index ``k - 1``), candidates sorted best first.
+    """
+    p = np.sort(np.clip(np.asarray(probabilities, dtype=np.float64).reshape(-1), 0, 1))[::-1]
+    top = p.size if max_size is None else min(max_size, p.size)
+    out = np.zeros(max(top, 0), dtype=np.float64)
+    for k in range(1, top + 1):
+        hits, others = _poisson_binomial(p[:k]), _poisson_binomial(p[k:])
+        h = np.arange(hits.size, dtype=np.float64)[:, None]
+        o = np.arange(others.size, dtype=np.float64)[None, :]
+        out[k - 1] = float((hits[:, None] * others[None, :] * (2 * h / (k + h + o))).sum())
+    return out
+
+
+def expected_f1_size(
+    probabilities: Sequence[float] | npt.ArrayLike, *, min_size: int = 1, max_size: int = 10
+) -> int:
+    """The selection size with the highest :func:`expected_f1` (ties: the smaller size).
+
+    Confident top candidate (one ``p`` near 1, the rest near 0): size 1. Mass spread over
+    several candidates of similar ``p``: a larger set. Clamped to ``[min_size, max_size]``
+    and to the number of candidates.
+    """
+    scores = expected_f1(probabilities, max_size=max(max_size, min_size))
+    if scores.size == 0:
+        return 0
+    low, high = max(min_size, 1), min(max_size, scores.size)
+    if high < low:
+        return min(low, scores.size)
+    return int(low + np.argmax(scores[low - 1 : high]))
+
+
+def calibrate(
+    policy: SelectionPolicy, states: npt.ArrayLike, labels: Sequence[int] | npt.ArrayLike
+) -> tuple[float, float]:
+    """Fit a Platt map ``sigmoid(a · logit(p) + b)`` of the probability head to the labels.
+
+    The expected-F1 decode (:func:`expected_f1_size`) needs probabilities; a class-balanced
+    warm start (``balance=True``) does not give them, so the map is fitted on the training
+    states (logistic regression on one feature, Newton steps). Stored in
+    ``policy.meta["platt"]``; :meth:`SelectionPolicy.required_probability` applies it.
+
+    Raises:
+        InvalidInputError: on mismatched or empty inputs, or labels of one class.
+    """
+    x = np.atleast_2d(np.asarray(states, dtype=np.float64))
+    y = np.asarray(labels, dtype=np.float64).reshape(-1)
+    if x.shape[0] == 0 or x.shape[0] != len(y) or y.min() == y.max():
+        raise InvalidInputError("need states and labels of both classes")
+    p = np.clip(policy._head_probability(x), 1e-7, 1 - 1e-7)
+    z = np.log(p / (1 - p))
+    design = np.stack([z, np.ones_like(z)], axis=1)
+    w = np.array([1.0, 0.0])
+    for _ in range(50):
+        q = 1 / (1 + np.exp(-(design @ w)))
+        grad = design.T @ (q - y)
+        hess = design.T @ (design * (q * (1 - q))[:, None]) + 1e-6 * np.eye(2)
+        step = np.linalg.solve(hess, grad)
+        w -= step
+        if float(np.abs(step).max()) < 1e-9:
+            break
+    policy.meta["platt"] = [float(w[0]), float(w[1])]
+    return float(w[0]), float(w[1])
 
 
 def _tokens(text: str) -> list[str]:
