@@ -230,6 +230,35 @@ def test_duplicate_writes_nothing() -> None:
     assert len(memory.memories(USER, include_expired=True)) == count
 
 
+class _NameBlindEmbedder(HashingEmbedder):
+    """Embeds every tea name alike, so both memories below fall into one partition."""
+
+    def embed_documents(self, texts: Sequence[str]) -> Any:
+        return super().embed_documents(
+            [t.replace("sencha", "X").replace("oolong", "X") for t in texts]
+        )
+
+    def embed_query(self, text: str) -> Any:
+        return super().embed_query(text.replace("sencha", "X").replace("oolong", "X"))
+
+
+def test_same_slot_with_other_words_is_kept_beside_not_dropped_as_duplicate() -> None:
+    """Two memories of one partition with the same subject, relation and object (the rule
+    extractor reads both as "user drink ... morning") but other words are both kept; only the
+    same memory text is a duplicate (a CI run once lost the second of three such turns)."""
+    memory = EMGMemory(
+        llm=ScriptedLLM(default=emg_reply),
+        embedder=_NameBlindEmbedder(dimension=64),
+        clock=FixedClock(T0 + timedelta(days=1)),
+    )
+    texts = ["I always drink sencha tea in the morning", "I always drink oolong tea in the morning"]
+    tell(memory, texts)
+    kept = " ".join(r.text for r in memory.memories(USER))
+    assert "sencha" in kept and "oolong" in kept
+    tell(memory, texts[1:])  # the same memory again: a duplicate, nothing new
+    assert len(memory.memories(USER, include_expired=True)) == 2
+
+
 def test_expired_memory_is_never_returned_after_its_time() -> None:
     memory = make()
     tell(memory, STORY)

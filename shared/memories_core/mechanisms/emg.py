@@ -675,8 +675,13 @@ class EMGMemory(MemoryBase):
         if match is not None and _norm(str(match.metadata.get("object", ""))) == _norm(
             memory.object
         ):
-            out.edits.append(Edit("duplicate", memory.text, None, match.id))
-            return
+            if _norm(match.text) == _norm(memory.text):
+                out.edits.append(Edit("duplicate", memory.text, None, match.id))
+                return
+            # The same subject, relation and object but other words: a second memory of
+            # that slot (another detail), not a change of it, so neither a duplicate nor a
+            # replacement (§4.2 replaces when the relation's value changed).
+            match = None
         record = MemoryRecord(
             new_id(),
             user_id,
@@ -779,6 +784,9 @@ class EMGMemory(MemoryBase):
         ]
         if not candidates:
             return None
+        same_text = [r for r in candidates if _norm(r.text) == _norm(memory.text)]
+        if same_text:  # the memory itself, told again
+            return same_text[0]
         vectors = self._vectors([memory.text] + [r.text for r in candidates])
         sims = [_cos(vectors[0], v) for v in vectors[1:]]
         return candidates[int(np.argmax(sims))]
