@@ -44,9 +44,7 @@ import json
 import multiprocessing as mp
 import os
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -65,6 +63,7 @@ sys.path[:0] = [str(HERE.parent / "shared"), str(HERE.parent), str(HERE)]
 from machine_info import machine  # noqa: E402
 
 from memories_core.embedders.base import BaseEmbedder  # noqa: E402
+from memories_core.testing import chroma_server  # noqa: E402
 
 OUT = HERE / "out"
 CACHE = OUT / "cache"
@@ -233,54 +232,6 @@ def drop_target(target: Target) -> None:
 
         with psycopg.connect(target.dsn, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA IF EXISTS "{target.schema}" CASCADE')
-
-
-@contextlib.contextmanager
-def chroma_server(folder: Path) -> Iterator[int]:
-    """``chroma run`` on 127.0.0.1 (a free port) until the block ends."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    chroma = Path(sys.executable).with_name("chroma")
-    log = (folder / "chroma.log").open("w")
-    proc = subprocess.Popen(
-        [
-            str(chroma),
-            "run",
-            "--path",
-            str(folder / "chroma-server"),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        import urllib.request
-
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                with urllib.request.urlopen(
-                    f"http://127.0.0.1:{port}/api/v2/heartbeat", timeout=2
-                ) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("chroma run did not start (see chroma.log)")
-            time.sleep(0.3)
-        yield port
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
 
 
 @contextlib.contextmanager

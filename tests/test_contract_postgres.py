@@ -22,10 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import socket
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -45,7 +41,7 @@ from memories_core import engine as engine_module
 from memories_core.backends import postgres_storage
 from memories_core.embedders import HashingEmbedder
 from memories_core.interfaces import LLM, Mechanism
-from memories_core.testing import BAD_INPUT_CASES, MechanismContract
+from memories_core.testing import BAD_INPUT_CASES, MechanismContract, chroma_server
 
 _DIM = 64
 # Schemas with this prefix are dropped at the end of the session (tests/conftest.py).
@@ -122,50 +118,12 @@ class _OnPostgres(MechanismContract):
 # -- PostgreSQL records + a Chroma server -----------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="session")
 def chroma_server_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     """A ``chroma run`` server on loopback for the whole session."""
-    import urllib.request
-
-    folder = tmp_path_factory.mktemp("chroma-server")
-    port = _free_port()
-    chroma = Path(sys.executable).with_name("chroma")
-    log = (folder / "chroma.log").open("w")
-    command = [str(chroma), "run", "--path", str(folder / "db")]
-    command += ["--host", "127.0.0.1", "--port", str(port)]
-    proc = subprocess.Popen(
-        command,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"chroma run exited with {proc.returncode}")
-            try:
-                url = f"http://127.0.0.1:{port}/api/v2/heartbeat"
-                with urllib.request.urlopen(url, timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail("chroma server did not answer its heartbeat within 60 s")
-            time.sleep(0.3)
+    with chroma_server(tmp_path_factory.mktemp("chroma-server")) as port:
         os.environ[_CHROMA_PORT_ENV] = str(port)
         yield port
-    finally:
-        # The server's data is a throwaway folder: no need to wait for a graceful stop.
-        proc.kill()
-        proc.wait(timeout=15)
-        log.close()
 
 
 #: The one case of each parametrised axis that every mechanism runs on the Chroma combination.

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from memories_core import testing
 from memories_core.backends import ChromaIndex, NumpyIndex
 from memories_core.errors import (
     ConfigurationError,
@@ -272,60 +269,10 @@ def test_chroma_persistent_path_survives_reopen(tmp_path: Path) -> None:
     second.close()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def chroma_server(tmp_path: Path) -> Iterator[int]:
-    port = _free_port()
-    chroma = Path(sys.executable).with_name("chroma")
-    log = (tmp_path / "chroma.log").open("w")
-    proc = subprocess.Popen(
-        [
-            str(chroma),
-            "run",
-            "--path",
-            str(tmp_path / "db"),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"chroma run exited with {proc.returncode}")
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    pass
-                import urllib.request
-
-                with urllib.request.urlopen(
-                    f"http://127.0.0.1:{port}/api/v2/heartbeat", timeout=2
-                ) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail("chroma server did not answer its heartbeat within 60 s")
-            time.sleep(0.3)
+    with testing.chroma_server(tmp_path) as port:
         yield port
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
-        log.close()
 
 
 @pytest.mark.server
