@@ -11,12 +11,12 @@ from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import ConfigurableField
-from personalize_setup import trained_personalizer
 from pydantic import ValidationError
 
 from langchain_memories import PersonalizedChatModel, dpem_retriever
 from memories_core.personalize import Personalizer
 from memories_core.types import Scope
+from personalize_setup import trained_personalizer
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("peft") is None, reason="extra 'personalize' not installed"

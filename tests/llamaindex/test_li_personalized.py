@@ -10,11 +10,11 @@ from llama_index.core.base.llms.types import ChatMessage, MessageRole
 from llama_index.core.base.response.schema import Response
 from llama_index.core.chat_engine import SimpleChatEngine
 from llama_index.core.query_engine import RetrieverQueryEngine
-from personalize_setup import trained_personalizer
 
 from llamaindex_memories import PersonalizedLlamaLLM, dpem_retriever
 from memories_core.personalize import Personalizer
 from memories_core.types import Scope
+from personalize_setup import trained_personalizer
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("peft") is None, reason="extra 'personalize' not installed"
