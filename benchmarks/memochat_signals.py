@@ -105,7 +105,7 @@ def qa_units(query: str) -> list[tuple[str, str]] | None:
                 if not lower(w) or w.endswith((".", "!", "?", '"')):
                     break
                 s -= 1
-            if s != 0 and s != prev_end + 1:  # answer words may precede the question
+            if s != 0:  # answer words may precede the question
                 seg = [bare(words[j]) for j in range(s, k + 1)]
                 wh = next((j for j, w in enumerate(seg) if w in _WH), None)
                 aux = next((j for j, w in enumerate(seg) if w in _AUX), None)
@@ -226,6 +226,29 @@ def names_all(answer: str, option: str, prefix: int) -> bool:
     return all(hit(w) for w in doc)
 
 
+_POINTER = re.compile(
+    r"\b(?:the\s+(?:above[- ]mentioned|aforesaid|aforementioned|latter|former|first mentioned|"
+    r"second mentioned|last mentioned|mentioned|said)\s+\w+|the\s+\w+\s+(?:mentioned|you just "
+    r"mentioned)(?:\s+(?:above|earlier|before))?|(?:this|that|these)\s+(?:aforesaid\s+|"
+    r"aforementioned\s+)?\w+|it|he|she|they|them|him)\b|\b(?:its|his|her|their)\b",
+    re.I,
+)
+
+
+def substitute(question: str, title: str) -> str:
+    """The question with its first pronoun / pointer phrase replaced by an option's title.
+
+    ``"who directed it?"`` + ``"Kings Row"`` -> ``"who directed Kings Row?"``; possessives
+    become ``"Title's"``; a question without one gets the title in front.
+    """
+    m = _POINTER.search(question)
+    if not m:
+        return f"{title}: {question}"
+    word = m.group(0).lower()
+    rep = f"{title}'s" if word in ("its", "his", "her", "their") else title
+    return question[: m.start()] + rep + question[m.end() :]
+
+
 # ------------------------------------------------------------------ ColBERT (optional)
 class ColbertStates:
     """Token states of the bundled answerai-colbert-small-v1 ONNX (no projection layer)."""
@@ -273,9 +296,12 @@ class ColbertStates:
 class Channels:
     """Per item and layout: rows and their score channels against the real options."""
 
-    def __init__(self, embedder: Any, colbert: ColbertStates | None = None) -> None:
+    def __init__(
+        self, embedder: Any, colbert: ColbertStates | None = None, cross_encoder: Any = None
+    ) -> None:
         self.embedder = embedder
         self.colbert = colbert
+        self.cross_encoder = cross_encoder
         self.cache: dict[tuple[int, str], dict[str, Any]] = {}
 
     def get(self, item: Item, layout: str) -> dict[str, Any]:
@@ -308,6 +334,15 @@ class Channels:
                     for j, o in enumerate(options):
                         answer[i, j] = float(names_all(a, o, 5))
         colbert = self.colbert.maxsim(texts, options) if self.colbert is not None else None
+        substituted = np.zeros_like(cosine)
+        if layout == "qa" and self.cross_encoder is not None and rs and rs[0][0] == "qa":
+            # cross-encoder relevance of "question with the option in place of its pronoun"
+            # to the unit's answer, as a probability centred over the options
+            for i, (q, a) in enumerate(qa_units(item["query"]) or []):
+                if q and a:
+                    logits = [self.cross_encoder(substitute(q, o), [a])[0] for o in options]
+                    prob = 1 / (1 + np.exp(-np.asarray(logits)))
+                    substituted[i] = prob - prob.mean()
         self.cache[key] = {
             "rows": rs,
             "cos": cosine,
@@ -316,6 +351,7 @@ class Channels:
             "cover": cover,
             "answer": answer,
             "colbert": colbert,
+            "substituted": substituted,
         }
         return self.cache[key]
 
@@ -325,6 +361,7 @@ class Channels:
         m = m + s.get("char", 0.0) * c["char"] + s.get("cover", 0.0) * c["cover"]
         if s.get("colbert") and c["colbert"] is not None:
             m = m + s["colbert"] * (c["colbert"] - c["colbert"].mean())
+        m = m + s.get("substituted", 0.0) * c["substituted"]
         m = m - s.get("penalty", 0.75) * c["answer"]
         w = s.get("smoothing", 0.3)
         if len(m) > 1 and w:
@@ -417,7 +454,7 @@ def cv_row(
     }
 
 
-def selector_variants(colbert: bool) -> dict[str, list[Setting]]:
+def selector_variants(colbert: bool, cross_encoder: bool) -> dict[str, list[Setting]]:
     thresholds = (0.0, 0.05, 0.1, 0.15, 0.2)
     smoothings = (0.0, 0.15, 0.3, 0.5)
 
@@ -441,6 +478,10 @@ def selector_variants(colbert: bool) -> dict[str, list[Setting]]:
     variants["QA units, joined, pronoun continuation"] = [
         s for h in (0.2, 0.3, 0.4, 0.5) for s in grid(layout="qa", rule="continuation", h=h)
     ]
+    if cross_encoder:
+        variants["QA units + cross-encoder, pronoun substituted"] = [
+            s for c in (0.1, 0.2, 0.3, 0.5) for s in grid(layout="qa", substituted=c)
+        ]
     if colbert:
         variants["+ ColBERT MaxSim (centred)"] = [
             s for c in (0.3, 1.0, 3.0) for s in grid(layout="qa", colbert=c)
@@ -621,6 +662,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("items", nargs="?", default=str(DEFAULT_ITEMS))
     parser.add_argument("--colbert", action="store_true", help="also the ColBERT MaxSim channel")
+    parser.add_argument(
+        "--cross-encoder",
+        action="store_true",
+        help="also the ms-marco cross-encoder on pronoun-substituted questions (extra 'rerank')",
+    )
     parser.add_argument("--no-segmenter", action="store_true")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -630,7 +676,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     cache = Path(__file__).resolve().parent / "out" / "cache" / "memochat_minilm.npz"
     embedder = CachedEmbedder(SentenceTransformerEmbedder(), cache)
     colbert = ColbertStates() if args.colbert else None
-    ch = Channels(embedder, colbert)
+    cross_encoder = None
+    if args.cross_encoder:
+        from memories_core.retrieval.cross_encoder import OnnxCrossEncoder
+
+        cross_encoder = OnnxCrossEncoder(max_length=128)
+    ch = Channels(embedder, colbert, cross_encoder)
     split = {s: [it for it in retrieval if it["source"] == s] for s in ("dialogsum", "topiocqa")}
     if colbert is not None:  # centre the token states over every row and option first
         for item in retrieval:
@@ -649,7 +700,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "selector variant | tuned dialogsum -> topiocqa (loss) | tuned topiocqa -> dialogsum "
         "(loss) | mean held-out | best mean: dialogsum / topiocqa | ceiling dialogsum / topiocqa"
     )
-    for name, grid in selector_variants(args.colbert).items():
+    for name, grid in selector_variants(args.colbert, args.cross_encoder).items():
         row = cv_row(split, fscore, grid)
         ceiling = {s: ranking_ceiling(split[s], ch, row["best_mean"]) for s in split}
         row["ceiling"] = ceiling
@@ -661,6 +712,25 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"{ceiling['dialogsum']:.3f} / {ceiling['topiocqa']:.3f}"
         )
         sys.stdout.flush()
+    if args.cross_encoder:  # only QA-shaped queries trigger it: split halves within topiocqa
+        topiocqa = split["topiocqa"]
+        halves = {h: [it for k, it in enumerate(topiocqa) if k % 2 == h] for h in (0, 1)}
+        weights = (0.0, 0.1, 0.2, 0.3, 0.5)
+        out["substitution_split_half"] = []
+        for tune, test in ((0, 1), (1, 0)):
+            best = max(
+                weights, key=lambda w: fscore(halves[tune], {"layout": "qa", "substituted": w})
+            )
+            held = fscore(halves[test], {"layout": "qa", "substituted": best})
+            base = fscore(halves[test], {"layout": "qa"})
+            out["substitution_split_half"].append(
+                {"chosen": best, "held_out": held, "without": base}
+            )
+            print(
+                f"  substitution weight, topiocqa split halves: tuned on the "
+                f"{'even' if tune == 0 else 'odd'} items -> {best}, held-out {held:.3f} "
+                f"(without: {base:.3f})"
+            )
     print("  option classifier (logistic regression on 13 per-option features; trained and cut")
     print("  off on one source, tested on the other):")
     out["classifier"] = classifier_cv(split, ch)
