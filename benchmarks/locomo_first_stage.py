@@ -1,7 +1,7 @@
 """First-stage experiments on LoCoMo dev (issue 9, third pass): what else lifts recall cheaply.
 
 Every variant keeps the library's default pipeline (dense + BM25 z-score fusion, context
-spreading, temporal boost) and changes one first-stage part, LLM-free:
+spreading with the question-answer rule, temporal boost) and changes one part, LLM-free:
 
 * ``prf-dense``: dense pseudo-relevance feedback (Rocchio, 1971): the query vector plus
   ``beta`` times the mean vector of the ``m`` best fused candidates, searched again; the
@@ -12,6 +12,11 @@ spreading, temporal boost) and changes one first-stage part, LLM-free:
 * ``qlen``: the lexical weight depends on the number of content terms in the question.
 * ``sentence keys``: each sentence of a turn with two or more sentences is a search key of
   its turn (an index-time key, no model), so one relevant sentence is not diluted.
+* ``mmr``: maximal marginal relevance over the head of the final ranking.
+* ``session-diverse``: a candidate loses ``gamma`` x the score range per better candidate
+  of its time cluster (turns within 30 minutes), so one session does not fill the top.
+* ``dense-keywords``: the dense query mixes the question's vector with the vector of its
+  content words (stopwords and question words dropped).
 
 Raw dense and lexical rankings are computed once per question and re-fused per grid point;
 each family is chosen by leave-one-conversation-out cross-validation (the helpers of
@@ -31,7 +36,6 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -39,13 +43,11 @@ import numpy as np
 
 from memories_core.backends.sqlite_store import query_terms
 from memories_core.evaluation import load_locomo
-from memories_core.retrieval import RecallRequest
-from memories_core.retrieval.context import ContextSpreading
+from memories_core.retrieval import FusionConfig, RecallRequest
 from memories_core.retrieval.fusion import zscore_fuse
 from memories_core.retrieval.keys import KeyedBackend
 from memories_core.retrieval.pipeline import RecallContext
 from memories_core.retrieval.rerankers import MMR
-from memories_core.retrieval.temporal import TemporalBoost
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from locomo_retrieval import (
@@ -87,11 +89,6 @@ class Point:
     mix: float = 0.0
 
     def label(self) -> str:
-        if self.family == "qcontext":
-            return (
-                f"qcontext prev-after-question {self.weight:.2f} own {self.gamma:.2f} "
-                f"rule {QUESTION_RULES[self.m]}"
-            )
         if self.family == "mmr":
             return f"mmr lambda {self.lambda_:.2f} depth {self.m}"
         if self.family == "session-diverse":
@@ -116,8 +113,9 @@ class Experiment:
     def __init__(self, conversations: Sequence[Any], embedder: CachedEmbedder) -> None:
         self.conversations = conversations
         self.embedder = embedder
-        self.context = ContextSpreading(previous_weight=0.4, next_weight=0.3)
-        self.temporal = TemporalBoost(weight=1.0)
+        # The library default's rerankers (context spreading with the question-answer rule,
+        # temporal boost); the variants change what comes before them or add a stage after.
+        self.stages = FusionConfig().pipeline().rerankers
 
     def questions(self, key_sets: dict[str, list[tuple[str, str]]] | None) -> list[Any]:
         """(conversation id, qa, ctx, dense, lexical, query vector) per question."""
@@ -145,13 +143,8 @@ class Experiment:
     def finish(
         self, ranked: list[tuple[str, float]], ctx: RecallContext, point: Point | None = None
     ) -> list[str]:
-        if point is not None and point.family == "qcontext":
-            ranked = question_context(
-                ranked, ctx, point.weight, point.gamma, QUESTION_RULES[point.m]
-            )
-        else:
-            ranked = self.context.rerank(ranked, ctx.request, ctx)
-        ranked = self.temporal.rerank(ranked, ctx.request, ctx)
+        for stage in self.stages:
+            ranked = list(stage.rerank(ranked, ctx.request, ctx))
         if point is not None and point.family == "mmr":
             ranked = MMR(lambda_=point.lambda_, depth=point.m).rerank(ranked, ctx.request, ctx)
         if point is not None and point.family == "session-diverse":
@@ -212,78 +205,6 @@ class Experiment:
                 )
             )
         return out
-
-
-_TRAILING_BRACKET = re.compile(r"\s*\[[^\]]*\]\s*$")
-
-
-#: (rule for "the previous turn asked", rule for "this turn is a question" (own factor)).
-QUESTION_RULES = ("ends/ends", "contains/contains", "ends/pure", "contains/pure", "pure/pure")
-
-
-def asks(text: str, rule: str) -> bool:
-    """Whether a turn asks something. ``ends``: its last sentence ends with a question mark;
-    ``contains``: any sentence does; ``pure``: every sentence does. A trailing bracketed
-    part (an image caption) and the ``speaker:`` prefix are ignored."""
-    body = _TRAILING_BRACKET.sub("", text.split(": ", 1)[-1]).rstrip()
-    if rule == "contains":
-        return "?" in body
-    if rule == "ends":
-        return body.endswith("?")
-    parts = sentences(body)
-    return bool(parts) and all(part.endswith("?") for part in parts)
-
-
-def question_context(
-    ranked: list[tuple[str, float]],
-    ctx: RecallContext,
-    after_question: float,
-    own_question: float,
-    rule: str,
-    previous_weight: float = 0.4,
-    next_weight: float = 0.3,
-    depth: int = 20,
-) -> list[tuple[str, float]]:
-    """Context spreading where a turn that follows a question inherits ``after_question``
-    of the question's score (instead of ``previous_weight``), and a question keeps
-    ``own_question`` of its own."""
-    if not ranked:
-        return []
-    user = ctx.request.user_id
-    top = list(dict.fromkeys(item for item, _ in ranked[:depth]))
-    neighbours = ctx.adjacent(top, user_id=user, gap=timedelta(minutes=30))
-    linked = [n for pair in neighbours.values() for n in pair if n is not None]
-    records = ctx.load(list(dict.fromkeys([*top, *linked])), user_id=user)
-    floor = min(float(score) for _, score in ranked)
-    base: dict[str, float] = {}
-    for item, score in ranked:
-        base.setdefault(item, float(score) - floor)
-    before: dict[str, str] = {}
-    after: dict[str, str] = {}
-    for item, (prev_id, next_id) in neighbours.items():
-        if item not in records:
-            continue
-        if prev_id is not None:
-            before[item] = prev_id
-            after[prev_id] = item
-        if next_id is not None:
-            after[item] = next_id
-            before[next_id] = item
-    answer_rule, own_rule = rule.split("/")
-    question = {item for item, record in records.items() if asks(record.text, answer_rule)}
-    pure = {item for item, record in records.items() if asks(record.text, own_rule)}
-    order: dict[str, int] = {}
-    for item in [*base, *before, *after]:
-        order.setdefault(item, len(order))
-    scores = {}
-    for item in order:
-        prev = before.get(item, "")
-        own = base.get(item, 0.0) * (own_question if item in pure else 1.0)
-        share = after_question if prev in question else previous_weight
-        scores[item] = (
-            own + share * base.get(prev, 0.0) + next_weight * base.get(after.get(item, ""), 0.0)
-        )
-    return sorted(scores.items(), key=lambda pair: (-pair[1], order[pair[0]]))
 
 
 def session_diverse(
@@ -354,7 +275,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--out", type=Path, default=OUT)
-    parser.add_argument("--families", default="qlen,prf-dense,prf-lex,sentence-keys")
+    parser.add_argument(
+        "--families",
+        default="qlen,prf-dense,prf-lex,mmr,session-diverse,dense-keywords,sentence-keys",
+    )
     args = parser.parse_args(argv)
     from memories_core.embedders import SentenceTransformerEmbedder
 
@@ -384,16 +308,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for m in (3, 5, 10)
                 for b in (0.25, 0.5, 1.0)
                 for lx in (0.5, 0.65)
-            ]
-        ),
-        "qcontext": lambda: (
-            [base]
-            + [
-                Point("qcontext", weight=w, gamma=g, m=rule)
-                for rule in range(len(QUESTION_RULES))
-                for w in (0.4, 0.6, 0.8, 1.0)
-                for g in (1.0, 0.85, 0.7, 0.5)
-                if (w, g) != (0.4, 1.0)
             ]
         ),
         "mmr": lambda: (
