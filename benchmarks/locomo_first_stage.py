@@ -91,6 +91,8 @@ class Point:
     def label(self) -> str:
         if self.family == "mmr":
             return f"mmr lambda {self.lambda_:.2f} depth {self.m}"
+        if self.family == "session-support":
+            return f"session-support lambda {self.gamma:.2f} depth {self.m}"
         if self.family == "session-diverse":
             return f"session-diverse gamma {self.gamma:.2f} depth {self.m}"
         if self.family == "dense-keywords":
@@ -147,6 +149,8 @@ class Experiment:
             ranked = list(stage.rerank(ranked, ctx.request, ctx))
         if point is not None and point.family == "mmr":
             ranked = MMR(lambda_=point.lambda_, depth=point.m).rerank(ranked, ctx.request, ctx)
+        if point is not None and point.family == "session-support":
+            ranked = session_support(ranked, ctx, point.gamma, point.m)
         if point is not None and point.family == "session-diverse":
             ranked = session_diverse(ranked, ctx, point.gamma, point.m)
         ids = list(dict.fromkeys(item for item, _ in ranked))
@@ -205,6 +209,46 @@ class Experiment:
                 )
             )
         return out
+
+
+def clusters(ids: Sequence[str], ctx: RecallContext) -> dict[str, int]:
+    """Time clusters of candidates: sorted by time, a new cluster after a 30-minute gap."""
+    records = ctx.load(list(ids), user_id=ctx.request.user_id)
+    timed = sorted((records[i].created_at, i) for i in ids if i in records)
+    cluster: dict[str, int] = {}
+    last = None
+    number = -1
+    for when, item in timed:
+        if last is None or (when - last).total_seconds() > 1800:
+            number += 1
+        cluster[item] = number
+        last = when
+    return cluster
+
+
+def session_support(
+    ranked: list[tuple[str, float]], ctx: RecallContext, weight: float, depth: int
+) -> list[tuple[str, float]]:
+    """Raise a candidate by ``weight`` x the summed (shifted) scores of the other candidates
+    of its time cluster among the best ``depth``: a session with several matches rises."""
+    items = list(dict.fromkeys(item for item, _ in ranked))
+    scores = dict(reversed(ranked))
+    head, rest = items[:depth], items[depth:]
+    cluster = clusters(head, ctx)
+    floor = min(scores[i] for i in head) if head else 0.0
+    total: Counter[int] = Counter()
+    for item in head:
+        if item in cluster:
+            total[cluster[item]] += scores[item] - floor  # type: ignore[assignment]
+    adjusted = {
+        item: scores[item]
+        + (weight * (total[cluster[item]] - (scores[item] - floor)) if item in cluster else 0.0)
+        for item in head
+    }
+    order = {item: n for n, item in enumerate(head)}
+    out = sorted(adjusted.items(), key=lambda p: (-p[1], order[p[0]]))
+    low = min(adjusted.values(), default=0.0)
+    return out + [(i, min(scores[i], low)) for i in rest]
 
 
 def session_diverse(
@@ -277,7 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument(
         "--families",
-        default="qlen,prf-dense,prf-lex,mmr,session-diverse,dense-keywords,sentence-keys",
+        default="qlen,prf-dense,prf-lex,mmr,session-diverse,session-support,dense-keywords,sentence-keys",
     )
     args = parser.parse_args(argv)
     from memories_core.embedders import SentenceTransformerEmbedder

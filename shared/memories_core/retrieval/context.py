@@ -67,12 +67,17 @@ DEFAULT_AFTER_QUESTION_WEIGHT = 0.8
 #: turn repeats the words of a later question but holds no answer (same measurement).
 DEFAULT_QUESTION_WEIGHT = 0.5
 
-_TRAILING_NOTE = re.compile(r"\s*\[[^\[\]]*\]\s*$")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
 def _body(text: str) -> str:
-    return _TRAILING_NOTE.sub("", text).rstrip()
+    """``text`` without trailing whitespace and without a trailing ``[...]`` note."""
+    body = text.rstrip()
+    if body.endswith("]"):
+        start = body.rfind("[")
+        if start != -1 and "]" not in body[start:-1]:
+            body = body[:start].rstrip()
+    return body
 
 
 def asks(text: str) -> bool:
@@ -87,8 +92,10 @@ def asks(text: str) -> bool:
 
 def only_asks(text: str) -> bool:
     """Whether every sentence of a record's text ends with "?" (a turn that only asks)."""
-    parts = [part for part in _SENTENCE_END.split(_body(text)) if part.strip()]
-    return bool(parts) and all(part.endswith("?") for part in parts)
+    body = _body(text)
+    if not body.endswith("?"):  # cheap test first: most turns do not end with a question
+        return False
+    return all(part.endswith("?") for part in _SENTENCE_END.split(body) if part.strip())
 
 
 #: ``{id: (previous id, next id)}``, ``None`` where a record has no such neighbour.
