@@ -358,6 +358,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             [base]
             + [Point("mmr", lambda_=lam, m=d) for lam in (0.5, 0.7, 0.85, 0.95) for d in (10, 20)]
         ),
+        "session-support": lambda: (
+            [base]
+            + [
+                Point("session-support", gamma=g, m=d)
+                for g in (0.02, 0.05, 0.1, 0.2)
+                for d in (20, 50)
+            ]
+        ),
         "session-diverse": lambda: (
             [base]
             + [
