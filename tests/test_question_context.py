@@ -135,3 +135,40 @@ def test_bad_question_weights_are_rejected(kwargs: dict[str, float]) -> None:
         FusionConfig(**kwargs)  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError):
         ContextSpreading(**kwargs)  # type: ignore[arg-type]
+
+
+def chat_texts(question_weight: float, query: str) -> list[tuple[str, float]]:
+    memory = HistoryMemory(
+        embedder=HashingEmbedder(),
+        clock=FixedClock(START + timedelta(days=1)),
+        fusion=FusionConfig(question_weight=question_weight),
+    )
+    lines = [
+        ("user", "Can you recommend Italian restaurants in Boston?"),
+        ("assistant", "Giacomo's in the North End is a classic, and Carmelina's too."),
+        ("user", "Thanks, I will book a table for Friday."),
+        ("assistant", "Enjoy the dinner and the cannoli afterwards."),
+        ("user", "I also started running in the mornings."),
+        ("assistant", "Great habit, start slowly and keep it regular."),
+    ]
+    try:
+        memory.save(
+            [
+                Turn(role, text, timestamp=START + timedelta(seconds=30 * n))
+                for n, (role, text) in enumerate(lines)
+            ],
+            Scope("u2"),
+        )
+        hits = memory.recall(query, Scope("u2"), k=6).records
+        return [(hit.record.text, round(hit.score, 9)) for hit in hits]
+    finally:
+        memory.close()
+
+
+def test_a_user_question_answered_by_the_assistant_keeps_its_score() -> None:
+    # The assistant's reply keeps its own score (it inherits nothing), so the user's
+    # question is not demoted: the default gives the same ranking and scores as no demotion.
+    query = "Which Italian restaurants in Boston did I ask about?"
+    default = chat_texts(DEFAULT_QUESTION_WEIGHT, query)
+    assert default == chat_texts(1.0, query)
+    assert default[0][0] == "user: Can you recommend Italian restaurants in Boston?"

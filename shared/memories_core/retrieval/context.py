@@ -254,7 +254,9 @@ class ContextSpreading:
     Questions and answers: a turn after a question (:func:`asks`) inherits
     ``after_question_weight`` of it instead of ``previous_weight`` (the answer of the pair
     is the next turn; Schegloff & Sacks, 1973, §2), and a turn that only asks
-    (:func:`only_asks`) keeps ``question_weight`` of its own score. On LoCoMo dev this
+    (:func:`only_asks`) keeps ``question_weight`` of its own score, unless the turn after it
+    is a reply that keeps its own score (``own_score_roles``: a chat assistant's answer cannot
+    inherit, so the user's question must still match on its own). On LoCoMo dev this
     raises R@5 from 0.679 to 0.702 and R@10 from 0.775 to 0.791 (BENCHMARKS.md, third pass).
 
     Cost: one ``backend.adjacent`` call for the best ``depth`` candidates and one load of
@@ -324,6 +326,14 @@ class ContextSpreading:
         )
         turns = {item: r for item, r in records.items() if r.kind in self.kinds}
         asking = self.after_question_weight not in (None, self.previous_weight)
+        # A question answered by a reply that keeps its own score (an assistant's) is not
+        # demoted: its answer cannot inherit from it, so the question must match on its own.
+        answered_by: dict[str, str] = {}
+        for item, (prev_id, next_id) in kept.items():
+            if next_id is not None:
+                answered_by[item] = next_id
+            if prev_id is not None:
+                answered_by.setdefault(prev_id, item)
         return spread_context(
             ranking,
             kept,
@@ -333,7 +343,11 @@ class ContextSpreading:
             questions=frozenset(i for i, r in turns.items() if asking and asks(r.text)),
             after_question_weight=self.after_question_weight,
             question_only=frozenset(
-                i for i, r in turns.items() if self.question_weight != 1 and only_asks(r.text)
+                i
+                for i, r in turns.items()
+                if self.question_weight != 1
+                and answered_by.get(i) not in replies
+                and only_asks(r.text)
             ),
             question_weight=self.question_weight,
         )
