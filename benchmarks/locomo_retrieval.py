@@ -812,6 +812,31 @@ def question_cv(harness: Harness, folds: Sequence[str]) -> dict[str, Any]:
                 flush=True,
             )
         result["observation keys" if with_keys else "no keys"] = part
+    # Sensitivity around the chosen default (no keys): the ordinary context weights and the
+    # after-question weight, the library default first (the "no category worse" baseline).
+    default = library_default()
+    points = [default]
+    for previous in (0.2, 0.3, 0.4, 0.5):
+        for following in (0.2, 0.3, 0.4):
+            for after in (0.8, 1.0, 1.2):
+                config = replace(default, previous=previous, following=following)
+                config = replace(config, after_question=after)
+                if config not in points:
+                    points.append(config)
+    scored = {
+        config: harness.rows("no session ids", False, config)
+        for config in tqdm(points, desc="question sensitivity")
+    }
+    part = {"grid_points": len(points)}
+    for constrained in (True, False):
+        tag = "no category worse" if constrained else "unconstrained"
+        part[tag] = cross_validate(scored, folds, constrained=constrained)
+        print(
+            f"  sensitivity, {tag}: {fmt_overall(part[tag]['held_out']['overall'])} "
+            f"{part[tag]['chosen_counts']}",
+            flush=True,
+        )
+    result["sensitivity around the default (no keys)"] = part
     return result
 
 
