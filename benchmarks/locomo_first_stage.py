@@ -91,6 +91,8 @@ class Point:
     def label(self) -> str:
         if self.family == "mmr":
             return f"mmr lambda {self.lambda_:.2f} depth {self.m}"
+        if self.family == "speaker":
+            return f"speaker boost {self.gamma:.2f} {'one name' if self.m else 'any name'}"
         if self.family == "session-support":
             return f"session-support lambda {self.gamma:.2f} depth {self.m}"
         if self.family == "session-diverse":
@@ -149,6 +151,8 @@ class Experiment:
             ranked = list(stage.rerank(ranked, ctx.request, ctx))
         if point is not None and point.family == "mmr":
             ranked = MMR(lambda_=point.lambda_, depth=point.m).rerank(ranked, ctx.request, ctx)
+        if point is not None and point.family == "speaker":
+            ranked = speaker_boost(ranked, ctx, point.gamma, bool(point.m))
         if point is not None and point.family == "session-support":
             ranked = session_support(ranked, ctx, point.gamma, point.m)
         if point is not None and point.family == "session-diverse":
@@ -209,6 +213,29 @@ class Experiment:
                 )
             )
         return out
+
+
+def speaker_boost(
+    ranked: list[tuple[str, float]], ctx: RecallContext, weight: float, one: bool
+) -> list[tuple[str, float]]:
+    """Raise candidates spoken by a person the question names (``"Name: text"`` records) by
+    ``weight`` x the score range of the best 50; with ``one``, only when it names one."""
+    items = list(dict.fromkeys(item for item, _ in ranked))
+    scores = dict(reversed(ranked))
+    head, rest = items[:50], items[50:]
+    records = ctx.load(head, user_id=ctx.request.user_id)
+    speaker = {i: r.text.split(":", 1)[0].strip() for i, r in records.items() if ":" in r.text}
+    words = set(re.findall(r"[a-z]+", ctx.request.query.lower()))
+    named = {name for name in speaker.values() if name.lower() in words}
+    if not named or (one and len(named) > 1):
+        return list(ranked)
+    values = [scores[i] for i in head]
+    spread = max(values) - min(values)
+    adjusted = {i: scores[i] + (weight * spread if speaker.get(i) in named else 0.0) for i in head}
+    order = {item: n for n, item in enumerate(head)}
+    out = sorted(adjusted.items(), key=lambda p: (-p[1], order[p[0]]))
+    low = min(adjusted.values(), default=0.0)
+    return out + [(i, min(scores[i], low)) for i in rest]
 
 
 def clusters(ids: Sequence[str], ctx: RecallContext) -> dict[str, int]:
@@ -321,7 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument(
         "--families",
-        default="qlen,prf-dense,prf-lex,mmr,session-diverse,session-support,dense-keywords,sentence-keys",
+        default="qlen,prf-dense,prf-lex,mmr,session-diverse,session-support,speaker,dense-keywords,sentence-keys",
     )
     args = parser.parse_args(argv)
     from memories_core.embedders import SentenceTransformerEmbedder
@@ -357,6 +384,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "mmr": lambda: (
             [base]
             + [Point("mmr", lambda_=lam, m=d) for lam in (0.5, 0.7, 0.85, 0.95) for d in (10, 20)]
+        ),
+        "speaker": lambda: (
+            [base]
+            + [Point("speaker", gamma=g, m=one) for g in (0.05, 0.1, 0.2, 0.3) for one in (0, 1)]
         ),
         "session-support": lambda: (
             [base]
