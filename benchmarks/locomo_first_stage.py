@@ -15,6 +15,10 @@ spreading with the question-answer rule, temporal boost) and changes one part, L
 * ``mmr``: maximal marginal relevance over the head of the final ranking.
 * ``session-diverse``: a candidate loses ``gamma`` x the score range per better candidate
   of its time cluster (turns within 30 minutes), so one session does not fill the top.
+* ``session-support``: a candidate gains ``lambda`` x the summed scores of the other
+  candidates of its time cluster (a session with several matches rises).
+* ``speaker``: candidates spoken by a person the question names (``"Name: text"``) gain
+  ``w`` x the score range of the best 50.
 * ``dense-keywords``: the dense query mixes the question's vector with the vector of its
   content words (stopwords and question words dropped).
 
