@@ -713,6 +713,14 @@ def worker_ours(args: argparse.Namespace, persistent: bool) -> dict[str, Any]:
         funcs["hybrid, previous default"] = lambda q: memory.engine.search(
             q, TARGET, k=K, kinds=["turn"], fusion=previous
         )
+    if args.without_question_rule:
+        from memories_core.retrieval import FusionConfig
+
+        # The default before the question-answer rule (issue 9, third pass), interleaved.
+        plain = FusionConfig(after_question_weight=None, question_weight=1.0)
+        funcs["hybrid, without question rule"] = lambda q: memory.engine.search(
+            q, TARGET, k=K, kinds=["turn"], fusion=plain
+        )
     funcs.update({mode: search(cast(SearchMode, mode)) for mode in args.modes if mode != "hybrid"})
     if not persistent:
         funcs["embed_query"] = embedder.embed_query
@@ -724,7 +732,7 @@ def worker_ours(args: argparse.Namespace, persistent: bool) -> dict[str, Any]:
         if name == "embed_query":
             return []
         hits = result.records if name == "hybrid" else result
-        if name == "hybrid, previous default":
+        if name in ("hybrid, previous default", "hybrid, without question rule"):
             hits = result
         leaks += sum(hit.record.user_id != TARGET for hit in hits)
         return [hit.record.text for hit in hits]
@@ -1001,6 +1009,7 @@ def orchestrate(args: argparse.Namespace) -> None:
                     str(args.torch_threads),
                     *(["--cached-vectors"] if args.cached_vectors else []),
                     *(["--previous-default"] if args.previous_default else []),
+                    *(["--without-question-rule"] if args.without_question_rule else []),
                     "--modes",
                     ",".join(args.modes),
                 ]
@@ -1059,6 +1068,8 @@ LABELS = {
     ("ours-persistent", "hybrid"): "ours path= (SQLite+Chroma), hybrid recall",
     ("ours-persistent", "hybrid, previous default"): "ours path=, recall with the pre-issue-9 "
     "default pipeline (interleaved)",
+    ("ours-persistent", "hybrid, without question rule"): "ours path=, recall without the "
+    "question-answer context rule (interleaved)",
     ("ours-persistent", "dense"): "ours path=, dense search",
     ("ours-persistent", "lexical"): "ours path=, lexical search",
     ("ours-memory", "hybrid"): "ours in-memory (SQLite+numpy), hybrid recall",
@@ -1307,6 +1318,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--previous-default",
         action="store_true",
         help="also time recall with the pre-issue-9 default pipeline, interleaved",
+    )
+    parser.add_argument(
+        "--without-question-rule",
+        action="store_true",
+        help="also time recall without the question-answer context rule, interleaved",
     )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--size", type=int, help=argparse.SUPPRESS)

@@ -386,18 +386,31 @@ class Config:
     temporal: float = 0.0
     entity: float = 0.0
     key_fusion: str = "max"
+    after_question: float | None = None
+    question_own: float = 1.0
 
     def label(self) -> str:
+        question = (
+            ""
+            if self.after_question is None and self.question_own == 1
+            else f" after-question {self.after_question} question-own {self.question_own:.2f}"
+        )
         return (
             f"lex {self.lexical:.2f} ctx {self.previous:.1f}/{self.following:.1f} "
             f"temporal {self.temporal:.2f} entity {self.entity:.2f} keys {self.key_fusion}"
+            + question
         )
 
     def rerankers(self) -> tuple[Any, ...]:
         stages: list[Any] = []
         if self.previous or self.following:
             stages.append(
-                ContextSpreading(previous_weight=self.previous, next_weight=self.following)
+                ContextSpreading(
+                    previous_weight=self.previous,
+                    next_weight=self.following,
+                    after_question_weight=self.after_question,
+                    question_weight=self.question_own,
+                )
             )
         if self.temporal:
             stages.append(TemporalBoost(weight=self.temporal))
@@ -408,6 +421,9 @@ class Config:
 
 #: The configuration of the previous default (issue 8): context spreading only.
 PREVIOUS = Config()
+#: The library default after the second pass of issue 9 (context spreading + temporal boost),
+#: the baseline of the third pass (question-answer context).
+SECOND_PASS = Config(temporal=1.0)
 
 
 class Harness:
@@ -604,6 +620,33 @@ def mapping_label(mapping: str) -> str:
     return "text only (no image captions)" if mapping == "text" else "text + image caption"
 
 
+def question_grid(entity: float = 0.0) -> list[Config]:
+    """The third pass's grid (question-answer context spreading): the second-pass default
+    first (it wins ties and is the "no category worse" baseline), then context weights x
+    after-question weight x question-own factor x temporal weight."""
+    first = replace(SECOND_PASS, entity=entity)
+    points = [first]
+    for previous, following in CONTEXT_GRID[:2]:
+        for after in QUESTION_AFTER_GRID:
+            for own in QUESTION_OWN_GRID:
+                for temporal in (1.0, 2.0):
+                    config = replace(
+                        first,
+                        previous=previous,
+                        following=following,
+                        after_question=after,
+                        question_own=own,
+                        temporal=temporal,
+                    )
+                    if config not in points:
+                        points.append(config)
+    return points
+
+
+#: After-question weights of the third pass (``None``: the ordinary previous weight).
+QUESTION_AFTER_GRID: tuple[float | None, ...] = (None, 0.6, 0.8, 1.0)
+#: Own-score factors of a turn that only asks.
+QUESTION_OWN_GRID = (1.0, 0.5)
 CONTEXT_GRID = ((0.4, 0.3), (0.6, 0.4), (0.8, 0.6))
 TEMPORAL_GRID = (0.0, 0.25, 0.5, 1.0, 2.0)
 ENTITY_GRID = (0.0, 0.1, 0.3)
@@ -745,6 +788,58 @@ def public_rows(
     return results
 
 
+def question_cv(harness: Harness, folds: Sequence[str]) -> dict[str, Any]:
+    """Third pass: LOCO CV of the question-answer context knobs, constrained (no category's
+    R@5 or R@10 below the second-pass default's on the training folds) and unconstrained,
+    without and with observation keys (entity 0.1 with keys, as chosen in the second pass)."""
+    result: dict[str, Any] = {}
+    for with_keys in (False, True):
+        points = question_grid(entity=0.1 if with_keys else 0.0)
+        scored = {
+            config: harness.rows("no session ids", with_keys, config)
+            for config in tqdm(points, desc=f"question grid{' + keys' if with_keys else ''}")
+        }
+        part: dict[str, Any] = {
+            "grid_points": len(points),
+            "points": {c.label(): summarise_rows(rows) for c, rows in scored.items()},
+        }
+        for constrained in (True, False):
+            tag = "no category worse" if constrained else "unconstrained"
+            part[tag] = cross_validate(scored, folds, constrained=constrained)
+            print(
+                f"  question CV{' + keys' if with_keys else ''}, {tag}: "
+                f"{fmt_overall(part[tag]['held_out']['overall'])} {part[tag]['chosen_counts']}",
+                flush=True,
+            )
+        result["observation keys" if with_keys else "no keys"] = part
+    # Sensitivity around the chosen default (no keys): the ordinary context weights and the
+    # after-question weight, the library default first (the "no category worse" baseline).
+    default = library_default()
+    points = [default]
+    for previous in (0.2, 0.3, 0.4, 0.5):
+        for following in (0.2, 0.3, 0.4):
+            for after in (0.8, 1.0, 1.2):
+                config = replace(default, previous=previous, following=following)
+                config = replace(config, after_question=after)
+                if config not in points:
+                    points.append(config)
+    scored = {
+        config: harness.rows("no session ids", False, config)
+        for config in tqdm(points, desc="question sensitivity")
+    }
+    part = {"grid_points": len(points)}
+    for constrained in (True, False):
+        tag = "no category worse" if constrained else "unconstrained"
+        part[tag] = cross_validate(scored, folds, constrained=constrained)
+        print(
+            f"  sensitivity, {tag}: {fmt_overall(part[tag]['held_out']['overall'])} "
+            f"{part[tag]['chosen_counts']}",
+            flush=True,
+        )
+    result["sensitivity around the default (no keys)"] = part
+    return result
+
+
 def fmt_overall(overall: dict[str, float]) -> str:
     return (
         f"R@5 {overall['R@5']:.3f} R@10 {overall['R@10']:.3f} R@25 {overall['R@25']:.3f} "
@@ -761,6 +856,8 @@ NAMED: tuple[tuple[str, Config, bool], ...] = (
     ("+ temporal + entity", replace(PREVIOUS, temporal=0.5, entity=0.1), False),
     ("+ observation keys", PREVIOUS, True),
     ("+ observation keys + temporal + entity", replace(PREVIOUS, temporal=0.5, entity=0.1), True),
+    ("second-pass default (context + temporal 1.0)", SECOND_PASS, False),
+    ("second-pass default + observation keys + entity", replace(SECOND_PASS, entity=0.1), True),
 )
 
 
@@ -804,7 +901,15 @@ def cv_table(cv: dict[str, dict[str, Any]]) -> str:
         "fold R@10 min-max (sd) | fold session R@10 min-max | grid points | chosen (folds) |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
+    rows: dict[str, Any] = {}
     for label, result in cv.items():
+        if "held_out" in result:
+            rows[label] = result
+            continue
+        for part, parts in result.items():  # the third pass: {keys: {constraint: result}}
+            for tag in ("no category worse", "unconstrained"):
+                rows[f"{label}, {part}, {tag}"] = parts[tag] | {"grid_points": parts["grid_points"]}
+    for label, result in rows.items():
         o = result["held_out"]["overall"]
         s = result["spread"]
         chosen = "; ".join(f"{k} ({v})" for k, v in result["chosen_counts"].items())
@@ -1050,6 +1155,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="skip the rows with the optional bge-small-en-v1.5 ONNX embedder",
     )
     parser.add_argument(
+        "--question-cv",
+        action="store_true",
+        help="only the third pass: cross-validate the question-answer context knobs (with "
+        "and without observation keys) into <out>/locomo_question_cv.json",
+    )
+    parser.add_argument(
         "--public",
         default="chroma",
         help="backends of the HistoryMemory.recall rows (comma-separated; '' = none)",
@@ -1094,6 +1205,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         cached.save()
         print(f"embedded with {cached.inner.name} in {time.perf_counter() - started:.1f}s")
     embed_s = time.perf_counter() - started
+    if args.question_cv:
+        harness = Harness(conversations, embedder, keys, mapping=args.mapping)
+        result = question_cv(harness, [c.sample_id for c in conversations])
+        result |= {"command": command_line("benchmarks/locomo_retrieval.py", list(argv or []))}
+        result["machine"] = host
+        (args.out / "locomo_question_cv.json").write_text(
+            json.dumps(result, indent=2, default=str), encoding="utf-8"
+        )
+        return 0
 
     # 1. The internal harness of the earlier issues (HybridRetriever over a numpy index).
     retrievers = {c.sample_id: build(c, embedder, args.mapping) for c in conversations}
@@ -1183,6 +1303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "grid_points": len(points)
                 }
                 print(f"  CV {label}: {fmt_overall(cv[label]['held_out']['overall'])}", flush=True)
+        cv["question-answer context (third pass)"] = question_cv(harness, folds)
         cv_s = time.perf_counter() - started
 
     # 4. What users get, through the public API.
@@ -1282,6 +1403,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             variants,
             [
                 "previous default (context spreading) | no session ids",
+                "second-pass default (context + temporal 1.0) | no session ids",
                 f"library default ({default.label()}) | no session ids",
                 "+ observation keys + temporal + entity | no session ids",
                 f"library default, {mapping_label(other_mapping)} | no session ids",
@@ -1348,6 +1470,8 @@ def library_default() -> Config:
         temporal=getattr(config, "temporal_weight", 0.0),
         entity=getattr(config, "entity_weight", 0.0),
         key_fusion=DEFAULT_KEY_FUSION,
+        after_question=getattr(config, "after_question_weight", None),
+        question_own=getattr(config, "question_weight", 1.0),
     )
 
 

@@ -281,3 +281,69 @@ def test_conditional_memory_keys_the_turn_with_its_knowledge_line() -> None:
         for k in engine.records("u", where={"kind": "search_key"})
     )
     conditional.close()
+
+
+def test_keys_on_chroma_cost_one_dense_index_query_and_change_nothing(tmp_path: Path) -> None:
+    """With search keys, the records and the keys of a recall share one Chroma query
+    (``ChromaIndex.search_many``); the results equal two separate filtered searches."""
+    from memories_core.retrieval import RecallRequest
+    from memories_core.retrieval.keys import KeyedBackend
+
+    rng = random.Random(11)
+    memory = HistoryMemory(path=tmp_path / "m", embedder=HashingEmbedder(), clock=FixedClock(T0))
+    for session in range(6):
+        when = T0 + timedelta(days=2 * session)
+        memory.save(
+            [
+                Turn("user", text, timestamp=when + timedelta(seconds=30 * i))
+                for i, text in enumerate(dialogue(rng, 25))
+            ],
+            Scope("u"),
+        )
+    engine = memory.engine
+    turns = engine.records("u", where={"kind": "turn"})
+    engine.add_records(
+        [key("u", f"a memory about the {rng.choice(WORDS)}", t.id) for t in turns[::3]]
+    )
+    index = engine.index
+    calls = {"search": 0, "search_many": 0}
+    search, search_many = index.search, index.search_many
+
+    def counted_search(*args: object, **kwargs: object) -> object:
+        calls["search"] += 1
+        return search(*args, **kwargs)  # type: ignore[arg-type]
+
+    def counted_many(*args: object, **kwargs: object) -> object:
+        calls["search_many"] += 1
+        return search_many(*args, **kwargs)  # type: ignore[arg-type]
+
+    index.search = counted_search  # type: ignore[method-assign]
+    index.search_many = counted_many  # type: ignore[method-assign]
+
+    class TwoQueries:
+        """The engine's backend without ``dense_many``: two separate filtered searches."""
+
+        def __init__(self, inner: object) -> None:
+            self.inner = inner
+
+        def __getattr__(self, name: str) -> object:
+            if name in ("dense_many", "has_kind"):
+                raise AttributeError(name)
+            return getattr(self.inner, name)
+
+    pipeline = engine.retriever.fusion.pipeline()
+    for a, b in zip(WORDS, WORDS[5:], strict=False):
+        query = f"the {a} and the {b}"
+        calls.update(search=0, search_many=0)
+        hits = memory.recall(query, Scope("u"), k=10).records
+        assert calls == {"search": 0, "search_many": 1}  # one dense index query
+        request = RecallRequest(query, user_id="u", k=10, now=T0)
+        shared = pipeline.run(request, KeyedBackend(engine._backend))
+        separate = pipeline.run(request, KeyedBackend(TwoQueries(engine._backend)))  # type: ignore[arg-type]
+        assert calls["search"] == 2  # the comparison ran the two queries
+        assert [(h.record.id, h.score) for h in shared] == [
+            (h.record.id, h.score) for h in separate
+        ]
+        assert [h.record.id for h in hits] == [h.record.id for h in shared]
+        assert all(h.record.kind == "turn" for h in hits)
+    memory.close()

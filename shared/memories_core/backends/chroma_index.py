@@ -445,6 +445,58 @@ class ChromaIndex:
                 user_id, False, lambda c: self._search_in(c, query, k, where), []
             )
 
+    def search_many(
+        self,
+        vector: npt.NDArray[np.float32],
+        *,
+        user_id: str,
+        k: int,
+        wheres: Sequence[Filter],
+    ) -> list[list[tuple[str, float]]]:
+        """:meth:`search` once per filter of ``wheres``, sharing one Chroma query.
+
+        Each result equals ``search(vector, user_id=user_id, k=k, where=where)``: a filtered
+        search over-fetches the nearest rows without a filter and filters them in Python,
+        and that over-fetch is the same for every filter, so it runs once; a filter that
+        keeps too few rows still gets its own pre-filtered query. Search keys use it (the
+        records and the keys of one recall, :mod:`memories_core.retrieval.keys`).
+
+        Raises:
+            InvalidInputError: if ``k < 1``, a filter is empty or invalid, or the vector is
+                malformed.
+        """
+        check_user_id(user_id)
+        if k < 1:
+            raise InvalidInputError("k must be >= 1")
+        for where in wheres:
+            if not where:
+                raise InvalidInputError("search_many needs non-empty filters")
+            check_filter(where)
+        query = as_query(vector)
+
+        def run(collection: Any) -> list[list[tuple[str, float]]]:
+            self._guard(self._check_dimension, query.shape[0], collection)
+            fetched = self._overfetch(collection, query, k)
+            return [self._filtered(collection, query, k, where, fetched) for where in wheres]
+
+        with self._lock:
+            return self._on_collection(user_id, False, run, [[] for _ in wheres])
+
+    def _overfetch(
+        self, collection: Any, query: npt.NDArray[np.float32], k: int
+    ) -> tuple[list[tuple[str, float]], list[Any], int]:
+        # Over-fetch without a Chroma pre-filter (its cost grows with the rows it
+        # matches); the caller filters in Python. Chroma returns fewer rows if it holds fewer.
+        fetch = 4 * k + 20
+        result = self._guard(
+            collection.query,
+            query_embeddings=[query],
+            n_results=fetch,
+            include=["distances", "metadatas"],
+        )
+        metas = result["metadatas"][0] if result.get("metadatas") else []
+        return _pairs(result), list(metas), fetch
+
     def _search_in(
         self, collection: Any, query: npt.NDArray[np.float32], k: int, where: Filter | None
     ) -> list[tuple[str, float]]:
@@ -457,17 +509,17 @@ class ChromaIndex:
                 include=["distances"],
             )
             return _pairs(result)[:k]
-        # Over-fetch without a Chroma pre-filter (its cost grows with the rows it
-        # matches) and filter in Python; Chroma returns fewer rows if it holds fewer.
-        fetch = 4 * k + 20
-        result = self._guard(
-            collection.query,
-            query_embeddings=[query],
-            n_results=fetch,
-            include=["distances", "metadatas"],
-        )
-        pairs = _pairs(result)
-        metas = result["metadatas"][0] if result.get("metadatas") else []
+        return self._filtered(collection, query, k, where, self._overfetch(collection, query, k))
+
+    def _filtered(
+        self,
+        collection: Any,
+        query: npt.NDArray[np.float32],
+        k: int,
+        where: Filter,
+        fetched: tuple[list[tuple[str, float]], list[Any], int],
+    ) -> list[tuple[str, float]]:
+        pairs, metas, fetch = fetched
         kept = [
             pair
             for pair, meta in zip(pairs, metas, strict=True)

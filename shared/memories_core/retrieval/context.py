@@ -23,6 +23,7 @@ pipeline").
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -37,12 +38,16 @@ if TYPE_CHECKING:
 from memories_core.retrieval.fusion import Ranking
 
 __all__ = [
+    "DEFAULT_AFTER_QUESTION_WEIGHT",
     "DEFAULT_CONTEXT_GAP",
+    "DEFAULT_QUESTION_WEIGHT",
     "ContextSpreading",
     "NeighbourRow",
     "Neighbours",
     "adjacent_rows",
+    "asks",
     "linked",
+    "only_asks",
     "rows_of",
     "spread_context",
 ]
@@ -51,6 +56,47 @@ __all__ = [
 #: apart. Chosen on LoCoMo dev with turns 30 s apart saved one by one: 1 minute to 2 days
 #: all match the recall with session ids (BENCHMARKS.md, "Retrieval pipeline").
 DEFAULT_CONTEXT_GAP = timedelta(minutes=30)
+
+#: Share of a question's score that the record right after it inherits (instead of the
+#: ordinary ``previous_weight``): the answer to "What pet do you have?" is the next turn, "A
+#: cat named Bailey", which shares no word with the question a user later asks. Chosen on
+#: LoCoMo dev by leave-one-conversation-out cross-validation (BENCHMARKS.md, "Retrieval
+#: quality (issue 9)", third pass).
+DEFAULT_AFTER_QUESTION_WEIGHT = 0.8
+#: Factor on the own score of a record that only asks (every sentence ends with "?"): such a
+#: turn repeats the words of a later question but holds no answer (same measurement).
+DEFAULT_QUESTION_WEIGHT = 0.5
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def _body(text: str) -> str:
+    """``text`` without trailing whitespace and without a trailing ``[...]`` note."""
+    body = text.rstrip()
+    if body.endswith("]"):
+        start = body.rfind("[")
+        if start != -1 and "]" not in body[start:-1]:
+            body = body[:start].rstrip()
+    return body
+
+
+def asks(text: str) -> bool:
+    """Whether a record's text ends with a question (its last sentence ends with "?").
+
+    A trailing bracketed note, such as an image caption ``"[shares a photo of ...]"``, is
+    ignored. In conversation analysis a question opens an *adjacency pair* whose second part,
+    the answer, is the next turn (Schegloff & Sacks, 1973, "Opening up closings", §2).
+    """
+    return _body(text).endswith("?")
+
+
+def only_asks(text: str) -> bool:
+    """Whether every sentence of a record's text ends with "?" (a turn that only asks)."""
+    body = _body(text)
+    if not body.endswith("?"):  # cheap test first: most turns do not end with a question
+        return False
+    return all(part.endswith("?") for part in _SENTENCE_END.split(body) if part.strip())
+
 
 #: ``{id: (previous id, next id)}``, ``None`` where a record has no such neighbour.
 Neighbours = Mapping[str, tuple[str | None, str | None]]
@@ -130,12 +176,19 @@ def spread_context(
     previous_weight: float,
     next_weight: float,
     own_score_only: frozenset[str] = frozenset(),
+    questions: frozenset[str] = frozenset(),
+    after_question_weight: float | None = None,
+    question_only: frozenset[str] = frozenset(),
+    question_weight: float = 1.0,
 ) -> list[tuple[str, float]]:
     """Let records inherit a share of their neighbours' scores (conversation context).
 
     Scores are first shifted so that the lowest one is 0 (a record outside the ranking also
     counts 0). Then every record ``x`` of the ranking, and every neighbour named in
     ``neighbours``, scores ``s(x) + previous_weight * s(prev(x)) + next_weight * s(next(x))``.
+    A record whose previous record is in ``questions`` inherits ``after_question_weight``
+    of it instead (the answer of a question-answer pair), and a record in ``question_only``
+    keeps ``question_weight`` times its own score.
 
     Args:
         ranking: ``(id, score)`` pairs, higher = better.
@@ -147,6 +200,11 @@ def spread_context(
         own_score_only: Ids that keep their own score and inherit nothing (a chat
             assistant's replies: they restate, so they must match on their own; otherwise a
             short chat memory floods with replies next to a good match).
+        questions: Ids of records that end with a question (:func:`asks`).
+        after_question_weight: Share of a question's score the record after it inherits;
+            ``None``: ``previous_weight``.
+        question_only: Ids of records that only ask (:func:`only_asks`).
+        question_weight: Factor on the own score of the records in ``question_only``.
 
     Returns:
         ``(id, score)`` pairs, best first; ties keep ranking order, then discovery order.
@@ -169,16 +227,18 @@ def spread_context(
     order: dict[str, int] = {}
     for item in [*base, *before, *after]:
         order.setdefault(item, len(order))
-    scores = {
-        item: base.get(item, 0.0)
-        + (
-            0.0
-            if item in own_score_only
-            else previous_weight * base.get(before.get(item, ""), 0.0)
-            + next_weight * base.get(after.get(item, ""), 0.0)
+    answer_weight = previous_weight if after_question_weight is None else after_question_weight
+    scores: dict[str, float] = {}
+    for item in order:
+        own = base.get(item, 0.0) * (question_weight if item in question_only else 1.0)
+        if item in own_score_only:
+            scores[item] = own
+            continue
+        prev = before.get(item, "")
+        share = answer_weight if prev in questions else previous_weight
+        scores[item] = (
+            own + share * base.get(prev, 0.0) + next_weight * base.get(after.get(item, ""), 0.0)
         )
-        for item in order
-    }
     return sorted(scores.items(), key=lambda pair: (-pair[1], order[pair[0]]))
 
 
@@ -190,6 +250,14 @@ class ContextSpreading:
     ``previous_weight`` times the score of the record just before it and ``next_weight``
     times the one just after it (neighbours as in the module docstring). On LoCoMo dev raw
     turns this lifts R@5 from 0.58 to 0.66 (BENCHMARKS.md).
+
+    Questions and answers: a turn after a question (:func:`asks`) inherits
+    ``after_question_weight`` of it instead of ``previous_weight`` (the answer of the pair
+    is the next turn; Schegloff & Sacks, 1973, §2), and a turn that only asks
+    (:func:`only_asks`) keeps ``question_weight`` of its own score, unless the turn after it
+    is a reply that keeps its own score (``own_score_roles``: a chat assistant's answer cannot
+    inherit, so the user's question must still match on its own). On LoCoMo dev this
+    raises R@5 from 0.679 to 0.702 and R@10 from 0.775 to 0.791 (BENCHMARKS.md, third pass).
 
     Cost: one ``backend.adjacent`` call for the best ``depth`` candidates and one load of
     them and their neighbours (cached for the load stage).
@@ -204,6 +272,9 @@ class ContextSpreading:
         gap: Time gap linking records without a session id (:func:`linked`).
         own_score_roles: Records whose metadata ``role`` is one of these keep their own
             score (a chat assistant's replies restate; they must match on their own).
+        after_question_weight: Share of a question's score the record right after it
+            inherits; ``None``: ``previous_weight`` (no question rule).
+        question_weight: Factor (0 to 1) on the own score of a record that only asks.
     """
 
     previous_weight: float = 0.4
@@ -212,6 +283,8 @@ class ContextSpreading:
     kinds: tuple[str, ...] = ("turn",)
     gap: timedelta | None = DEFAULT_CONTEXT_GAP
     own_score_roles: tuple[str, ...] = ("assistant",)
+    after_question_weight: float | None = DEFAULT_AFTER_QUESTION_WEIGHT
+    question_weight: float = DEFAULT_QUESTION_WEIGHT
 
     name = "context"
 
@@ -223,6 +296,13 @@ class ContextSpreading:
             raise ConfigurationError("depth must be >= 1")
         if self.gap is not None and self.gap < timedelta(0):
             raise ConfigurationError("gap must be >= 0 or None")
+        answer = self.after_question_weight
+        if answer is not None and (
+            not isinstance(answer, (int, float)) or not answer >= 0 or answer == float("inf")
+        ):
+            raise ConfigurationError("after_question_weight must be a finite number >= 0 or None")
+        if not (isinstance(self.question_weight, (int, float)) and 0 <= self.question_weight <= 1):
+            raise ConfigurationError("question_weight must be a number from 0 to 1")
 
     def rerank(
         self, ranking: Ranking, request: RecallRequest, ctx: RecallContext
@@ -244,12 +324,32 @@ class ContextSpreading:
             for item, record in records.items()
             if record.metadata.get("role") in self.own_score_roles
         )
+        turns = {item: r for item, r in records.items() if r.kind in self.kinds}
+        asking = self.after_question_weight not in (None, self.previous_weight)
+        # A question answered by a reply that keeps its own score (an assistant's) is not
+        # demoted: its answer cannot inherit from it, so the question must match on its own.
+        answered_by: dict[str, str] = {}
+        for item, (prev_id, next_id) in kept.items():
+            if next_id is not None:
+                answered_by[item] = next_id
+            if prev_id is not None:
+                answered_by.setdefault(prev_id, item)
         return spread_context(
             ranking,
             kept,
             previous_weight=self.previous_weight,
             next_weight=self.next_weight,
             own_score_only=replies,
+            questions=frozenset(i for i, r in turns.items() if asking and asks(r.text)),
+            after_question_weight=self.after_question_weight,
+            question_only=frozenset(
+                i
+                for i, r in turns.items()
+                if self.question_weight != 1
+                and answered_by.get(i) not in replies
+                and only_asks(r.text)
+            ),
+            question_weight=self.question_weight,
         )
 
 

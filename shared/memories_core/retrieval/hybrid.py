@@ -22,7 +22,12 @@ from typing import Any, Literal
 
 from memories_core.errors import ConfigurationError, InvalidInputError
 from memories_core.interfaces import Embedder, Filter, RecordStore, VectorIndex
-from memories_core.retrieval.context import DEFAULT_CONTEXT_GAP, ContextSpreading
+from memories_core.retrieval.context import (
+    DEFAULT_AFTER_QUESTION_WEIGHT,
+    DEFAULT_CONTEXT_GAP,
+    DEFAULT_QUESTION_WEIGHT,
+    ContextSpreading,
+)
 from memories_core.retrieval.entity import DEFAULT_ENTITY_WEIGHT, EntityBoost
 from memories_core.retrieval.fusion import DEFAULT_MISSING_MARGIN, Fusion, Ranking
 from memories_core.retrieval.pipeline import (
@@ -87,6 +92,12 @@ class FusionConfig:
             (``None``: never).
         missing_margin: z-score fusion: how far below a ranking's weakest candidate an
             item it did not return is placed (> 0; defect 9).
+        after_question_weight: Context spreading: share of a question's score the record
+            right after it (the answer) inherits, instead of ``previous_context_weight``
+            (:class:`~memories_core.retrieval.context.ContextSpreading`); ``None`` = no
+            question rule.
+        question_weight: Context spreading: factor (0 to 1) on the own score of a record
+            that only asks (1 = no change).
         temporal_weight: Weight of :class:`~memories_core.retrieval.temporal.TemporalBoost`
             (a question naming a time boosts records written near it); 0 = off.
         entity_weight: Name weight of :class:`~memories_core.retrieval.entity.EntityBoost`
@@ -111,6 +122,8 @@ class FusionConfig:
     missing_margin: float = DEFAULT_MISSING_MARGIN
     temporal_weight: float = DEFAULT_TEMPORAL_WEIGHT
     entity_weight: float = DEFAULT_ENTITY_WEIGHT
+    after_question_weight: float | None = DEFAULT_AFTER_QUESTION_WEIGHT
+    question_weight: float = DEFAULT_QUESTION_WEIGHT
 
     def __post_init__(self) -> None:
         if self.method not in ("zscore", "rrf"):
@@ -140,6 +153,13 @@ class FusionConfig:
             raise ConfigurationError("context_gap must be >= 0 or None")
         if not (isinstance(self.missing_margin, (int, float)) and self.missing_margin > 0):
             raise ConfigurationError("missing_margin must be a number > 0")
+        answer = self.after_question_weight
+        if answer is not None and (
+            not isinstance(answer, (int, float)) or not math.isfinite(answer) or answer < 0
+        ):
+            raise ConfigurationError("after_question_weight must be a finite number >= 0 or None")
+        if not (isinstance(self.question_weight, (int, float)) and 0 <= self.question_weight <= 1):
+            raise ConfigurationError("question_weight must be a number from 0 to 1")
 
     @property
     def uses_context(self) -> bool:
@@ -182,6 +202,8 @@ class FusionConfig:
                     depth=self.context_depth,
                     kinds=self.context_kinds,
                     gap=self.context_gap,
+                    after_question_weight=self.after_question_weight,
+                    question_weight=self.question_weight,
                 ),
             )
         if self.temporal_weight > 0:

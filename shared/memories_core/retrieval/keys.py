@@ -11,8 +11,9 @@ better than the turn "I went to a LGBTQ support group yesterday", and the key br
 turn back.
 
 :class:`KeyedBackend` wraps any :class:`~memories_core.retrieval.RecallBackend` and does
-the mapping, per candidate source: every source asks the inner backend twice, once for the
-records themselves (key records excluded) and once among the keys; a key hit becomes a hit
+the mapping, per candidate source: every source asks the inner backend for the records
+themselves (key records excluded) and for the keys (the dense source in one index query
+when the backend has ``dense_many``: :class:`DenseMany`); a key hit becomes a hit
 of its target, which must exist, not be a key, and satisfy the request's filter (kinds and
 ``where`` apply to the target, never to the key). The target's score is the best of its own
 score and its keys' scores (``key_fusion="max"``) or its own plus ``key_weight`` times its
@@ -42,6 +43,7 @@ __all__ = [
     "DEFAULT_KEY_WEIGHT",
     "KEY_FOR",
     "SEARCH_KEY_KIND",
+    "DenseMany",
     "KeyLookup",
     "KeyedBackend",
     "check_keys",
@@ -130,6 +132,27 @@ class KeyLookup(Protocol):
 
     def has_kind(self, user_id: str, kind: str) -> bool:
         """Whether ``user_id`` has at least one record of ``kind``."""
+        ...
+
+
+@runtime_checkable
+class DenseMany(Protocol):
+    """Optional backend method: several filtered dense searches of one vector at once.
+
+    Each ranking must equal ``dense(vector, user_id=, depth=, where=where)``; a backend
+    whose index over-fetches and filters (Chroma) shares that over-fetch between the filters,
+    so the records and the keys of a recall cost one index query instead of two.
+    """
+
+    def dense_many(
+        self,
+        vector: npt.NDArray[np.float32],
+        *,
+        user_id: str,
+        depth: int,
+        wheres: Sequence[Where],
+    ) -> list[Ranking]:
+        """One ranking per filter of ``wheres``."""
         ...
 
 
@@ -236,10 +259,14 @@ class KeyedBackend:
         """Nearest records, a key hit counting for its target."""
         if not self.has_keys(user_id):
             return self.inner.dense(vector, user_id=user_id, depth=depth, where=where)
-        own = self.inner.dense(vector, user_id=user_id, depth=depth, where=_excluding_keys(where))
-        keys = self.inner.dense(
-            vector, user_id=user_id, depth=depth, where={"kind": SEARCH_KEY_KIND}
-        )
+        wheres = (_excluding_keys(where), {"kind": SEARCH_KEY_KIND})
+        if isinstance(self.inner, DenseMany):
+            own, keys = self.inner.dense_many(vector, user_id=user_id, depth=depth, wheres=wheres)
+        else:
+            own, keys = (
+                self.inner.dense(vector, user_id=user_id, depth=depth, where=part)
+                for part in wheres
+            )
         return list(self._merge(own, keys, user_id, where))[:depth]
 
     def lexical(self, query: str, *, user_id: str, depth: int, where: Where | None) -> Ranking:

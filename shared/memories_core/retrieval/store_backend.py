@@ -100,6 +100,29 @@ class StoreBackend:
             depth,
         )
 
+    def dense_many(
+        self,
+        vector: npt.NDArray[np.float32],
+        *,
+        user_id: str,
+        depth: int,
+        wheres: Sequence[Where],
+    ) -> list[Ranking]:
+        """:meth:`dense` once per filter of ``wheres`` (search keys: records, then keys).
+
+        One index query serves every filter when the index has ``search_many`` (the Chroma
+        index) and no filter needs a query per kind; each ranking equals :meth:`dense`'s.
+        """
+        search_many = getattr(self.index, "search_many", None)
+        if not callable(search_many) or any(
+            not where or len(split_kinds(where)) != 1 for where in wheres
+        ):
+            return [self.dense(vector, user_id=user_id, depth=depth, where=w) for w in wheres]
+        if self.before_search is not None:
+            self.before_search()
+        found = search_many(vector, user_id=user_id, k=depth, wheres=list(wheres))
+        return [list(ranking)[:depth] for ranking in found]
+
     def lexical(self, query: str, *, user_id: str, depth: int, where: Where | None) -> Ranking:
         """BM25 matches of ``user_id`` (one store query per kind of a ``kinds`` request)."""
         return merge_rankings(
