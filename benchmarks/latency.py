@@ -713,6 +713,19 @@ def worker_ours(args: argparse.Namespace, persistent: bool) -> dict[str, Any]:
         funcs["hybrid, previous default"] = lambda q: memory.engine.search(
             q, TARGET, k=K, kinds=["turn"], fusion=previous
         )
+    if args.late_interaction:
+        from dataclasses import replace as replaced
+
+        from memories_core.retrieval import FusionConfig
+        from memories_core.retrieval.late_interaction import late_interaction_reranker
+
+        # The default pipeline + the optional late-interaction reranker; its token-vector
+        # cache starts empty, so a query pays for the candidates no earlier query ranked.
+        base = FusionConfig().pipeline()
+        late = replaced(base, rerankers=(*base.rerankers, late_interaction_reranker()))
+        funcs["hybrid + late interaction"] = lambda q: memory.engine.search(
+            q, TARGET, k=K, kinds=["turn"], pipeline=late
+        )
     funcs.update({mode: search(cast(SearchMode, mode)) for mode in args.modes if mode != "hybrid"})
     if not persistent:
         funcs["embed_query"] = embedder.embed_query
@@ -724,7 +737,7 @@ def worker_ours(args: argparse.Namespace, persistent: bool) -> dict[str, Any]:
         if name == "embed_query":
             return []
         hits = result.records if name == "hybrid" else result
-        if name == "hybrid, previous default":
+        if name in ("hybrid, previous default", "hybrid + late interaction"):
             hits = result
         leaks += sum(hit.record.user_id != TARGET for hit in hits)
         return [hit.record.text for hit in hits]
@@ -1001,6 +1014,7 @@ def orchestrate(args: argparse.Namespace) -> None:
                     str(args.torch_threads),
                     *(["--cached-vectors"] if args.cached_vectors else []),
                     *(["--previous-default"] if args.previous_default else []),
+                    *(["--late-interaction"] if args.late_interaction else []),
                     "--modes",
                     ",".join(args.modes),
                 ]
@@ -1059,6 +1073,8 @@ LABELS = {
     ("ours-persistent", "hybrid"): "ours path= (SQLite+Chroma), hybrid recall",
     ("ours-persistent", "hybrid, previous default"): "ours path=, recall with the pre-issue-9 "
     "default pipeline (interleaved)",
+    ("ours-persistent", "hybrid + late interaction"): "ours path=, recall + the optional "
+    "late-interaction reranker (cold token-vector cache, interleaved)",
     ("ours-persistent", "dense"): "ours path=, dense search",
     ("ours-persistent", "lexical"): "ours path=, lexical search",
     ("ours-memory", "hybrid"): "ours in-memory (SQLite+numpy), hybrid recall",
@@ -1307,6 +1323,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--previous-default",
         action="store_true",
         help="also time recall with the pre-issue-9 default pipeline, interleaved",
+    )
+    parser.add_argument(
+        "--late-interaction",
+        action="store_true",
+        help="also time recall with the optional late-interaction reranker, interleaved",
     )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--size", type=int, help=argparse.SUPPRESS)

