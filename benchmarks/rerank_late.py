@@ -426,7 +426,7 @@ def report_lines(name: str, cv: dict[str, Any]) -> list[str]:
     ]
     for cell, value in cv["cells"].items():
         variant, candidates, weight = cell.split(" | ")
-        if weight in ("0.3", "0.5", "1.0"):
+        if weight in ("0.3", "0.5", "0.7", "1.0"):
             lines.append(
                 f"| {variant} | {candidates} | {weight} | {value['R@5']:.3f} | "
                 f"{value['R@10']:.3f} | {value['S@10']:.3f} |"

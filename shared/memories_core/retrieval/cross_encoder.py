@@ -540,7 +540,12 @@ def cross_encoder_reranker(
     Args:
         scorer: A pair scorer; ``None`` builds :class:`OnnxCrossEncoder` over the bundled
             ms-marco-MiniLM-L-12-v2 with ``max_length`` and ``threads``.
-        candidates: Head of the fused ranking re-scored.
+        candidates: Head of the fused ranking re-scored. 20 keeps most of the gain of 30
+            at about 0.6 of the cost (R@5 +0.034 / R@10 +0.030 against +0.037 / +0.028 on
+            LoCoMo dev with captions; 64-piece pairs lose most of the R@10 gain; BENCHMARKS.md,
+            "Late-interaction reranking and cheaper cross-encoder settings"). The
+            late-interaction reranker (:mod:`memories_core.retrieval.late_interaction`)
+            gains more at a fraction of the cost once its vectors are cached.
         weight: Weight of the cross-encoder in the blend (1 = its order alone).
         max_length: Word pieces per pair (bundled scorer only).
         threads: ``onnxruntime`` threads (bundled scorer only).

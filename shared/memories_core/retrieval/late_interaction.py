@@ -88,6 +88,7 @@ __all__ = [
     "TokenVectorCache",
     "bundled_colbert_dir",
     "late_interaction_reranker",
+    "maxsim",
 ]
 
 #: Candidates of the fused ranking re-scored per recall. This, the weight, ``context`` and
@@ -104,7 +105,8 @@ DEFAULT_LATE_CONTEXT = True
 #: Whether ColBERT's ``[Q]``/``[D]`` markers are used. Without the model's projection the
 #: markers did not help (every fold chose none).
 DEFAULT_LATE_MARKERS = False
-#: Bytes of token vectors a default cache keeps (float16; about 2,000 records of 40 pieces).
+#: Bytes of token vectors a default cache keeps: float16, about 56 KB per LoCoMo turn encoded
+#: with its previous turn (~73 word pieces x 384), so about 1,150 records.
 DEFAULT_CACHE_BYTES = 64 * 1024 * 1024
 #: The name the bundled model's vectors are tagged with.
 BUNDLED_COLBERT_NAME = "answerai-colbert-small-v1 (int8 onnx, 384-d hidden states)"
