@@ -721,6 +721,19 @@ def worker_ours(args: argparse.Namespace, persistent: bool) -> dict[str, Any]:
         funcs["hybrid, without question rule"] = lambda q: memory.engine.search(
             q, TARGET, k=K, kinds=["turn"], fusion=plain
         )
+    if args.late_interaction:
+        from dataclasses import replace as replaced
+
+        from memories_core.retrieval import FusionConfig
+        from memories_core.retrieval.late_interaction import late_interaction_reranker
+
+        # The default pipeline + the optional late-interaction reranker; its token-vector
+        # cache starts empty, so a query pays for the candidates no earlier query ranked.
+        base = FusionConfig().pipeline()
+        late = replaced(base, rerankers=(*base.rerankers, late_interaction_reranker()))
+        funcs["hybrid + late interaction"] = lambda q: memory.engine.search(
+            q, TARGET, k=K, kinds=["turn"], pipeline=late
+        )
     funcs.update({mode: search(cast(SearchMode, mode)) for mode in args.modes if mode != "hybrid"})
     if not persistent:
         funcs["embed_query"] = embedder.embed_query
@@ -732,7 +745,11 @@ def worker_ours(args: argparse.Namespace, persistent: bool) -> dict[str, Any]:
         if name == "embed_query":
             return []
         hits = result.records if name == "hybrid" else result
-        if name in ("hybrid, previous default", "hybrid, without question rule"):
+        if name in (
+            "hybrid, previous default",
+            "hybrid, without question rule",
+            "hybrid + late interaction",
+        ):
             hits = result
         leaks += sum(hit.record.user_id != TARGET for hit in hits)
         return [hit.record.text for hit in hits]
@@ -1010,6 +1027,7 @@ def orchestrate(args: argparse.Namespace) -> None:
                     *(["--cached-vectors"] if args.cached_vectors else []),
                     *(["--previous-default"] if args.previous_default else []),
                     *(["--without-question-rule"] if args.without_question_rule else []),
+                    *(["--late-interaction"] if args.late_interaction else []),
                     "--modes",
                     ",".join(args.modes),
                 ]
@@ -1070,6 +1088,8 @@ LABELS = {
     "default pipeline (interleaved)",
     ("ours-persistent", "hybrid, without question rule"): "ours path=, recall without the "
     "question-answer context rule (interleaved)",
+    ("ours-persistent", "hybrid + late interaction"): "ours path=, recall + the optional "
+    "late-interaction reranker (cold token-vector cache, interleaved)",
     ("ours-persistent", "dense"): "ours path=, dense search",
     ("ours-persistent", "lexical"): "ours path=, lexical search",
     ("ours-memory", "hybrid"): "ours in-memory (SQLite+numpy), hybrid recall",
@@ -1323,6 +1343,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--without-question-rule",
         action="store_true",
         help="also time recall without the question-answer context rule, interleaved",
+    )
+    parser.add_argument(
+        "--late-interaction",
+        action="store_true",
+        help="also time recall with the optional late-interaction reranker, interleaved",
     )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--size", type=int, help=argparse.SUPPRESS)

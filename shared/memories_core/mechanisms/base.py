@@ -129,7 +129,7 @@ class MemoryBase:
                 on_turns=self._turn_jobs,
                 on_session_end=self._session_jobs,
                 run_job=self._run_job,
-                on_delete_user=self._on_delete_user,
+                on_delete_user=self._delete_user_data,
             )
         )
 
@@ -200,6 +200,7 @@ class MemoryBase:
     def clear(self, scope: Scope) -> None:
         """Forget ``scope.user_id``'s memories: one session's if ``scope.session_id`` is set."""
         self.engine.clear(scope)
+        self._forget_pipeline_caches(scope.user_id)
 
     def end_session(self, scope: Scope) -> None:
         """End the user's session: mechanisms that summarise sessions derive their records now.
@@ -310,6 +311,21 @@ class MemoryBase:
 
     def _on_delete_user(self, user_id: str) -> None:
         """Remove what this memory keeps of ``user_id`` outside the engine (hook)."""
+
+    def _forget_pipeline_caches(self, user_id: str) -> None:
+        """Drop what this memory's pipeline stages cache of ``user_id``.
+
+        E.g. the token vectors of
+        :class:`~memories_core.retrieval.late_interaction.LateInteractionReranker`.
+        """
+        for stage in self.pipeline.rerankers if self.pipeline is not None else ():
+            forget = getattr(stage, "forget_user", None)
+            if callable(forget):
+                forget(user_id)
+
+    def _delete_user_data(self, user_id: str) -> None:
+        self._forget_pipeline_caches(user_id)
+        self._on_delete_user(user_id)
 
     def _render(self, hits: Sequence[ScoredRecord]) -> str:
         """Render recalled records as one prompt block (hook); one record a line."""

@@ -414,6 +414,38 @@ class SentenceTransformersCrossEncoder:
         ]
 
 
+def context_pair_texts(
+    head: Sequence[str],
+    records: Mapping[str, MemoryRecord],
+    request: RecallRequest,
+    ctx: RecallContext,
+    context: bool,
+    gap: timedelta | None,
+) -> list[str]:
+    """The text each record of ``head`` is scored with by a reranker.
+
+    Without ``context`` a record's own text; with it, ``"<previous text> <its text>"`` when
+    the record has a preceding neighbour by the rule of context spreading (same kind, same
+    session or within ``gap``; :mod:`memories_core.retrieval.context`).
+    """
+    texts = [records[item].text for item in head]
+    if not context:
+        return texts
+    links = ctx.adjacent(head, user_id=request.user_id, gap=gap)
+    previous: dict[str, str] = {}
+    for item in head:
+        before = links.get(item, (None, None))[0]
+        if before:
+            previous[item] = before
+    found = ctx.load(list(dict.fromkeys(previous.values())), user_id=request.user_id)
+    return [
+        f"{found[previous[item]].text} {text}"
+        if item in previous and previous[item] in found
+        else text
+        for item, text in zip(head, texts, strict=True)
+    ]
+
+
 def _unit(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
     span = float(values.max() - values.min()) if len(values) else 0.0
     return (values - values.min()) / span if span > 0 else np.ones_like(values)
@@ -461,22 +493,7 @@ class BlendedCrossEncoderReranker:
         ctx: RecallContext,
     ) -> list[str]:
         """The text each candidate of ``head`` is scored with (see ``context``)."""
-        texts = [records[item].text for item in head]
-        if not self.context:
-            return texts
-        links = ctx.adjacent(head, user_id=request.user_id, gap=self.context_gap)
-        previous: dict[str, str] = {}
-        for item in head:
-            before = links.get(item, (None, None))[0]
-            if before:
-                previous[item] = before
-        found = ctx.load(list(dict.fromkeys(previous.values())), user_id=request.user_id)
-        return [
-            f"{found[previous[item]].text} {text}"
-            if item in previous and previous[item] in found
-            else text
-            for item, text in zip(head, texts, strict=True)
-        ]
+        return context_pair_texts(head, records, request, ctx, self.context, self.context_gap)
 
     def __post_init__(self) -> None:
         _positive_int("candidates", self.candidates)
@@ -523,7 +540,12 @@ def cross_encoder_reranker(
     Args:
         scorer: A pair scorer; ``None`` builds :class:`OnnxCrossEncoder` over the bundled
             ms-marco-MiniLM-L-12-v2 with ``max_length`` and ``threads``.
-        candidates: Head of the fused ranking re-scored.
+        candidates: Head of the fused ranking re-scored. 20 keeps most of the gain of 30
+            at about 0.6 of the cost (R@5 +0.034 / R@10 +0.030 against +0.037 / +0.028 on
+            LoCoMo dev with captions; 64-piece pairs lose most of the R@10 gain; BENCHMARKS.md,
+            "Late-interaction reranking and cheaper cross-encoder settings"). The
+            late-interaction reranker (:mod:`memories_core.retrieval.late_interaction`)
+            gains more at a fraction of the cost once its vectors are cached.
         weight: Weight of the cross-encoder in the blend (1 = its order alone).
         max_length: Word pieces per pair (bundled scorer only).
         threads: ``onnxruntime`` threads (bundled scorer only).

