@@ -139,7 +139,8 @@ def pair_text(stage: dict[str, Any], sid: str, item: str, context: bool) -> str:
 
 def late_scores(args: argparse.Namespace, stage: dict[str, Any]) -> dict[str, list[list[float]]]:
     """MaxSim of the top 30 per question, per (markers, augment, context) variant."""
-    cache = args.out / "cache" / f"rerank_late_scores_{args.first_stage}.pkl"
+    suffix = "" if HEAD == 30 else f"_{HEAD}"
+    cache = args.out / "cache" / f"rerank_late_scores_{args.first_stage}{suffix}.pkl"
     found: dict[str, list[list[float]]] = pickle.loads(cache.read_bytes()) if cache.exists() else {}
     rows = stage["rows"]
     for markers, augment in args.late_variants:
@@ -443,6 +444,7 @@ def report_lines(name: str, cv: dict[str, Any]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    global HEAD, CANDIDATES
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=lr.DEFAULT_DATA)
     parser.add_argument("--out", type=Path, default=lr.OUT)
@@ -458,6 +460,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="time the query's embedding too (otherwise query vectors come from the cache)",
     )
     parser.add_argument("--name", default="", help="suffix of the output files")
+    parser.add_argument(
+        "--candidates",
+        type=lambda text: tuple(int(part) for part in text.split(",")),
+        default=CANDIDATES,
+        help="candidate counts in the CV grid, e.g. 10,20,30,40,50 (the largest is re-scored)",
+    )
     parser.add_argument(
         "--late-variants",
         type=lambda text: [
@@ -475,6 +483,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="cross-encoder settings timed: LENGTHxCANDIDATESxTHREADS,...",
     )
     args = parser.parse_args(argv)
+    CANDIDATES = tuple(sorted(args.candidates))
+    HEAD = max(CANDIDATES)
 
     conversations = load_locomo(args.data)
     stage = first_stage(args, conversations)
