@@ -152,33 +152,12 @@ class OnnxEmbedder(BaseEmbedder):
     def _load(self) -> tuple[onnxruntime.InferenceSession, Tokenizer]:
         with self._load_lock:
             if self._session is None or self._tokenizer is None:
-                from memories_core.retrieval.cross_encoder import (
-                    CrossEncoderModelMissing,
-                    require_rerank_extra,
-                )
+                from memories_core.retrieval.cross_encoder import load_onnx_encoder
 
-                ort = require_rerank_extra("onnxruntime")
-                tokenizers = require_rerank_extra("tokenizers")
-                folder = self.model_dir
-                model, vocab = folder / "model.onnx", folder / "tokenizer.json"
-                if not model.is_file() or not vocab.is_file():
-                    raise CrossEncoderModelMissing(
-                        f"{folder} must hold model.onnx and tokenizer.json"
-                    )
-                tokenizer = tokenizers.Tokenizer.from_file(str(vocab))
-                tokenizer.enable_truncation(max_length=self.max_length)
-                tokenizer.no_padding()
-                options = ort.SessionOptions()
-                options.intra_op_num_threads = self.threads
-                options.inter_op_num_threads = 1
-                options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-                session = ort.InferenceSession(
-                    str(model), options, providers=["CPUExecutionProvider"]
-                )
-                self._inputs = tuple(i.name for i in session.get_inputs())
-                if "input_ids" not in self._inputs:
-                    raise CrossEncoderModelMissing(f"{model} has no input_ids input")
-                self._tokenizer, self._session = tokenizer, session
+                loaded = load_onnx_encoder(self.model_dir, threads=self.threads, special=())
+                loaded.tokenizer.enable_truncation(max_length=self.max_length)
+                self._inputs = loaded.inputs
+                self._tokenizer, self._session = loaded.tokenizer, loaded.session
             return self._session, self._tokenizer
 
     def _embed(self, texts: list[str]) -> npt.NDArray[np.float32]:

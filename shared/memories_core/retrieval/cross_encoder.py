@@ -150,6 +150,59 @@ def bundled_model_dir() -> Path:
     return find_bundled_onnx(BUNDLED_FOLDER, "cross-encoder (ms-marco-MiniLM-L-12-v2)")
 
 
+@dataclass(frozen=True)
+class LoadedOnnx:
+    """An ONNX encoder ready to run: its session, tokenizer, input names and special ids."""
+
+    session: onnxruntime.InferenceSession
+    tokenizer: Tokenizer
+    inputs: tuple[str, ...]
+    special: dict[str, int]
+
+
+def load_onnx_encoder(folder: Path, *, threads: int, special: Sequence[str]) -> LoadedOnnx:
+    """Load ``model.onnx`` + ``tokenizer.json`` from ``folder`` for CPU inference.
+
+    One loader for every ONNX model of the ``rerank`` extra (the cross-encoder, the
+    late-interaction encoder, the bge embedder). The tokenizer comes back without truncation
+    or padding (callers cut and pad themselves); the session uses ``threads`` intra-op
+    threads, one inter-op thread and every graph optimisation.
+
+    Args:
+        folder: The model folder.
+        threads: onnxruntime intra-op threads.
+        special: Tokens that must be in the vocabulary (e.g. ``"[CLS]"``); their ids are
+            returned in ``special``.
+
+    Raises:
+        MissingExtraError: if onnxruntime or tokenizers is not installed.
+        CrossEncoderModelMissing: if a file, a special token or the ``input_ids`` input is
+            missing.
+    """
+    ort = require_rerank_extra("onnxruntime")
+    tokenizers = require_rerank_extra("tokenizers")
+    model, vocab = folder / "model.onnx", folder / "tokenizer.json"
+    if not model.is_file() or not vocab.is_file():
+        raise CrossEncoderModelMissing(f"{folder} must hold model.onnx and tokenizer.json")
+    tokenizer = tokenizers.Tokenizer.from_file(str(vocab))
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    ids = {token: tokenizer.token_to_id(token) for token in special}
+    if any(value is None for value in ids.values()):
+        raise CrossEncoderModelMissing(
+            f"{vocab} is not a BERT word-piece tokenizer ({', '.join(special)} needed)"
+        )
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    inputs = tuple(i.name for i in session.get_inputs())
+    if "input_ids" not in inputs:
+        raise CrossEncoderModelMissing(f"{model} has no input_ids input")
+    return LoadedOnnx(session=session, tokenizer=tokenizer, inputs=inputs, special=ids)
+
+
 def _positive_int(label: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigurationError(f"{label} must be a positive int, got {value!r}")
@@ -225,31 +278,14 @@ class OnnxCrossEncoder:
         with self._lock:
             if self._session is not None:
                 return
-            ort = require_rerank_extra("onnxruntime")
-            tokenizers = require_rerank_extra("tokenizers")
-            folder = self.model_dir
-            model, vocab = folder / "model.onnx", folder / "tokenizer.json"
-            if not model.is_file() or not vocab.is_file():
-                raise CrossEncoderModelMissing(f"{folder} must hold model.onnx and tokenizer.json")
-            tokenizer = tokenizers.Tokenizer.from_file(str(vocab))
-            tokenizer.no_truncation()
-            tokenizer.no_padding()
-            ids = {t: tokenizer.token_to_id(t) for t in ("[CLS]", "[SEP]", "[PAD]")}
-            if any(value is None for value in ids.values()):
-                raise CrossEncoderModelMissing(
-                    f"{vocab} is not a BERT word-piece tokenizer ([CLS]/[SEP]/[PAD] missing)"
-                )
-            options = ort.SessionOptions()
-            options.intra_op_num_threads = self.threads
-            options.inter_op_num_threads = 1
-            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-            session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
-            self._inputs = tuple(i.name for i in session.get_inputs())
-            if "input_ids" not in self._inputs:
-                raise CrossEncoderModelMissing(f"{model} has no input_ids input")
+            loaded = load_onnx_encoder(
+                self.model_dir, threads=self.threads, special=("[CLS]", "[SEP]", "[PAD]")
+            )
+            self._inputs = loaded.inputs
+            ids = loaded.special
             self._cls, self._sep, self._pad = ids["[CLS]"], ids["[SEP]"], ids["[PAD]"]
-            self._tokenizer = tokenizer
-            self._session = session
+            self._tokenizer = loaded.tokenizer
+            self._session = loaded.session
 
     def _pieces(self, texts: Sequence[str]) -> list[list[int]]:
         """Word-piece ids of ``texts`` (no special tokens), cut to ``max_length``; cached."""

@@ -63,9 +63,9 @@ import numpy.typing as npt
 from memories_core.errors import ConfigurationError, InvalidInputError
 from memories_core.retrieval.context import DEFAULT_CONTEXT_GAP
 from memories_core.retrieval.cross_encoder import (
-    CrossEncoderModelMissing,
     context_pair_texts,
     find_bundled_onnx,
+    load_onnx_encoder,
     require_rerank_extra,
 )
 from memories_core.retrieval.fusion import Ranking
@@ -229,32 +229,15 @@ class OnnxLateInteractionEncoder:
         with self._lock:
             if self._session is not None:
                 return
-            ort = require_rerank_extra("onnxruntime")
-            tokenizers = require_rerank_extra("tokenizers")
-            folder = self.model_dir
-            model, vocab = folder / "model.onnx", folder / "tokenizer.json"
-            if not model.is_file() or not vocab.is_file():
-                raise CrossEncoderModelMissing(f"{folder} must hold model.onnx and tokenizer.json")
-            tokenizer = tokenizers.Tokenizer.from_file(str(vocab))
-            tokenizer.no_truncation()
-            tokenizer.no_padding()
-            names = ("[CLS]", "[SEP]", "[MASK]", _QUERY_MARKER, _DOC_MARKER)
-            special = {t: tokenizer.token_to_id(t) for t in names}
-            if any(value is None for value in special.values()):
-                raise CrossEncoderModelMissing(
-                    f"{vocab} is not a BERT word-piece tokenizer ({', '.join(names)} needed)"
-                )
-            options = ort.SessionOptions()
-            options.intra_op_num_threads = self.threads
-            options.inter_op_num_threads = 1
-            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-            session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
-            self._inputs = tuple(i.name for i in session.get_inputs())
-            if "input_ids" not in self._inputs:
-                raise CrossEncoderModelMissing(f"{model} has no input_ids input")
-            self._special = special
-            self._tokenizer = tokenizer
-            self._session = session
+            loaded = load_onnx_encoder(
+                self.model_dir,
+                threads=self.threads,
+                special=("[CLS]", "[SEP]", "[MASK]", _QUERY_MARKER, _DOC_MARKER),
+            )
+            self._inputs = loaded.inputs
+            self._special = loaded.special
+            self._tokenizer = loaded.tokenizer
+            self._session = loaded.session
 
     def _encode(
         self, text: str, marker: str, length: int, pad_mask: bool
