@@ -487,6 +487,32 @@ def _unit(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
     return (values - values.min()) / span if span > 0 else np.ones_like(values)
 
 
+def blend_head(
+    items: Sequence[str],
+    scores: Mapping[str, float],
+    head: Sequence[str],
+    values: Sequence[float],
+    weight: float,
+) -> Ranking:
+    """Re-order ``head`` by ``weight * model + (1 - weight) * fused``, both min-max scaled.
+
+    The second-stage blend shared by the cross-encoder and the late-interaction reranker:
+    ``values`` are the model's scores of ``head`` (a prefix of ``items``, the fused order,
+    minus records that could not be loaded), ``scores`` the fused scores. Ties keep the fused
+    order. The head's blended scores lie in [0, 1]; every other item follows below them, in
+    its fused order, so a smaller ``k`` still reads a prefix of a larger one.
+    """
+    mixed = weight * _unit(np.array(values, dtype=np.float64)) + (1 - weight) * _unit(
+        np.array([float(scores[i]) for i in head], dtype=np.float64)
+    )
+    position = {item: i for i, item in enumerate(head)}
+    block = sorted(zip(head, mixed.tolist(), strict=True), key=lambda p: (-p[1], position[p[0]]))
+    chosen = set(head)
+    rest = [item for item in items if item not in chosen]
+    tail = [(item, -1.0 - i) for i, item in enumerate(rest)]
+    return [(item, float(value)) for item, value in block] + tail
+
+
 @dataclass(frozen=True)
 class BlendedCrossEncoderReranker:
     """Reranker: blend a cross-encoder's scores with the fused scores of the head.
@@ -548,18 +574,7 @@ class BlendedCrossEncoderReranker:
         values = [float(v) for v in self.score(request.query, texts)]
         if len(values) != len(head):
             raise ConfigurationError(f"scorer returned {len(values)} scores for {len(head)}")
-        mixed = self.weight * _unit(np.array(values, dtype=np.float64)) + (1 - self.weight) * _unit(
-            np.array([float(scores[i]) for i in head], dtype=np.float64)
-        )
-        position = {item: i for i, item in enumerate(head)}
-        block = sorted(
-            zip(head, mixed.tolist(), strict=True), key=lambda p: (-p[1], position[p[0]])
-        )
-        chosen = set(head)
-        rest = [item for item in items if item not in chosen]
-        # The block's blended scores lie in [0, 1]; the rest follow below, order kept.
-        tail = [(item, -1.0 - i) for i, item in enumerate(rest)]
-        return [(item, float(value)) for item, value in block] + tail
+        return blend_head(items, scores, head, values, self.weight)
 
 
 def cross_encoder_reranker(

@@ -63,6 +63,7 @@ import numpy.typing as npt
 from memories_core.errors import ConfigurationError, InvalidInputError
 from memories_core.retrieval.context import DEFAULT_CONTEXT_GAP
 from memories_core.retrieval.cross_encoder import (
+    blend_head,
     context_pair_texts,
     find_bundled_onnx,
     load_onnx_encoder,
@@ -373,11 +374,6 @@ def maxsim(query: npt.NDArray[np.float32], text: npt.NDArray[np.floating]) -> fl
     return float((query @ np.asarray(text, dtype=np.float32).T).max(axis=1).sum())
 
 
-def _unit(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-    span = float(values.max() - values.min()) if len(values) else 0.0
-    return (values - values.min()) / span if span > 0 else np.ones_like(values)
-
-
 @dataclass(frozen=True)
 class LateInteractionReranker:
     """Reranker: blend MaxSim over cached token vectors with the fused scores of the head.
@@ -445,17 +441,7 @@ class LateInteractionReranker:
         texts = context_pair_texts(head, records, request, ctx, self.context, self.context_gap)
         query = np.asarray(self.encoder.encode_query(request.query), dtype=np.float32)
         values = [maxsim(query, rows) for rows in self.vectors(request.user_id, head, texts)]
-        mixed = self.weight * _unit(np.array(values, dtype=np.float64)) + (1 - self.weight) * _unit(
-            np.array([float(scores[i]) for i in head], dtype=np.float64)
-        )
-        position = {item: i for i, item in enumerate(head)}
-        block = sorted(
-            zip(head, mixed.tolist(), strict=True), key=lambda p: (-p[1], position[p[0]])
-        )
-        chosen = set(head)
-        rest = [item for item in items if item not in chosen]
-        tail = [(item, -1.0 - i) for i, item in enumerate(rest)]
-        return [(item, float(value)) for item, value in block] + tail
+        return blend_head(items, scores, head, values, self.weight)
 
     def forget_user(self, user_id: str) -> None:
         """Drop every cached vector of ``user_id`` (called by a mechanism's ``delete_user``)."""
