@@ -67,6 +67,8 @@ WEIGHTS = (0.2, 0.3, 0.4, 0.5, 0.7, 1.0)
 LATE_VARIANTS = ((False, False), (True, False), (True, True))
 CE_LENGTHS = (64, 96)
 METRICS = ("R@5", "R@10", "S@10")
+#: What each fold maximises (the mean of these metrics on the training conversations).
+OBJECTIVE: tuple[str, ...] = ("R@5", "R@10")
 
 
 def unit(values: Sequence[float]) -> npt.NDArray[np.float64]:
@@ -248,9 +250,7 @@ def cross_validate(
     held_rows: list[tuple[str, int, dict[str, float]]] = []
     for fold in convs:
         train = everything - {fold}
-        best = max(
-            grid, key=lambda cell: sum(mean(scored[cell], train)[m] for m in ("R@5", "R@10"))
-        )
+        best = max(grid, key=lambda cell: sum(mean(scored[cell], train)[m] for m in OBJECTIVE))
         counts[f"{best[0]}, {best[1]} candidates, weight {best[2]}"] += 1
         held_rows += [r for r in scored[best] if r[0] == fold]
         folds[fold] = {
@@ -443,8 +443,16 @@ def report_lines(name: str, cv: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def parse_objective(text: str) -> list[str]:
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [part for part in parts if part not in METRICS]
+    if unknown or not parts:
+        raise argparse.ArgumentTypeError(f"metrics must be among {', '.join(METRICS)}: {text!r}")
+    return parts
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    global HEAD, CANDIDATES
+    global HEAD, CANDIDATES, OBJECTIVE
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=lr.DEFAULT_DATA)
     parser.add_argument("--out", type=Path, default=lr.OUT)
@@ -460,6 +468,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="time the query's embedding too (otherwise query vectors come from the cache)",
     )
     parser.add_argument("--name", default="", help="suffix of the output files")
+    parser.add_argument(
+        "--objective",
+        type=parse_objective,
+        default=list(OBJECTIVE),
+        help="metrics each CV fold maximises, e.g. R@5,R@10,S@10",
+    )
     parser.add_argument(
         "--candidates",
         type=lambda text: tuple(int(part) for part in text.split(",")),
@@ -483,6 +497,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="cross-encoder settings timed: LENGTHxCANDIDATESxTHREADS,...",
     )
     args = parser.parse_args(argv)
+    OBJECTIVE = tuple(args.objective)
     CANDIDATES = tuple(sorted(args.candidates))
     HEAD = max(CANDIDATES)
 
