@@ -313,15 +313,9 @@ class MemoryBase:
         """Remove what this memory keeps of ``user_id`` outside the engine (hook)."""
 
     def _forget_pipeline_caches(self, user_id: str) -> None:
-        """Drop what this memory's pipeline stages cache of ``user_id``.
-
-        E.g. the token vectors of
-        :class:`~memories_core.retrieval.late_interaction.LateInteractionReranker`.
-        """
-        for stage in self.pipeline.rerankers if self.pipeline is not None else ():
-            forget = getattr(stage, "forget_user", None)
-            if callable(forget):
-                forget(user_id)
+        """Drop what this memory's pipeline stages cache of ``user_id``."""
+        if self.pipeline is not None:
+            self.pipeline.forget_user(user_id)
 
     def _delete_user_data(self, user_id: str) -> None:
         self._forget_pipeline_caches(user_id)

@@ -23,6 +23,7 @@ pipeline").
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ __all__ = [
     "Neighbours",
     "adjacent_rows",
     "asks",
+    "check_question_weights",
     "linked",
     "only_asks",
     "rows_of",
@@ -68,6 +70,26 @@ DEFAULT_AFTER_QUESTION_WEIGHT = 0.8
 DEFAULT_QUESTION_WEIGHT = 0.5
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def check_question_weights(after_question_weight: object, question_weight: object) -> None:
+    """Validate the question rule's two knobs (:class:`ContextSpreading`, ``FusionConfig``).
+
+    Raises:
+        ConfigurationError: unless ``after_question_weight`` is ``None`` or a finite number
+            >= 0 and ``question_weight`` a number from 0 to 1.
+    """
+    answer = after_question_weight
+    if answer is not None and (
+        isinstance(answer, bool)
+        or not isinstance(answer, (int, float))
+        or not math.isfinite(answer)
+        or answer < 0
+    ):
+        raise ConfigurationError("after_question_weight must be a finite number >= 0 or None")
+    weight = question_weight
+    if isinstance(weight, bool) or not (isinstance(weight, (int, float)) and 0 <= weight <= 1):
+        raise ConfigurationError("question_weight must be a number from 0 to 1")
 
 
 def _body(text: str) -> str:
@@ -296,13 +318,7 @@ class ContextSpreading:
             raise ConfigurationError("depth must be >= 1")
         if self.gap is not None and self.gap < timedelta(0):
             raise ConfigurationError("gap must be >= 0 or None")
-        answer = self.after_question_weight
-        if answer is not None and (
-            not isinstance(answer, (int, float)) or not answer >= 0 or answer == float("inf")
-        ):
-            raise ConfigurationError("after_question_weight must be a finite number >= 0 or None")
-        if not (isinstance(self.question_weight, (int, float)) and 0 <= self.question_weight <= 1):
-            raise ConfigurationError("question_weight must be a number from 0 to 1")
+        check_question_weights(self.after_question_weight, self.question_weight)
 
     def rerank(
         self, ranking: Ranking, request: RecallRequest, ctx: RecallContext

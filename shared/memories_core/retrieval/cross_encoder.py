@@ -209,6 +209,17 @@ def _positive_int(label: str, value: object) -> int:
     return value
 
 
+def check_head_blend(candidates: object, weight: object) -> None:
+    """Validate a second-stage reranker's head size and blend weight (see :func:`blend_head`).
+
+    Raises:
+        ConfigurationError: unless ``candidates`` is a positive int and ``weight`` in [0, 1].
+    """
+    _positive_int("candidates", candidates)
+    if isinstance(weight, bool) or not (isinstance(weight, (int, float)) and 0 <= weight <= 1):
+        raise ConfigurationError("weight must be in [0, 1]")
+
+
 class OnnxCrossEncoder:
     """A pair scorer running a BERT-style cross-encoder exported to ONNX.
 
@@ -558,9 +569,7 @@ class BlendedCrossEncoderReranker:
         return context_pair_texts(head, records, request, ctx, self.context, self.context_gap)
 
     def __post_init__(self) -> None:
-        _positive_int("candidates", self.candidates)
-        if not 0 <= self.weight <= 1:
-            raise ConfigurationError("weight must be in [0, 1]")
+        check_head_blend(self.candidates, self.weight)
 
     def rerank(self, ranking: Ranking, request: RecallRequest, ctx: RecallContext) -> Ranking:
         """Return the ranking with its head re-ordered by the blend."""

@@ -27,6 +27,7 @@ from memories_core.retrieval.context import (
     DEFAULT_CONTEXT_GAP,
     DEFAULT_QUESTION_WEIGHT,
     ContextSpreading,
+    check_question_weights,
 )
 from memories_core.retrieval.entity import DEFAULT_ENTITY_WEIGHT, EntityBoost
 from memories_core.retrieval.fusion import DEFAULT_MISSING_MARGIN, Fusion, Ranking
@@ -153,13 +154,7 @@ class FusionConfig:
             raise ConfigurationError("context_gap must be >= 0 or None")
         if not (isinstance(self.missing_margin, (int, float)) and self.missing_margin > 0):
             raise ConfigurationError("missing_margin must be a number > 0")
-        answer = self.after_question_weight
-        if answer is not None and (
-            not isinstance(answer, (int, float)) or not math.isfinite(answer) or answer < 0
-        ):
-            raise ConfigurationError("after_question_weight must be a finite number >= 0 or None")
-        if not (isinstance(self.question_weight, (int, float)) and 0 <= self.question_weight <= 1):
-            raise ConfigurationError("question_weight must be a number from 0 to 1")
+        check_question_weights(self.after_question_weight, self.question_weight)
 
     @property
     def uses_context(self) -> bool:

