@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import pickle
 import platform
@@ -495,13 +496,32 @@ class Harness:
         rows: list[Row] = []
         rerankers = config.rerankers()
         for sample_id, qa, ranked, ctx in self.first_stage(storage, with_keys, config):
-            for reranker in rerankers:
-                ranked = reranker.rerank(ranked, ctx.request, ctx)
-            ids = list(dict.fromkeys(item for item, _ in ranked))
-            known = ctx.load(ids[: DEPTH_K + 20], user_id=sample_id)
-            top = [item for item in ids if item in known][:DEPTH_K]
+            top, _ = reranked_top(ranked, ctx, rerankers)
             rows.append((sample_id, qa.category, score_question(top, qa.evidence)))
         return rows
+
+
+def reranked_top(
+    ranked: Any, ctx: Any, rerankers: Sequence[Any]
+) -> tuple[list[str], dict[str, float]]:
+    """A first-stage ranking after ``rerankers``: its top ``DEPTH_K`` loadable ids (what
+    ``recall`` returns) and the reranked scores by id."""
+    for reranker in rerankers:
+        ranked = reranker.rerank(ranked, ctx.request, ctx)
+    ids = list(dict.fromkeys(item for item, _ in ranked))
+    known = ctx.load(ids[: DEPTH_K + 20], user_id=ctx.request.user_id)
+    return [item for item in ids if item in known][:DEPTH_K], dict(ranked)
+
+
+def previous_turns(conversations: Sequence[Any], mapping: str) -> dict[tuple[str, str], str]:
+    """``{(conversation, turn id): rendered turn before it in its session}``."""
+    previous: dict[tuple[str, str], str] = {}
+    for c in conversations:
+        turns = [t for t in c.turns if t.text.strip()]
+        for a, b in itertools.pairwise(turns):
+            if a.session == b.session:
+                previous[(c.sample_id, b.dia_id)] = render(a, mapping)
+    return previous
 
 
 def objective(summary: dict[str, float]) -> float:

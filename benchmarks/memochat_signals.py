@@ -54,6 +54,7 @@ from memochat_eval import (
     DEFAULT_ITEMS,
     CachedEmbedder,
     f1,
+    ranking_ceiling,
     real_options,
     retrieval_items,
     writing_items,
@@ -67,6 +68,9 @@ from memories_core.mechanisms.memochat import (
     _bm25,
     _normalise,
     _tokens,
+    depth_boundaries,
+    exchanges,
+    gap_similarities,
 )
 
 Item = dict[str, Any]
@@ -420,18 +424,6 @@ def selector_f1(items: Sequence[Item], ch: Channels, s: Setting) -> float:
     return statistics.fmean(scores)
 
 
-def ranking_ceiling(items: Sequence[Item], ch: Channels, s: Setting) -> float:
-    out = []
-    for item in items:
-        if item["noto"] in item["gold"] or not real_options(item):
-            continue
-        real = [i for i in range(1, len(item["options"]) + 1) if i != item["noto"]]
-        best = ch.scores(item, s).max(axis=0)
-        top = np.argsort(-best, kind="stable")[: len(item["gold"])]
-        out.append(f1({real[int(j)] for j in top}, item["gold"]))
-    return statistics.fmean(out)
-
-
 def cv_row(
     split: dict[str, list[Item]], score: Callable[[Sequence[Item], Setting], float], grid: list[Any]
 ) -> dict[str, Any]:
@@ -598,17 +590,7 @@ def segment(item: Item, embedder: Any, g: tuple[Any, ...], memo: dict[int, Any])
     window, cutoff, shift, cont, weight, kind = g
     lines = item["lines"]
     if id(item) not in memo:
-        opener = lines[0].split(":", 1)[0].strip().lower() if ":" in lines[0] else None
-        starts = [
-            i
-            for i, line in enumerate(lines)
-            if i == 0 or opener is None or line.split(":", 1)[0].strip().lower() == opener
-        ]
-        ends = [*starts[1:], len(lines)]
-        units = [
-            " ".join(x.split(": ", 1)[-1] for x in lines[s:e])
-            for s, e in zip(starts, ends, strict=True)
-        ]
+        starts, units = exchanges(lines)
         vectors = _normalise(embedder.embed_documents(units)) if len(units) > 1 else None
         memo[id(item)] = (starts, units, vectors)
     starts, units, vectors = memo[id(item)]
@@ -632,30 +614,18 @@ def segment(item: Item, embedder: Any, g: tuple[Any, ...], memo: dict[int, Any])
         )
         return num / den if den else 0.0
 
-    sims = []
-    for gap in range(1, len(units)):
-        left = vectors[max(0, gap - window) : gap].mean(axis=0)
-        right = vectors[gap : gap + window].mean(axis=0)
-        sim = float(left @ right / max(np.linalg.norm(left) * np.linalg.norm(right), 1e-9))
-        if weight:
-            sim = (1 - weight) * sim + weight * lexical(
-                bags[max(0, gap - window) : gap], bags[gap : gap + window]
-            )
-        sims.append(sim)
-    depths = [(max(sims[: i + 1]) - s) + (max(sims[i:]) - s) for i, s in enumerate(sims)]
-    cut = float(np.mean(depths) + cutoff * np.std(depths))
-    out = set()
-    for i, depth in enumerate(depths):
-        opening = lines[starts[i + 1]].split(": ", 1)[-1]
-        if _SHIFT_CUE.search(opening):
-            score = depth + shift
-        elif _CONTINUATION_CUE.search(opening):
-            score = depth - cont
-        else:
-            score = depth
-        if depth > 0 and score > cut:
-            out.add(starts[i + 1] + 1)
-    return out
+    sims = gap_similarities(vectors, window)
+    if weight:
+        sims = [
+            (1 - weight) * sim
+            + weight * lexical(bags[max(0, gap - window) : gap], bags[gap : gap + window])
+            for gap, sim in enumerate(sims, start=1)
+        ]
+    return set(
+        depth_boundaries(
+            sims, lines, starts, depth_cutoff=cutoff, shift_cue=shift, continuation_cue=cont
+        )
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -23,7 +23,6 @@ pipeline with and without ``cross_encoder_reranker()`` live (wall p50, CPU mean)
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import pickle
 import statistics
@@ -67,24 +66,15 @@ def score_questions(
     if cache.exists():
         return pickle.loads(cache.read_bytes())
     text = {c.sample_id: {t.dia_id: t.render() for t in c.turns} for c in conversations}
-    previous: dict[tuple[str, str], str] = {}
-    for c in conversations:
-        turns = [t for t in c.turns if t.text.strip()]
-        for a, b in itertools.pairwise(turns):
-            if a.session == b.session:
-                previous[(c.sample_id, b.dia_id)] = a.render()
+    previous = lr.previous_turns(conversations, "text")
     scorer = OnnxCrossEncoder(max_length=args.max_length, threads=2)
     config = lr.library_default()
     items = harness.first_stage("no session ids", False, config)
     items = items[:: args.every]
+    rerankers = config.rerankers()
     rows = []
     for sample_id, qa, ranked, ctx in tqdm(items, desc="cross-encoder"):
-        for reranker in config.rerankers():
-            ranked = reranker.rerank(ranked, ctx.request, ctx)
-        ids = list(dict.fromkeys(item for item, _ in ranked))
-        known = ctx.load(ids[: lr.DEPTH_K + 20], user_id=sample_id)
-        ids = [item for item in ids if item in known][: lr.DEPTH_K]
-        fused = dict(ranked)
+        ids, fused = lr.reranked_top(ranked, ctx, rerankers)
         head = ids[: args.candidates]
         alone = scorer(qa.question, [text[sample_id][i] for i in head])
         paired = scorer(

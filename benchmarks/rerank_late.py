@@ -28,7 +28,6 @@ interaction cold = a fresh cache, warm = every candidate already encoded).
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import pickle
 import statistics
@@ -101,20 +100,11 @@ def first_stage(args: argparse.Namespace, conversations: Sequence[Any]) -> dict[
     text = {
         c.sample_id: {t.dia_id: lr.render(t, "caption") for t in c.turns} for c in conversations
     }
-    previous: dict[tuple[str, str], str] = {}
-    for c in conversations:
-        turns = [t for t in c.turns if t.text.strip()]
-        for a, b in itertools.pairwise(turns):
-            if a.session == b.session:
-                previous[(c.sample_id, b.dia_id)] = lr.render(a, "caption")
+    previous = lr.previous_turns(conversations, "caption")
     rows = []
+    rerankers = config.rerankers()
     for sample_id, qa, ranked, ctx in tqdm(items, desc="first stage"):
-        for reranker in config.rerankers():
-            ranked = reranker.rerank(ranked, ctx.request, ctx)
-        ids = list(dict.fromkeys(item for item, _ in ranked))
-        known = ctx.load(ids[: lr.DEPTH_K + 20], user_id=sample_id)
-        ids = [item for item in ids if item in known][: lr.DEPTH_K]
-        fused = dict(ranked)
+        ids, fused = lr.reranked_top(ranked, ctx, rerankers)
         rows.append(
             {
                 "sid": sample_id,
@@ -321,32 +311,20 @@ def timing(
         ("first stage only", lambda: base, False)
     ]
     for candidates in () if args.no_late_timing else (10, 20, 30):
-        settings.append(
-            (
-                f"late interaction, {candidates} candidates, cold cache",
-                lambda c=candidates: replace(
-                    base,
-                    rerankers=(
-                        *base.rerankers,
-                        LateInteractionReranker(late, candidates=c, cache=TokenVectorCache()),
+        for warm in (False, True):
+            settings.append(
+                (
+                    f"late interaction, {candidates} candidates, {('cold', 'warm')[warm]} cache",
+                    lambda c=candidates: replace(
+                        base,
+                        rerankers=(
+                            *base.rerankers,
+                            LateInteractionReranker(late, candidates=c, cache=TokenVectorCache()),
+                        ),
                     ),
-                ),
-                False,
+                    warm,
+                )
             )
-        )
-        settings.append(
-            (
-                f"late interaction, {candidates} candidates, warm cache",
-                lambda c=candidates: replace(
-                    base,
-                    rerankers=(
-                        *base.rerankers,
-                        LateInteractionReranker(late, candidates=c, cache=TokenVectorCache()),
-                    ),
-                ),
-                True,
-            )
-        )
     for length, candidates, threads in args.ce_timing:
         settings.append(
             (

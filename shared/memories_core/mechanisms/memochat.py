@@ -308,25 +308,74 @@ def segment_lines(
     n = len(lines)
     if n == 0:
         return []
-    opener = lines[0].split(":", 1)[0].strip().lower() if ":" in lines[0] else None
+    starts, units = exchanges(lines)
+    if len(units) < 2:
+        return [(1, n)]
+    sims = gap_similarities(_normalise(embedder.embed_documents(units)), window)
+    cuts = depth_boundaries(
+        sims,
+        lines,
+        starts,
+        depth_cutoff=depth_cutoff,
+        shift_cue=shift_cue,
+        continuation_cue=continuation_cue,
+    )
+    begins = [1, *cuts]
+    return [(b, (begins[j + 1] - 1) if j + 1 < len(begins) else n) for j, b in enumerate(begins)]
+
+
+def exchanges(lines: Sequence[str]) -> tuple[list[int], list[str]]:
+    """Step 1 of :func:`segment_lines`: the exchanges of ``lines``.
+
+    A line by the speaker of the first line opens an exchange and the replies after it join
+    it. Returns the 0-based index of each exchange's first line and each exchange's text
+    (the contents of its lines, speakers dropped).
+    """
+    opener = lines[0].split(":", 1)[0].strip().lower() if lines and ":" in lines[0] else None
     starts = [
         i
         for i, line in enumerate(lines)
         if i == 0 or (opener is None or line.split(":", 1)[0].strip().lower() == opener)
     ]
-    ends = [*starts[1:], n]
+    ends = [*starts[1:], len(lines)]
     units = [
         " ".join(x.split(": ", 1)[-1] for x in lines[s:e])
         for s, e in zip(starts, ends, strict=True)
     ]
-    if len(units) < 2:
-        return [(1, n)]
-    vectors = _normalise(embedder.embed_documents(units))
+    return starts, units
+
+
+def gap_similarities(vectors: npt.NDArray[np.float32], window: int) -> list[float]:
+    """Step 2 of :func:`segment_lines`: the similarity at each gap between exchanges.
+
+    The cosine of the mean vectors of the ``window`` exchanges on each side of the gap
+    (TextTiling's block comparison, with embeddings for word counts).
+    """
     sims = []
-    for gap in range(1, len(units)):
+    for gap in range(1, len(vectors)):
         left = vectors[max(0, gap - window) : gap].mean(axis=0)
         right = vectors[gap : gap + window].mean(axis=0)
         sims.append(float(left @ right / max(np.linalg.norm(left) * np.linalg.norm(right), 1e-9)))
+    return sims
+
+
+def depth_boundaries(
+    sims: Sequence[float],
+    lines: Sequence[str],
+    starts: Sequence[int],
+    *,
+    depth_cutoff: float,
+    shift_cue: float,
+    continuation_cue: float,
+) -> list[int]:
+    """Step 3 of :func:`segment_lines`: the 1-based first lines of every topic but the first.
+
+    A gap's depth is how far its similarity lies below the highest on each side; a gap is a
+    boundary when its depth, moved by the speaker-turn cues of the line that opens the next
+    exchange, exceeds ``mean + depth_cutoff * std`` of the depths (and it has any depth).
+    """
+    if not sims:
+        return []
     depths = [(max(sims[: i + 1]) - sim) + (max(sims[i:]) - sim) for i, sim in enumerate(sims)]
     cutoff = float(np.mean(depths) + depth_cutoff * np.std(depths))
     cuts = []
@@ -340,8 +389,7 @@ def segment_lines(
             depth_score = depth
         if depth > 0 and depth_score > cutoff:
             cuts.append(starts[i + 1] + 1)
-    begins = [1, *cuts]
-    return [(b, (begins[j + 1] - 1) if j + 1 < len(begins) else n) for j, b in enumerate(begins)]
+    return cuts
 
 
 def extractive_memo(
