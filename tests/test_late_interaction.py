@@ -20,9 +20,11 @@ from memories_core.errors import ConfigurationError, InvalidInputError, MissingE
 from memories_core.retrieval import Pipeline, RecallRequest
 from memories_core.retrieval.cross_encoder import CrossEncoderModelMissing
 from memories_core.retrieval.late_interaction import (
+    DEFAULT_LATE_DEPTH,
     LateInteractionReranker,
     OnnxLateInteractionEncoder,
     TokenVectorCache,
+    late_interaction_pipeline,
     late_interaction_reranker,
 )
 from memories_core.retrieval.memory_backend import InMemoryBackend
@@ -160,6 +162,90 @@ def test_vectors_are_computed_once_per_record_and_reused() -> None:
     assert reranker.cache.hits == 2 * len(TEXTS)
 
 
+def rerank_by_hand(reranker: LateInteractionReranker, order: list[str]) -> list[str]:
+    """``reranker`` over a fused ranking given by hand (``order``, best first)."""
+    backend = backend_with(TEXTS)
+    _, ctx = Pipeline(rerankers=()).rank(RecallRequest("x", user_id="ana", k=5, now=NOW), backend)
+    request = RecallRequest("did Pixel chase the zebra toy", user_id="ana", k=5, now=NOW)
+    fused = [(item, 1.0 - 0.1 * i) for i, item in enumerate(order)]
+    return [item for item, _ in reranker.rerank(fused, request, ctx)]
+
+
+def test_a_pool_lets_a_deep_match_join_the_head() -> None:
+    order = ["r0", "r1", "r2", "r4", "r3"]  # the fused ranking buries r3, the answer
+    head_only = LateInteractionReranker(
+        FakeEncoder(), candidates=2, weight=1.0, context=False, pool=0
+    )
+    assert rerank_by_hand(head_only, order)[2:] == ["r2", "r4", "r3"]  # only r0, r1 moved
+    assert len(head_only.encoder.documents) == 2  # type: ignore[attr-defined]
+    encoder = FakeEncoder()
+    pooled = LateInteractionReranker(encoder, candidates=2, weight=1.0, context=False, pool=5)
+    out = rerank_by_hand(pooled, order)
+    assert out[0] == "r3"  # scored in the pool, admitted, first by MaxSim
+    assert len(encoder.documents) == 5  # the whole pool was scored
+    # The head (r0, r1) and the pool's 2 best below it form the block; the one of r2 / r4
+    # not admitted follows it.
+    assert set(out[:4]) > {"r0", "r1", "r3"} and out[4] in {"r2", "r4"}
+
+
+def test_a_pool_at_most_the_head_changes_nothing() -> None:
+    order = ["r0", "r1", "r2", "r4", "r3"]
+    head_only = LateInteractionReranker(
+        FakeEncoder(), candidates=3, weight=0.7, context=False, pool=0
+    )
+    same = LateInteractionReranker(FakeEncoder(), candidates=3, weight=0.7, context=False, pool=3)
+    assert rerank_by_hand(head_only, order) == rerank_by_hand(same, order)
+
+
+def test_late_interaction_pipeline_fetches_deep_enough_for_the_pool() -> None:
+    reranker = LateInteractionReranker(FakeEncoder(), candidates=5, pool=120, context=False)
+    base = Pipeline()
+    pipeline = late_interaction_pipeline(base, reranker, depth=90)
+    assert pipeline.depth == 90 and base.depth < 90
+    assert pipeline.rerankers == (*base.rerankers, reranker)
+    assert pipeline.sources == base.sources and pipeline.fusion == base.fusion
+    assert late_interaction_pipeline(base, reranker).depth == DEFAULT_LATE_DEPTH
+    deeper = late_interaction_pipeline(replace(base, depth=300), reranker)
+    assert deeper.depth == 300
+    with pytest.raises(ConfigurationError, match="depth"):
+        late_interaction_pipeline(base, reranker, depth=0)
+
+
+def test_with_a_pool_a_smaller_k_is_a_prefix_of_a_larger_one() -> None:
+    reranker = LateInteractionReranker(FakeEncoder(), candidates=3, pool=20, context=False)
+    memory = HistoryMemory(
+        embedder=HashingEmbedder(), pipeline=late_interaction_pipeline(reranker=reranker)
+    )
+    scope = Scope("ana")
+    words = ["tea", "cat", "rain", "boots", "zebra", "sister", "dinner", "trip"]
+    for i in range(30):
+        memory.save([Turn("user", f"{words[i % 8]} and {words[(3 * i) % 8]} day {i}")], scope)
+    query = "zebra trip with my sister"
+    ids = {k: [h.record.id for h in memory.recall(query, scope, k=k).records] for k in (3, 10)}
+    assert ids[3] == ids[10][:3] and len(ids[10]) == 10
+    memory.close()
+
+
+def test_prefetch_encodes_a_users_records_so_recall_finds_them_cached() -> None:
+    encoder = FakeEncoder()
+    reranker = LateInteractionReranker(encoder, candidates=3, pool=20, context=True)
+    memory = HistoryMemory(
+        embedder=HashingEmbedder(), pipeline=late_interaction_pipeline(reranker=reranker)
+    )
+    for user in ("ana", "bo"):
+        memory.save([Turn("user", f"{user} likes tea"), Turn("assistant", "noted")], Scope(user))
+        memory.save([Turn("user", f"{user} has a cat named Pixel")], Scope(user))
+    assert memory.prefetch("ana", progress=False) == 3
+    assert {user for user, _ in list(reranker.cache._entries)} == {"ana"}
+    assert "user: ana likes tea assistant: noted" in encoder.documents  # with its context
+    assert memory.prefetch("ana", progress=False) == 0  # already cached
+    encoded = len(encoder.documents)
+    memory.recall("what is the cat called", Scope("ana"), k=2)
+    assert len(encoder.documents) == encoded  # every candidate was prefetched
+    assert HistoryMemory(embedder=HashingEmbedder()).prefetch("ana", progress=False) == 0
+    memory.close()
+
+
 def test_cache_is_bounded_in_bytes_least_recently_used_first() -> None:
     cache = TokenVectorCache(max_bytes=3 * 4 * 8 * 2)  # three 4 x 8 float16 matrices
     for i in range(4):
@@ -242,6 +328,9 @@ def test_bad_settings_and_a_missing_extra_are_typed_errors(
         LateInteractionReranker(FakeEncoder(), candidates=0)
     with pytest.raises(ConfigurationError):
         LateInteractionReranker(object())  # type: ignore[arg-type]
+    for pool in (-1, True, 2.5):
+        with pytest.raises(ConfigurationError, match="pool"):
+            LateInteractionReranker(FakeEncoder(), pool=pool)  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError):
         OnnxLateInteractionEncoder(query_length=4)
     monkeypatch.setattr(
@@ -282,6 +371,11 @@ def test_bundled_colbert_scores_the_answer_highest_and_is_deterministic() -> Non
     assert np.array_equal(encoder.encode_document(texts[1]), rows[1])
     long_rows = encoder.encode_document("Ana: " + "I love my cat Pixel and " * 80)
     assert long_rows.shape[0] == encoder.document_length
+    # A long query (a whole dialogue) keeps its end: the question asked last still decides.
+    dialogue = "Bo: ok, sure. " * 30
+    long_query = encoder.encode_query(dialogue + "Ana: What is the name of Ana's cat?")
+    assert long_query.shape[0] == encoder.query_length
+    assert max(range(3), key=lambda i: maxsim(long_query, rows[i])) == 1
     with pytest.raises(InvalidInputError):
         encoder.encode_query(None)  # type: ignore[arg-type]
 

@@ -1039,6 +1039,22 @@ class MemoryEngine:
             self.count_failure("index")
             logger.warning("deleting vectors failed; verify() will remove them", exc_info=True)
 
+    def prefetch(self, user_id: str, pipeline: Pipeline, *, progress: bool = False) -> int:
+        """Prepare ``pipeline``'s per-record caches for all of ``user_id``'s records.
+
+        For a reranker that caches per record (the late-interaction token vectors), a
+        recall then pays only its warm cost; without such a stage nothing happens. Search
+        keys are skipped (recall never returns them).
+
+        Returns:
+            How many records the pipeline's stages prepared now.
+        """
+        from memories_core.retrieval.keys import SEARCH_KEY_KIND, KeyedBackend
+
+        check_user_id(user_id)
+        ids = [r.id for r in self.records(user_id) if r.kind != SEARCH_KEY_KIND]
+        return pipeline.prefetch(KeyedBackend(self._backend), user_id, ids, progress=progress)
+
     def reindex(self, *, progress: bool = True) -> int:
         """Rebuild the vector index from the record store; returns the records indexed.
 

@@ -273,6 +273,17 @@ class MemoryBase:
         """Rebuild the vector index from the record store; returns the records indexed."""
         return self.engine.reindex(progress=progress)
 
+    def prefetch(self, user_id: str, *, progress: bool = True) -> int:
+        """Fill this memory's per-record reranker caches for ``user_id`` ahead of recalls.
+
+        Useful after a bulk import or a restart with the optional late-interaction reranker
+        (its token vectors live in memory), so the first recalls do not pay the cold cost.
+        Returns how many records were prepared (0 without such a reranker).
+        """
+        if self.pipeline is None:
+            return 0
+        return self.engine.prefetch(user_id, self.pipeline, progress=progress)
+
     @property
     def usage(self) -> MemoryUsage:
         """LLM and embedder usage, and failed derivations, of this memory so far."""

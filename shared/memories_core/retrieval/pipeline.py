@@ -354,6 +354,24 @@ class Pipeline:
             if callable(forget):
                 forget(user_id)
 
+    def prefetch(
+        self, backend: RecallBackend, user_id: str, ids: Sequence[str], *, progress: bool = False
+    ) -> int:
+        """Let every stage that caches per record prepare ``user_id``'s records ``ids``.
+
+        A stage offers ``prefetch(backend, user_id, ids, progress=...)`` returning how many
+        records it prepared (e.g. the token vectors of
+        :class:`~memories_core.retrieval.late_interaction.LateInteractionReranker`);
+        :meth:`MemoryEngine.prefetch <memories_core.engine.MemoryEngine.prefetch>` calls
+        this with all of a user's records. Returns the sum over stages.
+        """
+        done = 0
+        for stage in (*self.sources, *self.rerankers):
+            prepare = getattr(stage, "prefetch", None)
+            if callable(prepare):
+                done += int(prepare(backend, user_id, ids, progress=progress))
+        return done
+
     def candidate_depth(self, k: int) -> int:
         """How many candidates each source fetches for ``k`` results."""
         return max(self.depth, k)
