@@ -68,6 +68,7 @@ from memories_core.retrieval import (
 from memories_core.retrieval.entity import EntityBoost
 from memories_core.retrieval.keys import DEFAULT_KEY_FUSION, KEY_FOR, SEARCH_KEY_KIND, KeyedBackend
 from memories_core.retrieval.memory_backend import InMemoryBackend
+from memories_core.retrieval.pipeline import DEFAULT_DEPTH
 from memories_core.retrieval.temporal import TemporalBoost
 from memories_core.types import MemoryRecord, ensure_utc, new_id
 
@@ -443,7 +444,7 @@ class Harness:
         self.embedder = embedder
         self.keys = keys
         self.backends: dict[tuple[str, bool], dict[str, InMemoryBackend]] = {}
-        self.stage1: dict[tuple[str, bool, float, str], list[tuple[str, Any, Any, Any]]] = {}
+        self.stage1: dict[tuple[str, bool, float, str, int], list[tuple[str, Any, Any, Any]]] = {}
 
     def backend(self, storage: str, with_keys: bool) -> dict[str, InMemoryBackend]:
         if (storage, with_keys) not in self.backends:
@@ -460,10 +461,12 @@ class Harness:
         return self.backends[(storage, with_keys)]
 
     def first_stage(
-        self, storage: str, with_keys: bool, config: Config
+        self, storage: str, with_keys: bool, config: Config, depth: int = DEFAULT_DEPTH
     ) -> list[tuple[str, Any, Any, Any]]:
-        """Per question: (conversation id, qa, fused ranking, recall context)."""
-        signature = (storage, with_keys, config.lexical, config.key_fusion if with_keys else "")
+        """Per question: (conversation id, qa, fused ranking, recall context); ``depth`` is
+        the pipeline's candidates per source."""
+        key_fusion = config.key_fusion if with_keys else ""
+        signature = (storage, with_keys, config.lexical, key_fusion, depth)
         if signature not in self.stage1:
             pipeline = Pipeline(
                 sources=(
@@ -471,6 +474,7 @@ class Harness:
                     LexicalSource(weight=config.lexical),
                 ),
                 rerankers=(),
+                depth=depth,
             )
             items = []
             for conversation in self.conversations:
@@ -502,15 +506,15 @@ class Harness:
 
 
 def reranked_top(
-    ranked: Any, ctx: Any, rerankers: Sequence[Any]
+    ranked: Any, ctx: Any, rerankers: Sequence[Any], keep: int = DEPTH_K
 ) -> tuple[list[str], dict[str, float]]:
-    """A first-stage ranking after ``rerankers``: its top ``DEPTH_K`` loadable ids (what
-    ``recall`` returns) and the reranked scores by id."""
+    """A first-stage ranking after ``rerankers``: its top ``keep`` loadable ids (``DEPTH_K``
+    is what ``recall`` returns) and the reranked scores by id."""
     for reranker in rerankers:
         ranked = reranker.rerank(ranked, ctx.request, ctx)
     ids = list(dict.fromkeys(item for item, _ in ranked))
-    known = ctx.load(ids[: DEPTH_K + 20], user_id=ctx.request.user_id)
-    return [item for item in ids if item in known][:DEPTH_K], dict(ranked)
+    known = ctx.load(ids[: keep + 20], user_id=ctx.request.user_id)
+    return [item for item in ids if item in known][:keep], dict(ranked)
 
 
 def previous_turns(conversations: Sequence[Any], mapping: str) -> dict[tuple[str, str], str]:
@@ -683,6 +687,8 @@ class PublicVariant:
         mapping: How a turn is stored (see :data:`MAPPINGS`).
         embedder: Key into the ``embedders`` given to :func:`public_rows`.
         lexical: Lexical weight of the fusion (``None``: the library default).
+        late: Add the optional late-interaction reranker with its defaults
+            (``late_interaction_pipeline``); every record is prefetched after the import.
     """
 
     storage: str = "no session ids"
@@ -690,6 +696,7 @@ class PublicVariant:
     mapping: str = "caption"
     embedder: str = "MiniLM"
     lexical: float | None = None
+    late: bool = False
 
     def label(self, backend: str) -> str:
         parts = [f"HistoryMemory.recall, {backend}", self.embedder, self.storage]
@@ -699,6 +706,8 @@ class PublicVariant:
             parts.append(f"lexical {self.lexical:.2f}")
         if self.keys:
             parts.append("observation keys")
+        if self.late:
+            parts.append("late interaction (pool)")
         return ", ".join(parts)
 
 
@@ -737,9 +746,16 @@ def public_rows(
                     dense_weight=round(1 - variant.lexical, 2), lexical_weight=variant.lexical
                 )
             )
+            pipeline = None
+            if variant.late:
+                from memories_core.retrieval.late_interaction import late_interaction_pipeline
+
+                pipeline = late_interaction_pipeline((fusion or FusionConfig()).pipeline())
             rows: list[Row] = []
             mismatches = checked = 0
             started = time.perf_counter()
+            prefetch_s = recall_s = 0.0
+            recalls = 0
             for number_of, conversation in enumerate(conversations):
                 user = conversation.sample_id
                 folder = tempfile.mkdtemp(prefix="locomo_public_")
@@ -748,6 +764,7 @@ def public_rows(
                     embedder=embedder,
                     clock=FixedClock(question_time(conversation)),
                     fusion=fusion,
+                    pipeline=pipeline,
                 )
                 for number, dated in dated_sessions(conversation).items():
                     turns = [
@@ -784,10 +801,17 @@ def public_rows(
                             if dia_id in by_dia
                         ]
                     )
+                if pipeline is not None:
+                    began = time.perf_counter()
+                    memory.prefetch(user, progress=False)
+                    prefetch_s += time.perf_counter() - began
                 for qa in conversation.qa:
                     if not qa.evidence:
                         continue
+                    began = time.perf_counter()
                     hits = memory.recall(qa.question, Scope(user), k=DEPTH_K).records
+                    recall_s += time.perf_counter() - began
+                    recalls += 1
                     ranked = [str(hit.record.metadata["dia_id"]) for hit in hits]
                     rows.append((user, qa.category, score_question(ranked, qa.evidence)))
                     if number_of < prefix_check:
@@ -803,6 +827,8 @@ def public_rows(
                 "seconds": round(time.perf_counter() - started, 1),
                 "prefix_checked": checked,
                 "prefix_mismatches": mismatches,
+                "recall_ms_mean": round(1000 * recall_s / max(1, recalls), 1),
+                "prefetch_s": round(prefetch_s, 1),
             }
             print(f"  {label}: {fmt_overall(results[label]['overall'])}", flush=True)
     return results

@@ -11,9 +11,9 @@ relevant ids is averaged over dialogues.
 
 Rows: dense only, BM25 only, the default :class:`~memories_core.retrieval.Pipeline`
 (dense + BM25, z-score fusion, context spreading), the default without context spreading,
-and the default plus the optional cross-encoder reranker (when the ``rerank`` extra is
-installed). Same code path and defaults as the LoCoMo benchmarks, so the defaults are not
-fitted to one dataset.
+and the default plus the optional cross-encoder or late-interaction reranker (when the
+``rerank`` extra is installed). Same code path and defaults as the LoCoMo benchmarks, so the
+defaults are not fitted to one dataset.
 
     python benchmarks/madial_recall.py                  # table, JSON, PNG, Markdown
 """
@@ -172,6 +172,21 @@ def pipelines() -> dict[str, Pipeline]:
         rows[label] = replace(base, rerankers=(*base.rerankers, cross_encoder_reranker()))
     except Exception as exc:  # the rerank extra is optional
         print(f"cross-encoder row skipped: {exc}", flush=True)
+    try:
+        from memories_core.retrieval.late_interaction import (
+            DEFAULT_LATE_CANDIDATES,
+            DEFAULT_LATE_POOL,
+            DEFAULT_LATE_WEIGHT,
+            late_interaction_pipeline,
+        )
+
+        label = (
+            f"default + late interaction ({DEFAULT_LATE_CANDIDATES} + pool {DEFAULT_LATE_POOL}, "
+            f"weight {DEFAULT_LATE_WEIGHT})"
+        )
+        rows[label] = late_interaction_pipeline(base)
+    except Exception as exc:  # the rerank extra is optional
+        print(f"late-interaction row skipped: {exc}", flush=True)
     return rows
 
 

@@ -14,15 +14,26 @@ max). The top 30 of each question's ranking are re-scored:
 * the cross-encoder (:mod:`memories_core.retrieval.cross_encoder`), context pairs, at 64
   and 96 word pieces, on every third question (``--ce-every``; it is the slow one).
 
+With ``--pools`` the late-interaction grid also scores the fused ranking down to each pool
+and lets the pool's best join the head (``LateInteractionReranker.pool``); ``--depth``
+sets the first stage's candidates per source so that the pool exists. Every metric is
+scored on the first 50 results, what ``recall(k=50)`` returns.
+
 Scores are cached under ``benchmarks/out/cache``. Each family's knobs (variant, candidates
-10/20/30, weight) are chosen by leave-one-conversation-out cross-validation (best mean of
-R@5 and R@10 on four conversations, scored on the fifth); held-out metrics pool every
-question as scored by the fold that held its conversation out. ``--timing-questions N``
-times ``Pipeline.run`` live per setting (wall p50 and CPU mean per query; for late
-interaction cold = a fresh cache, warm = every candidate already encoded).
+10/20/30, pool, weight) are chosen by leave-one-conversation-out cross-validation (best
+mean of ``--objective``, R@5 and R@10 unless told, on four conversations, scored on the
+fifth); held-out metrics pool every question as scored by the fold that held its
+conversation out. ``--chart`` draws saved runs' R@k curves beside the published anchors;
+``--public`` adds rows measured through ``HistoryMemory.recall`` on the default Chroma
+backend. ``--timing-questions N`` times ``Pipeline.run`` live per setting (wall p50 and CPU
+mean per query; for late interaction cold = a fresh cache, warm = every record of a conversation
+encoded by ``Pipeline.prefetch`` before its questions, whose cost per record is reported too).
 
     python benchmarks/rerank_late.py --data ../shared/datasets/locomo/locomo_dev.json
     python benchmarks/rerank_late.py --first-stage best --no-ce
+    python benchmarks/rerank_late.py --first-stage best --no-ce --depth 150 \
+        --pools 0,100,150,200,250 --candidates 10,20,30,40,50 --late-variants 0/0 \
+        --objective R@5,R@10,S@10 --name _pool
 """
 
 from __future__ import annotations
@@ -56,11 +67,15 @@ from memories_core.retrieval.late_interaction import (
     LateInteractionReranker,
     OnnxLateInteractionEncoder,
     TokenVectorCache,
+    late_interaction_pipeline,
     maxsim,
 )
+from memories_core.retrieval.pipeline import DEFAULT_DEPTH
 
 HEAD = 30
 CANDIDATES = (10, 20, 30)
+#: How deep MaxSim scores the fused ranking (0: the head only); the pool's best join the head.
+POOLS: tuple[int, ...] = (0,)
 WEIGHTS = (0.2, 0.3, 0.4, 0.5, 0.7, 1.0)
 #: Late-interaction encoder variants: (markers, query augmentation).
 LATE_VARIANTS = ((False, False), (True, False), (True, True))
@@ -78,7 +93,8 @@ def unit(values: Sequence[float]) -> npt.NDArray[np.float64]:
 
 def first_stage(args: argparse.Namespace, conversations: Sequence[Any]) -> dict[str, Any]:
     """Per question: the first stage's top 50 and fused scores; turn and previous texts."""
-    cache = args.out / "cache" / f"rerank_late_stage1_{args.first_stage}.pkl"
+    deep = "" if args.depth == DEFAULT_DEPTH else f"_depth{args.depth}"
+    cache = args.out / "cache" / f"rerank_late_stage1_{args.first_stage}{deep}.pkl"
     if cache.exists():
         loaded: dict[str, Any] = pickle.loads(cache.read_bytes())
         return loaded
@@ -96,7 +112,7 @@ def first_stage(args: argparse.Namespace, conversations: Sequence[Any]) -> dict[
         config = lr.library_default()
     harness = lr.Harness(conversations, embedder, keys, mapping="caption")
     with_keys = bool(keys)
-    items = harness.first_stage("no session ids", with_keys, config)
+    items = harness.first_stage("no session ids", with_keys, config, depth=args.depth)
     text = {
         c.sample_id: {t.dia_id: lr.render(t, "caption") for t in c.turns} for c in conversations
     }
@@ -104,7 +120,7 @@ def first_stage(args: argparse.Namespace, conversations: Sequence[Any]) -> dict[
     rows = []
     rerankers = config.rerankers()
     for sample_id, qa, ranked, ctx in tqdm(items, desc="first stage"):
-        ids, fused = lr.reranked_top(ranked, ctx, rerankers)
+        ids, fused = lr.reranked_top(ranked, ctx, rerankers, keep=max(lr.DEPTH_K, HEAD))
         rows.append(
             {
                 "sid": sample_id,
@@ -132,7 +148,8 @@ def pair_text(stage: dict[str, Any], sid: str, item: str, context: bool) -> str:
 def late_scores(args: argparse.Namespace, stage: dict[str, Any]) -> dict[str, list[list[float]]]:
     """MaxSim of the top 30 per question, per (markers, augment, context) variant."""
     suffix = "" if HEAD == 30 else f"_{HEAD}"
-    cache = args.out / "cache" / f"rerank_late_scores_{args.first_stage}{suffix}.pkl"
+    deep = "" if args.depth == DEFAULT_DEPTH else f"_depth{args.depth}"
+    cache = args.out / "cache" / f"rerank_late_scores_{args.first_stage}{deep}{suffix}.pkl"
     found: dict[str, list[list[float]]] = pickle.loads(cache.read_bytes()) if cache.exists() else {}
     rows = stage["rows"]
     for markers, augment in args.late_variants:
@@ -179,7 +196,8 @@ def ce_scores(args: argparse.Namespace, stage: dict[str, Any]) -> dict[str, dict
     return found
 
 
-Cell = tuple[str, int, float]
+#: A grid point: (variant, candidates, pool, weight).
+Cell = tuple[str, int, int, float]
 
 
 def blended_rows(
@@ -188,21 +206,32 @@ def blended_rows(
     cell: Cell,
     subset: Sequence[int],
 ) -> list[tuple[str, int, dict[str, float]]]:
-    """Scored questions (conversation, category, metrics) for one grid cell."""
-    variant, candidates, weight = cell
+    """Scored questions (conversation, category, metrics) for one grid cell: the rule of
+    ``LateInteractionReranker`` (the head, plus the pool's ``candidates`` best by MaxSim
+    below it, blended), scored on the first ``DEPTH_K`` results as ``recall`` returns."""
+    variant, candidates, pool, weight = cell
     out = []
     for n in subset:
         row = rows[n]
         ids = row["ids"]
-        head = ids[:candidates]
+        values = scores[variant][n]
+        picked = list(range(min(candidates, len(ids))))
+        below = list(range(len(picked), min(max(pool, candidates), len(ids), len(values))))
+        if weight > 0 and below:
+            best = sorted(below, key=lambda i: (-values[i], i))[:candidates]
+            picked += sorted(best)
         if weight > 0:
-            mix = weight * unit(scores[variant][n][:candidates]) + (1 - weight) * unit(
-                row["fused"][:candidates]
+            mix = weight * unit([values[i] for i in picked]) + (1 - weight) * unit(
+                [row["fused"][i] for i in picked]
             )
-            order = sorted(range(len(head)), key=lambda i: (-mix[i], i))
-            ranked = [head[i] for i in order] + ids[candidates:]
+            order = sorted(range(len(picked)), key=lambda j: (-mix[j], j))
+            chosen = set(picked)
+            ranked = [ids[picked[j]] for j in order] + [
+                item for i, item in enumerate(ids) if i not in chosen
+            ]
         else:
             ranked = ids
+        ranked = ranked[: lr.DEPTH_K]
         out.append((row["sid"], row["cat"], lr.score_question(ranked, row["ev"])))
     return out
 
@@ -210,6 +239,31 @@ def blended_rows(
 def mean(rows: Sequence[tuple[str, int, dict[str, float]]], convs: set[str]) -> dict[str, float]:
     part = [r[2] for r in rows if r[0] in convs]
     return {m: statistics.fmean(p[m] for p in part) for m in METRICS}
+
+
+def curve(rows: Sequence[tuple[str, int, dict[str, float]]]) -> dict[str, float]:
+    """Every recall@k of ``lr.score_question`` (turn and session k), averaged."""
+    return {m: statistics.fmean(r[2][m] for r in rows) for m in rows[0][2]}
+
+
+#: Chart labels of the ``--first-stage`` choices.
+FIRST_STAGE_NAMES = {
+    "default": "library default (MiniLM + BM25)",
+    "best": "bge-small + BM25 + observation keys",
+}
+
+
+def chart(out: Path, stems: Sequence[str], path: Path) -> None:
+    """R@k of each saved run's first stage and held-out reranking beside the published
+    anchors (``lr.plot_variants``)."""
+    rows: dict[str, Any] = {}
+    for stem in stems:
+        report = json.loads((out / f"{stem}.json").read_text("utf-8"))
+        name = FIRST_STAGE_NAMES.get(report.get("first_stage_name", ""), stem)
+        curves = report["late"]["curves"]
+        rows[f"{name} first stage"] = {"overall": curves["first stage"]}
+        rows[f"{name} + late interaction (LOCO held-out)"] = {"overall": curves["held-out"]}
+    lr.plot_variants(rows, path)
 
 
 def by_category(rows: Sequence[tuple[str, int, dict[str, float]]]) -> dict[str, dict[str, float]]:
@@ -229,10 +283,17 @@ def cross_validate(
     variants: Sequence[str],
     subset: list[int],
 ) -> dict[str, Any]:
-    """LOCO CV over variant x candidates x weight; the cells' full-sample table too."""
-    grid: list[Cell] = [(v, c, w) for v in variants for c in CANDIDATES for w in WEIGHTS]
-    scored = {cell: blended_rows(rows, scores, cell, subset) for cell in grid}
-    base = blended_rows(rows, scores, (variants[0], HEAD, 0.0), subset)
+    """LOCO CV over variant x candidates x pool x weight; the cells' full-sample table too."""
+    grid: list[Cell] = [
+        (v, c, p, w)
+        for v in variants
+        for c in CANDIDATES
+        for p in POOLS
+        for w in WEIGHTS
+        if p == 0 or p > c
+    ]
+    scored = {cell: blended_rows(rows, scores, cell, subset) for cell in tqdm(grid, desc="grid")}
+    base = blended_rows(rows, scores, (variants[0], HEAD, 0, 0.0), subset)
     convs = sorted({rows[n]["sid"] for n in subset})
     everything = set(convs)
     folds: dict[str, Any] = {}
@@ -241,7 +302,7 @@ def cross_validate(
     for fold in convs:
         train = everything - {fold}
         best = max(grid, key=lambda cell: sum(mean(scored[cell], train)[m] for m in OBJECTIVE))
-        counts[f"{best[0]}, {best[1]} candidates, weight {best[2]}"] += 1
+        counts[f"{best[0]}, {best[1]} candidates, pool {best[2]}, weight {best[3]}"] += 1
         held_rows += [r for r in scored[best] if r[0] == fold]
         folds[fold] = {
             "chosen": best,
@@ -253,10 +314,13 @@ def cross_validate(
     }
     return {
         "questions": len(subset),
+        "curves": {"first stage": curve(base), "held-out": curve(held_rows)},
         "first_stage": mean(base, everything),
         "first_stage_categories": by_category(base),
-        "cells": {f"{v} | {c} | {w}": mean(r, everything) for (v, c, w), r in scored.items()},
-        "cell_categories": {f"{v} | {c} | {w}": by_category(r) for (v, c, w), r in scored.items()},
+        "cells": {" | ".join(map(str, cell)): mean(r, everything) for cell, r in scored.items()},
+        "cell_categories": {
+            " | ".join(map(str, cell)): by_category(r) for cell, r in scored.items()
+        },
         "held_out": mean(held_rows, everything),
         "held_out_categories": by_category(held_rows),
         "chosen": dict(counts),
@@ -310,17 +374,19 @@ def timing(
     settings: list[tuple[str, Callable[[], Pipeline], bool]] = [
         ("first stage only", lambda: base, False)
     ]
-    for candidates in () if args.no_late_timing else (10, 20, 30):
+    for candidates, pool in () if args.no_late_timing else args.late_timing:
         for warm in (False, True):
+            deep = f", pool {pool} (depth {args.depth})" if pool else ""
             settings.append(
                 (
-                    f"late interaction, {candidates} candidates, {('cold', 'warm')[warm]} cache",
-                    lambda c=candidates: replace(
+                    f"late interaction, {candidates} candidates{deep}, "
+                    f"{('cold', 'warm')[warm]} cache",
+                    lambda c=candidates, p=pool: late_interaction_pipeline(
                         base,
-                        rerankers=(
-                            *base.rerankers,
-                            LateInteractionReranker(late, candidates=c, cache=TokenVectorCache()),
+                        LateInteractionReranker(
+                            late, candidates=c, pool=p, cache=TokenVectorCache()
                         ),
+                        depth=args.depth if p else base.depth,
                     ),
                     warm,
                 )
@@ -347,12 +413,18 @@ def timing(
             "warm up", user_id=sample[0]["sid"], k=10, now=times[sample[0]["sid"]]
         )
         pipeline.run(warmup, backend_of(sample[0]["sid"]))
-        if warm:
-            for row in sample:
-                request = RecallRequest(row["q"], user_id=row["sid"], k=10, now=times[row["sid"]])
-                pipeline.run(request, backend_of(row["sid"]))
+        prefetched, prefetch_s, encoded = "", 0.0, 0
         wall, cpu = [], []
-        for row in sample:
+        for row in sample:  # grouped by conversation
+            if warm and row["sid"] != prefetched:
+                # Every record of the conversation encoded ahead (Pipeline.prefetch), untimed
+                # in the recalls; one conversation fits in the default 64 MB cache.
+                started = time.perf_counter()
+                encoded += pipeline.prefetch(
+                    backend_of(row["sid"]), row["sid"], list(stage["text"][row["sid"]])
+                )
+                prefetch_s += time.perf_counter() - started
+                prefetched = row["sid"]
             request = RecallRequest(row["q"], user_id=row["sid"], k=10, now=times[row["sid"]])
             t0, c0 = time.perf_counter(), time.process_time()
             pipeline.run(request, backend_of(row["sid"]))
@@ -370,11 +442,34 @@ def timing(
                 "cpu_mean_ms": round(statistics.fmean(cpu), 1),
                 "questions": len(wall),
                 "bytes_per_cached_record": round(cache_bytes) if cache_bytes else None,
+                "prefetch_ms_per_record": round(1000 * prefetch_s / encoded, 1)
+                if encoded
+                else None,
                 "load": lr.machine().split("load average ")[-1].split(")")[0],
             }
         )
         print(results[-1], flush=True)
     return results
+
+
+def public(args: argparse.Namespace, conversations: Sequence[Any]) -> dict[str, Any]:
+    """``HistoryMemory.recall`` rows (``lr.public_rows``): the first stage alone and with
+    ``late_interaction_pipeline()``, no session ids, turns with image captions."""
+    if args.first_stage == "best":
+        from memories_core.embedders.onnx import OnnxEmbedder
+
+        embedders = {"bge-small": lr.CachedEmbedder(OnnxEmbedder(), args.out / "cache")}
+        keys = lr.observation_keys(args.data)
+        variant = lr.PublicVariant(embedder="bge-small", lexical=0.5, keys=True)
+    else:
+        from memories_core.embedders import SentenceTransformerEmbedder
+
+        embedders = {"MiniLM": lr.CachedEmbedder(SentenceTransformerEmbedder(), args.out / "cache")}
+        keys = {}
+        variant = lr.PublicVariant()
+    return lr.public_rows(
+        conversations, embedders, keys, variants=(variant, replace(variant, late=True))
+    )
 
 
 def parse_ce_timing(text: str) -> list[tuple[int, int, int]]:
@@ -400,14 +495,14 @@ def report_lines(name: str, cv: dict[str, Any]) -> list[str]:
         "fold "
         + ", ".join(f"{m} {min(cv['gains'][m]):+.3f}..{max(cv['gains'][m]):+.3f}" for m in METRICS),
         "",
-        "| variant | candidates | weight | R@5 | R@10 | session R@10 |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| variant | candidates | pool | weight | R@5 | R@10 | session R@10 |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for cell, value in cv["cells"].items():
-        variant, candidates, weight = cell.split(" | ")
+        variant, candidates, pool, weight = cell.split(" | ")
         if weight in ("0.3", "0.5", "0.7", "1.0"):
             lines.append(
-                f"| {variant} | {candidates} | {weight} | {value['R@5']:.3f} | "
+                f"| {variant} | {candidates} | {pool} | {weight} | {value['R@5']:.3f} | "
                 f"{value['R@10']:.3f} | {value['S@10']:.3f} |"
             )
     lines += [
@@ -421,6 +516,11 @@ def report_lines(name: str, cv: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def int_list(text: str) -> tuple[int, ...]:
+    """``"10,20,30"`` -> ``(10, 20, 30)`` (an argparse type)."""
+    return tuple(int(part) for part in text.split(","))
+
+
 def parse_objective(text: str) -> list[str]:
     parts = [part.strip() for part in text.split(",") if part.strip()]
     unknown = [part for part in parts if part not in METRICS]
@@ -430,7 +530,7 @@ def parse_objective(text: str) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    global HEAD, CANDIDATES, OBJECTIVE
+    global HEAD, CANDIDATES, OBJECTIVE, POOLS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=lr.DEFAULT_DATA)
     parser.add_argument("--out", type=Path, default=lr.OUT)
@@ -447,6 +547,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--name", default="", help="suffix of the output files")
     parser.add_argument(
+        "--public",
+        action="store_true",
+        help="also measure through HistoryMemory.recall on the default Chroma backend with "
+        "late_interaction_pipeline() (every record prefetched after the import)",
+    )
+    parser.add_argument(
+        "--chart",
+        default="",
+        help="only draw rerank_late_chart.png from saved runs: STEM,STEM (e.g. "
+        "rerank_late_default_pool,rerank_late_best_pool)",
+    )
+    parser.add_argument(
         "--objective",
         type=parse_objective,
         default=list(OBJECTIVE),
@@ -454,7 +566,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--candidates",
-        type=lambda text: tuple(int(part) for part in text.split(",")),
+        type=int_list,
         default=CANDIDATES,
         help="candidate counts in the CV grid, e.g. 10,20,30,40,50 (the largest is re-scored)",
     )
@@ -466,6 +578,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=list(LATE_VARIANTS),
         help="late-interaction encoder variants scored: MARKERS/AUGMENT (0 or 1),...",
     )
+    parser.add_argument(
+        "--pools",
+        type=int_list,
+        default=POOLS,
+        help="late-interaction pools in the CV grid, e.g. 0,100,150 (0: the head only)",
+    )
+    parser.add_argument(
+        "--depth",
+        type=int,
+        default=DEFAULT_DEPTH,
+        help="the first stage's candidates per source (Pipeline.depth)",
+    )
+    parser.add_argument(
+        "--late-timing",
+        type=lambda text: [tuple(int(x) for x in part.split("x")) for part in text.split(",")],
+        default=[(10, 0), (20, 0), (30, 0)],
+        help="late-interaction settings timed: CANDIDATESxPOOL,... (a pool runs at --depth)",
+    )
     parser.add_argument("--late-markers", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--late-augment", action=argparse.BooleanOptionalAction, default=False)
     parser.add_argument(
@@ -475,14 +605,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="cross-encoder settings timed: LENGTHxCANDIDATESxTHREADS,...",
     )
     args = parser.parse_args(argv)
+    if args.chart:
+        chart(args.out, args.chart.split(","), args.out / "rerank_late_chart.png")
+        print(f"wrote {args.out / 'rerank_late_chart.png'}")
+        return 0
     OBJECTIVE = tuple(args.objective)
     CANDIDATES = tuple(sorted(args.candidates))
-    HEAD = max(CANDIDATES)
+    POOLS = tuple(sorted(args.pools))
+    HEAD = max(CANDIDATES + POOLS)
 
     conversations = load_locomo(args.data)
     stage = first_stage(args, conversations)
     rows = stage["rows"]
-    report: dict[str, Any] = {"machine": lr.machine(), "first_stage": stage["config"]}
+    report: dict[str, Any] = {
+        "machine": lr.machine(),
+        "first_stage": stage["config"],
+        "first_stage_name": args.first_stage,
+    }
     lines = [f"## Second-stage reranking, first stage `{args.first_stage}` ({stage['config']})", ""]
     if not args.no_late:
         late = late_scores(args, stage)
@@ -497,16 +636,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         subset = sorted(set.intersection(*(set(v) for v in ce.values())))
         report["ce"] = cross_validate(rows, ce, list(ce), subset)
         lines += report_lines("Cross-encoder (context pairs), every third question", report["ce"])
+    if args.public:
+        report["public"] = public(args, conversations)
+        lines += ["### Through `HistoryMemory.recall` (default Chroma backend)", ""]
+        lines += [
+            "| row | R@5 | R@10 | session R@10 | recall ms mean | prefetch s | top 5 of k=10 "
+            "differs from k=50 |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for label, result in report["public"].items():
+            o = result["overall"]
+            lines.append(
+                f"| {label} | {o['R@5']:.3f} | {o['R@10']:.3f} | {o['S@10']:.3f} | "
+                f"{result['recall_ms_mean']} | {result['prefetch_s']} | "
+                f"{result['prefix_mismatches']} of {result['prefix_checked']} |"
+            )
+        lines.append("")
     if args.timing_questions:
         report["timing"] = timing(args, conversations, stage)
         lines += [
             "| setting | wall p50 ms | CPU p50 ms | CPU mean ms | bytes per cached record | "
-            "questions | load |",
-            "| --- | --- | --- | --- | --- | --- | --- |",
+            "prefetch ms per record | questions | load |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         lines += [
             f"| {t['label']} | {t['wall_p50_ms']} | {t['cpu_p50_ms']} | {t['cpu_mean_ms']} | "
-            f"{t['bytes_per_cached_record'] or '-'} | {t['questions']} | {t['load']} |"
+            f"{t['bytes_per_cached_record'] or '-'} | {t['prefetch_ms_per_record'] or '-'} | "
+            f"{t['questions']} | {t['load']} |"
             for t in report["timing"]
         ]
     command = command_line(
