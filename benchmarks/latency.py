@@ -725,6 +725,7 @@ def worker_ours(args: argparse.Namespace, persistent: bool) -> dict[str, Any]:
     if args.late_interaction:
         from memories_core.retrieval import FusionConfig
         from memories_core.retrieval.late_interaction import (
+            DEFAULT_CACHE_BYTES,
             late_interaction_pipeline,
             late_interaction_reranker,
         )
@@ -733,11 +734,8 @@ def worker_ours(args: argparse.Namespace, persistent: bool) -> dict[str, Any]:
         # Without --late-prefetch its token-vector cache starts empty, so a query pays for
         # the candidates no earlier query ranked; with it, every record of the target user
         # is encoded first (timed) into a cache big enough for all of them.
-        cache_bytes = (1 << 30) if args.late_prefetch else None
-        reranker = (
-            late_interaction_reranker(cache_bytes=cache_bytes)
-            if cache_bytes
-            else late_interaction_reranker()
+        reranker = late_interaction_reranker(
+            cache_bytes=(1 << 30) if args.late_prefetch else DEFAULT_CACHE_BYTES
         )
         late = late_interaction_pipeline(FusionConfig().pipeline(), reranker)
         if args.late_prefetch:

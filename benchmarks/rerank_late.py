@@ -61,7 +61,11 @@ from tqdm import tqdm
 
 from memories_core.evaluation import CATEGORY_NAMES, load_locomo
 from memories_core.retrieval import Pipeline, RecallRequest
-from memories_core.retrieval.cross_encoder import OnnxCrossEncoder, cross_encoder_reranker
+from memories_core.retrieval.cross_encoder import (
+    OnnxCrossEncoder,
+    blend_head,
+    cross_encoder_reranker,
+)
 from memories_core.retrieval.keys import KeyedBackend
 from memories_core.retrieval.late_interaction import (
     LateInteractionReranker,
@@ -69,6 +73,7 @@ from memories_core.retrieval.late_interaction import (
     TokenVectorCache,
     late_interaction_pipeline,
     maxsim,
+    pool_head,
 )
 from memories_core.retrieval.pipeline import DEFAULT_DEPTH
 
@@ -83,12 +88,6 @@ CE_LENGTHS = (64, 96)
 METRICS = ("R@5", "R@10", "S@10")
 #: What each fold maximises (the mean of these metrics on the training conversations).
 OBJECTIVE: tuple[str, ...] = ("R@5", "R@10")
-
-
-def unit(values: Sequence[float]) -> npt.NDArray[np.float64]:
-    array = np.asarray(values, dtype=np.float64)
-    span = float(array.max() - array.min()) if len(array) else 0.0
-    return (array - array.min()) / span if span > 0 else np.ones_like(array)
 
 
 def first_stage(args: argparse.Namespace, conversations: Sequence[Any]) -> dict[str, Any]:
@@ -206,31 +205,22 @@ def blended_rows(
     cell: Cell,
     subset: Sequence[int],
 ) -> list[tuple[str, int, dict[str, float]]]:
-    """Scored questions (conversation, category, metrics) for one grid cell: the rule of
-    ``LateInteractionReranker`` (the head, plus the pool's ``candidates`` best by MaxSim
-    below it, blended), scored on the first ``DEPTH_K`` results as ``recall`` returns."""
+    """Scored questions (conversation, category, metrics) for one grid cell: the library's
+    own rule (``pool_head`` then ``blend_head``, as ``LateInteractionReranker``), scored on
+    the first ``DEPTH_K`` results as ``recall`` returns."""
     variant, candidates, pool, weight = cell
     out = []
     for n in subset:
         row = rows[n]
         ids = row["ids"]
-        values = scores[variant][n]
-        picked = list(range(min(candidates, len(ids))))
-        below = list(range(len(picked), min(max(pool, candidates), len(ids), len(values))))
-        if weight > 0 and below:
-            best = sorted(below, key=lambda i: (-values[i], i))[:candidates]
-            picked += sorted(best)
-        if weight > 0:
-            mix = weight * unit([values[i] for i in picked]) + (1 - weight) * unit(
-                [row["fused"][i] for i in picked]
-            )
-            order = sorted(range(len(picked)), key=lambda j: (-mix[j], j))
-            chosen = set(picked)
-            ranked = [ids[picked[j]] for j in order] + [
-                item for i, item in enumerate(ids) if i not in chosen
-            ]
-        else:
-            ranked = ids
+        ranked = ids
+        if weight > 0:  # weight 0 is the first stage itself
+            scored = ids[: max(pool, candidates)]
+            value = dict(zip(scored, scores[variant][n], strict=False))
+            head = pool_head(scored, [value[i] for i in scored], candidates)
+            fused = dict(zip(ids, row["fused"], strict=True))
+            blended = blend_head(ids, fused, head, [value[i] for i in head], weight)
+            ranked = [item for item, _ in blended]
         ranked = ranked[: lr.DEPTH_K]
         out.append((row["sid"], row["cat"], lr.score_question(ranked, row["ev"])))
     return out
@@ -420,9 +410,9 @@ def timing(
                 # Every record of the conversation encoded ahead (Pipeline.prefetch), untimed
                 # in the recalls; one conversation fits in the default 64 MB cache.
                 started = time.perf_counter()
-                encoded += pipeline.prefetch(
-                    backend_of(row["sid"]), row["sid"], list(stage["text"][row["sid"]])
-                )
+                sid = row["sid"]
+                records = list(backends[sid].load(list(stage["text"][sid]), user_id=sid).values())
+                encoded += pipeline.prefetch(backend_of(sid), sid, records)
                 prefetch_s += time.perf_counter() - started
                 prefetched = row["sid"]
             request = RecallRequest(row["q"], user_id=row["sid"], k=10, now=times[row["sid"]])

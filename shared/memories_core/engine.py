@@ -1052,8 +1052,8 @@ class MemoryEngine:
         from memories_core.retrieval.keys import SEARCH_KEY_KIND, KeyedBackend
 
         check_user_id(user_id)
-        ids = [r.id for r in self.records(user_id) if r.kind != SEARCH_KEY_KIND]
-        return pipeline.prefetch(KeyedBackend(self._backend), user_id, ids, progress=progress)
+        records = [r for r in self.records(user_id) if r.kind != SEARCH_KEY_KIND]
+        return pipeline.prefetch(KeyedBackend(self._backend), user_id, records, progress=progress)
 
     def reindex(self, *, progress: bool = True) -> int:
         """Rebuild the vector index from the record store; returns the records indexed.

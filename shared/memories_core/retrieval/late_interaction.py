@@ -59,6 +59,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from memories_core.embedders.base import l2_normalise
 from memories_core.errors import ConfigurationError, InvalidInputError
 from memories_core.retrieval.context import DEFAULT_CONTEXT_GAP
 from memories_core.retrieval.cross_encoder import (
@@ -99,6 +100,7 @@ __all__ = [
     "late_interaction_pipeline",
     "late_interaction_reranker",
     "maxsim",
+    "pool_head",
 ]
 
 #: Candidates of the fused ranking re-scored per recall. This, the weight, ``context`` and
@@ -168,11 +170,6 @@ class LateInteractionEncoder(Protocol):
     def encode_document(self, text: str) -> npt.NDArray[np.float32]:
         """``(tokens, dim)`` unit rows for a stored text."""
         ...
-
-
-def _normalise(rows: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
-    norms = np.linalg.norm(rows, axis=1, keepdims=True)
-    return (rows / np.maximum(norms, 1e-12)).astype(np.float32)
 
 
 class OnnxLateInteractionEncoder:
@@ -279,7 +276,7 @@ class OnnxLateInteractionEncoder:
             "token_type_ids": np.zeros_like(array),
         }
         hidden = self._session.run(None, {k: v for k, v in feed.items() if k in self._inputs})[0]
-        return _normalise(np.asarray(hidden, dtype=np.float32)[0])
+        return l2_normalise(np.asarray(hidden, dtype=np.float32)[0])
 
     def encode_query(self, text: str) -> npt.NDArray[np.float32]:
         """Unit token vectors of a query (``[Q]`` marker; ``[MASK]`` padding if ``augment``).
@@ -398,6 +395,18 @@ def maxsim(query: npt.NDArray[np.float32], text: npt.NDArray[np.floating]) -> fl
     return float((query @ np.asarray(text, dtype=np.float32).T).max(axis=1).sum())
 
 
+def pool_head(scored: Sequence[str], values: Sequence[float], candidates: int) -> list[str]:
+    """The block :class:`LateInteractionReranker` re-orders (its ``pool`` rule).
+
+    ``scored`` is the pool in fused order and ``values`` their MaxSim scores: the first
+    ``candidates`` are the head, and the ``candidates`` best of the rest by MaxSim (ties:
+    fused order) join it, in fused order.
+    """
+    below = range(candidates, len(scored))
+    joined = set(sorted(below, key=lambda i: (-values[i], i))[:candidates])
+    return [item for i, item in enumerate(scored) if i < candidates or i in joined]
+
+
 @dataclass(frozen=True)
 class LateInteractionReranker:
     """Reranker: blend MaxSim over cached token vectors with the fused scores of the head.
@@ -448,8 +457,15 @@ class LateInteractionReranker:
         self, user_id: str, head: Sequence[str], texts: Sequence[str]
     ) -> list[npt.NDArray[np.float16]]:
         """Token vectors of ``head`` (encoded from ``texts``), from the cache or computed."""
+        return self._vectors(user_id, head, texts)[0]
+
+    def _vectors(
+        self, user_id: str, head: Sequence[str], texts: Sequence[str]
+    ) -> tuple[list[npt.NDArray[np.float16]], int]:
+        """:meth:`vectors`, and how many of them were encoded now."""
         name = self.encoder.name
         out = []
+        encoded = 0
         for item, text in zip(head, texts, strict=True):
             digest = _digest(name, text)
             found = self.cache.get(user_id, item, digest)
@@ -458,30 +474,33 @@ class LateInteractionReranker:
                 if rows.ndim != 2 or not len(rows):
                     raise ConfigurationError(f"encoder returned shape {rows.shape} for a text")
                 found = self.cache.put(user_id, item, digest, rows)
+                encoded += 1
             out.append(found)
-        return out
+        return out, encoded
 
     def prefetch(
         self,
         backend: RecallBackend,
         user_id: str,
-        ids: Sequence[str],
+        records: Sequence[MemoryRecord],
         *,
         progress: bool = False,
         chunk: int = 256,
     ) -> int:
-        """Encode and cache the token vectors of ``user_id``'s records ``ids`` ahead of recalls.
+        """Encode and cache the token vectors of ``user_id``'s ``records`` ahead of recalls.
 
         The texts are those a recall would score (with ``context``, after the record before
         each), so later recalls find every candidate cached and pay only the warm cost.
-        Records already cached are skipped; the cache's byte bound still applies.
+        Records already cached are skipped; the cache's byte bound still applies. The
+        records come loaded (``MemoryEngine.prefetch`` lists them), so only the links
+        between neighbours are read from ``backend``.
 
         Args:
             backend: Where the records are (the engine's recall backend).
-            user_id: Owner; only that user's records are loaded.
-            ids: Record ids (unknown or foreign ids are skipped).
+            user_id: Owner; records of another user are skipped.
+            records: The records to prepare.
             progress: Show a progress bar.
-            chunk: Records loaded per step.
+            chunk: Records linked and encoded per step.
 
         Returns:
             How many records were encoded now.
@@ -491,18 +510,17 @@ class LateInteractionReranker:
         _positive_int("chunk", chunk)
         request = RecallRequest("prefetch", user_id=user_id, k=1)
         ctx = RecallContext(request, backend)
-        before = self.cache.misses
-        steps = range(0, len(ids), chunk)
-        for start in tqdm(steps, desc="late-interaction vectors", disable=not progress):
-            part = list(ids[start : start + chunk])
-            records: Mapping[str, MemoryRecord] = ctx.load(part, user_id=user_id)
-            found = [item for item in part if item in records]
-            if found:
-                texts = context_pair_texts(
-                    found, records, request, ctx, self.context, self.context_gap
-                )
-                self.vectors(user_id, found, texts)
-        return self.cache.misses - before
+        ctx.remember(records)
+        ids = [r.id for r in records if r.user_id == user_id]
+        known = ctx.load(ids, user_id=user_id)
+        encoded = 0
+        for start in tqdm(
+            range(0, len(ids), chunk), desc="late-interaction vectors", disable=not progress
+        ):
+            part = ids[start : start + chunk]
+            texts = context_pair_texts(part, known, request, ctx, self.context, self.context_gap)
+            encoded += self._vectors(user_id, part, texts)[1]
+        return encoded
 
     def rerank(self, ranking: Ranking, request: RecallRequest, ctx: RecallContext) -> Ranking:
         """Return the ranking with its head re-ordered by the blend."""
@@ -520,12 +538,7 @@ class LateInteractionReranker:
         query = np.asarray(self.encoder.encode_query(request.query), dtype=np.float32)
         vectors = self.vectors(request.user_id, scored, texts)
         value = {item: maxsim(query, rows) for item, rows in zip(scored, vectors, strict=True)}
-        head = scored[: self.candidates]
-        below = scored[self.candidates :]
-        if below:  # the pool's best by MaxSim join the head (ties: fused order)
-            best = sorted(range(len(below)), key=lambda i: (-value[below[i]], i))
-            joined = set(best[: self.candidates])
-            head += [item for i, item in enumerate(below) if i in joined]
+        head = pool_head(scored, [value[item] for item in scored], self.candidates)
         return blend_head(items, scores, head, [value[item] for item in head], self.weight)
 
     def forget_user(self, user_id: str) -> None:

@@ -35,7 +35,7 @@ Ties are broken by first-seen order everywhere, so a fixed store gives a fixed r
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
@@ -253,6 +253,15 @@ class RecallContext:
         """Forwarded to the backend."""
         return self.backend.lexical(query, user_id=user_id, depth=depth, where=where)
 
+    def remember(self, records: Iterable[MemoryRecord]) -> None:
+        """Take records already loaded for this run's user; :meth:`load` then reads them here.
+
+        Records of another user are ignored.
+        """
+        for record in records:
+            if record.user_id == self.request.user_id:
+                self._records[record.id] = record
+
     def load(self, ids: Sequence[str], *, user_id: str) -> dict[str, MemoryRecord]:
         """Records of ``ids`` (cached; ids the backend did not return stay unknown)."""
         if user_id != self.request.user_id:
@@ -342,6 +351,11 @@ class Pipeline:
         if isinstance(self.depth, bool) or not isinstance(self.depth, int) or self.depth < 1:
             raise ConfigurationError("depth must be an int >= 1")
 
+    def _offering(self, method: str) -> list[Callable[..., Any]]:
+        """The bound ``method`` of every source and reranker that has one."""
+        found = (getattr(stage, method, None) for stage in (*self.sources, *self.rerankers))
+        return [call for call in found if callable(call)]
+
     def forget_user(self, user_id: str) -> None:
         """Drop what any stage keeps of ``user_id`` between recalls.
 
@@ -349,28 +363,29 @@ class Pipeline:
         :class:`~memories_core.retrieval.late_interaction.LateInteractionReranker`) offers
         ``forget_user(user_id)``; a mechanism's ``delete_user`` and ``clear`` call this.
         """
-        for stage in (*self.sources, *self.rerankers):
-            forget = getattr(stage, "forget_user", None)
-            if callable(forget):
-                forget(user_id)
+        for forget in self._offering("forget_user"):
+            forget(user_id)
 
     def prefetch(
-        self, backend: RecallBackend, user_id: str, ids: Sequence[str], *, progress: bool = False
+        self,
+        backend: RecallBackend,
+        user_id: str,
+        records: Sequence[MemoryRecord],
+        *,
+        progress: bool = False,
     ) -> int:
-        """Let every stage that caches per record prepare ``user_id``'s records ``ids``.
+        """Let every stage that caches per record prepare ``user_id``'s ``records``.
 
-        A stage offers ``prefetch(backend, user_id, ids, progress=...)`` returning how many
-        records it prepared (e.g. the token vectors of
+        A stage offers ``prefetch(backend, user_id, records, progress=...)`` returning how
+        many records it prepared (e.g. the token vectors of
         :class:`~memories_core.retrieval.late_interaction.LateInteractionReranker`);
         :meth:`MemoryEngine.prefetch <memories_core.engine.MemoryEngine.prefetch>` calls
-        this with all of a user's records. Returns the sum over stages.
+        this with all of a user's records, already loaded. Returns the sum over stages.
         """
-        done = 0
-        for stage in (*self.sources, *self.rerankers):
-            prepare = getattr(stage, "prefetch", None)
-            if callable(prepare):
-                done += int(prepare(backend, user_id, ids, progress=progress))
-        return done
+        return sum(
+            int(prepare(backend, user_id, records, progress=progress))
+            for prepare in self._offering("prefetch")
+        )
 
     def candidate_depth(self, k: int) -> int:
         """How many candidates each source fetches for ``k`` results."""
