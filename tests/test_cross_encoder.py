@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Sequence
-from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from memories_core.retrieval.cross_encoder import (
 )
 from memories_core.retrieval.memory_backend import InMemoryBackend
 from memories_core.types import MemoryRecord
+from reranker_scenarios import top_answer_to_the_cat_question, with_reranker
 
 NOW = datetime(2024, 5, 1, tzinfo=timezone.utc)
 TEXTS = [
@@ -73,11 +73,6 @@ def backend() -> InMemoryBackend:
 def ids(pipeline: Pipeline, backend: InMemoryBackend, query: str, k: int = 6) -> list[str]:
     request = RecallRequest(query, user_id="ana", k=k, now=NOW)
     return [hit.record.id for hit in pipeline.run(request, backend)]
-
-
-def with_reranker(reranker: BlendedCrossEncoderReranker) -> Pipeline:
-    base = Pipeline()
-    return replace(base, rerankers=(*base.rerankers, reranker))
 
 
 def test_pure_cross_encoder_orders_the_head_and_keeps_the_rest_below(
@@ -260,20 +255,7 @@ def test_bundled_onnx_model_ranks_the_answer_first_and_caches_tokens() -> None:
 
 @needs_bundled
 def test_bundled_reranker_in_history_memory_lifts_the_answer() -> None:
-    memory = HistoryMemory(
-        embedder=HashingEmbedder(),
-        # Turn-alone pairs and the cross-encoder's order alone: with context pairs the turn
-        # after the answer shares the answer's text, which only the blend can separate.
-        pipeline=with_reranker(cross_encoder_reranker(candidates=10, weight=1.0, context=False)),
-    )
-    scope = Scope("ana")
-    for text in (
-        "What did you do on the weekend?",
-        "I went to the cat cafe with my sister.",
-        "My cat is called Pixel, she is two years old.",
-        "Cat videos are the best thing on the internet.",
-    ):
-        memory.save([Turn("user", text)], scope)
-    hits = memory.recall("What is the name of my cat?", scope, k=2).records
-    assert "Pixel" in hits[0].record.text
-    memory.close()
+    # Turn-alone pairs and the cross-encoder's order alone: with context pairs the turn
+    # after the answer shares the answer's text, which only the blend can separate.
+    reranker = cross_encoder_reranker(candidates=10, weight=1.0, context=False)
+    assert "Pixel" in top_answer_to_the_cat_question(reranker)

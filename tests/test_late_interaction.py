@@ -29,6 +29,7 @@ from memories_core.retrieval.late_interaction import (
 )
 from memories_core.retrieval.memory_backend import InMemoryBackend
 from memories_core.types import MemoryRecord
+from reranker_scenarios import top_answer_to_the_cat_question, with_reranker
 
 NOW = datetime(2024, 5, 1, tzinfo=timezone.utc)
 DIM = 64
@@ -98,11 +99,6 @@ def add_records(backend: InMemoryBackend, texts: list[str], user: str, prefix: s
     )
 
 
-def pipeline_with(reranker: LateInteractionReranker) -> Pipeline:
-    base = Pipeline()
-    return replace(base, rerankers=(*base.rerankers, reranker))
-
-
 def ranked(
     pipeline: Pipeline, backend: InMemoryBackend, query: str, user: str = "ana"
 ) -> list[str]:
@@ -115,7 +111,7 @@ def test_maxsim_order_alone_and_blended_with_the_fused_score() -> None:
     plain = ranked(Pipeline(), backend, "did Pixel play with the zebra or the weather")
     encoder = FakeEncoder()
     alone = ranked(
-        pipeline_with(LateInteractionReranker(encoder, weight=1.0, context=False)),
+        with_reranker(LateInteractionReranker(encoder, weight=1.0, context=False)),
         backend,
         "did Pixel play with the zebra or the weather",
     )
@@ -123,7 +119,7 @@ def test_maxsim_order_alone_and_blended_with_the_fused_score() -> None:
     assert alone[0] == "r3"
     assert set(alone) == set(plain)
     off = ranked(
-        pipeline_with(LateInteractionReranker(FakeEncoder(), weight=0.0, context=False)),
+        with_reranker(LateInteractionReranker(FakeEncoder(), weight=0.0, context=False)),
         backend,
         "did Pixel play with the zebra or the weather",
     )
@@ -140,7 +136,7 @@ def test_context_encodes_a_turn_after_the_turn_before_it() -> None:
     )
     encoder = FakeEncoder()
     reranker = LateInteractionReranker(encoder, context=True)
-    ranked(pipeline_with(reranker), backend, "what pet does Ana have")
+    ranked(with_reranker(reranker), backend, "what pet does Ana have")
     assert "Bo: what pet do you have Ana: a cat named Bailey" in encoder.documents
     assert "Bo: what pet do you have" in encoder.documents  # the first turn: no previous turn
 
@@ -149,7 +145,7 @@ def test_vectors_are_computed_once_per_record_and_reused() -> None:
     backend = backend_with(TEXTS)
     encoder = FakeEncoder()
     reranker = LateInteractionReranker(encoder, context=False)
-    pipeline = pipeline_with(reranker)
+    pipeline = with_reranker(reranker)
     first = ranked(pipeline, backend, "Pixel zebra toy")
     encoded = len(encoder.documents)
     assert encoded == len(TEXTS) == len(reranker.cache)
@@ -246,6 +242,26 @@ def test_prefetch_encodes_a_users_records_so_recall_finds_them_cached() -> None:
     memory.close()
 
 
+def test_prefetch_reads_no_record_it_was_given_again() -> None:
+    backend = backend_with(TEXTS)
+    records = list(backend.load([f"r{i}" for i in range(len(TEXTS))], user_id="ana").values())
+    loads: list[list[str]] = []
+    real_load = backend.load
+
+    def counting_load(ids: list[str], *, user_id: str) -> dict[str, MemoryRecord]:
+        loads.append(list(ids))
+        return real_load(ids, user_id=user_id)
+
+    backend.load = counting_load  # type: ignore[method-assign]
+    encoder = FakeEncoder()
+    reranker = LateInteractionReranker(encoder, context=True)
+    assert reranker.prefetch(backend, "ana", records) == len(TEXTS)
+    assert loads == []  # the records and their neighbours came from the given records
+    foreign = backend_with(TEXTS[:1], user="bo", prefix="b")
+    bo = list(foreign.load(["b0"], user_id="bo").values())
+    assert reranker.prefetch(backend, "ana", bo) == 0  # another user's records are skipped
+
+
 def test_cache_is_bounded_in_bytes_least_recently_used_first() -> None:
     cache = TokenVectorCache(max_bytes=3 * 4 * 8 * 2)  # three 4 x 8 float16 matrices
     for i in range(4):
@@ -260,7 +276,7 @@ def test_cache_is_bounded_in_bytes_least_recently_used_first() -> None:
 def test_an_edited_record_is_encoded_again_from_its_new_text() -> None:
     encoder = FakeEncoder()
     reranker = LateInteractionReranker(encoder, weight=1.0, context=False)
-    memory = HistoryMemory(embedder=HashingEmbedder(), pipeline=pipeline_with(reranker))
+    memory = HistoryMemory(embedder=HashingEmbedder(), pipeline=with_reranker(reranker))
     scope = Scope("ana")
     for text in ("I like tea", "my cat is called Pixel", "the weather is grey"):
         memory.save([Turn("user", text)], scope)
@@ -278,7 +294,7 @@ def test_an_edited_record_is_encoded_again_from_its_new_text() -> None:
 def test_delete_user_and_clear_drop_that_users_vectors_only() -> None:
     encoder = FakeEncoder()
     reranker = LateInteractionReranker(encoder, context=False)
-    memory = HistoryMemory(embedder=HashingEmbedder(), pipeline=pipeline_with(reranker))
+    memory = HistoryMemory(embedder=HashingEmbedder(), pipeline=with_reranker(reranker))
     for user in ("ana", "bo"):
         for text in ("I like tea", "my cat is called Pixel"):
             memory.save([Turn("user", text)], Scope(user))
@@ -297,7 +313,7 @@ def test_users_never_share_cached_vectors() -> None:
     add_records(backend, TEXTS, "bo", "b")
     encoder = FakeEncoder()
     reranker = LateInteractionReranker(encoder, context=False)
-    pipeline = pipeline_with(reranker)
+    pipeline = with_reranker(reranker)
     ana = ranked(pipeline, backend, "Pixel zebra toy", user="ana")
     encoded = len(encoder.documents)
     bo = ranked(pipeline, backend, "Pixel zebra toy", user="bo")
@@ -309,7 +325,7 @@ def test_users_never_share_cached_vectors() -> None:
 def test_a_deleted_record_found_in_a_stale_ranking_is_dropped_from_the_cache() -> None:
     backend = backend_with(TEXTS)
     reranker = LateInteractionReranker(FakeEncoder(), context=False)
-    pipeline = pipeline_with(reranker)
+    pipeline = with_reranker(reranker)
     ranked(pipeline, backend, "Pixel zebra toy")
     assert ("ana", "r3") in reranker.cache
     request = RecallRequest("Pixel", user_id="ana", k=5, now=NOW)
@@ -384,16 +400,5 @@ def test_bundled_colbert_scores_the_answer_highest_and_is_deterministic() -> Non
 @needs_bundled
 def test_bundled_reranker_in_history_memory_lifts_the_answer() -> None:
     reranker = late_interaction_reranker(candidates=10, weight=1.0, context=False)
-    memory = HistoryMemory(embedder=HashingEmbedder(), pipeline=pipeline_with(reranker))
-    scope = Scope("ana")
-    for text in (
-        "What did you do on the weekend?",
-        "I went to the cat cafe with my sister.",
-        "My cat is called Pixel, she is two years old.",
-        "Cat videos are the best thing on the internet.",
-    ):
-        memory.save([Turn("user", text)], scope)
-    hits = memory.recall("What is the name of my cat?", scope, k=2).records
-    assert "Pixel" in hits[0].record.text
+    assert "Pixel" in top_answer_to_the_cat_question(reranker)
     assert len(reranker.cache) == 4
-    memory.close()
