@@ -834,6 +834,20 @@ def public_rows(
     return results
 
 
+def both_ways(scored: dict[Any, list[Row]], folds: Sequence[str], label: str) -> dict[str, Any]:
+    """LOCO CV of ``scored`` with the "no category worse" constraint and without, printed."""
+    out: dict[str, Any] = {}
+    for constrained in (True, False):
+        tag = "no category worse" if constrained else "unconstrained"
+        out[tag] = cross_validate(scored, folds, constrained=constrained)
+        print(
+            f"  {label}, {tag}: {fmt_overall(out[tag]['held_out']['overall'])} "
+            f"{out[tag]['chosen_counts']}",
+            flush=True,
+        )
+    return out
+
+
 def question_cv(harness: Harness, folds: Sequence[str]) -> dict[str, Any]:
     """Third pass: LOCO CV of the question-answer context knobs, constrained (no category's
     R@5 or R@10 below the second-pass default's on the training folds) and unconstrained,
@@ -849,14 +863,7 @@ def question_cv(harness: Harness, folds: Sequence[str]) -> dict[str, Any]:
             "grid_points": len(points),
             "points": {c.label(): summarise_rows(rows) for c, rows in scored.items()},
         }
-        for constrained in (True, False):
-            tag = "no category worse" if constrained else "unconstrained"
-            part[tag] = cross_validate(scored, folds, constrained=constrained)
-            print(
-                f"  question CV{' + keys' if with_keys else ''}, {tag}: "
-                f"{fmt_overall(part[tag]['held_out']['overall'])} {part[tag]['chosen_counts']}",
-                flush=True,
-            )
+        part |= both_ways(scored, folds, f"question CV{' + keys' if with_keys else ''}")
         result["observation keys" if with_keys else "no keys"] = part
     # Sensitivity around the chosen default (no keys): the ordinary context weights and the
     # after-question weight, the library default first (the "no category worse" baseline).
@@ -873,16 +880,9 @@ def question_cv(harness: Harness, folds: Sequence[str]) -> dict[str, Any]:
         config: harness.rows("no session ids", False, config)
         for config in tqdm(points, desc="question sensitivity")
     }
-    part = {"grid_points": len(points)}
-    for constrained in (True, False):
-        tag = "no category worse" if constrained else "unconstrained"
-        part[tag] = cross_validate(scored, folds, constrained=constrained)
-        print(
-            f"  sensitivity, {tag}: {fmt_overall(part[tag]['held_out']['overall'])} "
-            f"{part[tag]['chosen_counts']}",
-            flush=True,
-        )
-    result["sensitivity around the default (no keys)"] = part
+    result["sensitivity around the default (no keys)"] = {"grid_points": len(points)} | both_ways(
+        scored, folds, "sensitivity"
+    )
     return result
 
 
