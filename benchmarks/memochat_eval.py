@@ -34,7 +34,8 @@ The last two lines printed are always ``selector F1: 0.xxx`` and
 ``segmenter boundary F1: 0.xxx``: the default LLM-free selector and segmenter with their
 documented defaults (no tuning on the file).
 
-    python benchmarks/memochat_eval.py [ITEMS] [--llm local --llm-items 4] [--cross-encoder]
+    python benchmarks/memochat_eval.py [ITEMS] [--llm local --llm-items 4 [--model qwen2.5-1.5b]]
+        [--cross-encoder]
 """
 
 from __future__ import annotations
@@ -463,6 +464,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--llm", choices=["none", "local"], default="none")
     parser.add_argument("--llm-items", type=int, default=4)
     parser.add_argument(
+        "--model",
+        default="smollm2-135m",
+        help="offline model for --llm local: smollm2-135m or qwen2.5-1.5b",
+    )
+    parser.add_argument(
         "--cross-encoder",
         action="store_true",
         help="also measure the ONNX ms-marco cross-encoder blended in (extra 'rerank')",
@@ -702,7 +708,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         half = max(1, args.llm_items // 2)  # the first items of each source
         sample = [it for s in sources for it in split[s][:half]]
-        llm = LocalLLM()
+        llm = LocalLLM() if args.model == "smollm2-135m" else LocalLLM(model=args.model)
         llm_f1, seconds = llm_selector(sample, llm)
         fused_same = fscore(sample, {})
         every = statistics.fmean(
@@ -714,6 +720,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
         usage = getattr(llm, "usage", None)
         out["llm"] = {
+            "model": llm.name,
             "items": len(sample),
             "f1": llm_f1,
             "seconds_per_query": seconds,
@@ -722,7 +729,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "usage": repr(usage),
         }
         print(
-            f"\nLLM selector (bundled LocalLLM) on {len(sample)} items: F1 {llm_f1:.3f}, "
+            f"\nLLM selector ({llm.name}) on {len(sample)} items: F1 {llm_f1:.3f}, "
             f"{seconds:.1f} s/query (fused selector on the same items: {fused_same:.3f}; "
             f"choosing every option: {every:.3f}); usage {usage!r}"
         )

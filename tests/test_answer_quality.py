@@ -1,0 +1,347 @@
+"""Answer-quality harness: LoCoMo scoring, sampling, ingest through the public path, resume."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from memories_core import FixedClock, HistoryMemory, Scope
+from memories_core.embedders import HashingEmbedder
+from memories_core.evaluation.harness import (
+    IngestStats,
+    answer_question,
+    dated_sessions,
+    evidence_context,
+    full_context,
+    ingest_conversation,
+    percentile,
+    question_time,
+    read_jsonl,
+    select_questions,
+    write_json_atomic,
+)
+from memories_core.evaluation.locomo import LocomoConversation, LocomoQA, LocomoTurn
+from memories_core.evaluation.qa import (
+    NOT_MENTIONED,
+    adversarial_options,
+    bleu1,
+    is_abstention,
+    judge_messages,
+    locomo_f1,
+    multi_answer_f1,
+    normalise_answer,
+    parse_judge,
+    reader_messages,
+    token_f1,
+)
+from memories_core.llms.scripted import ScriptedLLM
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# --------------------------------------------------------------------------- scoring
+def test_normalisation_drops_case_punctuation_articles_and_commas() -> None:
+    assert normalise_answer("The Eiffel Tower, and a café!") == "eiffel tower café"
+
+
+def test_token_f1_stems_and_ignores_articles() -> None:
+    assert token_f1("She went hiking", "hikes") == pytest.approx(2 * (1 / 3) / (1 / 3 + 1))
+    assert token_f1("the painting", "Painting") == 1.0
+    assert token_f1("blue", "red") == 0.0
+    assert token_f1("", "red") == 0.0
+
+
+def test_multi_hop_scores_each_gold_item_by_its_best_prediction() -> None:
+    # gold items: "pottery", "camping"; predictions: "camping", "painting"
+    assert multi_answer_f1("camping, painting", "pottery, camping") == 0.5
+    assert locomo_f1("camping, painting", "pottery, camping", 1) == 0.5
+
+
+def test_open_domain_keeps_the_first_alternative() -> None:
+    assert locomo_f1("Likely yes", "Likely yes; because she said so", 3) == 1.0
+    assert locomo_f1("because she said so", "Likely yes; because she said so", 3) == 0.0
+
+
+def test_adversarial_rewards_abstaining_only() -> None:
+    assert locomo_f1(NOT_MENTIONED, "a red car", 5) == 1.0
+    assert locomo_f1("No information available.", "a red car", 5) == 1.0
+    assert locomo_f1("a red car", "a red car", 5) == 0.0
+    assert is_abstention("The conversation does not mention it")
+
+
+def test_unknown_category_is_a_value_error() -> None:
+    with pytest.raises(ValueError):
+        locomo_f1("x", "x", 7)
+
+
+def test_bleu1_clips_counts_and_penalises_brevity() -> None:
+    assert bleu1("red red red", "red car") == pytest.approx(1 / 3)
+    short = bleu1("red", "red car parked outside")
+    assert 0 < short < 1
+    assert bleu1("red car parked outside", "red car parked outside") == 1.0
+    assert bleu1("", "red") == 0.0
+
+
+def test_adversarial_options_are_fixed_per_question_and_seed() -> None:
+    first = adversarial_options("conv:1", "a red car", seed=3)
+    assert sorted(first) == sorted([NOT_MENTIONED, "a red car"])
+    assert adversarial_options("conv:1", "a red car", seed=3) == first
+    orders = {tuple(adversarial_options(f"conv:{i}", "x")) for i in range(40)}
+    assert len(orders) == 2  # both orders occur: the option is not always last
+
+
+def test_judge_labels() -> None:
+    assert parse_judge("CORRECT") is True
+    assert parse_judge("The answer is WRONG.") is False
+    assert parse_judge("incorrect") is False
+    assert parse_judge("maybe") is None
+    messages = judge_messages("When?", "7 May 2023", "May 7th")
+    assert "7 May 2023" in messages[-1].content and "May 7th" in messages[-1].content
+
+
+def test_reader_prompt_carries_memory_date_question_and_options() -> None:
+    when = datetime(2023, 5, 9, tzinfo=timezone.utc)
+    messages = reader_messages("Where?", "Ann: I live in Lyon", now=when, options=["a", "b"])
+    body = messages[-1].content
+    assert "Ann: I live in Lyon" in body and "09 May 2023" in body
+    assert "(a) a" in body and "(b) b" in body
+    assert "(none)" in reader_messages("Where?", "")[-1].content
+
+
+# --------------------------------------------------------------------------- data helpers
+def _turn(session: int, index: int, speaker: str, text: str) -> LocomoTurn:
+    return LocomoTurn(f"D{session}:{index}", session, speaker, text)
+
+
+def _conversation() -> LocomoConversation:
+    turns = [
+        _turn(1, 1, "Ann", "I adopted a cat named Miso."),
+        _turn(1, 2, "Bob", "Lovely! I bought a blue bicycle."),
+        _turn(1, 3, "Ann", "I work as a nurse in Lyon."),
+        _turn(1, 4, "Bob", "Nice."),
+        _turn(2, 1, "Ann", "Miso learned to open doors."),
+        _turn(2, 2, "Bob", "I painted a sunset last weekend."),
+        _turn(3, 1, "Ann", "I started learning the violin."),
+        _turn(3, 2, "Bob", "Great, I ran a marathon."),
+    ]
+    qa = (
+        LocomoQA("What is Ann's cat called?", "Miso", 4, ("D1:1",)),
+        LocomoQA("What did Bob paint?", "a sunset", 4, ("D2:2",)),
+        LocomoQA("What instrument is Ann learning?", "violin", 4, ("D3:1",)),
+        LocomoQA("What is Ann's car?", "a red car", 5, ("D1:3",)),
+        LocomoQA("No evidence question", "x", 2, ()),
+    )
+    times = {
+        1: "1:56 pm on 8 May, 2023",
+        2: "10:00 am on 15 May, 2023",
+        3: "9:00 am on 1 June, 2023",
+    }
+    return LocomoConversation("conv-t", ("Ann", "Bob"), tuple(turns), qa, times)
+
+
+def test_sessions_are_dated_and_cut() -> None:
+    conversation = _conversation()
+    dated = dated_sessions(conversation, 2)
+    assert list(dated) == [1, 2]
+    first, second = dated[1][0][1], dated[1][1][1]
+    assert (second - first).total_seconds() == 30
+    assert question_time(conversation, 2).date().isoformat() == "2023-05-16"
+
+
+def test_question_selection_keeps_answerable_questions_and_is_seeded() -> None:
+    conversation = _conversation()
+    kept = select_questions([conversation], sessions=2)
+    assert [item.qa.question for item in kept] == [
+        "What is Ann's cat called?",
+        "What did Bob paint?",
+        "What is Ann's car?",
+    ]
+    assert len(select_questions([conversation])) == 5  # no session cut: all questions
+    one = select_questions([conversation], limit=2, seed=1)
+    assert one == select_questions([conversation], limit=2, seed=1)
+    assert len(one) == 2
+    other = _conversation()
+    other = LocomoConversation("conv-u", other.speakers, other.turns, other.qa, other.session_times)
+    spread = select_questions([conversation, other], limit=4, seed=0)
+    assert sorted(item.conversation for item in spread) == ["conv-t"] * 2 + ["conv-u"] * 2
+
+
+def test_full_context_keeps_the_most_recent_part_that_fits() -> None:
+    conversation = _conversation()
+    whole = full_context(conversation, budget_tokens=10_000, count_tokens=len)
+    assert "Miso" in whole and "violin" in whole and "08 May 2023" in whole
+    cut = full_context(conversation, budget_tokens=120, count_tokens=len)
+    assert "violin" in cut and "adopted" not in cut
+    assert len(cut) <= 130
+
+
+def test_evidence_context_is_the_gold_turns_with_dates() -> None:
+    conversation = _conversation()
+    text = evidence_context(conversation, conversation.qa[1])
+    assert "Bob: I painted a sunset last weekend." in text
+    assert "15 May 2023" in text and "Miso" not in text
+
+
+# --------------------------------------------------------------------------- ingest + answer
+def test_ingest_saves_exchanges_with_the_session_clock(tmp_path: Path) -> None:
+    conversation = _conversation()
+    clock = FixedClock(datetime(2024, 1, 1, tzinfo=timezone.utc))
+    memory = HistoryMemory(path=tmp_path / "m", embedder=HashingEmbedder(dimension=64), clock=clock)
+    ticks: list[int] = []
+    stats = ingest_conversation(
+        memory, conversation, clock, user_id="conv-t", progress=ticks.append
+    )
+    assert (stats.turns, stats.saves, stats.sessions) == (8, 4, 3)
+    assert sum(ticks) == 8 and len(stats.save_ms) == 4
+    assert stats.store_bytes > 0
+    turns = memory.engine.records("conv-t", where={"kind": "turn"})
+    assert len(turns) == 8
+    by_text = {r.text: r for r in turns}
+    violin = next(r for text, r in by_text.items() if "violin" in text)
+    assert violin.created_at.date().isoformat() == "2023-06-01"
+    assert violin.session_id == "session_3"
+    roles = {str(r.metadata.get("role")) for r in turns}
+    assert roles == {"user", "assistant"}
+    # another user sees none of it
+    assert not memory.recall("cat", Scope("someone-else")).records
+    memory.close()
+
+
+def test_answer_question_recalls_reads_and_scores(tmp_path: Path) -> None:
+    conversation = _conversation()
+    clock = FixedClock(datetime(2024, 1, 1, tzinfo=timezone.utc))
+    memory = HistoryMemory(path=tmp_path / "m", embedder=HashingEmbedder(dimension=64), clock=clock)
+    ingest_conversation(memory, conversation, clock, user_id="conv-t")
+    reader = ScriptedLLM.from_rules(
+        [(r"(?s)Choose one option", NOT_MENTIONED), (r"cat called", "Miso")], default="dunno"
+    )
+    judge = ScriptedLLM(["CORRECT"], default="WRONG")
+
+    def recall(question: str) -> tuple[str, int]:
+        found = memory.recall(question, Scope("conv-t"), k=3)
+        return found.context, len(found.records)
+
+    items = select_questions([conversation], sessions=3)
+    first = answer_question(items[0], reader=reader, recall=recall, now=clock.now(), judge=judge)
+    assert first.prediction == "Miso" and first.f1 == 1.0 and first.judge is True
+    assert first.records == 3 and first.context_chars > 0
+    assert "Miso" in reader.calls[0][-1].content  # the recalled turn reached the reader
+    adversarial = next(item for item in items if item.qa.category == 5)
+    scored = answer_question(adversarial, reader=reader, recall=recall, now=clock.now())
+    assert scored.f1 == 1.0 and scored.judge is None
+    wrong = answer_question(items[1], reader=reader, recall=recall, now=clock.now(), judge=judge)
+    assert wrong.f1 == 0.0 and wrong.judge is False
+    memory.close()
+
+
+def test_stats_and_files_round_trip(tmp_path: Path) -> None:
+    stats = IngestStats(turns=3, save_ms=[1.0, 2.0])
+    write_json_atomic(tmp_path / "a" / "s.json", stats.to_json())
+    back = IngestStats.from_json(json.loads((tmp_path / "a" / "s.json").read_text()))
+    assert back == stats
+    log = tmp_path / "answers.jsonl"
+    log.write_text('{"id": "a"}\n{"id": "b"}\n{"id": "c', encoding="utf-8")  # torn last line
+    assert [row["id"] for row in read_jsonl(log)] == ["a", "b"]
+    assert percentile([1, 2, 3, 4], 50) == 2.5
+    assert percentile([5], 95) == 5.0
+
+
+# --------------------------------------------------------------------------- the benchmark CLI
+def _load_benchmark() -> object:
+    spec = importlib.util.spec_from_file_location("locomo_qa", ROOT / "benchmarks" / "locomo_qa.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["locomo_qa"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _dataset(path: Path) -> Path:
+    conversation = _conversation()
+    sample = {
+        "sample_id": conversation.sample_id,
+        "conversation": {
+            "speaker_a": "Ann",
+            "speaker_b": "Bob",
+            **{
+                f"session_{n}": [
+                    {"speaker": t.speaker, "dia_id": t.dia_id, "text": t.text}
+                    for t in conversation.turns
+                    if t.session == n
+                ]
+                for n in (1, 2, 3)
+            },
+            **{f"session_{n}_date_time": v for n, v in conversation.session_times.items()},
+        },
+        "qa": [
+            {
+                "question": q.question,
+                "answer": q.answer,
+                "category": q.category,
+                "evidence": list(q.evidence),
+            }
+            if q.category != 5
+            else {
+                "question": q.question,
+                "adversarial_answer": q.answer,
+                "category": 5,
+                "evidence": list(q.evidence),
+            }
+            for q in conversation.qa
+        ],
+    }
+    path.write_text(json.dumps([sample]), encoding="utf-8")
+    return path
+
+
+def test_benchmark_runs_resumes_and_prints_the_last_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bench = _load_benchmark()
+    calls: list[str] = []
+
+    def reader(messages: object) -> str:
+        text = messages[-1].content  # type: ignore[index]
+        calls.append(text)
+        if "Choose one option" in text:
+            return NOT_MENTIONED
+        return "Miso" if "Miso" in text else "sunset" if "sunset" in text else "dunno"
+
+    llm = ScriptedLLM([], default=reader)
+    monkeypatch.setattr(bench, "make_llm", lambda *a, **k: llm)  # type: ignore[attr-defined]
+    monkeypatch.setattr(
+        "memories_core.embedders.SentenceTransformerEmbedder", lambda: HashingEmbedder(dimension=64)
+    )
+    data = _dataset(tmp_path / "locomo.json")
+    argv = [
+        "--data",
+        str(data),
+        "--mechanisms",
+        "none,gold,full,history",
+        "--out",
+        str(tmp_path / "out"),
+        "--sessions",
+        "2",
+        "-q",
+    ]
+    assert bench.main(argv) == 0  # type: ignore[attr-defined]
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-1].startswith("best memory F1 ")
+    assert "(history) vs no memory F1 " in out[-1] and "vs full context F1 " in out[-1]
+    result = json.loads((tmp_path / "out" / "locomo_qa.json").read_text())
+    rows = {row["mechanism"]: row for row in result["rows"]}
+    assert rows["none"]["questions"] == 3  # 2 answerable in sessions 1-2, plus the adversarial
+    assert rows["gold"]["f1"] > rows["none"]["f1"]
+    assert rows["history"]["save_ms_p50"] >= 0 and rows["history"]["store_bytes"] > 0
+    assert (tmp_path / "out" / "locomo_qa.png").is_file()
+    asked = len(calls)
+    # resume: nothing is ingested or answered again
+    assert bench.main([*argv, "--resume"]) == 0  # type: ignore[attr-defined]
+    assert len(calls) == asked
+    again = json.loads((tmp_path / "out" / "locomo_qa.json").read_text())
+    assert [r["f1"] for r in again["rows"]] == [r["f1"] for r in result["rows"]]
