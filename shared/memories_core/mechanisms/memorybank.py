@@ -568,9 +568,20 @@ class MemoryBankMemory(MemoryBase):
         what: str,
     ) -> T:
         try:
-            return generate_parsed(llm, messages, parse)
+            return generate_parsed(llm, messages, parse, max_tokens=OUTPUT_TOKENS.get(label))
         except (LLMError, ParseError) as exc:
             raise JobFailed(label, f"{what} failed: {exc}") from exc
+
+
+#: Output cap of each consolidation prompt (tokens). A summary is a few sentences (§2.1);
+#: without a cap a slow local model can spend minutes on one rambling answer, and a cut-off
+#: answer is still a usable (if truncated) summary.
+OUTPUT_TOKENS: dict[str, int] = {
+    "memorybank.daily_summary": 160,
+    "memorybank.daily_portrait": 96,
+    "memorybank.global_summary": 200,
+    "memorybank.global_portrait": 96,
+}
 
 
 def _scope(scope: Any) -> Scope:
