@@ -17,6 +17,9 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
+# Tests that reach the default offline model use the tiny, fast one even where the 1.5B
+# model is installed (README: the quickstart installs it); tests of the choice set it.
+os.environ.setdefault("LLM_MEMORIES_MODEL", "smollm2-135m")
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

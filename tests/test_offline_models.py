@@ -93,6 +93,7 @@ def test_missing_and_unknown_models_are_typed_errors(monkeypatch: pytest.MonkeyP
 
 
 def test_the_best_installed_model_is_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(models.MODEL_ENV, raising=False)
     monkeypatch.setattr(models, "installed_models", lambda: ["smollm2-135m", "qwen2.5-1.5b"])
     assert default_model_name() == "qwen2.5-1.5b"
     monkeypatch.setattr(models, "installed_models", lambda: ["smollm2-135m"])
@@ -106,3 +107,12 @@ def test_named_model_identity_without_loading(monkeypatch: pytest.MonkeyPatch) -
     assert llm.name == "local:Qwen2.5-Coder-1.5B-Instruct-Q4_K_M"
     assert not llm.loaded
     assert llm.context_tokens >= 8192
+
+
+def test_the_environment_names_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(models, "installed_models", lambda: ["smollm2-135m", "qwen2.5-1.5b"])
+    monkeypatch.setenv(models.MODEL_ENV, "smollm2-135m")
+    assert default_model_name() == "smollm2-135m"
+    monkeypatch.setenv(models.MODEL_ENV, "gpt-17")
+    with pytest.raises(ConfigurationError, match="not a known model"):
+        default_model_name()

@@ -29,6 +29,7 @@ from memories_core.errors import ConfigurationError, MissingExtraError
 
 __all__ = [
     "MODELS",
+    "MODEL_ENV",
     "OfflineModel",
     "default_model_name",
     "installed_models",
@@ -119,8 +120,26 @@ def installed_models() -> list[str]:
     return [name for name, model in MODELS.items() if _parts(model) is not None]
 
 
+#: Environment variable that names the default offline model (e.g. ``smollm2-135m`` for
+#: fast tests and demos on a machine that also has the larger model).
+MODEL_ENV = "LLM_MEMORIES_MODEL"
+
+
 def default_model_name() -> str:
-    """The best installed model's name (see :data:`PREFERENCE`); ``smollm2-135m`` if none."""
+    """The default offline model: ``$LLM_MEMORIES_MODEL``, else the best installed one.
+
+    The best installed one follows :data:`PREFERENCE`; ``smollm2-135m`` if none is.
+
+    Raises:
+        ConfigurationError: if ``$LLM_MEMORIES_MODEL`` names no known model.
+    """
+    chosen = os.environ.get(MODEL_ENV, "").strip()
+    if chosen:
+        if chosen not in MODELS:
+            raise ConfigurationError(
+                f"{MODEL_ENV}={chosen!r} is not a known model; known: {', '.join(MODELS)}"
+            )
+        return chosen
     installed = set(installed_models())
     for name in PREFERENCE:
         if name in installed:
