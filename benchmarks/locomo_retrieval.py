@@ -53,6 +53,7 @@ from tqdm import tqdm
 from memories_core.backends import NumpyIndex, SQLiteRecordStore
 from memories_core.embedders.base import BaseEmbedder
 from memories_core.evaluation import CATEGORY_NAMES, LocomoConversation, load_locomo, recall_at_k
+from memories_core.evaluation.harness import TURN_SECONDS, dated_sessions, question_time
 from memories_core.evaluation.locomo import LocomoTurn, normalise_evidence
 from memories_core.interfaces import Embedder
 from memories_core.retrieval import (
@@ -70,7 +71,7 @@ from memories_core.retrieval.keys import DEFAULT_KEY_FUSION, KEY_FOR, SEARCH_KEY
 from memories_core.retrieval.memory_backend import InMemoryBackend
 from memories_core.retrieval.pipeline import DEFAULT_DEPTH
 from memories_core.retrieval.temporal import TemporalBoost
-from memories_core.types import MemoryRecord, ensure_utc, new_id
+from memories_core.types import MemoryRecord, new_id
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine_info import command_line
@@ -243,8 +244,6 @@ def render(turn: LocomoTurn, mapping: str) -> str:
     return f"{turn.speaker}: {turn_content(turn, mapping)}"
 
 
-#: Seconds between two turns of a session in the pipeline rows.
-TURN_SECONDS = 30
 #: Session-level cut-offs: sessions ranked by their best turn.
 SESSION_KS = (1, 3, 5, 10)
 #: How a conversation is stored: each session under its own session id (one save call per
@@ -252,28 +251,6 @@ SESSION_KS = (1, 3, 5, 10)
 STORAGE = ("session ids", "no session ids")
 #: Turns returned per question (turn R@k for k <= 25; sessions ranked from these turns).
 DEPTH_K = 50
-
-
-def dated_sessions(
-    conversation: LocomoConversation,
-) -> dict[int, list[tuple[LocomoTurn, datetime]]]:
-    """Each session's non-empty turns with a time: the session's date plus 30 s per turn."""
-    fallback = datetime(2023, 1, 1, tzinfo=timezone.utc)
-    sessions: dict[int, list[tuple[LocomoTurn, datetime]]] = defaultdict(list)
-    for turn in conversation.turns:
-        if not turn.text.strip():
-            continue
-        start = conversation.session_datetime(turn.session)
-        start = ensure_utc(start) if start else fallback + timedelta(days=turn.session)
-        position = len(sessions[turn.session])
-        sessions[turn.session].append((turn, start + timedelta(seconds=TURN_SECONDS * position)))
-    return sessions
-
-
-def question_time(conversation: LocomoConversation) -> datetime:
-    """When the questions are asked: a day after the conversation's last turn."""
-    last = max(when for dated in dated_sessions(conversation).values() for _, when in dated)
-    return last + timedelta(days=1)
 
 
 def observation_keys(path: Path) -> dict[str, list[tuple[str, str]]]:

@@ -1,7 +1,8 @@
 """Quickstart: two sessions with one user; session 2 recalls a preference from session 1.
 
 Runs fully offline: Chroma embedded under ./.quickstart_memory, the bundled all-MiniLM-L6-v2
-embedder, and the bundled SmolLM2-135M-Instruct model. Set OPENAI_API_KEY (and optionally
+embedder, and the best offline chat model installed (Qwen2.5-Coder-1.5B-Instruct with the
+extra `qwen`, else SmolLM2-135M-Instruct). Set OPENAI_API_KEY (and optionally
 OPENAI_BASE_URL / OPENAI_MODEL, e.g. for an Ollama or vLLM server) to use that model instead.
 
     python examples/quickstart.py
@@ -29,8 +30,11 @@ def choose_llm() -> LLM:
 
         return OpenAIChatLLM(model=os.environ.get("OPENAI_MODEL", "gpt-4o-mini"))
     from memories_core.llms import LocalLLM
+    from memories_core.llms.models import default_model_name
 
-    return LocalLLM(max_new_tokens=60)
+    # The best offline model installed: Qwen2.5-1.5B with the extra `qwen` (the README's
+    # install), else the tiny SmolLM2; LLM_MEMORIES_MODEL=smollm2-135m forces the tiny one.
+    return LocalLLM(model=default_model_name(), max_new_tokens=60)
 
 
 def main() -> int:

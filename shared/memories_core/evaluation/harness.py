@@ -42,7 +42,7 @@ from memories_core.evaluation.qa import (
     parse_judge,
     reader_messages,
 )
-from memories_core.types import Scope, Turn
+from memories_core.types import Scope, Turn, ensure_utc
 from memories_core.usage import Usage
 
 __all__ = [
@@ -67,10 +67,6 @@ TURN_SECONDS = 30
 _FALLBACK_START = datetime(2023, 1, 1, tzinfo=timezone.utc)
 
 
-def _utc(value: datetime) -> datetime:
-    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value
-
-
 def dated_sessions(
     conversation: LocomoConversation, sessions: int | None = None
 ) -> dict[int, list[tuple[LocomoTurn, datetime]]]:
@@ -89,7 +85,7 @@ def dated_sessions(
         if turn.session not in keep or not turn.text.strip():
             continue
         start = conversation.session_datetime(turn.session)
-        begin = _utc(start) if start else _FALLBACK_START + timedelta(days=turn.session)
+        begin = ensure_utc(start) if start else _FALLBACK_START + timedelta(days=turn.session)
         day = out.setdefault(turn.session, [])
         day.append((turn, begin + timedelta(seconds=TURN_SECONDS * len(day))))
     return dict(sorted(out.items()))
