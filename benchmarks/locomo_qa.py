@@ -59,6 +59,7 @@ from memories_core.evaluation.harness import (
     percentile,
     question_time,
     read_jsonl,
+    score_answer,
     select_questions,
     write_json_atomic,
 )
@@ -182,7 +183,13 @@ def run_row(
         if not args.resume and folder.exists():
             shutil.rmtree(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        done = {row["id"]: QAResult.from_json(row) for row in read_jsonl(answers_path)}
+        by_id = {item.id: item for item in mine}
+        done = {}
+        for row in read_jsonl(answers_path):
+            if row.get("id") in by_id:  # re-scored: scoring is deterministic and may improve
+                old = QAResult.from_json(row)
+                old.f1, old.bleu1 = score_answer(by_id[old.id], old.prediction, seed=args.seed)
+                done[old.id] = old
         asked_at = question_time(conversation, args.sessions)
         clock = FixedClock(asked_at)
         memory = None

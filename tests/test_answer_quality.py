@@ -14,6 +14,7 @@ from memories_core import FixedClock, HistoryMemory, Scope
 from memories_core.embedders import HashingEmbedder
 from memories_core.evaluation.harness import (
     IngestStats,
+    QAItem,
     answer_question,
     dated_sessions,
     evidence_context,
@@ -22,6 +23,7 @@ from memories_core.evaluation.harness import (
     percentile,
     question_time,
     read_jsonl,
+    score_answer,
     select_questions,
     write_json_atomic,
 )
@@ -37,6 +39,7 @@ from memories_core.evaluation.qa import (
     normalise_answer,
     parse_judge,
     reader_messages,
+    resolve_option,
     token_f1,
 )
 from memories_core.llms.scripted import ScriptedLLM
@@ -345,3 +348,19 @@ def test_benchmark_runs_resumes_and_prints_the_last_line(
     assert len(calls) == asked
     again = json.loads((tmp_path / "out" / "locomo_qa.json").read_text())
     assert [r["f1"] for r in again["rows"]] == [r["f1"] for r in result["rows"]]
+
+
+def test_a_letter_choice_is_scored_as_its_option() -> None:
+    options = ["a red car", NOT_MENTIONED]
+    assert resolve_option("(b)", options) == NOT_MENTIONED
+    assert resolve_option("b", options) == NOT_MENTIONED
+    assert resolve_option("A.", options) == "a red car"
+    assert resolve_option("(b) Not mentioned in the conversation", options) == NOT_MENTIONED
+    assert resolve_option("a red car", options) == "a red car"
+    assert resolve_option("a new bicycle and a dog", options) == "a new bicycle and a dog"
+    assert resolve_option("(c)", options) == "(c)"
+    item = QAItem("conv:9", "conv", LocomoQA("What car?", "a red car", 5, ()))
+    letter = "abcdefgh"[adversarial_options("conv:9", "a red car").index(NOT_MENTIONED)]
+    assert score_answer(item, f"({letter})") == (1.0, 0.0)
+    single = QAItem("conv:1", "conv", LocomoQA("Pet?", "Miso", 4, ()))
+    assert score_answer(single, "Miso") == (1.0, 1.0)

@@ -41,6 +41,7 @@ from memories_core.evaluation.qa import (
     locomo_f1,
     parse_judge,
     reader_messages,
+    resolve_option,
 )
 from memories_core.types import Scope, Turn, ensure_utc
 from memories_core.usage import Usage
@@ -58,6 +59,7 @@ __all__ = [
     "percentile",
     "question_time",
     "read_jsonl",
+    "score_answer",
     "select_questions",
     "write_json_atomic",
 ]
@@ -422,6 +424,7 @@ def answer_question(
     prediction = reader.generate(messages, max_tokens=max_tokens, temperature=0.0).strip()
     answer_ms = (time.perf_counter() - tick) * 1000
     prompt_tokens = (_usage(reader) - reader_before).prompt_tokens
+    f1, bleu = score_answer(item, prediction, seed=seed)
     label = None
     if judge is not None and qa.category != 5:
         verdict = judge.generate(
@@ -429,15 +432,15 @@ def answer_question(
         )
         label = parse_judge(verdict)
     elif judge is not None:
-        label = locomo_f1(prediction, qa.answer, 5) == 1.0
+        label = f1 == 1.0
     return QAResult(
         id=item.id,
         category=qa.category,
         question=qa.question,
         gold=qa.answer,
         prediction=prediction,
-        f1=locomo_f1(prediction, qa.answer, qa.category),
-        bleu1=0.0 if qa.category == 5 else bleu1(prediction, qa.answer),
+        f1=f1,
+        bleu1=bleu,
         judge=label,
         records=count,
         context_chars=len(context),
@@ -446,6 +449,18 @@ def answer_question(
         answer_ms=answer_ms,
         recall_llm_calls=recall_calls,
     )
+
+
+def score_answer(item: QAItem, prediction: str, *, seed: int = 0) -> tuple[float, float]:
+    """LoCoMo F1 and BLEU-1 of a reader's reply (an adversarial letter choice resolved first).
+
+    Deterministic, so stored replies can be re-scored (a resumed run re-scores them).
+    """
+    qa = item.qa
+    if qa.category == 5:
+        chosen = resolve_option(prediction, adversarial_options(item.id, qa.answer, seed=seed))
+        return locomo_f1(chosen, qa.answer, 5), 0.0
+    return locomo_f1(prediction, qa.answer, qa.category), bleu1(prediction, qa.answer)
 
 
 def percentile(values: Iterable[float], q: float) -> float:

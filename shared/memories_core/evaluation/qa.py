@@ -47,6 +47,7 @@ __all__ = [
     "normalise_answer",
     "parse_judge",
     "reader_messages",
+    "resolve_option",
     "token_f1",
 ]
 
@@ -165,6 +166,31 @@ def adversarial_options(question_id: str, wrong: str, *, seed: int = 0) -> list[
     options = [NOT_MENTIONED, str(wrong)]
     random.Random(f"{seed}:{question_id}").shuffle(options)
     return options
+
+
+_LETTER = re.compile(r"^\s*\(?([a-h])\)?(?:[.:)]|\s|$)", re.IGNORECASE)
+
+
+def resolve_option(prediction: str, options: Sequence[str]) -> str:
+    """The option a reader chose by letter ("(b)", "a", "b) ..."), else the reply unchanged.
+
+    Readers asked to pick among lettered options often answer with the letter alone; the
+    answer is scored on the option's text, as the reader meant it.
+    """
+    text = str(prediction).strip()
+    match = _LETTER.match(text)
+    if match is None:
+        return text
+    index = "abcdefgh".index(match.group(1).lower())
+    rest = text[match.end() :].strip()
+    if index >= len(options) or (rest and len(rest.split()) > 1 and not _mentions(rest, options)):
+        return text  # a sentence that merely starts with "a": not a letter choice
+    return options[index]
+
+
+def _mentions(rest: str, options: Sequence[str]) -> bool:
+    lowered = rest.lower()
+    return any(option.lower()[:20] in lowered for option in options)
 
 
 def reader_messages(
