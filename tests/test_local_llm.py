@@ -158,3 +158,29 @@ def test_real_local_model_generates_offline(one_torch_thread: int) -> None:
     assert usage.prompt_tokens > 5
     assert 1 <= usage.completion_tokens <= 12
     assert (llm.cache_dir / "model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_a_shared_prompt_start_is_read_once_and_answers_do_not_change(
+    one_torch_thread: int,
+) -> None:
+    llm = LocalLLM(backend="transformers", n_threads=one_torch_thread, max_new_tokens=8)
+    memory = "\n".join(
+        f"Note {i}: the locker code of room {i} is {i * 7 % 100}." for i in range(40)
+    )
+
+    def ask(question: str) -> str:
+        return llm.generate(
+            [ChatMessage("system", "Answer briefly."), ChatMessage("user", f"{memory}\n{question}")]
+        )
+
+    questions = ["Code of room 3?", "Code of room 12?"]
+    reused = [ask(q) for q in questions]
+    runtime = llm._runtime
+    assert runtime is not None and runtime.cached_ids is not None
+    assert len(runtime.cached_ids) > 200  # the long shared start is kept for the next call
+    fresh = []
+    for question in questions:
+        runtime.cache = runtime.cached_ids = None  # force a computation from scratch
+        fresh.append(ask(question))
+    assert reused == fresh

@@ -145,6 +145,56 @@ class _Runtime:
     # lm-format-enforcer's view of the vocabulary, built on the first constrained call.
     enforcer_data: Any = None
     context_tokens: int = 8192
+    # The key/value cache of the last call's tokens, reused for a prompt that starts the same
+    # way (a reader asked many questions over one long memory reads that memory once).
+    cached_ids: list[int] | None = None
+    cache: Any = None
+
+
+def _cache_argument() -> str:
+    """``generate``'s name for a key/value cache: ``cache`` from transformers 5 on."""
+    try:
+        from importlib.metadata import version
+
+        return "cache" if int(version("transformers").split(".")[0]) >= 5 else "past_key_values"
+    except Exception:  # pragma: no cover - metadata missing
+        return "past_key_values"
+
+
+_CACHE_ARGUMENT = _cache_argument()
+
+#: Shortest shared prompt start worth reusing the cache for (tokens).
+MIN_REUSED_PREFIX = 64
+
+
+def _shared_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def _reusable_cache(runtime: _Runtime, ids: list[int]) -> Any:
+    """A copy of the cached keys/values for the start ``ids`` shares with the last call.
+
+    Returns ``None`` when fewer than :data:`MIN_REUSED_PREFIX` tokens are shared. At least
+    one token of ``ids`` is always left to compute.
+    """
+    if runtime.cache is None or runtime.cached_ids is None:
+        return None
+    shared = min(_shared_prefix(runtime.cached_ids, ids), len(ids) - 1)
+    if shared < MIN_REUSED_PREFIX:
+        return None
+    import copy
+
+    cache = copy.deepcopy(runtime.cache)
+    extra = cache.get_seq_length() - shared
+    if extra > 0:
+        cache.crop(-extra)  # transformers 5: a negative count removes tokens from the end
+    if cache.get_seq_length() != shared:  # an unexpected cache API: do not reuse
+        return None
+    return cache
 
 
 def _enforcer_data(tokenizer: Any) -> Any:
@@ -595,8 +645,26 @@ class LocalLLM(BaseLLM):
             options["prefix_allowed_tokens_fn"] = _allowed_tokens_fn(
                 runtime, fmt, int(input_ids.shape[1])
             )
+        ids = [int(t) for t in input_ids[0].tolist()]
+        cache = _reusable_cache(runtime, ids)
+        if cache is not None:
+            options[_CACHE_ARGUMENT] = cache
         with torch.inference_mode():
-            output = model.generate(**inputs, **options)
+            try:
+                result = model.generate(**inputs, **options, return_dict_in_generate=True)
+            except Exception:
+                if cache is None:
+                    raise
+                # A cache this transformers version cannot continue: compute from scratch.
+                options.pop(_CACHE_ARGUMENT, None)
+                runtime.cache = runtime.cached_ids = None
+                result = model.generate(**inputs, **options, return_dict_in_generate=True)
+        output = result.sequences
+        kept = getattr(result, "cache", None) or getattr(result, "past_key_values", None)
+        if kept is not None and hasattr(kept, "get_seq_length") and hasattr(kept, "crop"):
+            length = int(kept.get_seq_length())
+            runtime.cache = kept
+            runtime.cached_ids = [int(t) for t in output[0, :length].tolist()]
         new_tokens = output[0, input_ids.shape[1] :]
         text = tokenizer.decode(new_tokens, skip_special_tokens=True)
         return LLMResult(
