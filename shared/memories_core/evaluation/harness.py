@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from memories_core.clock import FixedClock
 from memories_core.evaluation.locomo import LocomoConversation, LocomoQA, LocomoTurn
@@ -212,8 +212,25 @@ def evidence_context(conversation: LocomoConversation, qa: LocomoQA) -> str:
     return "\n\n".join(_render_turns(dated))
 
 
+_Row = TypeVar("_Row", bound="_JsonRow")
+
+
+class _JsonRow:
+    """JSON round trip of a flat dataclass (unknown keys are ignored when reading back)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_json(cls: type[_Row], data: Mapping[str, Any]) -> _Row:
+        """Read back :meth:`to_json`'s output."""
+        names = set(cls.__dataclass_fields__)  # type: ignore[attr-defined]
+        return cls(**{key: value for key, value in data.items() if key in names})
+
+
 @dataclass
-class IngestStats:
+class IngestStats(_JsonRow):
     """What writing one conversation into a memory cost.
 
     Attributes:
@@ -242,16 +259,6 @@ class IngestStats:
     store_bytes: int = 0
     pending_jobs: int = 0
     failures: dict[str, int] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict."""
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> IngestStats:
-        """Read back :meth:`to_json`'s output (unknown keys are ignored)."""
-        names = set(cls.__dataclass_fields__)
-        return cls(**{key: value for key, value in data.items() if key in names})
 
 
 def _usage(llm: Any) -> Usage:
@@ -349,7 +356,7 @@ def ingest_conversation(
 
 
 @dataclass
-class QAResult:
+class QAResult(_JsonRow):
     """One answered question, scored.
 
     Attributes:
@@ -376,16 +383,6 @@ class QAResult:
     recall_ms: float = 0.0
     answer_ms: float = 0.0
     recall_llm_calls: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict."""
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> QAResult:
-        """Read back :meth:`to_json`'s output (unknown keys are ignored)."""
-        names = set(cls.__dataclass_fields__)
-        return cls(**{key: value for key, value in data.items() if key in names})
 
 
 def answer_question(
