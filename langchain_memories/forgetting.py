@@ -132,11 +132,12 @@ def _score(doc: Document) -> float | None:
 class MemoryBankRetriever(MemoryRetriever):
     """:class:`~langchain_memories.MemoryRetriever` for a core ``MemoryBankMemory``.
 
-    Returns the recalled memories (turns and daily summaries, re-weighted by the forgetting
-    curve and reinforced on recall, Zhong et al. §2.2-2.3) and, first, the user's global
-    portrait and global event summary as two documents (``metadata["kind"]`` is
-    ``"global_portrait"`` / ``"global_summary"``), so that a chain's prompt holds what
-    SiliconFriend's prompt holds (§3) without a second lookup.
+    Returns at most ``k`` recalled memories (turns and daily summaries, re-weighted by the
+    forgetting curve and reinforced on recall, Zhong et al. §2.2-2.3). The user's global
+    portrait and global event summary, which SiliconFriend's prompt holds beside them (§3),
+    ride in every document's metadata (``"global_portrait"``, ``"global_summary"``; absent
+    until written) rather than as extra documents; :meth:`render` puts all of it in one
+    prompt block.
 
     Instantiate:
         .. code-block:: python
@@ -146,7 +147,7 @@ class MemoryBankRetriever(MemoryRetriever):
 
             bank = MemoryBankMemory(path="./memories")
             retriever = MemoryBankRetriever(memory=bank, user_id="gary", k=3)
-            retriever.invoke("How can I relieve stress?")
+            chain = {"context": retriever | MemoryBankRetriever.render, ...} | prompt | model
     """
 
     memory: MemoryBankMemory = Field(description="The core MemoryBank memory.")
@@ -159,7 +160,7 @@ class MemoryBankRetriever(MemoryRetriever):
         k: int | None = None,
     ) -> list[Document]:
         recalled = super()._get_relevant_documents(query, run_manager=run_manager, k=k)
-        return [*self._globals(), *recalled]
+        return self._with_globals(recalled)
 
     async def _aget_relevant_documents(
         self,
@@ -169,15 +170,22 @@ class MemoryBankRetriever(MemoryRetriever):
         k: int | None = None,
     ) -> list[Document]:
         recalled = await super()._aget_relevant_documents(query, run_manager=run_manager, k=k)
-        return [*self._globals(), *recalled]
+        return self._with_globals(recalled)
 
-    def _globals(self) -> list[Document]:
-        parts = (
-            ("global_portrait", self.memory.portrait(self.user_id)),
-            ("global_summary", self.memory.global_summary(self.user_id)),
-        )
+    def _with_globals(self, docs: list[Document]) -> list[Document]:
+        parts = {
+            "global_portrait": self.memory.portrait(self.user_id),
+            "global_summary": self.memory.global_summary(self.user_id),
+        }
+        known = {key: text for key, text in parts.items() if text}
         return [
-            Document(page_content=text, metadata={"kind": kind, "user_id": self.user_id})
-            for kind, text in parts
-            if text
+            Document(page_content=d.page_content, metadata={**d.metadata, **known}, id=d.id)
+            for d in docs
         ]
+
+    @staticmethod
+    def render(docs: list[Document]) -> str:
+        """The portrait, the global summary, then each memory: one prompt block."""
+        head = docs[0].metadata if docs else {}
+        parts = [head.get("global_portrait"), head.get("global_summary")]
+        return "\n".join([*(p for p in parts if p), *(d.page_content for d in docs)])
