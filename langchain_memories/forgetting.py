@@ -18,10 +18,10 @@ from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 from pydantic import ConfigDict, Field
 
-from langchain_memories.retriever import MemoryRetriever
+from langchain_memories.retriever import MemoryRetriever, _to_documents
+from memories_core.clock import resolve_now
 from memories_core.mechanisms.forgetting import ForgettingCurve, apply_forgetting
 from memories_core.mechanisms.memorybank import MemoryBankMemory
-from memories_core.types import ensure_utc, utcnow
 
 __all__ = ["ForgettingCurveRetriever", "MemoryBankRetriever"]
 
@@ -71,15 +71,8 @@ class ForgettingCurveRetriever(BaseRetriever):
     memory: Any = Field(default=None, description="MemoryBankMemory to write reinforcement to.")
     now: datetime | None = Field(default=None, description="Fixed evaluation time.")
 
-    def _now(self) -> datetime:
-        if self.now is not None:
-            return ensure_utc(self.now)
-        if self.memory is not None:
-            return ensure_utc(self.memory.clock.now())
-        return utcnow()
-
     def _forget(self, docs: list[Document]) -> list[Document]:
-        now = self._now()
+        now = resolve_now(self.now, getattr(self.memory, "clock", None))
         kept = apply_forgetting(
             [(_score(d), d.metadata) for d in docs],
             curve=ForgettingCurve(unit=self.unit, scale=self.scale),
@@ -159,8 +152,9 @@ class MemoryBankRetriever(MemoryRetriever):
         run_manager: CallbackManagerForRetrieverRun,
         k: int | None = None,
     ) -> list[Document]:
-        recalled = super()._get_relevant_documents(query, run_manager=run_manager, k=k)
-        return self._with_globals(recalled)
+        now = self.memory.clock.now()  # one instant for the recall and the global records
+        recall = self.memory.recall(query, self._scope(), k=k if k is not None else self.k, now=now)
+        return self._with_globals(_to_documents(recall), now)
 
     async def _aget_relevant_documents(
         self,
@@ -169,13 +163,16 @@ class MemoryBankRetriever(MemoryRetriever):
         run_manager: AsyncCallbackManagerForRetrieverRun,
         k: int | None = None,
     ) -> list[Document]:
-        recalled = await super()._aget_relevant_documents(query, run_manager=run_manager, k=k)
-        return self._with_globals(recalled)
+        now = self.memory.clock.now()
+        recall = await self.memory.arecall(
+            query, self._scope(), k=k if k is not None else self.k, now=now
+        )
+        return self._with_globals(_to_documents(recall), now)
 
-    def _with_globals(self, docs: list[Document]) -> list[Document]:
+    def _with_globals(self, docs: list[Document], now: datetime) -> list[Document]:
         parts = {
-            "global_portrait": self.memory.portrait(self.user_id),
-            "global_summary": self.memory.global_summary(self.user_id),
+            "global_portrait": self.memory.portrait(self.user_id, now),
+            "global_summary": self.memory.global_summary(self.user_id, now),
         }
         known = {key: text for key, text in parts.items() if text}
         return [
