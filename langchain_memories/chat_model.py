@@ -13,7 +13,7 @@ from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
 from langchain_core.utils.function_calling import convert_to_json_schema
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from langchain_memories.bridges import to_core_message
 from memories_core.errors import InvalidInputError
@@ -81,7 +81,7 @@ class CoreChatModel(BaseChatModel):
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
-    llm: Any = Field(
+    llm: LLM = Field(
         default_factory=_offline_llm,
         exclude=True,
         description="The core chat model (memories_core LLM protocol); LocalLLM() by default.",
@@ -89,13 +89,6 @@ class CoreChatModel(BaseChatModel):
     max_tokens: int | None = Field(default=None, ge=1, description="Generation limit.")
     temperature: float = Field(default=0.0, ge=0.0, description="Sampling temperature.")
     stop: list[str] | None = Field(default=None, description="Default stop strings.")
-
-    @field_validator("llm")
-    @classmethod
-    def _check_llm(cls, value: Any) -> Any:
-        if not isinstance(value, LLM):
-            raise ValueError(f"llm must implement the core LLM protocol, got {type(value)}")
-        return value
 
     @property
     def _llm_type(self) -> str:
@@ -133,7 +126,7 @@ class CoreChatModel(BaseChatModel):
 
     def _options(self, stop: list[str] | None, kwargs: dict[str, Any]) -> dict[str, Any]:
         """The core call's options: the fields, overridden by this call's arguments."""
-        unknown = set(kwargs) - {"max_tokens", "temperature", "response_format", "model"}
+        unknown = set(kwargs) - {"max_tokens", "temperature", "response_format"}
         if unknown:
             raise InvalidInputError(f"CoreChatModel does not take {sorted(unknown)}")
         response_format: ResponseFormat | None = kwargs.get("response_format")

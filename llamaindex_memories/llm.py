@@ -16,7 +16,7 @@ from llama_index.core.base.llms.types import (
     LLMMetadata,
     MessageRole,
 )
-from llama_index.core.bridge.pydantic import Field, field_validator
+from llama_index.core.bridge.pydantic import Field
 from llama_index.core.constants import DEFAULT_CONTEXT_WINDOW, DEFAULT_NUM_OUTPUTS
 from llama_index.core.llms import LLM
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
@@ -80,7 +80,7 @@ class CoreLLM(LLM):
             ``context_window`` if it has one, else LlamaIndex's default.
     """
 
-    llm: Any = Field(
+    llm: CoreLLMProtocol = Field(
         default_factory=_offline_llm,
         exclude=True,
         description="The core chat model (memories_core LLM protocol); LocalLLM() by default.",
@@ -91,13 +91,6 @@ class CoreLLM(LLM):
     context_window: int | None = Field(
         default=None, ge=1, description="Context window in tokens (default: the model's)."
     )
-
-    @field_validator("llm")
-    @classmethod
-    def _check_llm(cls, value: Any) -> Any:
-        if not isinstance(value, CoreLLMProtocol):
-            raise ValueError(f"llm must implement the core LLM protocol, got {type(value)}")
-        return value
 
     @classmethod
     def class_name(cls) -> str:

@@ -171,7 +171,7 @@ def test_with_structured_output_needs_a_model_that_offers_it() -> None:
 
 
 def test_bad_input_and_failures_are_typed_errors() -> None:
-    with pytest.raises(ValueError, match="LLM protocol"):
+    with pytest.raises(ValueError, match="instance of LLM"):
         CoreChatModel(llm="not a model")
     model = CoreChatModel(llm=ScriptedLLM([TimeoutError("slow")]))
     with pytest.raises(LLMError, match="slow"):

@@ -104,7 +104,7 @@ def test_metadata() -> None:
 
 
 def test_bad_input_and_failures_are_typed_errors() -> None:
-    with pytest.raises(ValueError, match="LLM protocol"):
+    with pytest.raises(ValueError, match="instance of LLM"):
         CoreLLM(llm=object())
     with pytest.raises(LLMError, match="down"):
         CoreLLM(llm=ScriptedLLM([ConnectionError("down")])).complete("x")
