@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from operator import itemgetter
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LangSmithParams, LanguageModelInput
@@ -13,6 +13,7 @@ from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
 from langchain_core.utils.function_calling import convert_to_json_schema
+from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import BaseModel, ConfigDict, Field
 
 from langchain_memories.bridges import to_core_message
@@ -249,12 +250,17 @@ class CoreChatModel(BaseChatModel):
             if mode == "json_object"
             else JsonSchema(_schema_name(json_schema.get("title")), json_schema)
         )
-        bound = self.bind(response_format=response_format)
-        parser: Runnable[Any, Any] = (
-            PydanticOutputParser(pydantic_object=schema)
-            if isinstance(schema, type) and issubclass(schema, BaseModel)
-            else JsonOutputParser()
+        bound = self.bind(
+            response_format=response_format,
+            # Reported to callbacks (LangSmith) as the structured-output request.
+            ls_structured_output_format={
+                "kwargs": {"method": method, "strict": strict},
+                "schema": json_schema,
+            },
         )
+        parser: Runnable[Any, Any] = JsonOutputParser()
+        if isinstance(schema, type) and is_basemodel_subclass(schema):  # pydantic v2 or v1
+            parser = PydanticOutputParser(pydantic_object=cast("type[BaseModel]", schema))
         if not include_raw:
             return bound | parser
         parsed = RunnablePassthrough.assign(
