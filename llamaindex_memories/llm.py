@@ -77,7 +77,7 @@ class CoreLLM(LLM):
         temperature: Sampling temperature; 0 is greedy.
         stop: Stop strings applied to every call.
         context_window: Tokens the model reads at once; default: the core model's
-            ``context_window`` if it has one, else LlamaIndex's default.
+            ``context_tokens`` if it has one (``LocalLLM`` does), else LlamaIndex's default.
     """
 
     llm: CoreLLMProtocol = Field(
@@ -101,7 +101,7 @@ class CoreLLM(LLM):
     def metadata(self) -> LLMMetadata:
         """A chat model named after the core model, with its context window."""
         name = getattr(self.llm, "name", None)
-        window = self.context_window or getattr(self.llm, "context_window", None)
+        window = self.context_window or getattr(self.llm, "context_tokens", None)
         return LLMMetadata(
             model_name=name if isinstance(name, str) else type(self.llm).__name__,
             is_chat_model=True,

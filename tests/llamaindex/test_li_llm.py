@@ -13,7 +13,7 @@ from llama_index.core.constants import DEFAULT_CONTEXT_WINDOW
 from llamaindex_memories import CoreLLM, LlamaIndexLLM
 from memories_core.errors import LLMError
 from memories_core.llms import ScriptedLLM
-from memories_core.llms.local import CONTEXT_TOKENS, LocalLLM
+from memories_core.llms.local import LocalLLM
 from memories_core.types import ChatMessage as CoreMessage
 
 
@@ -99,7 +99,7 @@ def test_metadata() -> None:
     assert CoreLLM(llm=ScriptedLLM(), context_window=1000).metadata.context_window == 1000
     offline = CoreLLM()
     assert isinstance(offline.llm, LocalLLM) and not offline.llm.loaded
-    assert offline.metadata.context_window == CONTEXT_TOKENS
+    assert offline.metadata.context_window == offline.llm.context_tokens
     assert offline.metadata.model_name.startswith("local:")
 
 

@@ -329,11 +329,6 @@ class LocalLLM(BaseLLM):
         return f"local:{stem}"
 
     @property
-    def context_window(self) -> int:
-        """Tokens the model reads at once (prompts are cut from the left to fit)."""
-        return CONTEXT_TOKENS
-
-    @property
     def backend(self) -> str:
         """The runtime in use, or the one that would be chosen if nothing is loaded yet."""
         if self._runtime is not None:
