@@ -7,6 +7,8 @@
 * :class:`SelfReflectiveRetriever`: self-reflection around any LangChain retriever.
 * :class:`LangChainLLM`, :class:`LangChainEmbedder`: LangChain models as core models.
 * :class:`CoreEmbeddings`: a core embedder as LangChain ``Embeddings``.
+* :class:`CoreChatModel`: a core chat model (offline SmolLM2 by default) as a LangChain chat
+  model.
 * :class:`MemoryStore`: a LangGraph ``BaseStore`` on the memory engine (LangMem runs on it).
 * :func:`create_memory_tools`: save / search / update / forget memory tools for agents.
 * :func:`create_memochat_chain`, :func:`memochat_retriever`: MemoChat's chat with memo.
@@ -25,6 +27,7 @@ except ImportError as exc:
     raise MissingExtraError(missing, "langchain") from exc
 
 from langchain_memories.bridges import CoreEmbeddings, LangChainEmbedder, LangChainLLM
+from langchain_memories.chat_model import CoreChatModel
 from langchain_memories.conditional import ConditionalMemoryChat
 from langchain_memories.forgetting import ForgettingCurveRetriever, MemoryBankRetriever
 from langchain_memories.legacy import LegacyChainMemory
@@ -38,6 +41,7 @@ from langchain_memories.tools import create_memory_tools
 
 __all__ = [
     "ConditionalMemoryChat",
+    "CoreChatModel",
     "CoreEmbeddings",
     "ForgettingCurveRetriever",
     "LangChainEmbedder",

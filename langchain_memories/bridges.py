@@ -16,7 +16,7 @@ from memories_core.llms.base import BaseLLM, LLMResult, truncate_at_stop
 from memories_core.types import ChatMessage
 from memories_core.usage import estimate_tokens
 
-__all__ = ["CoreEmbeddings", "LangChainEmbedder", "LangChainLLM"]
+__all__ = ["CoreEmbeddings", "LangChainEmbedder", "LangChainLLM", "to_core_message"]
 
 
 def _model_label(obj: object) -> str:
@@ -34,6 +34,25 @@ def _to_langchain(message: ChatMessage) -> BaseMessage:
     if message.role in ("assistant", "ai"):
         return AIMessage(content=message.content)
     return LCChatMessage(role=message.role, content=message.content)
+
+
+_CORE_ROLES = {"system": "system", "human": "user", "ai": "assistant"}
+
+
+def to_core_message(message: BaseMessage) -> ChatMessage:
+    """A LangChain message as a core one (system, user, assistant; other roles kept).
+
+    Raises:
+        InvalidInputError: if the message carries no text (e.g. only an image).
+    """
+    if isinstance(message, LCChatMessage):
+        role = message.role
+    else:
+        role = _CORE_ROLES.get(message.type, message.type)
+    text = message.text
+    if not text and message.content and not isinstance(message.content, str):
+        raise InvalidInputError(f"a {type(message).__name__} without text cannot be sent")
+    return ChatMessage(role, text)
 
 
 def _result(reply: BaseMessage, stop: tuple[str, ...] | None) -> LLMResult:

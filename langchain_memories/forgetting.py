@@ -18,10 +18,10 @@ from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 from pydantic import ConfigDict, Field
 
-from langchain_memories.retriever import MemoryRetriever
+from langchain_memories.retriever import MemoryRetriever, _to_documents
+from memories_core.clock import resolve_now
 from memories_core.mechanisms.forgetting import ForgettingCurve, apply_forgetting
 from memories_core.mechanisms.memorybank import MemoryBankMemory
-from memories_core.types import ensure_utc, utcnow
 
 __all__ = ["ForgettingCurveRetriever", "MemoryBankRetriever"]
 
@@ -71,15 +71,8 @@ class ForgettingCurveRetriever(BaseRetriever):
     memory: Any = Field(default=None, description="MemoryBankMemory to write reinforcement to.")
     now: datetime | None = Field(default=None, description="Fixed evaluation time.")
 
-    def _now(self) -> datetime:
-        if self.now is not None:
-            return ensure_utc(self.now)
-        if self.memory is not None:
-            return ensure_utc(self.memory.clock.now())
-        return utcnow()
-
     def _forget(self, docs: list[Document]) -> list[Document]:
-        now = self._now()
+        now = resolve_now(self.now, getattr(self.memory, "clock", None))
         kept = apply_forgetting(
             [(_score(d), d.metadata) for d in docs],
             curve=ForgettingCurve(unit=self.unit, scale=self.scale),
@@ -132,11 +125,12 @@ def _score(doc: Document) -> float | None:
 class MemoryBankRetriever(MemoryRetriever):
     """:class:`~langchain_memories.MemoryRetriever` for a core ``MemoryBankMemory``.
 
-    Returns the recalled memories (turns and daily summaries, re-weighted by the forgetting
-    curve and reinforced on recall, Zhong et al. §2.2-2.3) and, first, the user's global
-    portrait and global event summary as two documents (``metadata["kind"]`` is
-    ``"global_portrait"`` / ``"global_summary"``), so that a chain's prompt holds what
-    SiliconFriend's prompt holds (§3) without a second lookup.
+    Returns at most ``k`` recalled memories (turns and daily summaries, re-weighted by the
+    forgetting curve and reinforced on recall, Zhong et al. §2.2-2.3). The user's global
+    portrait and global event summary, which SiliconFriend's prompt holds beside them (§3),
+    ride in every document's metadata (``"global_portrait"``, ``"global_summary"``; absent
+    until written) rather than as extra documents; :meth:`render` puts all of it in one
+    prompt block.
 
     Instantiate:
         .. code-block:: python
@@ -146,7 +140,7 @@ class MemoryBankRetriever(MemoryRetriever):
 
             bank = MemoryBankMemory(path="./memories")
             retriever = MemoryBankRetriever(memory=bank, user_id="gary", k=3)
-            retriever.invoke("How can I relieve stress?")
+            chain = {"context": retriever | MemoryBankRetriever.render, ...} | prompt | model
     """
 
     memory: MemoryBankMemory = Field(description="The core MemoryBank memory.")
@@ -158,8 +152,9 @@ class MemoryBankRetriever(MemoryRetriever):
         run_manager: CallbackManagerForRetrieverRun,
         k: int | None = None,
     ) -> list[Document]:
-        recalled = super()._get_relevant_documents(query, run_manager=run_manager, k=k)
-        return [*self._globals(), *recalled]
+        now = self.memory.clock.now()  # one instant for the recall and the global records
+        recall = self.memory.recall(query, self._scope(), k=k if k is not None else self.k, now=now)
+        return self._with_globals(_to_documents(recall), now)
 
     async def _aget_relevant_documents(
         self,
@@ -168,16 +163,26 @@ class MemoryBankRetriever(MemoryRetriever):
         run_manager: AsyncCallbackManagerForRetrieverRun,
         k: int | None = None,
     ) -> list[Document]:
-        recalled = await super()._aget_relevant_documents(query, run_manager=run_manager, k=k)
-        return [*self._globals(), *recalled]
-
-    def _globals(self) -> list[Document]:
-        parts = (
-            ("global_portrait", self.memory.portrait(self.user_id)),
-            ("global_summary", self.memory.global_summary(self.user_id)),
+        now = self.memory.clock.now()
+        recall = await self.memory.arecall(
+            query, self._scope(), k=k if k is not None else self.k, now=now
         )
+        return self._with_globals(_to_documents(recall), now)
+
+    def _with_globals(self, docs: list[Document], now: datetime) -> list[Document]:
+        parts = {
+            "global_portrait": self.memory.portrait(self.user_id, now),
+            "global_summary": self.memory.global_summary(self.user_id, now),
+        }
+        known = {key: text for key, text in parts.items() if text}
         return [
-            Document(page_content=text, metadata={"kind": kind, "user_id": self.user_id})
-            for kind, text in parts
-            if text
+            Document(page_content=d.page_content, metadata={**d.metadata, **known}, id=d.id)
+            for d in docs
         ]
+
+    @staticmethod
+    def render(docs: list[Document]) -> str:
+        """The portrait, the global summary, then each memory: one prompt block."""
+        head = docs[0].metadata if docs else {}
+        parts = [head.get("global_portrait"), head.get("global_summary")]
+        return "\n".join([*(p for p in parts if p), *(d.page_content for d in docs)])

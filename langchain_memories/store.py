@@ -242,7 +242,8 @@ class MemoryStore(BaseStore):
                     kinds=[STORE_KIND],
                     where=where or None,
                 )
-                hits += [(h.record, h.score) for h in scored]
+                # LangGraph stores report a similarity: the relevance, in [0, 1].
+                hits += [(h.record, h.relevance) for h in scored]
             else:
                 full = {"kind": STORE_KIND, **where}
                 hits += [(r, None) for r in self._live(self.engine.records(user, where=full))]

@@ -8,6 +8,7 @@
   retriever finds, as a retriever or as a node postprocessor.
 * :class:`LlamaIndexLLM`, :class:`LlamaIndexEmbedder`: LlamaIndex models as core models.
 * :class:`CoreEmbedding`: a core embedder as a LlamaIndex embedding model.
+* :class:`CoreLLM`: a core chat model (offline SmolLM2 by default) as a LlamaIndex ``LLM``.
 * :class:`MemoryToolSpec`: save / search / update / forget memory tools for agents.
 * :class:`MemoryRecallEvent`, :class:`MemorySaveEvent`: instrumentation events of memory.
 * :class:`MemoChatEngine`, :func:`memochat_retriever`: MemoChat's chat with memo.
@@ -25,6 +26,7 @@ except ImportError as exc:
 from llamaindex_memories.bridges import CoreEmbedding, LlamaIndexEmbedder, LlamaIndexLLM
 from llamaindex_memories.conditional import ConditionalMemoryBlock, ConditionalMemoryLLM
 from llamaindex_memories.forgetting import ForgettingCurvePostprocessor, MemoryBankBlock
+from llamaindex_memories.llm import CoreLLM
 from llamaindex_memories.memochat import MemoChatEngine, memochat_retriever
 from llamaindex_memories.memory_block import MemoryBlock
 from llamaindex_memories.observability import MemoryRecallEvent, MemorySaveEvent
@@ -37,6 +39,7 @@ __all__ = [
     "ConditionalMemoryBlock",
     "ConditionalMemoryLLM",
     "CoreEmbedding",
+    "CoreLLM",
     "ForgettingCurvePostprocessor",
     "LlamaIndexEmbedder",
     "LlamaIndexLLM",

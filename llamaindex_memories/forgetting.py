@@ -15,9 +15,9 @@ from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from llamaindex_memories.memory_block import MemoryBlock
+from memories_core.clock import resolve_now
 from memories_core.mechanisms.forgetting import ForgettingCurve, apply_forgetting
 from memories_core.mechanisms.memorybank import MemoryBankMemory
-from memories_core.types import ensure_utc, utcnow
 
 __all__ = ["ForgettingCurvePostprocessor", "MemoryBankBlock"]
 
@@ -73,17 +73,10 @@ class ForgettingCurvePostprocessor(BaseNodePostprocessor):
         """Name of the component, as LlamaIndex components report it."""
         return "ForgettingCurvePostprocessor"
 
-    def _now(self) -> datetime:
-        if self.now is not None:
-            return ensure_utc(self.now)
-        if self.memory is not None:
-            return ensure_utc(self.memory.clock.now())
-        return utcnow()
-
     def _postprocess_nodes(
         self, nodes: list[NodeWithScore], query_bundle: QueryBundle | None = None
     ) -> list[NodeWithScore]:
-        now = self._now()
+        now = resolve_now(self.now, getattr(self.memory, "clock", None))
         curve = ForgettingCurve(unit=self.unit, scale=self.scale)
         kept = apply_forgetting(
             [(n.score, n.node.metadata) for n in nodes],

@@ -19,6 +19,7 @@ _HIDDEN_KEYS = [
     "session_id",
     "source_ids",
     "score",
+    "relevance",
     "strength",
     "recall_count",
     "last_recalled_at",
@@ -31,7 +32,9 @@ def record_to_node(hit: ScoredRecord) -> NodeWithScore:
 
     Metadata: :meth:`~memories_core.types.ScoredRecord.to_metadata` (the record's own, then
     ``record_id``, ``kind``, ``score``, timestamps, state), the same keys as LangChain
-    documents; bookkeeping keys are hidden from the LLM and the embedder.
+    documents; bookkeeping keys are hidden from the LLM and the embedder. The node's score is
+    the record's ``relevance`` (its score mapped into ``[0, 1]``), since LlamaIndex treats
+    node scores as similarities (e.g. ``SimilarityPostprocessor``'s cutoff).
     """
     record = hit.record
     metadata = hit.to_metadata()
@@ -42,7 +45,7 @@ def record_to_node(hit: ScoredRecord) -> NodeWithScore:
         excluded_llm_metadata_keys=list(_HIDDEN_KEYS),
         excluded_embed_metadata_keys=list(_HIDDEN_KEYS),
     )
-    return NodeWithScore(node=node, score=hit.score)
+    return NodeWithScore(node=node, score=hit.relevance)
 
 
 class MemoryRetriever(BaseRetriever):

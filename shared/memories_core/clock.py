@@ -4,10 +4,31 @@ from __future__ import annotations
 
 import threading
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from memories_core.types import ensure_utc, utcnow
 
-__all__ = ["FixedClock", "SystemClock"]
+if TYPE_CHECKING:
+    from memories_core.interfaces import Clock
+
+__all__ = ["FixedClock", "SystemClock", "resolve_now"]
+
+
+def resolve_now(now: datetime | None = None, clock: Clock | None = None) -> datetime:
+    """The time of a call, settled once at the public call and passed down from there.
+
+    Args:
+        now: The time the caller gave, if any (naive values are taken to be UTC).
+        clock: The injected clock, read when ``now`` is not given.
+
+    Returns:
+        ``now``, else ``clock.now()``, else the wall clock (only when nothing is injected).
+    """
+    if now is not None:
+        return ensure_utc(now)
+    if clock is not None:
+        return ensure_utc(clock.now())
+    return utcnow()
 
 
 class SystemClock:

@@ -361,12 +361,15 @@ class MemoryEngine:
             self.artifacts = ArtifactStore(
                 self.store, self.path / "artifacts" if self.path is not None else None, self.clock
             )
-        self.retriever = HybridRetriever(self.store, self.index, self.embedder, fusion=fusion)
+        self.retriever = HybridRetriever(
+            self.store, self.index, self.embedder, fusion=fusion, clock=self.clock
+        )
         self._backend = StoreBackend(
             self.store,
             self.index,
             self.embedder,
             before_search=lambda: self._index_pending(blocking=False),
+            clock=self.clock,
         )
         self._hooks: dict[str, MechanismHooks] = {}
         self._failures: Counter[str] = Counter()

@@ -15,6 +15,8 @@ makes (ENGINE_SPEC.md, "Must hold"):
   bare ``TypeError``, ``AttributeError``, ``OverflowError`` or ``UnicodeEncodeError``), stores
   nothing, and never blocks another user's recall (:data:`BAD_INPUT_CASES`);
 * **async twins** give the same results as the sync calls;
+* **k**: a recall returns at most ``k`` records, and exactly ``k`` when the user has that many
+  (unless :attr:`MechanismContract.fills_k` says the mechanism filters by design);
 * **LLM outages**: with a failing or garbage-answering LLM (:class:`FlakyLLM`, each of
   :data:`GARBAGE_REPLIES` and a mix of them) no turn is lost, no garbage is ever recalled,
   and once the LLM recovers a retry derives the records exactly once;
@@ -362,6 +364,14 @@ BAD_INPUT_CASES: Mapping[str, BadInputCase] = {
 _Outcome = dict[str, tuple[list[str], str]]
 _BASE_TIME = datetime(2024, 3, 1, 9, 0, tzinfo=timezone.utc)
 _SECRET_QUERY = "what is my secret code"
+# Five unrelated facts, so that no mechanism merges them into one record.
+_K_FACTS = (
+    "I love hiking in the Alps.",
+    "My sister lives in Lisbon.",
+    "I am allergic to peanuts.",
+    "I play the cello on weekends.",
+    "My favourite hiking trail is in Norway.",
+)
 
 
 def _token(prefix: str = "tok") -> str:
@@ -448,6 +458,9 @@ class MechanismContract:
     known_failures: ClassVar[Mapping[str, str]] = {}
     #: ``k`` used when the suite wants everything a user has.
     recall_k: ClassVar[int] = 1000
+    #: Whether a recall fills ``k`` when enough records exist (``False`` for mechanisms whose
+    #: model drops irrelevant records, e.g. self-reflective retrieval).
+    fills_k: ClassVar[bool] = True
     #: SIGKILLs of the crash test, and its time budget in seconds.
     crash_kills: ClassVar[int] = 8
     crash_seconds: ClassVar[float] = 18.0
@@ -568,6 +581,23 @@ class MechanismContract:
                 assert counts[content] == 1, (
                     f"turn {content!r} stored {counts[content]} times; stored: {sorted(counts)}"
                 )
+
+    # ------------------------------------------------------------------ 0. k
+    def test_recall_returns_at_most_k_and_fills_k(self, storage: str, tmp_path: Path) -> None:
+        """Five sessions with a fact each: ``k=1`` and ``k=3`` give 1 and 3 records."""
+        memory = self._open(storage, tmp_path)
+        try:
+            for day, fact in enumerate(_K_FACTS):
+                scope = Scope("k-user", f"s{day}")
+                memory.save(_exchange(fact, "Noted.", _BASE_TIME + timedelta(days=day)), scope)
+                self._settle(memory, scope)
+            for k in (1, 3):
+                got = len(memory.recall("where did I go hiking?", Scope("k-user"), k=k).records)
+                assert got <= k, f"recall(k={k}) returned {got} records"
+                if self.fills_k:
+                    assert got == k, f"recall(k={k}) returned {got} records, 5 sessions stored"
+        finally:
+            _close(memory)
 
     # ------------------------------------------------------------------ 1. isolation
     def test_isolation_between_tricky_user_ids(self, storage: str, tmp_path: Path) -> None:

@@ -389,16 +389,30 @@ class MemoryRecord:
 
 @dataclass(frozen=True)
 class ScoredRecord:
-    """A record with its retrieval score (higher is more relevant)."""
+    """A record with its retrieval score (higher is more relevant).
+
+    ``score`` is on the scale of the pipeline that produced it (fused ranks, reranker logits,
+    decayed similarities), so it is unbounded; :attr:`relevance` maps it into ``[0, 1]`` for
+    frameworks that expect a similarity there.
+    """
 
     record: MemoryRecord
     score: float
+
+    @property
+    def relevance(self) -> float:
+        """``score`` mapped into ``[0, 1]`` by the logistic function (same order; 0.5 at 0)."""
+        if self.score >= 0:
+            return 1.0 / (1.0 + math.exp(-self.score))
+        z = math.exp(self.score)  # no overflow for very negative scores
+        return z / (1.0 + z)
 
     def to_metadata(self) -> dict[str, Any]:
         """The metadata an adapter attaches to a document or node, the same in every adapter.
 
         The record's own metadata comes first; the library's keys are written last, so free
-        metadata can never spoof them: ``record_id``, ``kind``, ``score``, ``created_at``
+        metadata can never spoof them: ``record_id``, ``kind``, ``score``, ``relevance``
+        (``score`` in ``[0, 1]``), ``created_at``
         (ISO 8601, UTC), ``session_id``, ``user_id``, ``source_ids``, and the state fields
         ``strength``, ``recall_count``, ``last_recalled_at``, ``valid_until``.
         """
@@ -409,6 +423,7 @@ class ScoredRecord:
             record_id=record.id,
             kind=record.kind,
             score=self.score,
+            relevance=self.relevance,
             created_at=record.created_at.isoformat(),
             session_id=record.session_id,
             user_id=record.user_id,

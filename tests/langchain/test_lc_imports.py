@@ -10,6 +10,7 @@ from memories_core import MissingExtraError
 
 EXPECTED_ALL = [
     "ConditionalMemoryChat",
+    "CoreChatModel",
     "CoreEmbeddings",
     "ForgettingCurveRetriever",
     "LangChainEmbedder",

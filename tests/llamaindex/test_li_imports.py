@@ -14,6 +14,7 @@ EXPECTED_ALL = [
     "ConditionalMemoryBlock",
     "ConditionalMemoryLLM",
     "CoreEmbedding",
+    "CoreLLM",
     "ForgettingCurvePostprocessor",
     "LlamaIndexEmbedder",
     "LlamaIndexLLM",

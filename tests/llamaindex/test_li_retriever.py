@@ -44,8 +44,9 @@ def test_node_carries_the_record(filled: HistoryMemory) -> None:
     record = recall.records[0].record
     (hit,) = MemoryRetriever(filled, "alice", similarity_top_k=1).retrieve("what food do I love?")
     assert hit.node.node_id == record.id
-    assert hit.score == pytest.approx(recall.records[0].score)
+    assert hit.score == pytest.approx(recall.records[0].relevance)
     meta = hit.node.metadata
+    assert meta["score"] == pytest.approx(recall.records[0].score)
     assert meta["record_id"] == record.id
     assert meta["kind"] == "turn"
     assert meta["user_id"] == "alice"

@@ -39,6 +39,8 @@ __all__ = [
     "LLMResult",
     "ResponseFormat",
     "StructuredMode",
+    "counted_agenerate",
+    "counted_generate",
     "llm_for_scope",
     "structured_modes",
     "truncate_at_stop",
@@ -138,6 +140,85 @@ def truncate_at_stop(text: str, stop: Sequence[str] | None) -> str:
             if i != -1:
                 cut = min(cut, i)
     return text[:cut]
+
+
+def _estimated(messages: Sequence[ChatMessage], text: str) -> LLMResult:
+    """``text`` with token counts estimated the way :class:`BaseLLM` estimates them."""
+    prompt = sum(estimate_tokens(f"{m.role}: {m.content}") for m in messages)
+    return LLMResult(text, prompt_tokens=prompt, completion_tokens=estimate_tokens(text))
+
+
+def counted_generate(
+    llm: LLM,
+    messages: Sequence[ChatMessage],
+    *,
+    max_tokens: int | None = None,
+    temperature: float = 0.0,
+    stop: Sequence[str] | None = None,
+    response_format: ResponseFormat | None = None,
+) -> LLMResult:
+    """Call any core ``LLM`` and return its reply with this call's token counts.
+
+    A :class:`BaseLLM` reports the figures it added to its own usage
+    (:meth:`BaseLLM.generate_result`); any other implementation of the protocol has them
+    estimated from the text. The reply is cut at the first stop string either way.
+
+    Raises:
+        InvalidInputError: if ``response_format`` is given to a model that is not a
+            :class:`BaseLLM` (the protocol has no structured output), or the call is malformed.
+        LLMError: if the model fails.
+    """
+    if isinstance(llm, BaseLLM):
+        result = llm.generate_result(
+            messages,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            stop=stop,
+            response_format=response_format,
+        )
+    else:
+        if response_format is not None:
+            raise InvalidInputError(f"{type(llm).__name__} offers no structured output")
+        text = llm.generate(messages, max_tokens=max_tokens, temperature=temperature, stop=stop)
+        result = _estimated(messages, text)
+    return _cut(result, stop)
+
+
+async def counted_agenerate(
+    llm: LLM,
+    messages: Sequence[ChatMessage],
+    *,
+    max_tokens: int | None = None,
+    temperature: float = 0.0,
+    stop: Sequence[str] | None = None,
+    response_format: ResponseFormat | None = None,
+) -> LLMResult:
+    """Async twin of :func:`counted_generate`."""
+    if isinstance(llm, BaseLLM):
+        result = await llm.agenerate_result(
+            messages,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            stop=stop,
+            response_format=response_format,
+        )
+    else:
+        if response_format is not None:
+            raise InvalidInputError(f"{type(llm).__name__} offers no structured output")
+        text = await llm.agenerate(
+            messages, max_tokens=max_tokens, temperature=temperature, stop=stop
+        )
+        result = _estimated(messages, text)
+    return _cut(result, stop)
+
+
+def _cut(result: LLMResult, stop: Sequence[str] | None) -> LLMResult:
+    # A lone string is one stop string, as in generate().
+    stops = (stop,) if isinstance(stop, str) else stop
+    text = truncate_at_stop(result.text, stops)
+    if text == result.text:
+        return result
+    return LLMResult(text, result.prompt_tokens, result.completion_tokens)
 
 
 def _check_messages(messages: Sequence[ChatMessage]) -> tuple[ChatMessage, ...]:
@@ -317,6 +398,32 @@ class BaseLLM(ABC):
             InvalidInputError: if the messages or options are malformed (not counted).
             LLMError: if the backend fails (counted as a failure).
         """
+        return self.generate_result(
+            messages,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            stop=stop,
+            response_format=response_format,
+        ).text
+
+    def generate_result(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        max_tokens: int | None = None,
+        temperature: float = 0.0,
+        stop: Sequence[str] | None = None,
+        response_format: ResponseFormat | None = None,
+    ) -> LLMResult:
+        """:meth:`generate`, returning the reply with this call's counted token figures.
+
+        The token counts are those added to :attr:`usage` by this call (reported by the
+        backend, else estimated), so a caller serving several threads at once gets each call's
+        own figures rather than a difference of shared counters.
+
+        Returns:
+            The reply; ``prompt_tokens`` and ``completion_tokens`` are always set.
+        """
         msgs, options = self._prepare(messages, max_tokens, temperature, stop, response_format)
         with self._counted():
             if response_format is None:
@@ -335,6 +442,25 @@ class BaseLLM(ABC):
         response_format: ResponseFormat | None = None,
     ) -> str:
         """Async twin of :meth:`generate` (same arguments, rules and errors)."""
+        result = await self.agenerate_result(
+            messages,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            stop=stop,
+            response_format=response_format,
+        )
+        return result.text
+
+    async def agenerate_result(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        max_tokens: int | None = None,
+        temperature: float = 0.0,
+        stop: Sequence[str] | None = None,
+        response_format: ResponseFormat | None = None,
+    ) -> LLMResult:
+        """Async twin of :meth:`generate_result`."""
         msgs, options = self._prepare(messages, max_tokens, temperature, stop, response_format)
         with self._counted():
             if response_format is None:
@@ -389,8 +515,8 @@ class BaseLLM(ABC):
             return exc
         return LLMError(f"{self.name} failed: {type(exc).__name__}: {exc}")
 
-    def _success(self, messages: tuple[ChatMessage, ...], result: LLMResult) -> str:
-        """Check the hook's result, count the call and return the text."""
+    def _success(self, messages: tuple[ChatMessage, ...], result: LLMResult) -> LLMResult:
+        """Check the hook's result, count the call and return it with its token counts."""
         if not isinstance(result, LLMResult) or not isinstance(result.text, str):
             self._usage.record(failures=1)
             raise LLMError(f"{self.name} returned {type(result).__name__}, expected LLMResult")
@@ -402,7 +528,7 @@ class BaseLLM(ABC):
         if completion is None:
             completion = estimate_tokens(result.text)
         self._usage.record(calls=1, prompt_tokens=prompt, completion_tokens=completion)
-        return result.text
+        return LLMResult(result.text, prompt_tokens=prompt, completion_tokens=completion)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"

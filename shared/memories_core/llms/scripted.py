@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeAlias
 
 from memories_core.errors import ConfigurationError, LLMError
-from memories_core.llms.base import BaseLLM, LLMResult, truncate_at_stop
+from memories_core.llms.base import BaseLLM, LLMResult, ResponseFormat, truncate_at_stop
 from memories_core.types import ChatMessage
 
 __all__ = ["Response", "Rule", "ScriptedLLM"]
@@ -75,6 +75,9 @@ class ScriptedLLM(BaseLLM):
         responses: The answers, in call order.
         default: The answer once ``responses`` are used up (string, exception or callable);
             ``None`` makes further calls fail.
+        structured_output: Structured-output modes to claim (``"json_schema"``,
+            ``"json_object"``); a structured call answers from the same script and its
+            ``response_format`` is kept in :attr:`response_formats`. None by default.
 
     Example:
         >>> from memories_core.types import ChatMessage
@@ -91,9 +94,19 @@ class ScriptedLLM(BaseLLM):
     """
 
     def __init__(
-        self, responses: Sequence[Response] = (), *, default: Response | None = None
+        self,
+        responses: Sequence[Response] = (),
+        *,
+        default: Response | None = None,
+        structured_output: frozenset[str] = frozenset(),
     ) -> None:
         super().__init__()
+        unknown = set(structured_output) - {"json_schema", "json_object"}
+        if unknown:
+            raise ConfigurationError(f"unknown structured output modes: {sorted(unknown)}")
+        self._modes = frozenset(structured_output)
+        #: The ``response_format`` of every structured call, in call order.
+        self.response_formats: list[ResponseFormat] = []
         if isinstance(responses, str):
             # A lone string would otherwise be consumed one character per call.
             raise ConfigurationError("responses must be a sequence of responses, not a string")
@@ -125,6 +138,11 @@ class ScriptedLLM(BaseLLM):
         llm = cls(default=default)
         llm._rules = [_compile_rule(rule) for rule in rules]
         return llm
+
+    @property
+    def structured_output(self) -> frozenset[str]:
+        """The modes given at construction (none by default)."""
+        return self._modes
 
     @property
     def name(self) -> str:
@@ -173,3 +191,16 @@ class ScriptedLLM(BaseLLM):
         if not isinstance(text, str):
             raise LLMError(f"scripted response returned {type(text).__name__}, expected str")
         return LLMResult(truncate_at_stop(text, stop))
+
+    def _generate_structured(
+        self,
+        messages: tuple[ChatMessage, ...],
+        *,
+        response_format: ResponseFormat,
+        max_tokens: int | None,
+        temperature: float,
+        stop: tuple[str, ...] | None,
+    ) -> LLMResult:
+        with self._lock:
+            self.response_formats.append(response_format)
+        return self._generate(messages, max_tokens=max_tokens, temperature=temperature, stop=stop)

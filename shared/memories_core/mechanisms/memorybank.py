@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
+from memories_core.clock import resolve_now
 from memories_core.engine import Derivation, JobFailed, check_scope, default_llm
 from memories_core.errors import ConfigurationError, InvalidInputError, LLMError, ParseError
 from memories_core.interfaces import LLM
@@ -245,32 +246,34 @@ class MemoryBankMemory(MemoryBase):
             InvalidInputError: on an empty query or a bad ``k``.
             MissingUserError: if ``scope`` has no user.
         """
-        hits = self._search(query, _scope(scope), k=self.default_k if k is None else k, now=now)
+        when = resolve_now(now, self.clock)  # one instant for the search, reinforcement, context
+        hits = self._search(query, _scope(scope), k=self.default_k if k is None else k, now=when)
         return Recall(
-            query=query, records=tuple(hits), context=self._context(scope.user_id, hits, now)
+            query=query, records=tuple(hits), context=self._context(scope.user_id, hits, when)
         )
 
-    def portrait(self, user_id: str) -> str | None:
-        """The user's global portrait (§2.1), or ``None`` before the first consolidation."""
-        return self._latest(user_id, GLOBAL_PORTRAIT)
+    def portrait(self, user_id: str, now: datetime | None = None) -> str | None:
+        """The user's global portrait (§2.1) live at ``now`` (default: the clock's), or ``None``."""
+        return self._latest(user_id, GLOBAL_PORTRAIT, now)
 
-    def global_summary(self, user_id: str) -> str | None:
-        """The user's global event summary (§2.1), or ``None`` before the first one."""
-        return self._latest(user_id, GLOBAL_SUMMARY)
+    def global_summary(self, user_id: str, now: datetime | None = None) -> str | None:
+        """The user's global event summary (§2.1) live at ``now`` (default: the clock's)."""
+        return self._latest(user_id, GLOBAL_SUMMARY, now)
 
-    def _latest(self, user_id: str, kind: str) -> str | None:
+    def _latest(self, user_id: str, kind: str, now: datetime | None) -> str | None:
         found = self.engine.records(check_user_id(user_id), where={"kind": kind})
-        live = [r for r in found if not r.state.archived]
+        when = resolve_now(now, self.clock)
+        live = [r for r in found if r.state.is_live(when)]
         return live[-1].text if live else None
 
-    def _context(self, user_id: str, hits: Sequence[ScoredRecord], now: datetime | None) -> str:
+    def _context(self, user_id: str, hits: Sequence[ScoredRecord], now: datetime) -> str:
         parts: list[str] = []
         if hits:
             parts.append("Relevant memories:\n" + self._render(hits))
-        portrait = self.portrait(user_id)
+        portrait = self.portrait(user_id, now)
         if portrait:
             parts.append(f"User portrait: {portrait}")
-        summary = self.global_summary(user_id)
+        summary = self.global_summary(user_id, now)
         if summary:
             parts.append(f"Summary of past events: {summary}")
         return "\n\n".join(parts)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from memories_core.engine import MemoryEngine, default_llm
 from memories_core.errors import ConfigurationError
 from memories_core.interfaces import LLM, Embedder, Mechanism
-from memories_core.types import Recall, Scope, ScoredRecord, Turn
+from memories_core.types import Recall, Scope, Turn
 
 if TYPE_CHECKING:
     from memories_core.usage import MemoryUsage
@@ -149,12 +149,20 @@ class MultiViewMemory:
     def recall(
         self, query: str, scope: Scope, *, k: int | None = None, now: datetime | None = None
     ) -> Recall:
-        """Recall from every view with its own k; ``k`` (if given) overrides every view's."""
+        """Recall from every view; return at most ``k`` records and every view's section.
+
+        Without ``k`` each view gives its own k (:data:`DEFAULT_VIEW_K`; the memory's k is
+        their sum). With ``k`` every view is asked for ``k`` and the records are taken by rank
+        across the views (each view's best, then each one's second, ...) up to ``k`` in all,
+        so a retriever never gets more than it asked for and a view with fewer records leaves
+        its places to the others. ``context`` keeps every view's labelled section as recalled
+        (Yuan et al., §3.1): it is the prompt block, wider than the ``k`` records.
+        """
         parts = {
             name: view.recall(query, scope, k=self.k[name] if k is None else k, now=now)
             for name, view in self.views.items()
         }
-        return self._combine(query, parts)
+        return self._combine(query, parts, k)
 
     def clear(self, scope: Scope) -> None:
         """Clear every view."""
@@ -209,7 +217,7 @@ class MultiViewMemory:
                 for n in names
             )
         )
-        return self._combine(query, dict(zip(names, recalls, strict=True)))
+        return self._combine(query, dict(zip(names, recalls, strict=True)), k)
 
     @property
     def usage(self) -> MemoryUsage:
@@ -256,11 +264,17 @@ class MultiViewMemory:
         for engine in self._owned:
             engine.close()
 
-    def _combine(self, query: str, parts: Mapping[str, Recall]) -> Recall:
-        records: list[ScoredRecord] = []
-        sections: list[str] = []
-        for name, recall in parts.items():
-            records.extend(recall.records)
-            if recall.context:
-                sections.append(f"## {self.labels[name]}\n{recall.context}")
+    def _combine(self, query: str, parts: Mapping[str, Recall], k: int | None) -> Recall:
+        sections = [
+            f"## {self.labels[name]}\n{recall.context}"
+            for name, recall in parts.items()
+            if recall.context
+        ]
+        if k is None:
+            records = [hit for recall in parts.values() for hit in recall.records]
+        else:
+            # By rank across views: every view's best first, then the second best, ...
+            ranked = [recall.records for recall in parts.values()]
+            depth = max((len(r) for r in ranked), default=0)
+            records = [r[i] for i in range(depth) for r in ranked if i < len(r)][:k]
         return Recall(query=query, records=tuple(records), context="\n\n".join(sections))

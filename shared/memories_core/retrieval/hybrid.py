@@ -20,8 +20,9 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any, Literal
 
+from memories_core.clock import resolve_now
 from memories_core.errors import ConfigurationError, InvalidInputError
-from memories_core.interfaces import Embedder, Filter, RecordStore, VectorIndex
+from memories_core.interfaces import Clock, Embedder, Filter, RecordStore, VectorIndex
 from memories_core.retrieval.context import (
     DEFAULT_AFTER_QUESTION_WEIGHT,
     DEFAULT_CONTEXT_GAP,
@@ -265,15 +266,18 @@ class HybridRetriever:
         embedder: Embedder,
         *,
         fusion: FusionConfig | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.store = store
         self.index = index
         self.embedder = embedder
         self.fusion = fusion if fusion is not None else FusionConfig()
+        #: Source of "now" for recency and validity (the engine's injected clock).
+        self.clock = clock
         # One indexer at a time: concurrent searches would otherwise embed the same pending
         # records twice (harmless, as adds are upserts, but wasted work).
         self._index_lock = threading.Lock()
-        self.backend = StoreBackend(store, index, embedder)
+        self.backend = StoreBackend(store, index, embedder, clock=clock)
         self._pipelines: dict[str, Pipeline] = {}
 
     def __repr__(self) -> str:
@@ -371,7 +375,9 @@ class HybridRetriever:
             raise InvalidInputError(f"k must be an int >= 1, got {k!r}")
         if mode not in ("hybrid", "dense", "lexical"):
             raise InvalidInputError(f"unknown search mode {mode!r}")
-        request = RecallRequest(query, user_id=user_id, k=k, where=where)
+        request = RecallRequest(
+            query, user_id=user_id, k=k, where=where, now=resolve_now(None, self.clock)
+        )
         pipeline = self._pipelines.get(mode)
         if pipeline is None:
             pipeline = self._pipelines[mode] = self.fusion.pipeline(mode)

@@ -194,6 +194,8 @@ class KeyedBackend:
         if not (isinstance(key_weight, (int, float)) and 0 <= key_weight < float("inf")):
             raise ConfigurationError("key_weight must be a finite number >= 0")
         self.inner = inner
+        #: The inner backend's clock (the pipeline reads "now" from it when not given).
+        self.clock = getattr(inner, "clock", None)
         self.key_fusion = key_fusion
         self.key_weight = float(key_weight)
         self._has_keys: dict[str, bool] = {}

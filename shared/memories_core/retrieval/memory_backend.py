@@ -17,7 +17,7 @@ import numpy.typing as npt
 
 from memories_core.backends import SQLiteRecordStore
 from memories_core.errors import InvalidInputError
-from memories_core.interfaces import Embedder
+from memories_core.interfaces import Clock, Embedder
 from memories_core.retrieval.context import adjacent_rows, rows_of
 from memories_core.retrieval.fusion import Ranking
 from memories_core.retrieval.pipeline import Where, filters_match
@@ -48,10 +48,12 @@ class InMemoryBackend:
 
     Args:
         embedder: Embeds queries, and records added without vectors.
+        clock: Source of "now" for a pipeline run given no ``now`` (default: the wall clock).
     """
 
-    def __init__(self, embedder: Embedder) -> None:
+    def __init__(self, embedder: Embedder, *, clock: Clock | None = None) -> None:
         self.embedder = embedder
+        self.clock = clock
         self._store = SQLiteRecordStore(None)
         self._parts: dict[str, _UserPart] = {}
         self._by_id: dict[str, MemoryRecord] = {}

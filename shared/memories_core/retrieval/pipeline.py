@@ -43,9 +43,10 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from memories_core.clock import resolve_now
 from memories_core.errors import ConfigurationError, InvalidInputError
 from memories_core.retrieval.fusion import Fusion, Ranking
-from memories_core.types import MemoryRecord, ScoredRecord, check_user_id, ensure_utc, utcnow
+from memories_core.types import MemoryRecord, ScoredRecord, check_user_id, ensure_utc
 
 __all__ = [
     "DEFAULT_DEPTH",
@@ -392,9 +393,14 @@ class Pipeline:
         return max(self.depth, k)
 
     def rank(self, request: RecallRequest, backend: RecallBackend) -> tuple[Ranking, RecallContext]:
-        """Run sources, fusion and rerankers; return the ranking and the run's context."""
+        """Run sources, fusion and rerankers; return the ranking and the run's context.
+
+        A request without ``now`` is given the backend's clock time (the engine's injected
+        clock), once, so every stage and ``on_recalled`` see the same instant; the wall clock
+        only for a backend without a ``clock``.
+        """
         if request.now is None:
-            request = replace(request, now=utcnow())
+            request = replace(request, now=resolve_now(None, getattr(backend, "clock", None)))
         ctx = RecallContext(request, backend)
         depth = self.candidate_depth(request.k)
         active = [source for source in self.sources if source.weight > 0]

@@ -17,7 +17,7 @@ from typing import Any, cast
 import numpy as np
 import numpy.typing as npt
 
-from memories_core.interfaces import Embedder, Filter, RecordStore, VectorIndex
+from memories_core.interfaces import Clock, Embedder, Filter, RecordStore, VectorIndex
 from memories_core.retrieval.context import adjacent_rows, rows_of
 from memories_core.retrieval.fusion import Ranking
 from memories_core.retrieval.pipeline import Where
@@ -67,6 +67,7 @@ class StoreBackend:
         embedder: Embeds queries.
         before_search: Called before every dense search (the retriever indexes pending
             records there).
+        clock: Source of "now" for a pipeline run given no ``now`` (the engine's clock).
     """
 
     def __init__(
@@ -76,7 +77,9 @@ class StoreBackend:
         embedder: Embedder,
         *,
         before_search: Callable[[], Any] | None = None,
+        clock: Clock | None = None,
     ) -> None:
+        self.clock = clock
         self.store = store
         self.index = index
         self.embedder = embedder
