@@ -132,8 +132,9 @@ def _score(doc: Document) -> float | None:
 class MemoryBankRetriever(MemoryRetriever):
     """:class:`~langchain_memories.MemoryRetriever` for a core ``MemoryBankMemory``.
 
-    Returns the recalled memories (turns and daily summaries, re-weighted by the forgetting
-    curve and reinforced on recall, Zhong et al. §2.2-2.3) and, first, the user's global
+    Returns the recalled memories (turns and daily summaries, reinforced on recall and
+    re-weighted by the forgetting curve if the memory's ``forgetting_weight`` > 0; archived
+    ones only after ``memory.restore(...)``; Zhong et al. §2.2-2.3) and, first, the user's global
     portrait and global event summary as two documents (``metadata["kind"]`` is
     ``"global_portrait"`` / ``"global_summary"``), so that a chain's prompt holds what
     SiliconFriend's prompt holds (§3) without a second lookup.
