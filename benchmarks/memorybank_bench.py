@@ -216,7 +216,7 @@ def latency(rows: int = 10_000, queries: int = 200) -> dict[str, Any]:
             "search of recall's kinds (turn, daily_summary), forgetting on",
             lambda q: memory.engine.search(q, "u", k=5, kinds=kinds, pipeline=on),
         ),
-        ("recall (forgetting on, reinforce, context)", lambda q: memory.recall(q, Scope("u"))),
+        ("recall (library defaults: reinforce, context)", lambda q: memory.recall(q, Scope("u"))),
     ):
         for i in range(10):  # warm up
             run(f"{topics[i % 8]} item {i}")

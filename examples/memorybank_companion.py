@@ -83,10 +83,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     user = args.user.lower()
     clock = FixedClock(datetime(2023, 4, 27, 20, tzinfo=timezone.utc))
     llm = ScriptedLLM(default=memorybank_reply)
-    # With t in days, exp(-t/S) is steep: a week-old turn keeps 0.1 % of its relevance and
-    # only the (non-decaying) daily summaries would be recalled. forgetting_weight=0.5 lets a
-    # faded memory keep half of it: score x (0.5 + 0.5 R).
-    memory = MemoryBankMemory(llm=llm, embedder=embedder, clock=clock, k=4, forgetting_weight=0.5)
+    # The defaults: recall ranks by relevance (no query-time decay), the curve decides what
+    # recall reinforces and what forget() archives.
+    memory = MemoryBankMemory(llm=llm, embedder=embedder, clock=clock, k=4)
 
     print(f"== {len(history)} days with {args.user}")
     for day, pairs in history.items():

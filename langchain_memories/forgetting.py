@@ -125,8 +125,9 @@ def _score(doc: Document) -> float | None:
 class MemoryBankRetriever(MemoryRetriever):
     """:class:`~langchain_memories.MemoryRetriever` for a core ``MemoryBankMemory``.
 
-    Returns at most ``k`` recalled memories (turns and daily summaries, re-weighted by the
-    forgetting curve and reinforced on recall, Zhong et al. §2.2-2.3). The user's global
+    Returns at most ``k`` recalled memories (turns and daily summaries, reinforced on recall
+    and re-weighted by the forgetting curve if the memory's ``forgetting_weight`` > 0; archived
+    ones only after ``memory.restore(...)``; Zhong et al. §2.2-2.3). The user's global
     portrait and global event summary, which SiliconFriend's prompt holds beside them (§3),
     ride in every document's metadata (``"global_portrait"``, ``"global_summary"``; absent
     until written) rather than as extra documents; :meth:`render` puts all of it in one

@@ -118,9 +118,11 @@ class MemoryBankBlock(MemoryBlock):
     Messages that ``Memory`` flushes (or :meth:`~llamaindex_memories.MemoryBlock.flush` at the
     end of a session) are saved with their timestamps; a new day rolls the old one over into
     its daily summary and personality note (Zhong et al. §2.1). Before each model call the
-    block recalls for the latest user message: the relevant memories, re-weighted by the
-    forgetting curve and reinforced (§2.2-2.3), plus the global portrait and global event
-    summary, as SiliconFriend's prompt has them (§3).
+    block recalls for the latest user message: the relevant memories (re-weighted by the
+    forgetting curve if the memory's ``forgetting_weight`` > 0) and reinforced (§2.2-2.3),
+    plus the global portrait and global event summary, as SiliconFriend's prompt has them
+    (§3). Memories the memory has archived (``forget``, or ``archive_below`` at
+    consolidation) are not recalled until ``memory.restore(...)``.
 
     Instantiate and use in a chat engine:
         .. code-block:: python

@@ -278,16 +278,112 @@ def test_query_time_forgetting_prefers_fresh_memories() -> None:
         (hit,) = memory.recall("green tea", Scope(USER), k=1).records
         return hit.record.text
 
-    memory, clock = _memory(reinforce=False)
+    memory, clock = _memory(reinforce=False, forgetting_weight=1.0)
     assert top(memory, clock) == "user: I like green tea a lot."
     assert memory.recall_pipeline(forgetting=False) != memory.pipeline
+
+
+def test_by_default_age_does_not_lower_relevance() -> None:
+    """The default (chosen on LoCoMo): an old memory that fits best is recalled first."""
+
+    def top(memory: MemoryBankMemory, clock: FixedClock) -> str:
+        clock.set(_day(0))
+        memory.save(_exchange("My sister Ann lives in Lisbon.", "Nice.", _day(0)), Scope(USER))
+        clock.set(_day(60))
+        memory.save(_exchange("I visited a museum.", "Fun.", _day(60)), Scope(USER))
+        hits = memory.recall("Where does my sister Ann live?", Scope(USER), k=1).records
+        return hits[0].record.text
+
+    memory, clock = _memory(reinforce=False)
+    assert memory.forgetting_weight == 0
+    assert memory.pipeline == memory.recall_pipeline(forgetting=False)
+    assert top(memory, clock) == "user: My sister Ann lives in Lisbon."
+    faded, clock = _memory(reinforce=False, forgetting_weight=1.0)
+    assert top(faded, clock) != "user: My sister Ann lives in Lisbon."
+
+
+def test_summaries_follow_the_curve_and_recall_reinforces_them() -> None:
+    memory, clock = _memory(forgetting_weight=1.0, k=1)
+    _replay(memory, clock, days=2)
+    (summary,) = _kinds(memory, "daily_summary")
+    later = _day(4)
+    # Dated by the last turn of its day (day 0): four days old at S = 1.
+    assert memory.retention(summary, later) == pytest.approx(math.exp(-4), rel=1e-3)
+    # A fresh turn outranks the faded summary of the same words at weight 1.
+    clock.set(later)
+    memory.save(_exchange(DAYS[0][0], "Noted.", later), Scope(USER))
+    (hit,) = memory.recall(DAYS[0][0], Scope(USER)).records
+    assert hit.record.kind == "turn" and hit.record.created_at == later
+    # Recalling the summary reinforces it, as it does a turn.
+    hits = memory.recall(DAYS[0][0], Scope(USER), k=10).records
+    assert summary.id in {h.record.id for h in hits}
+    (record,) = memory.engine.get(USER, [summary.id])
+    assert record.state.strength == 2 and record.state.last_recalled_at == later
+    assert memory.retention(record, later) == 1.0
+    # The global portrait and summary shown in the context are reinforced too ...
+    gs = _kinds(memory, "global_summary")[0]
+    assert gs.state.strength > 1 and gs.state.last_recalled_at == later
+    # ... and a rewrite keeps the strength it earned (the next day closes day 5).
+    clock.set(_day(5))
+    memory.save(_exchange("Hello again.", "Hi.", _day(5)), Scope(USER))
+    (rewritten,) = _kinds(memory, "global_summary")
+    assert rewritten.id != gs.id and rewritten.state.strength == gs.state.strength
+
+
+def test_summaries_can_be_kept_from_decaying() -> None:
+    memory, clock = _memory(summaries_decay=False)
+    _replay(memory, clock, days=2)
+    (summary,) = _kinds(memory, "daily_summary")
+    assert memory.curve(summary, _day(30)) == 1.0
+    assert memory.forget(USER, _day(30), policy="threshold").forgotten  # turns only
+    assert not _kinds(memory, "daily_summary")[0].state.archived
+
+
+def test_scheduled_forgetting_archives_during_consolidation_and_restores() -> None:
+    memory, clock = _memory(archive_below=0.01, consolidate_on_session_end=False)
+    _replay(memory, clock, days=3)
+    assert not memory.forgotten(USER)  # nothing is old enough yet
+    clock.set(_day(2, hour=1))
+    assert memory.recall("chess painting weekends", Scope(USER), k=1).records
+    # Twenty days later, the first save closes day 3; its consolidation forgets what fell
+    # below R = 0.01: everything not recalled on day 3.
+    clock.set(_day(22))
+    memory.save(_exchange("I started yoga.", "Good for you.", _day(22)), Scope(USER))
+    forgotten = memory.forgotten(USER)
+    assert forgotten and all(memory.retention(r) < 0.01 for r in forgotten)
+    assert {r.kind for r in forgotten} >= {"turn", "daily_summary"}
+    assert memory.engine.history(USER, record_id=forgotten[0].id)[-1].reason == (
+        "forgotten (scheduled threshold)"
+    )
+    assert memory.portrait(USER) and memory.global_summary(USER)  # never archived
+    live = memory.engine.records(USER, where={"archived": False})
+    assert all(memory.retention(r) >= 0.01 for r in live if r.kind in ("turn", "daily_summary"))
+    ids = {r.id for r in forgotten}
+    hits = memory.recall("stressed at work exercise music", Scope(USER), k=20).records
+    assert not ids & {h.record.id for h in hits}  # archived: never recalled
+    assert memory.restore(USER) == len(ids)
+    hits = memory.recall("stressed at work exercise music", Scope(USER), k=20).records
+    assert ids & {h.record.id for h in hits}
+
+
+def test_consolidation_forgets_nothing_by_default() -> None:
+    memory, clock = _memory()
+    assert memory.archive_below is None
+    _replay(memory, clock, days=2)
+    clock.set(_day(60))
+    memory.save(_exchange("Back after two months.", "Welcome back.", _day(60)), Scope(USER))
+    assert memory.consolidate(USER) == 0
+    assert not memory.forgotten(USER)
+    assert not [j for j in memory.pending(USER) if j.kind == "forget"]
 
 
 def test_forget_archives_restores_and_hard_deletes_only_when_asked() -> None:
     memory, clock = _memory()
     _replay(memory, clock)
     turns = memory.engine.records(USER, where={"kind": "turn"})
-    report = memory.forget(USER, _day(40), policy="threshold", threshold=0.5)
+    report = memory.forget(
+        USER, _day(40), policy="threshold", threshold=0.5, include_summaries=False
+    )
     assert report.considered == 6 and len(report.forgotten) == 6 and not report.hard_deleted
     assert len(memory.engine.records(USER, where={"kind": "turn"})) == 6  # kept, archived
     assert {r.id for r in memory.forgotten(USER)} == {r.id for r in turns}
@@ -296,19 +392,23 @@ def test_forget_archives_restores_and_hard_deletes_only_when_asked() -> None:
     assert memory.restore(USER, [turns[0].id]) == 1
     assert memory.restore(USER) == 5
     assert not memory.forgotten(USER)
-    gone = memory.forget(USER, _day(40), policy="threshold", threshold=0.5, hard_delete=True)
+    gone = memory.forget(
+        USER, _day(40), policy="threshold", threshold=0.5, hard_delete=True, include_summaries=False
+    )
     assert gone.hard_deleted and len(gone.forgotten) == 6
     assert not memory.engine.records(USER, where={"kind": "turn"})
     assert memory.engine.history(USER)[-1].new == {"deleted": True}
 
 
-def test_forget_spares_summaries_unless_asked() -> None:
+def test_forget_takes_summaries_unless_told_not_to() -> None:
     memory, clock = _memory()
     _replay(memory, clock)
-    report = memory.forget(USER, _day(60), policy="threshold", threshold=0.5)
+    report = memory.forget(
+        USER, _day(60), policy="threshold", threshold=0.5, include_summaries=False
+    )
     assert len(report.forgotten) == 6
     assert _kinds(memory, "daily_summary")[0].state.archived is False
-    both = memory.forget(USER, _day(60), policy="threshold", include_summaries=True)
+    both = memory.forget(USER, _day(60), policy="threshold")
     assert len(both.forgotten) == 4  # two daily summaries and two notes
     assert memory.portrait(USER)  # global records are never forgotten
 
@@ -343,7 +443,7 @@ def test_stochastic_forget_is_deterministic_under_fixed_clock_and_seed() -> None
 
     first = run()
     assert first == run()
-    assert 0 < len(first[1]) < 6
+    assert 0 < len(first[1]) < 10  # of 6 turns, 2 daily summaries and 2 notes
 
 
 def test_async_twins_match_sync_without_reinforcement() -> None:
@@ -359,6 +459,9 @@ def test_async_twins_match_sync_without_reinforcement() -> None:
 def test_bad_arguments() -> None:
     with pytest.raises(ConfigurationError):
         _memory(forgetting_weight=2)
+    for bad in (0, 1.5, -0.1):
+        with pytest.raises(ConfigurationError):
+            _memory(archive_below=bad)
     memory, _ = _memory()
     with pytest.raises(InvalidInputError):
         memory.consolidate(USER, "yesterday")

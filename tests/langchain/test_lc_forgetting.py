@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 from langchain_core.documents import Document
@@ -114,3 +115,57 @@ def test_memorybank_retriever_carries_portrait_and_global_summary_in_a_chain() -
     assert any("walk" in d.page_content for d in docs)
     assert memory.portrait("gary") in seen[0]
     assert str(memory.global_summary("gary")) in seen[0]
+
+
+def _sister_and_museum(memory: MemoryBankMemory, clock: FixedClock) -> str:
+    """Day 0: where the sister lives; day 60: something else. Returns the day-0 turn's id."""
+    start = clock.now()
+    memory.save([Turn("user", "My sister Ann lives in Lisbon.", timestamp=start)], Scope("gary"))
+    clock.set(start + timedelta(days=60))
+    memory.save([Turn("user", "I visited a museum.", timestamp=clock.now())], Scope("gary"))
+    turns = memory.engine.records("gary", where={"kind": "turn"})
+    (turn,) = [r for r in turns if "Lisbon" in r.text]
+    return turn.id
+
+
+def test_memorybank_chain_default_recalls_old_memories_and_scheduled_forgetting_restores() -> None:
+    from langchain_memories import MemoryBankRetriever
+
+    def chain_for(memory: MemoryBankMemory, seen: list[list[Document]]) -> Any:
+        retriever = MemoryBankRetriever(memory=memory, user_id="gary", k=1)
+        prompt = ChatPromptTemplate.from_template("{context}\n\nQ: {question}")
+
+        def keep(docs: list[Document]) -> str:
+            seen.append(docs)
+            return "\n".join(d.page_content for d in docs)
+
+        context = retriever | keep
+        return {"context": context, "question": RunnablePassthrough()} | prompt | chat_model("ok")
+
+    question = "Where does my sister Ann live?"
+    # The default (no query-time decay): sixty days on, the best match is still recalled.
+    clock = FixedClock(NOW)
+    kept = MemoryBankMemory(
+        llm=ScriptedLLM(default=memorybank_reply), embedder=HashingEmbedder(), clock=clock
+    )
+    sister = _sister_and_museum(kept, clock)
+    seen: list[list[Document]] = []
+    assert chain_for(kept, seen).invoke(question).content == "ok"
+    assert [d.metadata.get("record_id") for d in seen[-1]] == [sister]
+    # Scheduled forgetting: the day-60 save's consolidation archives the faded memory ...
+    clock = FixedClock(NOW)
+    bank = MemoryBankMemory(
+        llm=ScriptedLLM(default=memorybank_reply),
+        embedder=HashingEmbedder(),
+        clock=clock,
+        archive_below=0.05,
+    )
+    sister = _sister_and_museum(bank, clock)
+    assert sister in {r.id for r in bank.forgotten("gary")}
+    chain = chain_for(bank, seen)
+    chain.invoke(question)
+    assert sister not in {d.metadata.get("record_id") for d in seen[-1]}
+    # ... and restoring it brings it back into the chain's context.
+    assert bank.restore("gary", [sister]) == 1
+    chain.invoke(question)
+    assert [d.metadata.get("record_id") for d in seen[-1]] == [sister]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 from llama_index.core import Document, Settings, VectorStoreIndex
@@ -110,3 +111,47 @@ def test_memorybank_block_gives_a_chat_engine_memories_portrait_and_summary() ->
     engine.chat("How can I relieve stress?")
     assert "walk after lunch" in seen[0]
     assert bank.portrait("gary") in seen[0]
+
+
+def test_memorybank_block_forgets_on_schedule_and_restores_in_a_chat_engine() -> None:
+    from llama_index.core.chat_engine import SimpleChatEngine
+    from llama_index.core.memory import Memory
+
+    from llamaindex_memories import MemoryBankBlock
+
+    Settings.llm = MockLLM()
+    Settings.embed_model = CoreEmbedding(HashingEmbedder())
+    seen: list[str] = []
+
+    class Recording(MockLLM):
+        def chat(self, messages, **kwargs):  # type: ignore[no-untyped-def,override]
+            seen.append("\n".join(str(m.content) for m in messages))
+            return super().chat(messages, **kwargs)
+
+    def ask(bank: MemoryBankMemory, session: str) -> str:
+        block = MemoryBankBlock(memory=bank, user_id="gary", k=1)
+        memory = Memory.from_defaults(session_id=session, memory_blocks=[block])
+        SimpleChatEngine.from_defaults(llm=Recording(), memory=memory).chat(
+            "Where does my sister Ann live?"
+        )
+        return seen[-1]
+
+    def replay(**kwargs: Any) -> MemoryBankMemory:
+        clock = FixedClock(NOW)
+        bank = MemoryBankMemory(
+            llm=ScriptedLLM(default=memorybank_reply),
+            embedder=HashingEmbedder(),
+            clock=clock,
+            **kwargs,
+        )
+        bank.save([Turn("user", "My sister Ann lives in Lisbon.", timestamp=NOW)], Scope("gary"))
+        clock.set(NOW + timedelta(days=60))
+        bank.save([Turn("user", "I visited a museum.", timestamp=clock.now())], Scope("gary"))
+        return bank
+
+    line = f"[{NOW:%Y-%m-%d %H:%M}] user: My sister Ann lives in Lisbon."
+    assert line in ask(replay(), "default")  # no query-time decay by default
+    bank = replay(archive_below=0.05)  # the day-60 consolidation archives it
+    assert line not in ask(bank, "archived")
+    assert bank.restore("gary") >= 1
+    assert line in ask(bank, "restored")

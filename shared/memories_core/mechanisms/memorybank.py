@@ -15,11 +15,17 @@
 * **Retrieval** (§2.2): turns and daily summaries are searched together on one score scale;
   the rendered context holds the relevant memories, the global portrait and the global event
   summary, as SiliconFriend's prompt does (§3, "Integration with MemoryBank").
-* **Forgetting** (§2.3): at query time a :class:`~memories_core.retrieval.TimeDecay` reranker
-  multiplies relevance by the retention ``R = exp(-t / S)`` (:mod:`.forgetting`); what is
-  recalled is reinforced (``S += 1``, ``t`` reset, in the ``on_recalled`` hook);
-  :meth:`MemoryBankMemory.forget` archives memories by a stochastic (seeded) or threshold
-  policy in one transaction, restorable with :meth:`MemoryBankMemory.restore`.
+* **Forgetting** (§2.3): every memory, turn or summary, has a retention
+  ``R = exp(-t / S)`` (:mod:`.forgetting`); what is recalled is reinforced (``S += 1``,
+  ``t`` reset, in the ``on_recalled`` hook; the global summary and portrait when a recall's
+  context shows them), and a rewritten daily or global record keeps its predecessor's
+  strength. The paper forgets what falls low on the curve: :meth:`MemoryBankMemory.forget`
+  archives memories by a stochastic (seeded) or threshold policy in one transaction,
+  restorable with :meth:`MemoryBankMemory.restore`; with ``archive_below`` set, every
+  consolidation also schedules a threshold forgetting job. Optionally
+  (``forgetting_weight > 0``, off by default: leave-one-conversation-out cross-validation on
+  LoCoMo chose 0) a :class:`~memories_core.retrieval.TimeDecay` reranker also multiplies
+  relevance by ``R`` at query time, which the paper does not do.
 """
 
 from __future__ import annotations
@@ -148,8 +154,14 @@ class MemoryBankMemory(MemoryBase):
         k: Memories recalled by default.
         unit: One unit of ``t`` in ``R = exp(-t / (scale * S))`` (default: a day).
         scale: Curve stretch (1: the paper's curve).
-        forgetting_weight: Strength of the query-time re-weighting (1: ``score x R``; 0: off).
-        summaries_decay: Whether daily summaries fade and can be forgotten like turns.
+        forgetting_weight: Strength of the query-time re-weighting
+            ``score x ((1 - w) + w R)`` (1: ``score x R``; 0, the default: off). Not in the
+            paper; 0 is the choice of leave-one-conversation-out cross-validation on LoCoMo.
+        summaries_decay: Whether daily summaries fade and can be forgotten like turns
+            (default), or keep ``R = 1``.
+        archive_below: If set, every consolidation schedules a forgetting job that archives
+            the user's memories with ``R`` below this threshold (§2.3; restorable with
+            :meth:`restore`). ``None`` (default): forget only when :meth:`forget` is called.
         reinforce: Raise ``S`` and reset ``t`` of recalled memories (§2.3).
         consolidate_on_session_end: Refresh a day's summary and note when a session of that
             day ends (else only on day rollover or :meth:`consolidate`).
@@ -173,7 +185,8 @@ class MemoryBankMemory(MemoryBase):
             memory.forget("gary", policy="threshold", threshold=0.05)
 
     Raises:
-        ConfigurationError: on a bad ``unit``, ``scale`` or ``forgetting_weight``.
+        ConfigurationError: on a bad ``unit``, ``scale``, ``forgetting_weight`` or
+            ``archive_below``.
     """
 
     mechanism_name: ClassVar[str] = "memorybank"
@@ -187,8 +200,9 @@ class MemoryBankMemory(MemoryBase):
         k: int = 5,
         unit: timedelta = timedelta(days=1),
         scale: float = 1.0,
-        forgetting_weight: float = 1.0,
-        summaries_decay: bool = False,
+        forgetting_weight: float = 0.0,
+        summaries_decay: bool = True,
+        archive_below: float | None = None,
         reinforce: bool = True,
         consolidate_on_session_end: bool = True,
         max_dialogue_chars: int = 12_000,
@@ -196,6 +210,8 @@ class MemoryBankMemory(MemoryBase):
     ) -> None:
         if not 0 <= forgetting_weight <= 1:
             raise ConfigurationError("forgetting_weight must be in [0, 1]")
+        if archive_below is not None and not 0 < archive_below <= 1:
+            raise ConfigurationError("archive_below must be in (0, 1] or None")
         engine = kwargs.get("engine")
         if llm is None and (engine is None or engine.llm is None):
             llm = default_llm()
@@ -203,6 +219,7 @@ class MemoryBankMemory(MemoryBase):
         self.curve = ForgettingCurve(unit=unit, scale=scale, kinds=decaying)
         self.forgetting_weight = forgetting_weight
         self.summaries_decay = summaries_decay
+        self.archive_below = archive_below
         self.reinforce = reinforce
         self.consolidate_on_session_end = consolidate_on_session_end
         self.max_dialogue_chars = max_dialogue_chars
@@ -240,17 +257,20 @@ class MemoryBankMemory(MemoryBase):
     ) -> Recall:
         """Recall turns and daily summaries; the context adds the portrait and global summary.
 
-        Recalled memories are reinforced (``S += 1``, ``last_recalled_at = now``).
+        Recalled memories are reinforced (``S += 1``, ``last_recalled_at = now``), and so are
+        the global portrait and summary the context shows (they were recalled too, §2.3).
 
         Raises:
             InvalidInputError: on an empty query or a bad ``k``.
             MissingUserError: if ``scope`` has no user.
         """
+        scope = _scope(scope)
         when = resolve_now(now, self.clock)  # one instant for the search, reinforcement, context
-        hits = self._search(query, _scope(scope), k=self.default_k if k is None else k, now=when)
-        return Recall(
-            query=query, records=tuple(hits), context=self._context(scope.user_id, hits, when)
-        )
+        hits = self._search(query, scope, k=self.default_k if k is None else k, now=when)
+        shown = self._globals_of(scope.user_id, when)
+        if self.reinforce and shown:
+            self.reinforce_records(scope.user_id, [r.id for r in shown], when)
+        return Recall(query=query, records=tuple(hits), context=self._context(hits, shown))
 
     def portrait(self, user_id: str, now: datetime | None = None) -> str | None:
         """The user's global portrait (§2.1) live at ``now`` (default: the clock's), or ``None``."""
@@ -261,21 +281,26 @@ class MemoryBankMemory(MemoryBase):
         return self._latest(user_id, GLOBAL_SUMMARY, now)
 
     def _latest(self, user_id: str, kind: str, now: datetime | None) -> str | None:
-        found = self.engine.records(check_user_id(user_id), where={"kind": kind})
         when = resolve_now(now, self.clock)
-        live = [r for r in found if r.state.is_live(when)]
-        return live[-1].text if live else None
+        found = [r for r in self._globals_of(user_id, when) if r.kind == kind]
+        return found[0].text if found else None
 
-    def _context(self, user_id: str, hits: Sequence[ScoredRecord], now: datetime) -> str:
+    def _globals_of(self, user_id: str, now: datetime) -> list[MemoryRecord]:
+        """The global portrait and summary live at ``now``, in that order (either may be absent)."""
+        found = self.engine.records(
+            check_user_id(user_id),
+            where={"kind": {"$in": [GLOBAL_PORTRAIT, GLOBAL_SUMMARY]}, "archived": False},
+        )
+        live = [r for r in found if r.state.is_live(now)]
+        latest = {r.kind: r for r in live}  # oldest first: the last of a kind wins
+        return [latest[kind] for kind in (GLOBAL_PORTRAIT, GLOBAL_SUMMARY) if kind in latest]
+
+    def _context(self, hits: Sequence[ScoredRecord], shown: Sequence[MemoryRecord]) -> str:
         parts: list[str] = []
         if hits:
             parts.append("Relevant memories:\n" + self._render(hits))
-        portrait = self.portrait(user_id, now)
-        if portrait:
-            parts.append(f"User portrait: {portrait}")
-        summary = self.global_summary(user_id, now)
-        if summary:
-            parts.append(f"Summary of past events: {summary}")
+        labels = {GLOBAL_PORTRAIT: "User portrait", GLOBAL_SUMMARY: "Summary of past events"}
+        parts += [f"{labels[r.kind]}: {r.text}" for r in shown if r.text]
         return "\n\n".join(parts)
 
     def _render(self, hits: Sequence[ScoredRecord]) -> str:
@@ -416,8 +441,10 @@ class MemoryBankMemory(MemoryBase):
         target = _as_day(day) if day is not None else self.open_day(user)
         if target is None:
             return len(self.pending(user))
-        self.engine.enqueue(user, [self._day_job(target)])
-        first = [j.id for j in self.pending(user) if j.key == f"day:{target}"]
+        jobs = self._day_jobs([target])
+        self.engine.enqueue(user, jobs)
+        keys = {job.key for job in jobs}
+        first = [j.id for j in self.pending(user) if j.key in keys]
         return self.engine.run_pending(user, first=first, mechanism=self.name)
 
     async def aconsolidate(
@@ -426,8 +453,13 @@ class MemoryBankMemory(MemoryBase):
         """Async twin of :meth:`consolidate`."""
         return await asyncio.to_thread(self.consolidate, user_id, day)
 
-    def _day_job(self, day: str) -> JobSpec:
-        return JobSpec(self.name, "day", f"day:{day}", {"day": day})
+    def _day_jobs(self, days: Iterable[str]) -> list[JobSpec]:
+        """Consolidation of ``days``, then (with ``archive_below``) the scheduled forgetting."""
+        jobs = [JobSpec(self.name, "day", f"day:{day}", {"day": day}) for day in sorted(days)]
+        if jobs and self.archive_below is not None:
+            last = jobs[-1].payload["day"]
+            jobs.append(JobSpec(self.name, "forget", f"forget:{last}", {"day": last}))
+        return jobs
 
     def _turn_jobs(self, records: Sequence[MemoryRecord]) -> Iterable[JobSpec]:
         """Close the days these turns end (inside the save's transaction, no model calls).
@@ -453,27 +485,58 @@ class MemoryBankMemory(MemoryBase):
                 closing.add(newest)
         if open_day != opened:
             self.store.set_state(self._open_day_key, open_day, user_id=user_id)
-        return [self._day_job(d) for d in sorted(closing)]
+        return self._day_jobs(closing)
 
     def _session_jobs(self, user_id: str, session_id: str) -> Iterable[JobSpec]:
         if not self.consolidate_on_session_end:
             return []
         turns = self.engine.records(user_id, where={"kind": "turn", "session_id": session_id})
-        return [self._day_job(d) for d in sorted({_day(r.created_at) for r in turns})]
+        return self._day_jobs({_day(r.created_at) for r in turns})
 
     def _run_job(self, job: Job) -> Derivation | None:
+        if job.kind == "forget":
+            return self._scheduled_forgetting(job.user_id)
+        return self._consolidate_day(job)
+
+    def _scheduled_forgetting(self, user_id: str) -> Derivation | None:
+        """Archive what fell below ``archive_below`` now (§2.3), as part of consolidation.
+
+        Committed with the job; no model call. Same kinds and curve as :meth:`forget` with
+        ``policy="threshold"``; global records are never archived.
+        """
+        if self.archive_below is None:  # the option was turned off after scheduling
+            return None
+        now = self.clock.now()
+        chosen = self._below(user_id, self.archive_below, now, self.summaries_decay)
+        if not chosen:
+            return None
+        return Derivation(
+            state={item: {"archived": True} for item in chosen},
+            reason="forgotten (scheduled threshold)",
+        )
+
+    def _below(self, user_id: str, threshold: float, now: datetime, summaries: bool) -> list[str]:
+        """Ids of live memories with ``R < threshold`` at ``now``, in id order."""
+        kinds = ["turn", DAILY_SUMMARY, DAILY_PORTRAIT] if summaries else ["turn"]
+        live = self.engine.records(user_id, where={"kind": {"$in": kinds}, "archived": False})
+        return choose_forgotten(
+            ((r.id, self._any_kind(r, now)) for r in live), policy="threshold", threshold=threshold
+        )
+
+    def _any_kind(self, record: MemoryRecord, now: datetime) -> float:
+        return dataclasses.replace(self.curve, kinds=None)(record, now)
+
+    def _consolidate_day(self, job: Job) -> Derivation | None:
         user_id = job.user_id
         day = str(job.payload["day"])
         start = datetime.fromisoformat(day).replace(tzinfo=timezone.utc)
         turns = self.engine.records(
             user_id, where={"kind": "turn"}, since=start, until=start + timedelta(days=1)
         )
-        old_daily = [
-            r.id
-            for r in self.engine.records(
-                user_id, where={"kind": {"$in": [DAILY_SUMMARY, DAILY_PORTRAIT]}, "day": day}
-            )
-        ]
+        previous = self.engine.records(
+            user_id, where={"kind": {"$in": [DAILY_SUMMARY, DAILY_PORTRAIT]}, "day": day}
+        )
+        old_daily = [r.id for r in previous]
         if not turns:
             return Derivation(replace=old_daily) if old_daily else None
         llm = self._llm(Scope(user_id))
@@ -510,14 +573,15 @@ class MemoryBankMemory(MemoryBase):
             new_id(), user_id, DAILY_PORTRAIT, payload["portrait"], at, None, meta, sources
         )
         globals_ = self._globals(llm, user_id, day, daily_summary, daily_portrait)
-        old_globals = [
-            r.id
-            for r in self.engine.records(
-                user_id, where={"kind": {"$in": [GLOBAL_SUMMARY, GLOBAL_PORTRAIT]}}
-            )
-        ]
+        previous += self.engine.records(
+            user_id, where={"kind": {"$in": [GLOBAL_SUMMARY, GLOBAL_PORTRAIT]}}
+        )
+        fresh = [daily_summary, daily_portrait, *globals_]
         return Derivation(
-            add=[daily_summary, daily_portrait, *globals_], replace=[*old_daily, *old_globals]
+            add=fresh,
+            replace=[r.id for r in previous],
+            state=_carried_over(previous, fresh),
+            reason="rewritten (strength carried over)",
         )
 
     def _globals(
@@ -574,6 +638,32 @@ class MemoryBankMemory(MemoryBase):
             return generate_parsed(llm, messages, parse, max_tokens=OUTPUT_TOKENS.get(label))
         except (LLMError, ParseError) as exc:
             raise JobFailed(label, f"{what} failed: {exc}") from exc
+
+
+def _carried_over(
+    previous: Sequence[MemoryRecord], fresh: Sequence[MemoryRecord]
+) -> dict[str, dict[str, Any]]:
+    """State that a rewritten record takes over from the record of its kind it replaces.
+
+    A day's refreshed summary, or a rewritten global summary or portrait, is the same memory
+    in new words: its strength, recall count and last recall stay on the curve (§2.3).
+    An archived predecessor is not carried over (the rewrite starts live and fresh).
+    """
+    before = {(r.kind, r.metadata.get("day")): r for r in previous if not r.state.archived}
+    changes: dict[str, dict[str, Any]] = {}
+    for record in fresh:
+        old = before.get((record.kind, record.metadata.get("day")))
+        if old is None or (old.state.strength == 1 and old.state.recall_count == 0):
+            continue
+        change: dict[str, Any] = {
+            "strength": old.state.strength,
+            "recall_count": old.state.recall_count,
+        }
+        recalled = old.state.last_recalled_at
+        if recalled is not None and recalled > record.created_at:  # else t runs from now on
+            change["last_recalled_at"] = recalled
+        changes[record.id] = change
+    return changes
 
 
 #: Output cap of each consolidation prompt (tokens). A summary is a few sentences (§2.1);
