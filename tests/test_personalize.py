@@ -8,6 +8,7 @@ marked slow.
 from __future__ import annotations
 
 import importlib.util
+import math
 import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
@@ -283,3 +284,64 @@ def test_missing_extra_is_a_typed_error(monkeypatch: pytest.MonkeyPatch, tiny: A
     personalizer = build(None, tiny)
     with pytest.raises(MissingExtraError):
         personalizer.train("ann", progress=False)
+
+
+@pytest.mark.parametrize(
+    ("cuda", "bf16", "mps", "device", "dtype"),
+    [
+        (True, True, True, "cuda", "bfloat16"),
+        (True, False, False, "cuda", "float16"),
+        (False, False, True, "mps", "float16"),
+        (False, False, False, "cpu", "float32"),
+    ],
+)
+def test_device_is_the_gpu_when_present_else_the_cpu(
+    monkeypatch: pytest.MonkeyPatch,
+    tiny: Any,
+    cuda: bool,
+    bf16: bool,
+    mps: bool,
+    device: str,
+    dtype: str,
+) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: mps)
+    assert personalize.select_device() == device
+    assert personalize.default_dtype(device) == getattr(torch, dtype)
+    # An explicit device wins over what is present.
+    assert personalize.select_device("cpu") == "cpu"
+    model, tokenizer = tiny
+    memory = DualProcessMemory(
+        llm=ScriptedLLM(default=dpem_reply), embedder=HashingEmbedder(dimension=64)
+    )
+    assert Personalizer(memory, model=model, tokenizer=tokenizer).device == device
+    assert Personalizer(memory, model=model, tokenizer=tokenizer, device="cpu").device == "cpu"
+    with pytest.raises(ConfigurationError, match="unknown torch device"):
+        personalize.select_device("gpu-please")
+
+
+def test_training_and_serving_run_on_the_chosen_device_and_dtype(tiny: Any) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    personalizer = build(None, tiny, max_steps=2)
+    personalizer = Personalizer(
+        personalizer.memory,
+        model=tiny[0],
+        tokenizer=tiny[1],
+        config=personalizer.config,
+        device="cpu",
+        dtype=torch.float64,
+    )
+    report = personalizer.train("ann", progress=False)
+    assert report.steps == 2 and all(math.isfinite(x) for x in report.losses)
+    info = personalizer.adapter("ann")
+    assert info is not None
+    weights = load_file(str(info.path / "adapter_model.safetensors"))
+    assert weights and {w.dtype for w in weights.values()} == {torch.float64}
+    # The given model itself is never moved or cast.
+    assert {p.dtype for p in tiny[0].parameters()} == {torch.float32}
+    assert math.isfinite(personalizer.perplexity(personalizer.examples("ann"), adapter_of="ann"))

@@ -18,8 +18,12 @@ retrieved DPeM memory ``p = Retriever(x)`` is the prompt prefix of the tuned mod
 * **Storage**: the adapter is one artifact (``malp/lora``) of the user in the engine's
   :class:`~memories_core.artifacts.ArtifactStore`, so it is exported, imported and deleted with
   the user. Training writes a checkpoint artifact (``malp/lora.checkpoint``) every
-  ``checkpoint_every`` steps; a later :meth:`Personalizer.train` on the same data resumes from
-  it, and it is removed when training finishes.
+  ``checkpoint_every`` steps (safetensors and JSON, no pickle); a later
+  :meth:`Personalizer.train` on the same data resumes from it, and it is removed when
+  training finishes.
+* **Device**: a CUDA GPU if present, else Apple's MPS, else the CPU (:func:`select_device`,
+  ``Personalizer(device=...)`` overrides); the base weights are half precision on a GPU,
+  float32 on the CPU (:func:`default_dtype`).
 * **Serving**: :class:`PersonalizedLLM` is a core :class:`~memories_core.interfaces.LLM` that
   prepends the recalled memory and generates with the user's adapter (the base model if the
   user has none yet); :meth:`Personalizer.llm_for` plugs into ``MemoryEngine(llm_for=...)``.
@@ -63,7 +67,9 @@ __all__ = [
     "Personalizer",
     "TrainingExample",
     "TrainingReport",
+    "default_dtype",
     "require_personalize",
+    "select_device",
     "tiny_model",
 ]
 
@@ -189,11 +195,67 @@ class TrainingReport:
     trainable_parameters: int
 
 
+def select_device(device: str | None = None) -> str:
+    """The torch device to train and serve on: ``device`` if given, else the fastest present.
+
+    CUDA if a GPU is visible, else Apple's MPS, else the CPU (the paper trained on GPUs,
+    "Setup"; a CPU works for SmolLM2-135M, slowly).
+
+    Args:
+        device: A torch device string (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"``) that
+            overrides the choice; ``None`` chooses.
+
+    Raises:
+        ConfigurationError: for a device string torch does not know.
+        MissingExtraError: without the ``personalize`` extra.
+    """
+    require_personalize()
+    import torch
+
+    if device is not None:
+        try:
+            return str(torch.device(device))
+        except (RuntimeError, TypeError) as exc:
+            raise ConfigurationError(f"unknown torch device {device!r}: {exc}") from exc
+    if torch.cuda.is_available():
+        return "cuda"
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        return "mps"
+    return "cpu"
+
+
+def default_dtype(device: str) -> Any:
+    """The weights' dtype on ``device``: half precision on a GPU, float32 on the CPU.
+
+    bfloat16 on a CUDA GPU that supports it (float16 otherwise), float16 on MPS, float32 on
+    the CPU (half-precision matmuls are slow there). peft keeps the LoRA matrices themselves
+    in float32 whatever the base model's dtype, so the update is trained at full precision.
+    """
+    require_personalize()
+    import torch
+
+    kind = torch.device(device).type
+    if kind == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if kind == "mps":
+        return torch.float16
+    return torch.float32
+
+
 @dataclass
 class _Base:
     model: Any
     tokenizer: Any
     identity: str
+
+    def to(self, device: str, dtype: Any) -> _Base:
+        """This base with its model moved to ``device`` (and cast to ``dtype`` if given)."""
+        if dtype is None:
+            self.model.to(device)
+        else:
+            self.model.to(device=device, dtype=dtype)
+        return self
 
 
 def _default_base_path() -> Path:
@@ -203,7 +265,7 @@ def _default_base_path() -> Path:
     return LocalLLM()._ensure_converted()
 
 
-def _load_base(base_model: str | Path | None) -> _Base:
+def _load_base(base_model: str | Path | None, dtype: Any = None) -> _Base:
     require_personalize()
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -219,7 +281,7 @@ def _load_base(base_model: str | Path | None) -> _Base:
         identity = str(base_model)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
     except (OSError, ValueError) as exc:
         raise ConfigurationError(f"cannot load the base model {str(path)!r}: {exc}") from exc
     return _Base(model, tokenizer, identity)
@@ -257,6 +319,60 @@ def _encode(
     return prompt_ids + target_ids, [-100] * len(prompt_ids) + target_ids
 
 
+#: Files of a training checkpoint: tensors (safetensors) and the rest (JSON); no pickle, so
+#: loading a checkpoint cannot run code.
+_CHECKPOINT_TENSORS = "trainer.safetensors"
+_CHECKPOINT_STATE = "trainer.json"
+
+
+def _dump(folder: Path, model: Any, optimizer: Any, scheduler: Any, step: int) -> None:
+    """Write a checkpoint: adapter, optimizer moments and RNG as tensors; the rest as JSON."""
+    import torch
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    tensors: dict[str, Any] = {
+        f"adapter.{k}": v for k, v in get_peft_model_state_dict(model).items()
+    }
+    optimizer_state = optimizer.state_dict()
+    for index, values in optimizer_state["state"].items():
+        for key, value in values.items():
+            tensor = value if isinstance(value, torch.Tensor) else torch.tensor(value)
+            tensors[f"optimizer.{index}.{key}"] = tensor
+    tensors["rng"] = torch.get_rng_state()
+    save_file(
+        {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()},
+        str(folder / _CHECKPOINT_TENSORS),
+    )
+    state = {
+        "step": step,
+        "param_groups": optimizer_state["param_groups"],
+        "scheduler": scheduler.state_dict(),
+    }
+    (folder / _CHECKPOINT_STATE).write_text(json.dumps(state))
+
+
+def _restore(folder: Path, model: Any, optimizer: Any, scheduler: Any) -> int:
+    """Load a checkpoint written by :func:`_dump` into the run; returns its step."""
+    import torch
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(folder / _CHECKPOINT_TENSORS), device="cpu")
+    state = json.loads((folder / _CHECKPOINT_STATE).read_text())
+    adapter = {k[len("adapter.") :]: v for k, v in tensors.items() if k.startswith("adapter.")}
+    set_peft_model_state_dict(model, adapter)
+    moments: dict[int, dict[str, Any]] = {}
+    for name, tensor in tensors.items():
+        if name.startswith("optimizer."):
+            _, index, key = name.split(".", 2)
+            moments.setdefault(int(index), {})[key] = tensor
+    optimizer.load_state_dict({"state": moments, "param_groups": state["param_groups"]})
+    scheduler.load_state_dict(state["scheduler"])
+    torch.set_rng_state(tensors["rng"])
+    return int(state["step"])
+
+
 def _fingerprint(examples: Sequence[TrainingExample], config: LoRAConfig, base: str) -> str:
     digest = hashlib.sha256()
     digest.update(json.dumps(asdict(config), sort_keys=True, default=str).encode())
@@ -284,6 +400,10 @@ class Personalizer:
         config: :class:`LoRAConfig`.
         system_prompt: System text put before the memory in every prompt.
         max_new_tokens: Generation limit of :class:`PersonalizedLLM`.
+        device: Torch device to train and serve on (``None``: :func:`select_device`, a CUDA
+            or MPS GPU when present, else the CPU).
+        dtype: Dtype of the base model's weights (``None``: :func:`default_dtype` of the
+            device for the default or a named base model; a given ``model`` keeps its own).
 
     Example:
         .. code-block:: python
@@ -310,6 +430,8 @@ class Personalizer:
         config: LoRAConfig | None = None,
         system_prompt: str = DEFAULT_SYSTEM,
         max_new_tokens: int = 128,
+        device: str | None = None,
+        dtype: Any = None,
     ) -> None:
         if engine is None:
             engine = getattr(memory, "engine", None)
@@ -324,6 +446,9 @@ class Personalizer:
         self.max_new_tokens = max_new_tokens
         self._base_model = base_model
         self._given = _Base(model, tokenizer, f"custom:{type(model).__name__}") if model else None
+        self._device_arg = device
+        self._device: str | None = None
+        self._dtype_arg = dtype
         self._served: _Base | None = None
         self._peft: Any = None
         self._loaded: dict[str, str] = {}  # adapter name -> artifact sha256
@@ -374,14 +499,24 @@ class Personalizer:
             self.engine.artifacts.delete(user_id, CHECKPOINT_ARTIFACT)
             return self.engine.artifacts.delete(user_id, ADAPTER_ARTIFACT)
 
-    def _base_for_training(self) -> _Base:
+    @property
+    def device(self) -> str:
+        """The torch device adapters are trained and served on (chosen on first use)."""
+        if self._device is None:
+            self._device = select_device(self._device_arg)
+        return self._device
+
+    def _load(self) -> _Base:
+        """A fresh copy of the base model on :attr:`device` (the given one, or loaded)."""
         if self._given is not None:
             import copy
 
-            return _Base(
-                copy.deepcopy(self._given.model), self._given.tokenizer, self._given.identity
+            given = self._given
+            return _Base(copy.deepcopy(given.model), given.tokenizer, given.identity).to(
+                self.device, self._dtype_arg
             )
-        return _load_base(self._base_model)
+        dtype = self._dtype_arg if self._dtype_arg is not None else default_dtype(self.device)
+        return _load_base(self._base_model, dtype).to(self.device, None)
 
     @property
     def base_identity(self) -> str:
@@ -423,13 +558,13 @@ class Personalizer:
         require_personalize()
         import torch
         from peft import LoraConfig as PeftLoraConfig
-        from peft import get_peft_model, set_peft_model_state_dict
+        from peft import get_peft_model
         from tqdm.auto import tqdm
         from transformers import get_linear_schedule_with_warmup
 
         started = time.perf_counter()
         config = self.config
-        base = self._base_for_training()
+        base = self._load()
         tokenizer = base.tokenizer
         encoded = [_encode(tokenizer, example, config) for example in data]
         total = config.max_steps or config.epochs * len(encoded)
@@ -455,13 +590,13 @@ class Personalizer:
         )
         start = 0
         checkpoint = self.engine.artifacts.get(user_id, CHECKPOINT_ARTIFACT)
-        if resume and checkpoint is not None and checkpoint.meta.get("fingerprint") == fingerprint:
-            state = torch.load(checkpoint.path / "trainer.pt", weights_only=False)
-            set_peft_model_state_dict(model, state["adapter"])
-            optimizer.load_state_dict(state["optimizer"])
-            scheduler.load_state_dict(state["scheduler"])
-            start = int(state["step"])
-            torch.set_rng_state(state["rng"])
+        if (
+            resume
+            and checkpoint is not None
+            and checkpoint.meta.get("fingerprint") == fingerprint
+            and (checkpoint.path / _CHECKPOINT_TENSORS).is_file()
+        ):
+            start = _restore(checkpoint.path, model, optimizer, scheduler)
         order = self._order(len(encoded), total)
         model.train()
         losses: list[float] = []
@@ -471,8 +606,8 @@ class Personalizer:
             for step in range(start, total):
                 tick = time.perf_counter()
                 ids, labels = encoded[order[step]]
-                batch = torch.tensor([ids])
-                out = model(input_ids=batch, labels=torch.tensor([labels]))
+                batch = torch.tensor([ids], device=self.device)
+                out = model(input_ids=batch, labels=torch.tensor([labels], device=self.device))
                 out.loss.backward()
                 torch.nn.utils.clip_grad_norm_(trainable, 1.0)
                 optimizer.step()
@@ -518,20 +653,8 @@ class Personalizer:
     def _checkpoint(
         self, user_id: str, model: Any, optimizer: Any, scheduler: Any, step: int, fingerprint: str
     ) -> None:
-        import torch
-        from peft import get_peft_model_state_dict
-
         with tempfile.TemporaryDirectory() as tmp:
-            torch.save(
-                {
-                    "adapter": get_peft_model_state_dict(model),
-                    "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(),
-                    "step": step,
-                    "rng": torch.get_rng_state(),
-                },
-                Path(tmp) / "trainer.pt",
-            )
+            _dump(Path(tmp), model, optimizer, scheduler, step)
             self.engine.artifacts.put(
                 user_id,
                 CHECKPOINT_ARTIFACT,
@@ -568,17 +691,9 @@ class Personalizer:
     def _serving_base(self) -> _Base:
         with self._lock:
             if self._served is None:
-                if self._given is not None:
-                    # peft injects adapter layers into the model it serves: keep the given
-                    # model pristine for training.
-                    import copy
-
-                    given = self._given
-                    self._served = _Base(
-                        copy.deepcopy(given.model), given.tokenizer, given.identity
-                    )
-                else:
-                    self._served = _load_base(self._base_model)
+                # peft injects adapter layers into the model it serves: keep a given model
+                # pristine for training (a copy is served).
+                self._served = self._load()
                 self._served.model.eval()
             return self._served
 
@@ -638,7 +753,7 @@ class Personalizer:
             tokenizer = self._serving_base().tokenizer
             text = render_prompt(tokenizer, messages)
             ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
-            ids = ids[:, -self.config.max_input_tokens :]
+            ids = ids[:, -self.config.max_input_tokens :].to(self.device)
             options: dict[str, Any] = {
                 "max_new_tokens": max_new_tokens or self.max_new_tokens,
                 "attention_mask": torch.ones_like(ids),
@@ -680,7 +795,10 @@ class Personalizer:
             with context, torch.inference_mode():
                 for example in examples:
                     ids, labels = _encode(tokenizer, example, self.config)
-                    out = model(input_ids=torch.tensor([ids]), labels=torch.tensor([labels]))
+                    out = model(
+                        input_ids=torch.tensor([ids], device=self.device),
+                        labels=torch.tensor([labels], device=self.device),
+                    )
                     count = sum(1 for label in labels[1:] if label != -100)
                     total_nll += float(out.loss) * count
                     total_tokens += count
