@@ -21,6 +21,14 @@ retrieved DPeM memory ``p = Retriever(x)`` is the prompt prefix of the tuned mod
   ``checkpoint_every`` steps (safetensors and JSON, no pickle); a later
   :meth:`Personalizer.train` on the same data resumes from it, and it is removed when
   training finishes.
+* **Interleaved training** (``Personalizer(memory, train_every=N)``): MaLP passes each user's
+  dialogues iteratively to the coordinator (memory generation) and to the LoRA model
+  (causal-LM training) ("MaLP Frame", Figure 2). Here every save checks the user's DPeM
+  long-term memory; once it holds ``N`` items more than at the last training, a pending job
+  (mechanism ``malp``, kind ``train``) retrains the adapter on all of the user's turns, each
+  with the memory as it is now as prefix. The job is *deferred*: a save never runs it (it
+  takes minutes on a CPU); :meth:`Personalizer.run_pending` or any explicit
+  ``engine.run_pending()`` (a worker) does.
 * **Device**: a CUDA GPU if present, else Apple's MPS, else the CPU (:func:`select_device`,
   ``Personalizer(device=...)`` overrides); the base weights are half precision on a GPU,
   float32 on the CPU (:func:`default_dtype`).
@@ -38,6 +46,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import logging
 import math
 import random
 import shutil
@@ -51,7 +60,7 @@ from typing import TYPE_CHECKING, Any
 
 from memories_core.errors import ConfigurationError, InvalidInputError, MissingExtraError
 from memories_core.llms.base import BaseLLM, LLMResult, truncate_at_stop
-from memories_core.types import ChatMessage, Scope, check_user_id
+from memories_core.types import ChatMessage, Job, JobSpec, MemoryRecord, Scope, check_user_id
 
 if TYPE_CHECKING:
     from memories_core.artifacts import ArtifactInfo
@@ -72,6 +81,8 @@ __all__ = [
     "select_device",
     "tiny_model",
 ]
+
+logger = logging.getLogger(__name__)
 
 #: Artifact name of a user's adapter, and of an unfinished training's checkpoint.
 ADAPTER_ARTIFACT = "malp/lora"
@@ -404,6 +415,11 @@ class Personalizer:
             or MPS GPU when present, else the CPU).
         dtype: Dtype of the base model's weights (``None``: :func:`default_dtype` of the
             device for the default or a named base model; a given ``model`` keeps its own).
+        train_every: Interleaved training: enqueue a job that retrains a user's adapter each
+            time their long-term memory has grown by this many items (``None``: train only
+            when :meth:`train` is called). Needs a memory with ``ltm(user_id)``
+            (:class:`~memories_core.DualProcessMemory`).
+        name: Name of the training jobs' mechanism on the engine (with ``train_every``).
 
     Example:
         .. code-block:: python
@@ -415,8 +431,8 @@ class Personalizer:
             engine = MemoryEngine(..., llm_for=personalizer.llm_for)
 
     Raises:
-        ConfigurationError: without ``memory`` and ``engine``, or with only one of ``model``
-            and ``tokenizer``.
+        ConfigurationError: without ``memory`` and ``engine``, with only one of ``model``
+            and ``tokenizer``, or with ``train_every`` but no long-term memory to watch.
     """
 
     def __init__(
@@ -432,6 +448,8 @@ class Personalizer:
         max_new_tokens: int = 128,
         device: str | None = None,
         dtype: Any = None,
+        train_every: int | None = None,
+        name: str = "malp",
     ) -> None:
         if engine is None:
             engine = getattr(memory, "engine", None)
@@ -454,6 +472,26 @@ class Personalizer:
         self._loaded: dict[str, str] = {}  # adapter name -> artifact sha256
         self._lock = threading.RLock()
         self._llms: dict[tuple[str, bool, bool], PersonalizedLLM] = {}
+        self.name = name
+        self.train_every = train_every
+        if train_every is not None:
+            if isinstance(train_every, bool) or not isinstance(train_every, int) or train_every < 1:
+                raise ConfigurationError(f"train_every must be a positive int, got {train_every!r}")
+            if not callable(getattr(memory, "ltm", None)):
+                raise ConfigurationError(
+                    "train_every needs a memory with a long-term memory (ltm(user_id)), "
+                    "e.g. DualProcessMemory"
+                )
+            from memories_core.engine import MechanismHooks
+
+            engine.attach(
+                MechanismHooks(
+                    name=name,
+                    on_turns=self._training_jobs,
+                    run_job=self._run_training_job,
+                    deferred=True,
+                )
+            )
 
     # ------------------------------------------------------------------ data
     def prompt_messages(
@@ -686,6 +724,48 @@ class Personalizer:
                     "config": asdict(self.config),
                 },
             )
+
+    # ------------------------------------------------------------------ interleaved training
+    @property
+    def _trained_key(self) -> str:
+        return f"{self.name}.trained_at_ltm"
+
+    def _ltm_size(self, user_id: str) -> int:
+        return len(self.memory.ltm(user_id))  # type: ignore[union-attr]
+
+    def trained_at_ltm(self, user_id: str) -> int:
+        """Long-term memory items the user had when the last training job ran (0: none ran)."""
+        value = self.engine.store.get_state(self._trained_key, user_id=check_user_id(user_id))
+        return int(value or 0)
+
+    def _training_jobs(self, records: Sequence[MemoryRecord]) -> list[JobSpec]:
+        """A training job once the LTM grew by ``train_every`` (inside the save; no model).
+
+        The key is the same for every training job of a user, so at most one is pending.
+        """
+        if not records or self.train_every is None:
+            return []
+        user_id = records[0].user_id
+        size = self._ltm_size(user_id)
+        if size - self.trained_at_ltm(user_id) < self.train_every:
+            return []
+        return [JobSpec(self.name, "train", "train", {"ltm": size})]
+
+    def _run_training_job(self, job: Job) -> None:
+        """Retrain the user's adapter on all their turns with the memory as it is now."""
+        size = self._ltm_size(job.user_id)
+        try:
+            self.train(job.user_id, progress=False)
+        except NotEnoughDataError as exc:
+            logger.info("no adapter trained for a user yet: %s", exc)
+        self.engine.store.set_state(self._trained_key, size, user_id=job.user_id)
+        return None
+
+    def run_pending(self, user_id: str | None = None) -> int:
+        """Run the pending training jobs (of one user, or of all); returns how many remain."""
+        return self.engine.run_pending(
+            None if user_id is None else check_user_id(user_id), mechanism=self.name
+        )
 
     # ------------------------------------------------------------------ serving
     def _serving_base(self) -> _Base:
