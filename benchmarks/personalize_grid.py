@@ -13,12 +13,13 @@ For every (user, learning rate, steps) cell the adapter of that user scores:
 * **other**: the mean relative drop of every other user's held-out perplexity under it;
 * **gap** = own - other: how much more the adapter helps its user than anyone else.
 
-``run`` trains and scores cells and merges them into the JSON (one invocation per user and
-rate keeps each under ten minutes on a busy CPU); ``report`` picks the setting by
-leave-one-user-out cross-validation (choose on the other users' mean gap, score the left-out
-user) and writes the Markdown table.
+``run`` trains and scores cells and merges them into the JSON (one invocation per user keeps
+each under ten minutes on a busy CPU); ``report`` picks the setting by leave-one-user-out
+cross-validation (choose on the other users' mean gap, score the left-out user) and writes the
+Markdown table. Texts are cut short (96 prompt and 32 reply tokens, one memory item, no
+earlier turns) so that a step costs seconds on a CPU.
 
-    python benchmarks/personalize_grid.py run --users Frank --lr 1e-3 --steps 20 60
+    python benchmarks/personalize_grid.py run --users Frank   # then Emily, Luna
     python benchmarks/personalize_grid.py report
 """
 
@@ -240,11 +241,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     go = sub.add_parser("run")
     go.add_argument("--users", nargs="*", default=None, help="users to train (default: pool)")
     go.add_argument("--pool", nargs="*", default=None, help="users scored (default: top 3)")
-    go.add_argument("--lr", type=float, nargs="+", default=[1e-3])
-    go.add_argument("--steps", type=int, nargs="+", default=[20, 40])
+    go.add_argument("--lr", type=float, nargs="+", default=[1e-3, 3e-3, 3e-4])
+    go.add_argument("--steps", type=int, nargs="+", default=[20])
     go.add_argument("--held-out", type=int, default=3)
-    go.add_argument("--max-input-tokens", type=int, default=128)
-    go.add_argument("--max-output-tokens", type=int, default=48)
+    go.add_argument("--max-input-tokens", type=int, default=96)
+    go.add_argument("--max-output-tokens", type=int, default=32)
     go.add_argument("--history-turns", type=int, default=0)
     go.add_argument("--memory-k", type=int, default=1)
     go.add_argument("--threads", type=int, default=1)

@@ -290,8 +290,8 @@ def test_missing_extra_is_a_typed_error(monkeypatch: pytest.MonkeyPatch, tiny: A
     ("cuda", "bf16", "mps", "device", "dtype"),
     [
         (True, True, True, "cuda", "bfloat16"),
-        (True, False, False, "cuda", "float16"),
-        (False, False, True, "mps", "float16"),
+        (True, False, False, "cuda", "float32"),
+        (False, False, True, "mps", "float32"),
         (False, False, False, "cpu", "float32"),
     ],
 )

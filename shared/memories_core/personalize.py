@@ -30,8 +30,8 @@ retrieved DPeM memory ``p = Retriever(x)`` is the prompt prefix of the tuned mod
   takes minutes on a CPU); :meth:`Personalizer.run_pending` or any explicit
   ``engine.run_pending()`` (a worker) does.
 * **Device**: a CUDA GPU if present, else Apple's MPS, else the CPU (:func:`select_device`,
-  ``Personalizer(device=...)`` overrides); the base weights are half precision on a GPU,
-  float32 on the CPU (:func:`default_dtype`).
+  ``Personalizer(device=...)`` overrides); the base weights are bfloat16 on a CUDA GPU that
+  has it, else float32 (:func:`default_dtype`).
 * **Serving**: :class:`PersonalizedLLM` is a core :class:`~memories_core.interfaces.LLM` that
   prepends the recalled memory and generates with the user's adapter (the base model if the
   user has none yet); :meth:`Personalizer.llm_for` plugs into ``MemoryEngine(llm_for=...)``.
@@ -237,20 +237,19 @@ def select_device(device: str | None = None) -> str:
 
 
 def default_dtype(device: str) -> Any:
-    """The weights' dtype on ``device``: half precision on a GPU, float32 on the CPU.
+    """The base weights' dtype on ``device``: bfloat16 on a CUDA GPU that has it, else float32.
 
-    bfloat16 on a CUDA GPU that supports it (float16 otherwise), float16 on MPS, float32 on
-    the CPU (half-precision matmuls are slow there). peft keeps the LoRA matrices themselves
-    in float32 whatever the base model's dtype, so the update is trained at full precision.
+    bfloat16 halves the memory and keeps float32's range, so the frozen base can run in it
+    while peft keeps the LoRA matrices themselves in float32. float16 (older CUDA GPUs, Apple's
+    MPS) is not chosen: without loss scaling its small range can underflow the gradients that
+    reach the adapter; pass ``dtype=torch.float16`` to accept that. On the CPU half-precision
+    matmuls are slow, so float32.
     """
     require_personalize()
     import torch
 
-    kind = torch.device(device).type
-    if kind == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    if kind == "mps":
-        return torch.float16
+    if torch.device(device).type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
     return torch.float32
 
 
