@@ -1,16 +1,18 @@
-"""A personalized doctor: DPeM memory + MaLP LoRA (Zhang et al., 2023), offline on a CPU.
+"""A personalized doctor: DPeM memory + MaLP LoRA (Zhang et al., 2023), offline.
 
 A diabetic patient who prefers concise advice talks to a doctor over four sessions. After each
 session the script shows the patient's working memory, short-term memory (with flag-table
 counts) and long-term memory as they evolve. Then it trains the patient's LoRA adapter on
-SmolLM2-135M-Instruct (CPU, a few steps) and answers "I got red spots on my skin recently"
-without personalization (base model, no memory) and with it (adapter + recalled memory).
+SmolLM2-135M-Instruct (on a GPU if present, else the CPU; a few steps) and answers "I got
+red spots on my skin recently" without personalization (base model, no memory) and with it
+(adapter + recalled memory).
 
 The coordinator is the rule-based stand-in ``dpem_reply`` (pass ``--coordinator local`` for
 the bundled SmolLM2, slow and weak). SmolLM2 is tiny: the answers show the mechanics, not
 medical quality.
 
-    python examples/personalized_doctor.py [--steps 12] [--lr 3e-4] [--hashing] [--tiny]
+    python examples/personalized_doctor.py [--steps 12] [--lr 3e-4] [--device cpu] [--hashing]
+        [--tiny]
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=12, help="LoRA training steps")
     parser.add_argument("--lr", type=float, default=3e-4, help="learning rate (paper: 5e-5)")
+    parser.add_argument("--device", default=None, help="cpu, cuda, mps (default: best present)")
     parser.add_argument("--theta", type=int, default=2, help="recurrences that promote to LTM")
     parser.add_argument("--hashing", action="store_true", help="hashing embedder, not MiniLM")
     parser.add_argument("--tiny", action="store_true", help="a tiny random model (seconds)")
@@ -115,11 +118,15 @@ def main() -> None:
         if args.tiny:
             texts = [t for session in SESSIONS for pair in session for t in pair]
             model, tokenizer = tiny_model(texts)
-            personalizer = Personalizer(memory, model=model, tokenizer=tokenizer, config=config)
-        else:
-            personalizer = Personalizer(memory, config=config)  # SmolLM2-135M-Instruct
+            personalizer = Personalizer(
+                memory, model=model, tokenizer=tokenizer, config=config, device=args.device
+            )
+        else:  # SmolLM2-135M-Instruct
+            personalizer = Personalizer(memory, config=config, device=args.device)
         personalizer.max_new_tokens = args.max_new_tokens
-        print(f"\n=== training {PATIENT}'s LoRA adapter ({args.steps} steps, CPU)")
+        print(
+            f"\n=== training {PATIENT}'s LoRA adapter ({args.steps} steps, {personalizer.device})"
+        )
         report = personalizer.train(PATIENT)
         print(
             f"{report.examples} examples, {report.seconds_per_step:.2f} s/step, loss "

@@ -8,6 +8,7 @@ marked slow.
 from __future__ import annotations
 
 import importlib.util
+import math
 import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
@@ -283,3 +284,189 @@ def test_missing_extra_is_a_typed_error(monkeypatch: pytest.MonkeyPatch, tiny: A
     personalizer = build(None, tiny)
     with pytest.raises(MissingExtraError):
         personalizer.train("ann", progress=False)
+
+
+@pytest.mark.parametrize(
+    ("cuda", "bf16", "mps", "device", "dtype"),
+    [
+        (True, True, True, "cuda", "bfloat16"),
+        (True, False, False, "cuda", "float32"),
+        (False, False, True, "mps", "float32"),
+        (False, False, False, "cpu", "float32"),
+    ],
+)
+def test_device_is_the_gpu_when_present_else_the_cpu(
+    monkeypatch: pytest.MonkeyPatch,
+    tiny: Any,
+    cuda: bool,
+    bf16: bool,
+    mps: bool,
+    device: str,
+    dtype: str,
+) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: mps)
+    assert personalize.select_device() == device
+    assert personalize.default_dtype(device) == getattr(torch, dtype)
+    # An explicit device wins over what is present.
+    assert personalize.select_device("cpu") == "cpu"
+    model, tokenizer = tiny
+    memory = DualProcessMemory(
+        llm=ScriptedLLM(default=dpem_reply), embedder=HashingEmbedder(dimension=64)
+    )
+    assert Personalizer(memory, model=model, tokenizer=tokenizer).device == device
+    assert Personalizer(memory, model=model, tokenizer=tokenizer, device="cpu").device == "cpu"
+    with pytest.raises(ConfigurationError, match="unknown torch device"):
+        personalize.select_device("gpu-please")
+
+
+def test_training_and_serving_run_on_the_chosen_device_and_dtype(tiny: Any) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    personalizer = build(None, tiny, max_steps=2)
+    personalizer = Personalizer(
+        personalizer.memory,
+        model=tiny[0],
+        tokenizer=tiny[1],
+        config=personalizer.config,
+        device="cpu",
+        dtype=torch.float64,
+    )
+    report = personalizer.train("ann", progress=False)
+    assert report.steps == 2 and all(math.isfinite(x) for x in report.losses)
+    info = personalizer.adapter("ann")
+    assert info is not None
+    weights = load_file(str(info.path / "adapter_model.safetensors"))
+    assert weights and {w.dtype for w in weights.values()} == {torch.float64}
+    # The given model itself is never moved or cast.
+    assert {p.dtype for p in tiny[0].parameters()} == {torch.float32}
+    assert math.isfinite(personalizer.perplexity(personalizer.examples("ann"), adapter_of="ann"))
+
+
+# Facts that recur (DPeM promotes an item to long-term memory at its second round, theta=2)
+# with a different reply each round; long-term memory after each save: 0 0 1 2 2 2 3 4 4.
+RECURRING = list(
+    zip(
+        [
+            "I have type 2 diabetes.",
+            "I take metformin every morning.",
+            "I have type 2 diabetes.",
+            "I take metformin every morning.",
+            "I prefer short answers.",
+            "My feet often feel numb.",
+            "I prefer short answers.",
+            "My feet often feel numb.",
+            "Can I eat rice?",
+        ],
+        [
+            "Noted.",
+            "Check your sugar today.",
+            "Walk after lunch.",
+            "Drink water, not juice.",
+            "Moisturise your skin.",
+            "Eat whole fruit.",
+            "Sleep eight hours.",
+            "See the nurse monthly.",
+            "A small portion.",
+        ],
+        strict=True,
+    )
+)
+
+
+def interleaved(path: Path, tiny: Any, **options: Any) -> tuple[MemoryEngine, Personalizer]:
+    engine = MemoryEngine(path=path, embedder=HashingEmbedder(dimension=64))
+    memory = DualProcessMemory(engine=engine, llm=ScriptedLLM(default=dpem_reply), theta=2)
+    model, tokenizer = tiny
+    config = LoRAConfig(learning_rate=3e-3, max_steps=4, checkpoint_every=0)
+    personalizer = Personalizer(
+        memory, model=model, tokenizer=tokenizer, config=config, train_every=2, **options
+    )
+    return engine, personalizer
+
+
+def test_training_is_interleaved_with_memory_generation_as_pending_work(
+    tmp_path: Path, tiny: Any
+) -> None:
+    engine, personalizer = interleaved(tmp_path / "m", tiny)
+    memory = personalizer.memory
+    assert isinstance(memory, DualProcessMemory)
+    rounds = exchanges(RECURRING, T0)
+
+    def jobs() -> list[tuple[str, str, str]]:
+        return [(j.user_id, j.kind, j.mechanism) for j in engine.pending(mechanism="malp")]
+
+    for turns in rounds[:4]:
+        memory.save(turns, Scope("ann"))
+        assert jobs() == []
+    assert len(memory.ltm("ann")) == 2
+    # The next save sees two new long-term items: a training job is enqueued, not run.
+    memory.save(rounds[4], Scope("ann"))
+    assert jobs() == [("ann", "train", "malp")]
+    memory.save(rounds[5], Scope("ann"))
+    assert jobs() == [("ann", "train", "malp")]  # one pending training per user
+    assert personalizer.adapter("ann") is None  # saves never block on training
+    for turns in exchanges(BOB, T0):
+        memory.save(turns, Scope("bob"))
+    assert jobs() == [("ann", "train", "malp")]
+    # The engine's pending work (a worker's explicit run) trains the adapter.
+    assert engine.run_pending() == 0
+    first = personalizer.adapter("ann")
+    assert first is not None and first.meta["examples"] == 6
+    assert personalizer.trained_at_ltm("ann") == 2
+    assert personalizer.adapter("bob") is None and personalizer.trained_at_ltm("bob") == 0
+    assert jobs() == []
+    # One more long-term item is not enough; two more enqueue the next training.
+    memory.save(rounds[6], Scope("ann"))
+    memory.save(rounds[7], Scope("ann"))
+    assert len(memory.ltm("ann")) == 4 and jobs() == []
+    memory.save(rounds[8], Scope("ann"))
+    assert jobs() == [("ann", "train", "malp")]
+    assert personalizer.run_pending("ann") == 0
+    second = personalizer.adapter("ann")
+    assert second is not None and second.meta["examples"] == 9
+    assert second.sha256 != first.sha256
+    assert personalizer.trained_at_ltm("ann") == 4
+    # The training state goes with the user.
+    engine.delete_user("ann")
+    assert personalizer.trained_at_ltm("ann") == 0 and personalizer.adapter("ann") is None
+
+
+def test_interleaved_training_needs_a_long_term_memory(tmp_path: Path, tiny: Any) -> None:
+    from memories_core import HistoryMemory
+
+    model, tokenizer = tiny
+    history = HistoryMemory(embedder=HashingEmbedder(dimension=64))
+    with pytest.raises(ConfigurationError, match="long-term memory"):
+        Personalizer(history, model=model, tokenizer=tokenizer, train_every=2)
+    engine, personalizer = interleaved(tmp_path / "m", tiny)
+    with pytest.raises(ConfigurationError, match="positive int"):
+        Personalizer(personalizer.memory, model=model, tokenizer=tokenizer, train_every=0)
+    # A second trainer on the same engine needs its own name.
+    with pytest.raises(ConfigurationError, match="malp"):
+        Personalizer(personalizer.memory, model=model, tokenizer=tokenizer, train_every=3)
+    other = Personalizer(
+        personalizer.memory, model=model, tokenizer=tokenizer, train_every=3, name="malp-2"
+    )
+    assert set(engine.mechanisms) >= {"malp", "malp-2"}
+    assert other.trained_at_ltm("ann") == 0
+
+
+@pytest.mark.slow
+def test_smollm2_interleaved_training_job(tmp_path: Path) -> None:
+    """The pending training job trains the default base model's adapter (SmolLM2, offline)."""
+    engine = MemoryEngine(path=tmp_path / "m", embedder=HashingEmbedder(dimension=64))
+    memory = DualProcessMemory(engine=engine, llm=ScriptedLLM(default=dpem_reply), theta=2)
+    personalizer = Personalizer(
+        memory, config=LoRAConfig(max_steps=2, max_input_tokens=128), train_every=1
+    )
+    for turns in exchanges(RECURRING[:4], T0):
+        memory.save(turns, Scope("ann"))
+    assert [j.kind for j in engine.pending(mechanism="malp")] == ["train"]
+    assert engine.run_pending() == 0
+    info = personalizer.adapter("ann")
+    assert info is not None and info.meta["steps"] == 2

@@ -168,6 +168,8 @@ class MechanismHooks:
         run_job: Runs one job: model calls happen here, outside every lock. Returns what
             to commit, or ``None`` for nothing. Raises to fail the attempt.
         on_delete_user: Removes the mechanism's own data of a user kept outside the store.
+        deferred: Its jobs are long (e.g. training an adapter): a save or a session end
+            never runs them; an explicit :meth:`MemoryEngine.run_pending` (a worker) does.
     """
 
     name: str
@@ -176,6 +178,7 @@ class MechanismHooks:
     on_session_end: Callable[[str, str], Iterable[JobSpec]] | None = None
     run_job: Callable[[Job], Derivation | None] | None = None
     on_delete_user: Callable[[str], None] | None = None
+    deferred: bool = False
 
 
 @dataclass(frozen=True)
@@ -465,7 +468,7 @@ class MemoryEngine:
         self._finish_deletion(scope.user_id)
         records, new_jobs = self._write_turns(checked, scope)
         self._index_pending()
-        self.run_pending(scope.user_id, first=new_jobs)
+        self.run_pending(scope.user_id, first=new_jobs, inline=True)
         return records
 
     def write_turns(self, turns: Sequence[Turn], scope: Scope) -> list[MemoryRecord]:
@@ -835,7 +838,7 @@ class MemoryEngine:
         first = [
             j.id for j in self.store.jobs(user_id=scope.user_id) if (j.mechanism, j.key) in keys
         ]
-        self.run_pending(scope.user_id, first=first)
+        self.run_pending(scope.user_id, first=first, inline=True)
         return ended
 
     # ------------------------------------------------------------------ pending work
@@ -864,6 +867,7 @@ class MemoryEngine:
         force: bool = False,
         budget: int | None = None,
         mechanism: str | None = None,
+        inline: bool = False,
     ) -> int:
         """Run pending jobs; returns how many remain (of that user, or of all).
 
@@ -874,11 +878,15 @@ class MemoryEngine:
             budget: Older due jobs to retry besides ``first`` (default: the policy's per-save
                 budget, or all when ``force``).
             mechanism: Only this mechanism's jobs.
+            inline: Run on a write path (a save, a session end): jobs of deferred mechanisms
+                (:attr:`MechanismHooks.deferred`) are left for an explicit run.
 
         An :class:`~memories_core.errors.LLMError` stops the run: the model is down, and
         trying every other job would only multiply failed calls (defect 5).
         """
         names = [mechanism] if mechanism is not None else list(self._hooks)
+        if inline:
+            names = [n for n in names if not (n in self._hooks and self._hooks[n].deferred)]
         if not names:
             return 0
         now = self.clock.now()

@@ -18,8 +18,20 @@ retrieved DPeM memory ``p = Retriever(x)`` is the prompt prefix of the tuned mod
 * **Storage**: the adapter is one artifact (``malp/lora``) of the user in the engine's
   :class:`~memories_core.artifacts.ArtifactStore`, so it is exported, imported and deleted with
   the user. Training writes a checkpoint artifact (``malp/lora.checkpoint``) every
-  ``checkpoint_every`` steps; a later :meth:`Personalizer.train` on the same data resumes from
-  it, and it is removed when training finishes.
+  ``checkpoint_every`` steps (safetensors and JSON, no pickle); a later
+  :meth:`Personalizer.train` on the same data resumes from it, and it is removed when
+  training finishes.
+* **Interleaved training** (``Personalizer(memory, train_every=N)``): MaLP passes each user's
+  dialogues iteratively to the coordinator (memory generation) and to the LoRA model
+  (causal-LM training) ("MaLP Frame", Figure 2). Here every save checks the user's DPeM
+  long-term memory; once it holds ``N`` items more than at the last training, a pending job
+  (mechanism ``malp``, kind ``train``) retrains the adapter on all of the user's turns, each
+  with the memory as it is now as prefix. The job is *deferred*: a save never runs it (it
+  takes minutes on a CPU); :meth:`Personalizer.run_pending` or any explicit
+  ``engine.run_pending()`` (a worker) does.
+* **Device**: a CUDA GPU if present, else Apple's MPS, else the CPU (:func:`select_device`,
+  ``Personalizer(device=...)`` overrides); the base weights are bfloat16 on a CUDA GPU that
+  has it, else float32 (:func:`default_dtype`).
 * **Serving**: :class:`PersonalizedLLM` is a core :class:`~memories_core.interfaces.LLM` that
   prepends the recalled memory and generates with the user's adapter (the base model if the
   user has none yet); :meth:`Personalizer.llm_for` plugs into ``MemoryEngine(llm_for=...)``.
@@ -34,6 +46,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import logging
 import math
 import random
 import shutil
@@ -47,7 +60,7 @@ from typing import TYPE_CHECKING, Any
 
 from memories_core.errors import ConfigurationError, InvalidInputError, MissingExtraError
 from memories_core.llms.base import BaseLLM, LLMResult, truncate_at_stop
-from memories_core.types import ChatMessage, Scope, check_user_id
+from memories_core.types import ChatMessage, Job, JobSpec, MemoryRecord, Scope, check_user_id
 
 if TYPE_CHECKING:
     from memories_core.artifacts import ArtifactInfo
@@ -63,9 +76,13 @@ __all__ = [
     "Personalizer",
     "TrainingExample",
     "TrainingReport",
+    "default_dtype",
     "require_personalize",
+    "select_device",
     "tiny_model",
 ]
+
+logger = logging.getLogger(__name__)
 
 #: Artifact name of a user's adapter, and of an unfinished training's checkpoint.
 ADAPTER_ARTIFACT = "malp/lora"
@@ -189,11 +206,66 @@ class TrainingReport:
     trainable_parameters: int
 
 
+def select_device(device: str | None = None) -> str:
+    """The torch device to train and serve on: ``device`` if given, else the fastest present.
+
+    CUDA if a GPU is visible, else Apple's MPS, else the CPU (the paper trained on GPUs,
+    "Setup"; a CPU works for SmolLM2-135M, slowly).
+
+    Args:
+        device: A torch device string (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"``) that
+            overrides the choice; ``None`` chooses.
+
+    Raises:
+        ConfigurationError: for a device string torch does not know.
+        MissingExtraError: without the ``personalize`` extra.
+    """
+    require_personalize()
+    import torch
+
+    if device is not None:
+        try:
+            return str(torch.device(device))
+        except (RuntimeError, TypeError) as exc:
+            raise ConfigurationError(f"unknown torch device {device!r}: {exc}") from exc
+    if torch.cuda.is_available():
+        return "cuda"
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        return "mps"
+    return "cpu"
+
+
+def default_dtype(device: str) -> Any:
+    """The base weights' dtype on ``device``: bfloat16 on a CUDA GPU that has it, else float32.
+
+    bfloat16 halves the memory and keeps float32's range, so the frozen base can run in it
+    while peft keeps the LoRA matrices themselves in float32. float16 (older CUDA GPUs, Apple's
+    MPS) is not chosen: without loss scaling its small range can underflow the gradients that
+    reach the adapter; pass ``dtype=torch.float16`` to accept that. On the CPU half-precision
+    matmuls are slow, so float32.
+    """
+    require_personalize()
+    import torch
+
+    if torch.device(device).type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return torch.float32
+
+
 @dataclass
 class _Base:
     model: Any
     tokenizer: Any
     identity: str
+
+    def to(self, device: str, dtype: Any) -> _Base:
+        """This base with its model moved to ``device`` (and cast to ``dtype`` if given)."""
+        if dtype is None:
+            self.model.to(device)
+        else:
+            self.model.to(device=device, dtype=dtype)
+        return self
 
 
 def _default_base_path() -> Path:
@@ -203,7 +275,7 @@ def _default_base_path() -> Path:
     return LocalLLM()._ensure_converted()
 
 
-def _load_base(base_model: str | Path | None) -> _Base:
+def _load_base(base_model: str | Path | None, dtype: Any = None) -> _Base:
     require_personalize()
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -219,7 +291,7 @@ def _load_base(base_model: str | Path | None) -> _Base:
         identity = str(base_model)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
     except (OSError, ValueError) as exc:
         raise ConfigurationError(f"cannot load the base model {str(path)!r}: {exc}") from exc
     return _Base(model, tokenizer, identity)
@@ -257,6 +329,60 @@ def _encode(
     return prompt_ids + target_ids, [-100] * len(prompt_ids) + target_ids
 
 
+#: Files of a training checkpoint: tensors (safetensors) and the rest (JSON); no pickle, so
+#: loading a checkpoint cannot run code.
+_CHECKPOINT_TENSORS = "trainer.safetensors"
+_CHECKPOINT_STATE = "trainer.json"
+
+
+def _dump(folder: Path, model: Any, optimizer: Any, scheduler: Any, step: int) -> None:
+    """Write a checkpoint: adapter, optimizer moments and RNG as tensors; the rest as JSON."""
+    import torch
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    tensors: dict[str, Any] = {
+        f"adapter.{k}": v for k, v in get_peft_model_state_dict(model).items()
+    }
+    optimizer_state = optimizer.state_dict()
+    for index, values in optimizer_state["state"].items():
+        for key, value in values.items():
+            tensor = value if isinstance(value, torch.Tensor) else torch.tensor(value)
+            tensors[f"optimizer.{index}.{key}"] = tensor
+    tensors["rng"] = torch.get_rng_state()
+    save_file(
+        {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()},
+        str(folder / _CHECKPOINT_TENSORS),
+    )
+    state = {
+        "step": step,
+        "param_groups": optimizer_state["param_groups"],
+        "scheduler": scheduler.state_dict(),
+    }
+    (folder / _CHECKPOINT_STATE).write_text(json.dumps(state))
+
+
+def _restore(folder: Path, model: Any, optimizer: Any, scheduler: Any) -> int:
+    """Load a checkpoint written by :func:`_dump` into the run; returns its step."""
+    import torch
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(folder / _CHECKPOINT_TENSORS), device="cpu")
+    state = json.loads((folder / _CHECKPOINT_STATE).read_text())
+    adapter = {k[len("adapter.") :]: v for k, v in tensors.items() if k.startswith("adapter.")}
+    set_peft_model_state_dict(model, adapter)
+    moments: dict[int, dict[str, Any]] = {}
+    for name, tensor in tensors.items():
+        if name.startswith("optimizer."):
+            _, index, key = name.split(".", 2)
+            moments.setdefault(int(index), {})[key] = tensor
+    optimizer.load_state_dict({"state": moments, "param_groups": state["param_groups"]})
+    scheduler.load_state_dict(state["scheduler"])
+    torch.set_rng_state(tensors["rng"])
+    return int(state["step"])
+
+
 def _fingerprint(examples: Sequence[TrainingExample], config: LoRAConfig, base: str) -> str:
     digest = hashlib.sha256()
     digest.update(json.dumps(asdict(config), sort_keys=True, default=str).encode())
@@ -284,6 +410,15 @@ class Personalizer:
         config: :class:`LoRAConfig`.
         system_prompt: System text put before the memory in every prompt.
         max_new_tokens: Generation limit of :class:`PersonalizedLLM`.
+        device: Torch device to train and serve on (``None``: :func:`select_device`, a CUDA
+            or MPS GPU when present, else the CPU).
+        dtype: Dtype of the base model's weights (``None``: :func:`default_dtype` of the
+            device for the default or a named base model; a given ``model`` keeps its own).
+        train_every: Interleaved training: enqueue a job that retrains a user's adapter each
+            time their long-term memory has grown by this many items (``None``: train only
+            when :meth:`train` is called). Needs a memory with ``ltm(user_id)``
+            (:class:`~memories_core.DualProcessMemory`).
+        name: Name of the training jobs' mechanism on the engine (with ``train_every``).
 
     Example:
         .. code-block:: python
@@ -295,8 +430,8 @@ class Personalizer:
             engine = MemoryEngine(..., llm_for=personalizer.llm_for)
 
     Raises:
-        ConfigurationError: without ``memory`` and ``engine``, or with only one of ``model``
-            and ``tokenizer``.
+        ConfigurationError: without ``memory`` and ``engine``, with only one of ``model``
+            and ``tokenizer``, or with ``train_every`` but no long-term memory to watch.
     """
 
     def __init__(
@@ -310,6 +445,10 @@ class Personalizer:
         config: LoRAConfig | None = None,
         system_prompt: str = DEFAULT_SYSTEM,
         max_new_tokens: int = 128,
+        device: str | None = None,
+        dtype: Any = None,
+        train_every: int | None = None,
+        name: str = "malp",
     ) -> None:
         if engine is None:
             engine = getattr(memory, "engine", None)
@@ -324,11 +463,34 @@ class Personalizer:
         self.max_new_tokens = max_new_tokens
         self._base_model = base_model
         self._given = _Base(model, tokenizer, f"custom:{type(model).__name__}") if model else None
+        self._device_arg = device
+        self._device: str | None = None
+        self._dtype_arg = dtype
         self._served: _Base | None = None
         self._peft: Any = None
         self._loaded: dict[str, str] = {}  # adapter name -> artifact sha256
         self._lock = threading.RLock()
         self._llms: dict[tuple[str, bool, bool], PersonalizedLLM] = {}
+        self.name = name
+        self.train_every = train_every
+        if train_every is not None:
+            if isinstance(train_every, bool) or not isinstance(train_every, int) or train_every < 1:
+                raise ConfigurationError(f"train_every must be a positive int, got {train_every!r}")
+            if not callable(getattr(memory, "ltm", None)):
+                raise ConfigurationError(
+                    "train_every needs a memory with a long-term memory (ltm(user_id)), "
+                    "e.g. DualProcessMemory"
+                )
+            from memories_core.engine import MechanismHooks
+
+            engine.attach(
+                MechanismHooks(
+                    name=name,
+                    on_turns=self._training_jobs,
+                    run_job=self._run_training_job,
+                    deferred=True,
+                )
+            )
 
     # ------------------------------------------------------------------ data
     def prompt_messages(
@@ -374,14 +536,24 @@ class Personalizer:
             self.engine.artifacts.delete(user_id, CHECKPOINT_ARTIFACT)
             return self.engine.artifacts.delete(user_id, ADAPTER_ARTIFACT)
 
-    def _base_for_training(self) -> _Base:
+    @property
+    def device(self) -> str:
+        """The torch device adapters are trained and served on (chosen on first use)."""
+        if self._device is None:
+            self._device = select_device(self._device_arg)
+        return self._device
+
+    def _load(self) -> _Base:
+        """A fresh copy of the base model on :attr:`device` (the given one, or loaded)."""
         if self._given is not None:
             import copy
 
-            return _Base(
-                copy.deepcopy(self._given.model), self._given.tokenizer, self._given.identity
+            given = self._given
+            return _Base(copy.deepcopy(given.model), given.tokenizer, given.identity).to(
+                self.device, self._dtype_arg
             )
-        return _load_base(self._base_model)
+        dtype = self._dtype_arg if self._dtype_arg is not None else default_dtype(self.device)
+        return _load_base(self._base_model, dtype).to(self.device, None)
 
     @property
     def base_identity(self) -> str:
@@ -423,13 +595,13 @@ class Personalizer:
         require_personalize()
         import torch
         from peft import LoraConfig as PeftLoraConfig
-        from peft import get_peft_model, set_peft_model_state_dict
+        from peft import get_peft_model
         from tqdm.auto import tqdm
         from transformers import get_linear_schedule_with_warmup
 
         started = time.perf_counter()
         config = self.config
-        base = self._base_for_training()
+        base = self._load()
         tokenizer = base.tokenizer
         encoded = [_encode(tokenizer, example, config) for example in data]
         total = config.max_steps or config.epochs * len(encoded)
@@ -455,13 +627,13 @@ class Personalizer:
         )
         start = 0
         checkpoint = self.engine.artifacts.get(user_id, CHECKPOINT_ARTIFACT)
-        if resume and checkpoint is not None and checkpoint.meta.get("fingerprint") == fingerprint:
-            state = torch.load(checkpoint.path / "trainer.pt", weights_only=False)
-            set_peft_model_state_dict(model, state["adapter"])
-            optimizer.load_state_dict(state["optimizer"])
-            scheduler.load_state_dict(state["scheduler"])
-            start = int(state["step"])
-            torch.set_rng_state(state["rng"])
+        if (
+            resume
+            and checkpoint is not None
+            and checkpoint.meta.get("fingerprint") == fingerprint
+            and (checkpoint.path / _CHECKPOINT_TENSORS).is_file()
+        ):
+            start = _restore(checkpoint.path, model, optimizer, scheduler)
         order = self._order(len(encoded), total)
         model.train()
         losses: list[float] = []
@@ -471,8 +643,8 @@ class Personalizer:
             for step in range(start, total):
                 tick = time.perf_counter()
                 ids, labels = encoded[order[step]]
-                batch = torch.tensor([ids])
-                out = model(input_ids=batch, labels=torch.tensor([labels]))
+                batch = torch.tensor([ids], device=self.device)
+                out = model(input_ids=batch, labels=torch.tensor([labels], device=self.device))
                 out.loss.backward()
                 torch.nn.utils.clip_grad_norm_(trainable, 1.0)
                 optimizer.step()
@@ -518,20 +690,8 @@ class Personalizer:
     def _checkpoint(
         self, user_id: str, model: Any, optimizer: Any, scheduler: Any, step: int, fingerprint: str
     ) -> None:
-        import torch
-        from peft import get_peft_model_state_dict
-
         with tempfile.TemporaryDirectory() as tmp:
-            torch.save(
-                {
-                    "adapter": get_peft_model_state_dict(model),
-                    "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(),
-                    "step": step,
-                    "rng": torch.get_rng_state(),
-                },
-                Path(tmp) / "trainer.pt",
-            )
+            _dump(Path(tmp), model, optimizer, scheduler, step)
             self.engine.artifacts.put(
                 user_id,
                 CHECKPOINT_ARTIFACT,
@@ -564,21 +724,55 @@ class Personalizer:
                 },
             )
 
+    # ------------------------------------------------------------------ interleaved training
+    @property
+    def _trained_key(self) -> str:
+        return f"{self.name}.trained_at_ltm"
+
+    def _ltm_size(self, user_id: str) -> int:
+        return len(self.memory.ltm(user_id))  # type: ignore[union-attr]
+
+    def trained_at_ltm(self, user_id: str) -> int:
+        """Long-term memory items the user had when the last training job ran (0: none ran)."""
+        value = self.engine.store.get_state(self._trained_key, user_id=check_user_id(user_id))
+        return int(value or 0)
+
+    def _training_jobs(self, records: Sequence[MemoryRecord]) -> list[JobSpec]:
+        """A training job once the LTM grew by ``train_every`` (inside the save; no model).
+
+        The key is the same for every training job of a user, so at most one is pending.
+        """
+        if not records or self.train_every is None:
+            return []
+        user_id = records[0].user_id
+        size = self._ltm_size(user_id)
+        if size - self.trained_at_ltm(user_id) < self.train_every:
+            return []
+        return [JobSpec(self.name, "train", "train", {"ltm": size})]
+
+    def _run_training_job(self, job: Job) -> None:
+        """Retrain the user's adapter on all their turns with the memory as it is now."""
+        size = self._ltm_size(job.user_id)
+        try:
+            self.train(job.user_id, progress=False)
+        except NotEnoughDataError as exc:
+            logger.info("no adapter trained for a user yet: %s", exc)
+        self.engine.store.set_state(self._trained_key, size, user_id=job.user_id)
+        return None
+
+    def run_pending(self, user_id: str | None = None) -> int:
+        """Run the pending training jobs (of one user, or of all); returns how many remain."""
+        return self.engine.run_pending(
+            None if user_id is None else check_user_id(user_id), mechanism=self.name
+        )
+
     # ------------------------------------------------------------------ serving
     def _serving_base(self) -> _Base:
         with self._lock:
             if self._served is None:
-                if self._given is not None:
-                    # peft injects adapter layers into the model it serves: keep the given
-                    # model pristine for training.
-                    import copy
-
-                    given = self._given
-                    self._served = _Base(
-                        copy.deepcopy(given.model), given.tokenizer, given.identity
-                    )
-                else:
-                    self._served = _load_base(self._base_model)
+                # peft injects adapter layers into the model it serves: keep a given model
+                # pristine for training (a copy is served).
+                self._served = self._load()
                 self._served.model.eval()
             return self._served
 
@@ -638,7 +832,7 @@ class Personalizer:
             tokenizer = self._serving_base().tokenizer
             text = render_prompt(tokenizer, messages)
             ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
-            ids = ids[:, -self.config.max_input_tokens :]
+            ids = ids[:, -self.config.max_input_tokens :].to(self.device)
             options: dict[str, Any] = {
                 "max_new_tokens": max_new_tokens or self.max_new_tokens,
                 "attention_mask": torch.ones_like(ids),
@@ -680,7 +874,10 @@ class Personalizer:
             with context, torch.inference_mode():
                 for example in examples:
                     ids, labels = _encode(tokenizer, example, self.config)
-                    out = model(input_ids=torch.tensor([ids]), labels=torch.tensor([labels]))
+                    out = model(
+                        input_ids=torch.tensor([ids], device=self.device),
+                        labels=torch.tensor([labels], device=self.device),
+                    )
                     count = sum(1 for label in labels[1:] if label != -100)
                     total_nll += float(out.loss) * count
                     total_tokens += count
