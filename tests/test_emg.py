@@ -167,6 +167,8 @@ def scripted_reply(messages: Sequence[ChatMessage]) -> str:
 
 
 def make(path: Path | None = None, llm: Any = None, **kwargs: Any) -> EMGMemory:
+    if "threshold" in kwargs:  # the tests of the threshold walk select it as the fallback
+        kwargs.setdefault("fallback", "threshold")
     return EMGMemory(
         path=path,
         llm=llm or ScriptedLLM(default=scripted_reply),
@@ -512,7 +514,7 @@ def test_deleting_a_contributor_drops_the_store_policy_until_it_is_retrained(
     assert memory.policy_status() == PolicyStatus(STORE_OWNER, False, True, ("bob",))
     assert memory.policy_status("bob") == PolicyStatus("bob", False, True, ("bob",))
     assert memory.policy("bob") is None
-    assert memory.select("When does flight EK349 depart?", "bob", now=now).policy == "threshold"
+    assert memory.select("When does flight EK349 depart?", "bob", now=now).policy == "top1"
     memory.close()
 
     again = make(tmp_path / "m")  # the stale marks and bob's examples persist
@@ -655,8 +657,12 @@ def test_expected_f1_decode_selects_one_when_confident_and_more_when_spread() ->
     small = make(max_select=2)
     tell(small, STORY)
     assert len(small.select(question, USER, now=now, policy=spread_policy).memories) == 2
+    # Untrained, the default fallback is the activation ranking's top memory (no walk).
+    untrained = memory.select(question, USER, now=now)
+    assert untrained.decode == "top1" and untrained.policy == "top1"
+    assert len(untrained.memories) == 1 and untrained.memories[0].record.id == untrained.activated[0]
     # The threshold fallback has no probabilities: it always walks greedily.
-    assert memory.select(question, USER, now=now).decode == "greedy"
+    assert make(threshold=0.0).select(question, USER, now=now).decode != "expected_f1"
     with pytest.raises(ConfigurationError):
         make(decode="best")
 
@@ -788,7 +794,7 @@ def test_metrics() -> None:
 
 # ----------------------------------------------------------------------------- applications
 def test_answer_uses_the_replaced_departure_time() -> None:
-    memory = make()
+    memory = make(threshold=0.0)  # the walk, so that the question's several memories are seen
     tell(memory, STORY)
     answer = memory.answer(
         "What time is my boss's flight EK349 to Amsterdam departing?",
@@ -822,7 +828,7 @@ def test_autofill_and_reminders() -> None:
 def test_recall_uses_the_graph_walk_as_a_pipeline_source() -> None:
     from memories_core.mechanisms.emg import EMGSource
 
-    memory = make()
+    memory = make(recall_mode="fused")
     tell(memory, STORY)
     assert any(isinstance(s, EMGSource) for s in memory.pipeline.sources)  # type: ignore[union-attr]
     recall = memory.recall("EK349 departure time", Scope(USER), k=3, now=T0 + timedelta(days=2))

@@ -109,12 +109,14 @@ from memories_core.prompts.emg import (
     AUTOFILL,
     EXTRACT,
     MEMORY_TYPES,
+    QUESTIONS,
     TABLE7_SUBCLASSES,
     AnswerInput,
     AutofillInput,
     ExtractedMemory,
     ExtractInput,
     MemoryLine,
+    QuestionsInput,
     question_parts,
 )
 from memories_core.prompts.spec import run_spec
@@ -142,9 +144,11 @@ if TYPE_CHECKING:
 __all__ = [
     "MEMORY_KIND",
     "POLICY_ARTIFACT",
+    "POLICY_JOBS",
     "ROOT",
     "STALE_ARTIFACT",
     "STORE_OWNER",
+    "TRAINING_GENERATED",
     "TRAINING_OWN",
     "TRAINING_STORE",
     "Answer",
@@ -156,6 +160,7 @@ __all__ = [
     "Selection",
     "TrainingExample",
     "TrainingReport",
+    "TrainingRun",
 ]
 
 #: Record kind of an extracted memory.
@@ -172,6 +177,10 @@ STALE_ARTIFACT = "emg/policy-stale"
 TRAINING_STORE = "emg/training/store"
 #: A user's examples that trained their own policy.
 TRAINING_OWN = "emg/training/own"
+#: Questions generated from a user's own memories (appendix A.1 step 3; their artifact).
+TRAINING_GENERATED = "emg/training/generated"
+#: Suffix of the mechanism name under which question-generation and training jobs wait.
+POLICY_JOBS = "/policy"
 #: Subjects that mean the user (mapped to the root node).
 _SELF = frozenset({"user", "i", "me", "my", "myself", "the user", "mine"})
 #: Turn roles that are never extracted from (the assistant's and system's words).
@@ -210,9 +219,11 @@ class Selection:
             cosine to the question).
         activated: Ids of the activated memories (top-K).
         visited: Number of memories the agent evaluated.
-        policy: ``"trained"`` or ``"threshold"``.
-        decode: How the policy's decisions became the set: ``"greedy"`` (include/stop walk)
-            or ``"expected_f1"`` (the prefix of highest expected F1, ``EMGMemory.decode``).
+        policy: ``"trained"``, or the untrained fallback: ``"top1"`` (the activation
+            ranking's best memory, the default) or ``"threshold"`` (cosine walk).
+        decode: How the policy's decisions became the set: ``"greedy"`` (include/stop walk),
+            ``"expected_f1"`` (the prefix of highest expected F1, ``EMGMemory.decode``) or
+            ``"top1"`` (the untrained fallback; no walk).
         states: The state the agent saw at each evaluated memory (record id -> feature name
             -> value, :data:`~.emg_policy.ALL_FEATURES`), for inspection.
     """
@@ -295,6 +306,26 @@ class PolicyStatus:
     trained: bool
     stale: bool
     contributors: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TrainingRun:
+    """What :meth:`EMGMemory.run_training` did with the pending policy jobs.
+
+    Attributes:
+        questions: Questions generated and kept (validated) in this run.
+        sessions: Memory sessions sent to the model; rejected: of which gave no usable pair.
+        trained: Training reports of the policies trained in this run.
+        failed: Jobs that failed (left pending, retried after a backoff).
+        remaining: Policy jobs still pending.
+    """
+
+    questions: int = 0
+    sessions: int = 0
+    rejected: int = 0
+    trained: tuple[TrainingReport, ...] = ()
+    failed: int = 0
+    remaining: int = 0
 
 
 @dataclass
@@ -390,11 +421,33 @@ class EMGMemory(MemoryBase):
         subclasses: Mapping[str, Sequence[str]] | None = None,
         retries: int = 1,
         decode: Literal["greedy", "expected_f1"] = "expected_f1",
+        fallback: Literal["top1", "threshold"] = "top1",
+        recall_mode: Literal["selection", "fused"] = "selection",
+        train_after: int | None = 50,
+        questions_every: int = 20,
+        session_size: int = 8,
+        questions_per_session: int = 3,
         **kwargs: Any,
     ) -> None:
         if decode not in ("greedy", "expected_f1"):
             raise ConfigurationError("decode must be 'expected_f1' or 'greedy'")
+        if fallback not in ("top1", "threshold"):
+            raise ConfigurationError("fallback must be 'top1' or 'threshold'")
+        if recall_mode not in ("selection", "fused"):
+            raise ConfigurationError("recall_mode must be 'selection' or 'fused'")
+        if train_after is not None and train_after < 1:
+            raise ConfigurationError("train_after must be None or at least 1")
+        if questions_every < 1 or session_size < 1 or questions_per_session < 1:
+            raise ConfigurationError(
+                "questions_every, session_size and questions_per_session must be at least 1"
+            )
         self.decode: str = decode
+        self.fallback: str = fallback
+        self.recall_mode: str = recall_mode
+        self.train_after = train_after
+        self.questions_every = questions_every
+        self.session_size = session_size
+        self.questions_per_session = questions_per_session
         if not 1 <= activate <= pool:
             raise ConfigurationError("activate must be between 1 and pool")
         if not 0 <= min_select <= max_select:
@@ -433,9 +486,16 @@ class EMGMemory(MemoryBase):
 
     # ------------------------------------------------------------------ configuration
     def recall_pipeline(self) -> Pipeline:
-        """Graph walk (:class:`EMGSource`) fused with dense and lexical search, no rerankers."""
+        """The recall pipeline of :attr:`recall_mode`.
+
+        ``"selection"``: the graph walk's selection only (:class:`EMGSource`), so
+        :meth:`recall` and every generic adapter return the policy's variable-size set (at
+        most ``k``). ``"fused"``: the walk fused with dense and lexical search, cut to ``k``.
+        """
         from memories_core.retrieval import DenseSource, LexicalSource, Pipeline
 
+        if self.recall_mode == "selection":
+            return Pipeline(sources=(EMGSource(self, weight=1.0),), rerankers=())
         return Pipeline(
             sources=(EMGSource(self), DenseSource(weight=0.2), LexicalSource(weight=0.3)),
             rerankers=(),
@@ -1112,7 +1172,16 @@ class EMGMemory(MemoryBase):
     ) -> Selection:
         """Walk ``env`` with ``policy`` (threshold if ``None``) and rank what it included."""
         decode = decode or self.decode
-        if policy is not None and decode == "expected_f1":
+        if policy is None and self.fallback == "top1":
+            # Untrained: the activation ranking's best memories (``min_select``, at least
+            # one). On LoCoMo top-1 has the best F1 of every fixed K and of the threshold
+            # walk (benchmarks/emg_selection.py), so an untrained user is never below it.
+            decode = "top1"
+            walk = []
+            ranked = [(rid, env.scores.get(rid, 0.0)) for rid in env.pool][
+                : max(self.min_select, 1)
+            ]
+        elif policy is not None and decode == "expected_f1":
             walk = self._traverse(env, self._scorer(policy))
             ranked = self._expected_f1_pick(walk)
         else:
@@ -1124,7 +1193,7 @@ class EMGMemory(MemoryBase):
             memories=tuple(ScoredRecord(env.pool[i], float(s)) for i, s in ranked),
             activated=tuple(env.activated),
             visited=len(walk),
-            policy="threshold" if policy is None else "trained",
+            policy=("top1" if decode == "top1" else "threshold") if policy is None else "trained",
             decode=decode,
             states={
                 v.record_id: dict(zip(ALL_FEATURES, (float(x) for x in v.state), strict=True))
@@ -1226,6 +1295,7 @@ class EMGMemory(MemoryBase):
         if not pool_hits:
             return env
         env.pool = {h.record.id: h.record for h in pool_hits}
+        env.scores = {h.record.id: float(h.score) for h in pool_hits}
         graph = self.engine.graph
         for rid in ids:
             found = [e for e in graph.edges(user_id, record_id=rid) if e.id == f"e:{rid}"]
@@ -1674,6 +1744,239 @@ class EMGMemory(MemoryBase):
                 self._policies.pop(owner, None)
                 break
 
+    # ------------------------------------------------------------------ generated questions (A.1)
+    @property
+    def policy_jobs(self) -> str:
+        """Mechanism name of the question-generation and training jobs (``<name>/policy``).
+
+        They are engine jobs (stored, retried with backoff, listed by ``engine.pending``)
+        that no save runs: :meth:`run_training` runs them, from a worker or a schedule.
+        """
+        return self.name + POLICY_JOBS
+
+    def generate_questions(
+        self,
+        user_id: str,
+        *,
+        memories: Sequence[MemoryRecord] | None = None,
+        session_size: int | None = None,
+        per_session: int | None = None,
+        max_sessions: int | None = None,
+        llm: LLM | None = None,
+        now: datetime | None = None,
+        progress: bool = False,
+    ) -> tuple[list[TrainingExample], int, int]:
+        """Write training questions from a user's own memories (appendix A.1, step 3).
+
+        The memories (default: every memory valid at ``now``) are ordered by time and cut
+        into sessions of ``session_size`` consecutive memories; the model writes up to
+        ``per_session`` question-answer pairs per session with the memories each answer
+        needs (:data:`~memories_core.prompts.emg.QUESTIONS`). A pair is kept only if its
+        cited memories exist and hold its answer (:func:`~memories_core.prompts.emg.
+        parse_questions`); a session whose reply stays unusable after one repair is skipped
+        and counted in ``usage.failures`` (``"questions"``).
+
+        Args:
+            user_id: Whose memories.
+            memories: The memories to ask about (default: all valid at ``now``).
+            session_size: Memories per session (default: ``self.session_size``).
+            per_session: Pairs asked per session (default: ``self.questions_per_session``).
+            max_sessions: Most sessions sent to the model (the most recent ones).
+            llm: The writer (default: the user's model, :meth:`_llm`).
+            now: Validity time of the default memories.
+            progress: tqdm bar over the sessions.
+
+        Returns:
+            ``(examples, sessions, rejected)``: the validated examples (with reference
+            answers), the sessions sent, and how many gave no usable pair.
+
+        Raises:
+            LLMError: if the model fails (nothing is kept of this call).
+        """
+        check_user_id(user_id)
+        when = ensure_utc(now) if now is not None else self.clock.now()
+        pool = list(memories) if memories is not None else self.memories(user_id, now=when)
+        pool = [r for r in pool if r.user_id == user_id and r.kind == MEMORY_KIND]
+        pool.sort(key=lambda r: (r.created_at, r.id))
+        size = session_size or self.session_size
+        sessions = [pool[i : i + size] for i in range(0, len(pool), size)]
+        if max_sessions is not None:
+            sessions = sessions[-max_sessions:] if max_sessions > 0 else []
+        model = llm or self._llm(Scope(user_id))
+        from tqdm.auto import tqdm
+
+        out: list[TrainingExample] = []
+        rejected = 0
+        for session in tqdm(sessions, desc="EMG questions", disable=not progress):
+            inputs = QuestionsInput(
+                tuple(self._line(r) for r in session),
+                tuple(r.created_at for r in session),
+                per_session or self.questions_per_session,
+            )
+            try:
+                pairs = run_spec(model, QUESTIONS, inputs, retries=self.retries)
+            except ParseError:
+                self.engine.count_failure("questions")
+                rejected += 1
+                continue
+            if not pairs:
+                rejected += 1
+            for pair in pairs:
+                required = frozenset(session[i].id for i in pair.memories)
+                out.append(TrainingExample(user_id, pair.question, required, pair.answer))
+        return out, len(sessions), rejected
+
+    def generated_examples(self, user_id: str) -> list[TrainingExample]:
+        """The questions generated so far from ``user_id``'s memories (their artifact)."""
+        check_user_id(user_id)
+        if self.engine.artifacts.get(user_id, TRAINING_GENERATED) is None:
+            return []
+        data = self.engine.artifacts.read(user_id, TRAINING_GENERATED, "examples.json")
+        return _examples_from_json(user_id, data)[0]
+
+    def _keep_generated(
+        self, user_id: str, examples: Sequence[TrainingExample], seen: Iterable[str]
+    ) -> int:
+        """Add generated examples to the user's artifact (new questions only); total kept.
+
+        ``seen`` lists the memories already shown to the writer, so the next job asks about
+        the new ones only.
+        """
+        kept = {e.question.strip().lower(): e for e in self.generated_examples(user_id)}
+        for example in examples:
+            kept.setdefault(example.question.strip().lower(), example)
+        self.engine.artifacts.put(
+            user_id,
+            TRAINING_GENERATED,
+            {"examples.json": _examples_json(list(kept.values()), self.clock.now()).encode()},
+            meta={"examples": len(kept), "seen": sorted(set(seen))},
+        )
+        return len(kept)
+
+    def _generated_total(self) -> int:
+        total = 0
+        for uid in self.engine.users():
+            info = self.engine.artifacts.get(uid, TRAINING_GENERATED)
+            total += int(info.meta.get("examples", 0)) if info is not None else 0
+        return total
+
+    def schedule_training(self, user_id: str) -> int:
+        """Enqueue a question-generation job if ``user_id`` has enough new memories.
+
+        A job is due each time the user's memory count passes another multiple of
+        ``questions_every`` (the job key holds that multiple, so a job exists once). Called
+        after every :meth:`save`; cheap (one count, at most one job row) and never runs a
+        model. Nothing happens when ``train_after`` is ``None``.
+
+        Returns:
+            How many jobs were enqueued (0 or 1).
+        """
+        check_user_id(user_id)
+        if self.train_after is None:
+            return 0
+        count = len(self.engine.records(user_id, where={"kind": MEMORY_KIND}))
+        step = count // self.questions_every
+        if step < 1:
+            return 0
+        spec = JobSpec(self.policy_jobs, "questions", f"questions:{step}", {"memories": count})
+        return self.engine.enqueue(user_id, [spec])
+
+    def save(self, turns: Sequence[Turn], scope: Scope) -> None:
+        """Store turns and extract memories (see :class:`MemoryBase`), then schedule.
+
+        Question generation is only enqueued (:meth:`schedule_training`), never run here.
+        """
+        super().save(turns, scope)
+        if self.train_after is not None:
+            self.schedule_training(check_scope(scope).user_id)
+
+    def run_training(self, user_id: str | None = None, *, progress: bool = False) -> TrainingRun:
+        """Run the due question-generation and training jobs (of one user, or all).
+
+        The automatic training loop (appendix A.1 step 3, then §4.3's training): a
+        ``questions`` job generates questions from the user's memories not asked about yet
+        (:meth:`generate_questions`) and keeps them as the user's artifact
+        (:data:`TRAINING_GENERATED`, deleted with the user); when the store holds
+        ``train_after`` generated examples, and again each time another ``train_after``
+        accumulate, a ``train`` job trains the store's policy on every user's generated
+        examples (:meth:`train_policy`, default settings; the users are its contributors).
+        Saves and recalls never run these jobs: call this from a worker, a schedule or a
+        quiet moment. A failed job (model down) stays pending with a backoff.
+
+        Returns:
+            What ran (:class:`TrainingRun`).
+        """
+        if user_id is not None:
+            check_user_id(user_id)
+        now = self.clock.now()
+        jobs = [j for j in self.engine.pending(user_id, mechanism=self.policy_jobs)]
+        jobs.sort(key=lambda j: (j.kind != "questions", j.created_at))
+        store, policy = self.engine.store, self.engine.policy
+        questions = sessions = rejected = failed = 0
+        trained: list[TrainingReport] = []
+        for job in jobs:
+            if job.next_attempt_at > now or not store.claim_job(
+                job.id, now=self.clock.now(), lease=policy.lease
+            ):
+                continue
+            try:
+                if job.kind == "questions":
+                    made, sent, bad = self._questions_job(job, progress=progress)
+                    questions, sessions = questions + made, sessions + sent
+                    rejected += bad
+                elif job.kind == "train":
+                    report = self._train_job(progress=progress)
+                    if report is not None:
+                        trained.append(report)
+            except (LLMError, InvalidInputError) as exc:
+                self.engine.count_failure(job.kind)
+                store.fail_job(
+                    job.id,
+                    error=f"{type(exc).__name__}: {exc}",
+                    retry_at=policy.retry_at(self.clock.now(), job.attempts),
+                )
+                failed += 1
+                if isinstance(exc, LLMError):
+                    break  # the model is down: do not multiply failed calls
+                continue
+            with store.transaction():
+                store.finish_job(job.id)
+        remaining = len(self.engine.pending(user_id, mechanism=self.policy_jobs))
+        return TrainingRun(questions, sessions, rejected, tuple(trained), failed, remaining)
+
+    def _questions_job(self, job: Job, *, progress: bool) -> tuple[int, int, int]:
+        """Generate questions from the memories no earlier job asked about; maybe train."""
+        user_id = job.user_id
+        asked = {rid for e in self.generated_examples(user_id) for rid in e.required}
+        info = self.engine.artifacts.get(user_id, TRAINING_GENERATED)
+        seen = set(info.meta.get("seen", ())) if info is not None else set()
+        fresh = [r for r in self.memories(user_id) if r.id not in asked and r.id not in seen]
+        examples, sent, rejected = self.generate_questions(
+            user_id, memories=fresh, progress=progress
+        )
+        self._keep_generated(user_id, examples, seen | {r.id for r in fresh})
+        store_total = self._generated_total()
+        if self.train_after is not None and store_total >= self.train_after:
+            step = store_total // self.train_after
+            spec = JobSpec(self.policy_jobs, "train", f"train:{step}", {"examples": store_total})
+            self.engine.enqueue(user_id, [spec])
+        return len(examples), sent, rejected
+
+    def _train_job(self, *, progress: bool) -> TrainingReport | None:
+        """Train the store's policy on every user's generated examples still alive."""
+        examples: list[TrainingExample] = []
+        for uid in self.engine.users():
+            if self.engine.store.is_deleting(uid):
+                continue
+            alive = {r.id for r in self.engine.records(uid, where={"kind": MEMORY_KIND})}
+            for example in self.generated_examples(uid):
+                required = example.required & alive
+                if required:
+                    examples.append(dataclasses.replace(example, required=frozenset(required)))
+        if not examples:
+            return None
+        return self.train_policy(examples, progress=progress)
+
     # ------------------------------------------------------------------ recall and applications
     def recall(
         self, query: str, scope: Scope, *, k: int | None = None, now: datetime | None = None
@@ -1798,6 +2101,7 @@ class _Env:
     edges: dict[str, GraphEdge | None] = field(default_factory=dict)
     adjacency: dict[str, list[str]] = field(default_factory=dict)
     states: dict[str, _State] = field(default_factory=dict)
+    scores: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
