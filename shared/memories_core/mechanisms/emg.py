@@ -427,6 +427,7 @@ class EMGMemory(MemoryBase):
         questions_every: int = 20,
         session_size: int = 8,
         questions_per_session: int = 3,
+        training: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         if decode not in ("greedy", "expected_f1"):
@@ -448,6 +449,7 @@ class EMGMemory(MemoryBase):
         self.questions_every = questions_every
         self.session_size = session_size
         self.questions_per_session = questions_per_session
+        self.training: dict[str, Any] = dict(training or {})
         if not 1 <= activate <= pool:
             raise ConfigurationError("activate must be between 1 and pool")
         if not 0 <= min_select <= max_select:
@@ -1899,7 +1901,8 @@ class EMGMemory(MemoryBase):
         (:data:`TRAINING_GENERATED`, deleted with the user); when the store holds
         ``train_after`` generated examples, and again each time another ``train_after``
         accumulate, a ``train`` job trains the store's policy on every user's generated
-        examples (:meth:`train_policy`, default settings; the users are its contributors).
+        examples (:meth:`train_policy` with the ``training`` settings given at
+        construction; the users are its contributors).
         Saves and recalls never run these jobs: call this from a worker, a schedule or a
         quiet moment. A failed job (model down) stays pending with a backoff.
 
@@ -1908,39 +1911,41 @@ class EMGMemory(MemoryBase):
         """
         if user_id is not None:
             check_user_id(user_id)
-        now = self.clock.now()
-        jobs = [j for j in self.engine.pending(user_id, mechanism=self.policy_jobs)]
-        jobs.sort(key=lambda j: (j.kind != "questions", j.created_at))
         store, policy = self.engine.store, self.engine.policy
         questions = sessions = rejected = failed = 0
         trained: list[TrainingReport] = []
-        for job in jobs:
-            if job.next_attempt_at > now or not store.claim_job(
-                job.id, now=self.clock.now(), lease=policy.lease
-            ):
-                continue
-            try:
-                if job.kind == "questions":
-                    made, sent, bad = self._questions_job(job, progress=progress)
-                    questions, sessions = questions + made, sessions + sent
-                    rejected += bad
-                elif job.kind == "train":
-                    report = self._train_job(progress=progress)
-                    if report is not None:
-                        trained.append(report)
-            except (LLMError, InvalidInputError) as exc:
-                self.engine.count_failure(job.kind)
-                store.fail_job(
-                    job.id,
-                    error=f"{type(exc).__name__}: {exc}",
-                    retry_at=policy.retry_at(self.clock.now(), job.attempts),
-                )
-                failed += 1
-                if isinstance(exc, LLMError):
-                    break  # the model is down: do not multiply failed calls
-                continue
-            with store.transaction():
-                store.finish_job(job.id)
+        down = False
+        for kind in ("questions", "train"):  # a questions job may enqueue the train job
+            now = self.clock.now()
+            jobs = [
+                j
+                for j in self.engine.pending(user_id, mechanism=self.policy_jobs)
+                if j.kind == kind and j.next_attempt_at <= now
+            ]
+            for job in jobs:
+                if down or not store.claim_job(job.id, now=self.clock.now(), lease=policy.lease):
+                    continue
+                try:
+                    if kind == "questions":
+                        made, sent, bad = self._questions_job(job, progress=progress)
+                        questions, sessions = questions + made, sessions + sent
+                        rejected += bad
+                    else:
+                        report = self._train_job(progress=progress)
+                        if report is not None:
+                            trained.append(report)
+                except (LLMError, InvalidInputError) as exc:
+                    self.engine.count_failure(kind)
+                    store.fail_job(
+                        job.id,
+                        error=f"{type(exc).__name__}: {exc}",
+                        retry_at=policy.retry_at(self.clock.now(), job.attempts),
+                    )
+                    failed += 1
+                    down = isinstance(exc, LLMError)  # the model is down: stop calling it
+                    continue
+                with store.transaction():
+                    store.finish_job(job.id)
         remaining = len(self.engine.pending(user_id, mechanism=self.policy_jobs))
         return TrainingRun(questions, sessions, rejected, tuple(trained), failed, remaining)
 
@@ -1956,7 +1961,9 @@ class EMGMemory(MemoryBase):
         )
         self._keep_generated(user_id, examples, seen | {r.id for r in fresh})
         store_total = self._generated_total()
-        if self.train_after is not None and store_total >= self.train_after:
+        info = self.engine.artifacts.get(STORE_OWNER, POLICY_ARTIFACT)
+        last = int(info.meta.get("settings", {}).get("generated_examples", 0)) if info else 0
+        if self.train_after is not None and store_total - last >= self.train_after:
             step = store_total // self.train_after
             spec = JobSpec(self.policy_jobs, "train", f"train:{step}", {"examples": store_total})
             self.engine.enqueue(user_id, [spec])
@@ -1975,7 +1982,13 @@ class EMGMemory(MemoryBase):
                     examples.append(dataclasses.replace(example, required=frozenset(required)))
         if not examples:
             return None
-        return self.train_policy(examples, progress=progress)
+        report = self.train_policy(examples, **{"progress": progress, **self.training})
+        info = self.engine.artifacts.get(STORE_OWNER, POLICY_ARTIFACT)
+        if report.policy is not None and info is not None:
+            # Kept with the policy: the next training waits for train_after more examples.
+            settings = {**info.meta.get("settings", {}), "generated_examples": self._generated_total()}
+            self.save_policy(report.policy, contributors=report.contributors, settings=settings)
+        return report
 
     # ------------------------------------------------------------------ recall and applications
     def recall(
