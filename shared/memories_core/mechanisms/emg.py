@@ -1986,7 +1986,10 @@ class EMGMemory(MemoryBase):
         info = self.engine.artifacts.get(STORE_OWNER, POLICY_ARTIFACT)
         if report.policy is not None and info is not None:
             # Kept with the policy: the next training waits for train_after more examples.
-            settings = {**info.meta.get("settings", {}), "generated_examples": self._generated_total()}
+            settings = {
+                **info.meta.get("settings", {}),
+                "generated_examples": self._generated_total(),
+            }
             self.save_policy(report.policy, contributors=report.contributors, settings=settings)
         return report
 
