@@ -35,6 +35,15 @@ Latency: ``EMGMemory.select`` (``answer``'s retrieval step) at 1k and 10k memori
 (synthetic facts), without the LLM, after a warm-up; the question's embedding (one MiniLM
 call) is timed apart as well.
 
+**Generated questions** (``--generated stand-in|local``, appendix A.1 step 3): no LoCoMo question
+trains anything. Questions are written from each conversation's own memories by
+``EMGMemory.generate_questions`` (sessions of consecutive observations, validated pairs), with
+the rule-based stand-in writer (``emg_reply``) or the bundled SmolLM2-135M (``LocalLLM``, on
+the first ``--sessions`` sessions of each conversation: it is slow here). The policy is trained
+on them (every conversation's, as a store-wide policy is; and, as a check, leave one
+conversation out) and tested on LoCoMo's real questions, against the untrained default (top-1)
+and fixed top-K. Writes ``benchmarks/out/emg_generated_<writer>.{json,md}``.
+
 Run: ``python benchmarks/emg_selection.py [DATASETS]`` (default: ``../shared/datasets`` next to
 the repository). Writes ``benchmarks/out/emg_selection.{json,md,png}``; embeddings are cached
 under ``benchmarks/out/cache/``.
@@ -214,6 +223,146 @@ def cross_validate(
                     chosen = [h.record.id for h in memory._choose(env, policy, decode).memories]
                     per_q.setdefault(label, []).append((*prf(chosen, ex.required), len(chosen)))
     return {"per_question": per_q, "fold": fold_of, "order": order, "training": training}
+
+
+def generated_run(
+    memory: EMGMemory,
+    data: list[tuple[TrainingExample, int]],
+    envs: list[Any],
+    users: list[str],
+    loaded: dict[str, list[str]],
+    train_kwargs: dict[str, Any],
+    writer: str,
+    sessions: int | None,
+) -> dict[str, Any]:
+    """Train on questions generated from the memories; test on LoCoMo's real questions."""
+    from memories_core.llms import ScriptedLLM
+    from memories_core.prompts.emg import emg_reply
+
+    if writer == "local":
+        from memories_core.llms import LocalLLM
+
+        llm: Any = LocalLLM()
+    else:
+        llm = ScriptedLLM(default=emg_reply)
+    generated: list[TrainingExample] = []
+    made: dict[str, Any] = {}
+    started = time.perf_counter()
+    for user in users:
+        by_id = {r.id: r for r in memory.engine.get(user, loaded[user])}
+        records = [by_id[rid] for rid in loaded[user]]  # LoCoMo's order (sessions in time)
+        t0 = time.perf_counter()
+        found, sent, rejected = memory.generate_questions(
+            user, memories=records, llm=llm, max_sessions=sessions, now=NOW, progress=True
+        )
+        generated.extend(found)
+        made[user] = {
+            "sessions": sent,
+            "sessions_without_a_usable_pair": rejected,
+            "questions": len(found),
+            "multi_memory_questions": sum(len(e.required) > 1 for e in found),
+            "seconds": time.perf_counter() - t0,
+            "examples": [
+                {"question": e.question, "answer": e.answer, "required": len(e.required)}
+                for e in found[:5]
+            ],
+        }
+    generation_seconds = time.perf_counter() - started
+    gen_envs = [
+        memory._environment(e.question, e.user_id, NOW, memory.activate)
+        for e in tqdm(generated, desc="generated environments")
+    ]
+    per_q: dict[str, list[tuple[float, float, float, int]]] = {}
+    fold_of: list[int] = []
+
+    def train(indices: list[int]) -> SelectionPolicy | None:
+        if not indices:
+            return None
+        policy = SelectionPolicy.initial(0, ALL_FEATURES)
+        try:
+            memory._train(
+                policy,
+                [generated[i] for i in indices],
+                [gen_envs[i] for i in indices],
+                when=NOW,
+                reward_llm=None,
+                progress=False,
+                **train_kwargs,
+            )
+        except Exception as exc:  # e.g. no reachable memory: report it, keep the fallback
+            print(f"training failed: {exc}")
+            return None
+        return policy
+
+    everyone = train(list(range(len(generated))))
+    for fold, user in enumerate(users):
+        others = train([i for i, e in enumerate(generated) if e.user_id != user])
+        for (ex, _), env in zip(data, envs, strict=True):
+            if ex.user_id != user:
+                continue
+            fold_of.append(fold)
+            rows: dict[str, list[str]] = {
+                "top-1": list(env.pool)[:1],
+                "top-2": list(env.pool)[:2],
+                "top-3": list(env.pool)[:3],
+                "untrained default (top-1 fallback)": [
+                    h.record.id for h in memory._choose(env, None).memories
+                ],
+            }
+            for name, policy in (
+                ("trained on generated questions (all conversations)", everyone),
+                ("trained on generated questions (other conversations only)", others),
+            ):
+                if policy is None:
+                    continue
+                rows[name] = [h.record.id for h in memory._choose(env, policy).memories]
+                rows[f"{name}, greedy walk"] = [
+                    h.record.id for h in memory._choose(env, policy, "greedy").memories
+                ]
+            for name, chosen in rows.items():
+                per_q.setdefault(name, []).append((*prf(chosen, ex.required), len(chosen)))
+    pooled = {name: summarise(rows) for name, rows in per_q.items()}
+    fold_f1 = {
+        name: [
+            statistics.mean(r[2] for r, f in zip(rows, fold_of, strict=True) if f == fold)
+            for fold in range(len(users))
+        ]
+        for name, rows in per_q.items()
+    }
+    return {
+        "writer": "SmolLM2-135M-Instruct (LocalLLM)" if writer == "local" else "stand-in emg_reply",
+        "sessions_per_conversation": sessions,
+        "session_size": memory.session_size,
+        "questions_per_session": memory.questions_per_session,
+        "generated_questions": len(generated),
+        "generation_seconds": generation_seconds,
+        "per_conversation": made,
+        "pooled": pooled,
+        "fold_f1": fold_f1,
+        "test_questions": len(data),
+    }
+
+
+def generated_markdown(result: dict[str, Any]) -> str:
+    gen = result["generated"]
+    lines = [
+        f"Writer: {gen['writer']}; {gen['generated_questions']} generated questions "
+        f"({sum(v['multi_memory_questions'] for v in gen['per_conversation'].values())} with 2+ "
+        f"memories) from {sum(v['sessions'] for v in gen['per_conversation'].values())} sessions "
+        f"of {gen['session_size']} memories in {gen['generation_seconds']:.0f} s; tested on "
+        f"{gen['test_questions']} LoCoMo questions.",
+        "",
+        "| selector | precision | recall | F1 | mean size | fold F1 mean [min, max] |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, row in gen["pooled"].items():
+        folds = gen["fold_f1"][name]
+        lines.append(
+            f"| {name} | {row['precision']:.3f} | {row['recall']:.3f} | {row['f1']:.3f} | "
+            f"{row['mean_size']:.2f} | {statistics.mean(folds):.3f} "
+            f"[{min(folds):.3f}, {max(folds):.3f}] |"
+        )
+    return "\n".join(lines)
 
 
 def report_tables(
@@ -482,6 +631,12 @@ def main() -> None:
     parser.add_argument("--warm-epochs", type=int, default=300)
     parser.add_argument("--sizes", default="1000,10000")
     parser.add_argument("--skip-latency", action="store_true")
+    parser.add_argument(
+        "--generated",
+        choices=("stand-in", "local"),
+        help="train on questions generated from the memories (not LoCoMo's) and stop",
+    )
+    parser.add_argument("--sessions", type=int, default=None, help="sessions per conversation")
     args = parser.parse_args()
     import torch
 
@@ -493,10 +648,12 @@ def main() -> None:
     memory = EMGMemory(llm=_NoLLM(), embedder=embedder, clock=FixedClock(NOW))  # type: ignore[arg-type]
     data: list[tuple[TrainingExample, int]] = []
     users = []
+    loaded: dict[str, list[str]] = {}
     for sample in tqdm(conversations, desc="load conversations"):
         ids = load(memory, sample)
         data.extend(examples(sample, ids))
         users.append(sample["sample_id"])
+        loaded[sample["sample_id"]] = list(ids)
     embedder.save()
     envs = [
         memory._environment(ex.question, ex.user_id, NOW, memory.activate)
@@ -528,6 +685,24 @@ def main() -> None:
         "balance": False,
         "seed": 0,
     }
+    if args.generated:
+        name = f"emg_generated_{args.generated}"
+        gen = generated_run(
+            memory, data, envs, users, loaded, train_kwargs, args.generated, args.sessions
+        )
+        embedder.save()
+        out = {
+            "command": command_line("benchmarks/emg_selection.py", sys.argv[1:]),
+            "train_settings": train_kwargs,
+            "generated": gen,
+            "machine": machine(),
+        }
+        (OUT / f"{name}.json").write_text(json.dumps(out, indent=1, default=str))
+        text = generated_markdown(out)
+        (OUT / f"{name}.md").write_text(text + "\n")
+        print(text)
+        memory.close()
+        return
     started = time.perf_counter()
     cv = cross_validate(memory, data, envs, users, train_kwargs)
     result: dict[str, Any] = {

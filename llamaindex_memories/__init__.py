@@ -13,6 +13,8 @@
 * :class:`MemoChatEngine`, :func:`memochat_retriever`: MemoChat's chat with memo.
 * :class:`PersonalizedLlamaLLM`: a user's MaLP model (LoRA adapter + DPeM memory).
 * :func:`dpem_retriever`: DPeM's STM and LTM knowledge items as nodes.
+* :class:`EMGToolSpec`, :func:`emg_retriever`: EMG-RAG's applications as tools, and its
+  selection as a retriever.
 """
 
 try:
@@ -24,6 +26,7 @@ except ImportError as exc:
 
 from llamaindex_memories.bridges import CoreEmbedding, LlamaIndexEmbedder, LlamaIndexLLM
 from llamaindex_memories.conditional import ConditionalMemoryBlock, ConditionalMemoryLLM
+from llamaindex_memories.emg import EMGToolSpec, emg_retriever
 from llamaindex_memories.forgetting import ForgettingCurvePostprocessor, MemoryBankBlock
 from llamaindex_memories.memochat import MemoChatEngine, memochat_retriever
 from llamaindex_memories.memory_block import MemoryBlock
@@ -37,6 +40,7 @@ __all__ = [
     "ConditionalMemoryBlock",
     "ConditionalMemoryLLM",
     "CoreEmbedding",
+    "EMGToolSpec",
     "ForgettingCurvePostprocessor",
     "LlamaIndexEmbedder",
     "LlamaIndexLLM",
@@ -51,5 +55,6 @@ __all__ = [
     "SelfReflectiveFilter",
     "SelfReflectiveRetriever",
     "dpem_retriever",
+    "emg_retriever",
     "memochat_retriever",
 ]

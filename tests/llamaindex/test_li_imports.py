@@ -14,6 +14,7 @@ EXPECTED_ALL = [
     "ConditionalMemoryBlock",
     "ConditionalMemoryLLM",
     "CoreEmbedding",
+    "EMGToolSpec",
     "ForgettingCurvePostprocessor",
     "LlamaIndexEmbedder",
     "LlamaIndexLLM",
@@ -28,6 +29,7 @@ EXPECTED_ALL = [
     "SelfReflectiveFilter",
     "SelfReflectiveRetriever",
     "dpem_retriever",
+    "emg_retriever",
     "memochat_retriever",
 ]
 

@@ -1799,7 +1799,7 @@ class EMGMemory(MemoryBase):
         when = ensure_utc(now) if now is not None else self.clock.now()
         pool = list(memories) if memories is not None else self.memories(user_id, now=when)
         pool = [r for r in pool if r.user_id == user_id and r.kind == MEMORY_KIND]
-        pool.sort(key=lambda r: (r.created_at, r.id))
+        pool.sort(key=lambda r: r.created_at)  # stable: equal times keep the given order
         size = session_size or self.session_size
         sessions = [pool[i : i + size] for i in range(0, len(pool), size)]
         if max_sessions is not None:
