@@ -50,25 +50,40 @@ question, capitalised words, the remaining words as the relation), so no LLM run
 retrieval, and the question is embedded once. The walk stays inside the ``pool`` memories
 nearest to the question (a hub such as the user has an edge per memory; this bounds a
 question's cost). The policy is trained by :meth:`EMGMemory.train_policy` and saved as an
-artifact per store (or per user); untrained, a memory is included when its cosine to the
-question reaches ``threshold``. A trained policy's selection is decoded, by default, as a
+artifact per store (or per user); untrained, the selection is the activation ranking's top
+memory (``fallback="top1"``, the best fixed K on LoCoMo, so an untrained user never gets
+less than top-1), or with ``fallback="threshold"`` the walk that includes a memory when its
+cosine to the question reaches ``threshold``. A trained policy's selection is decoded, by default, as a
 set (``decode="expected_f1"``, ours, not the paper's): the walk scores every reachable
 memory with ``P(required)`` (the warm-start network, Eq. 5, kept with the policy) and the
 best-first prefix of highest expected F1 is returned, so the size follows how confident the
 top memory is; ``decode="greedy"`` keeps the paper's include/stop walk, which on LoCoMo
 always stops at one memory (``benchmarks/emg_selection.py``, BENCHMARKS.md).
 
+**Training questions from the user's own memories** (appendix A.1 step 3): no user labels
+questions, so :meth:`EMGMemory.generate_questions` has the model write them
+(:data:`~memories_core.prompts.emg.QUESTIONS`): the memories in time order, cut into
+sessions, each giving question-answer pairs with the memories they need, validated (cited
+memories exist, the answer is in them). After a :meth:`~EMGMemory.save`, when a user has
+another ``questions_every`` memories, a *pending job* is enqueued (mechanism
+``<name>/policy``); saves and recalls never run it. :meth:`EMGMemory.run_training` (from a
+worker or a schedule) runs the due jobs: it generates the questions, keeps them as the
+user's artifact, and once the store holds ``train_after`` generated examples (and again
+after each further ``train_after``) trains the store's policy on them.
+
 **Policies and deletion**: the examples a policy is trained on are kept per user, as that
 user's artifact, and the policy lists its contributors. :meth:`EMGMemory.delete_user`
 removes the user's examples and own policy, and drops every policy the user contributed to
 (it carries their influence), leaving a *stale* mark (:meth:`EMGMemory.policy_status`) until
 :meth:`EMGMemory.retrain_policy` trains it again from the remaining users' examples; in the
-meantime the similarity threshold serves.
+meantime the untrained fallback serves.
 
 **Applications** (§4.4): :meth:`EMGMemory.answer`, :meth:`EMGMemory.autofill`,
-:meth:`EMGMemory.reminders`. The walk is also a candidate source of the retrieval pipeline
-(:class:`EMGSource`), fused with dense and lexical search in :meth:`EMGMemory.recall`, so the
-generic adapters (retrievers, memory blocks, middleware) serve it unchanged.
+:meth:`EMGMemory.reminders`. The walk is also the candidate source of the retrieval pipeline
+(:class:`EMGSource`): by default (``recall_mode="selection"``) :meth:`EMGMemory.recall`
+returns the selection itself, at most ``k``, so the generic adapters (retrievers, memory
+blocks, middleware) show the variable-size set; ``recall_mode="fused"`` fuses it with dense
+and lexical search and cuts to ``k``.
 """
 
 from __future__ import annotations
@@ -377,7 +392,7 @@ class EMGMemory(MemoryBase):
         pool: Nearest memories the walk may visit.
         max_select: Most memories one selection returns.
         min_select: Fewest (the best-scored visited memories fill a short selection).
-        threshold: Cosine at which the untrained fallback includes a memory.
+        threshold: Cosine at which the threshold fallback includes a memory.
         relation_match: Cosine of relation names at which two relations are the same.
         subclasses: Extra subclasses per type, added to Table 7's.
         retries: Repair attempts of an unparsable extraction before the fallback.
@@ -385,6 +400,17 @@ class EMGMemory(MemoryBase):
             ``"expected_f1"`` (default; variable size, the prefix of the walked memories by
             ``P(required)`` with the highest expected F1) or ``"greedy"`` (the paper's
             include/stop walk, Eq. 2). The threshold fallback always walks greedily.
+        fallback: Selection while no policy is trained: ``"top1"`` (default; the activation
+            ranking's best ``max(min_select, 1)`` memories) or ``"threshold"``.
+        recall_mode: ``"selection"`` (default: :meth:`recall` returns the selection, at most
+            ``k``) or ``"fused"`` (walk + dense + lexical, cut to ``k``).
+        train_after: Generated examples in the store before the policy is trained
+            automatically, and again after each further ``train_after`` (``None``: never;
+            no job is enqueued). See :meth:`run_training`.
+        questions_every: New memories of a user per question-generation job.
+        session_size: Consecutive memories shown together to the question writer (A.1).
+        questions_per_session: Question-answer pairs asked per session.
+        training: Settings of the automatic training (:meth:`train_policy` arguments).
         **kwargs: Engine or storage options of :class:`~memories_core.mechanisms.base.MemoryBase`.
 
     Instantiate, save, ask:
@@ -400,7 +426,8 @@ class EMGMemory(MemoryBase):
             print(memory.answer("Which flight did I book?", Scope("ann")).text)
 
     Raises:
-        ConfigurationError: on a bad ``activate``, ``pool``, ``threshold`` or subclass.
+        ConfigurationError: on a bad ``activate``, ``pool``, ``threshold``, ``fallback``,
+            ``recall_mode``, ``train_after`` or subclass.
     """
 
     mechanism_name: ClassVar[str] = "emg"
@@ -1116,7 +1143,7 @@ class EMGMemory(MemoryBase):
 
         A policy is *stale* when a user whose examples trained it was deleted: the weights
         are dropped at once (they carry that user's influence), selection falls back to the
-        next policy (the store's) or the similarity threshold, and :meth:`retrain_policy`
+        next policy (the store's) or the untrained fallback, and :meth:`retrain_policy`
         trains it again from the remaining users' stored examples.
         """
         owner = STORE_OWNER if user_id is None else check_user_id(user_id)
@@ -1151,8 +1178,8 @@ class EMGMemory(MemoryBase):
             scope: Whose graph (a :class:`Scope` or a user id).
             now: Time of the question; memories not valid then are never visited.
             activate: Activated nodes (default: ``self.activate``).
-            policy: A policy to use, ``None`` for the similarity threshold, ``"auto"`` for the
-                user's or store's trained policy (threshold if there is none).
+            policy: A policy to use, ``None`` for the untrained fallback (``fallback``),
+                ``"auto"`` for the user's or store's trained policy (fallback if none).
             decode: How a trained policy's ``P(include)`` becomes the set (default:
                 ``self.decode``): ``"greedy"``, the include/stop walk of Eq. 2; or
                 ``"expected_f1"``, every reachable memory scored, then the best-first prefix
@@ -1676,7 +1703,7 @@ class EMGMemory(MemoryBase):
 
         Returns:
             The report, or ``None`` when no stored example is left (no policy is saved; the
-            similarity threshold serves).
+            untrained fallback serves).
         """
         owner = STORE_OWNER if user_id is None else check_user_id(user_id)
         artifacts = self.engine.artifacts
@@ -1997,7 +2024,7 @@ class EMGMemory(MemoryBase):
     def recall(
         self, query: str, scope: Scope, *, k: int | None = None, now: datetime | None = None
     ) -> Recall:
-        """The ``k`` best memories: the graph walk's selection first, then dense + lexical.
+        """The selection, at most ``k`` (``recall_mode="fused"``: fused with dense + lexical).
 
         Raises:
             InvalidInputError: on an empty query or a bad ``k``.
