@@ -53,10 +53,10 @@ question's cost). The policy is trained by :meth:`EMGMemory.train_policy` and sa
 artifact per store (or per user); untrained, the selection is the activation ranking's top
 memory (``fallback="top1"``, the best fixed K on LoCoMo, so an untrained user never gets
 less than top-1), or with ``fallback="threshold"`` the walk that includes a memory when its
-cosine to the question reaches ``threshold``. A trained policy's selection is decoded, by default, as a
-set (``decode="expected_f1"``, ours, not the paper's): the walk scores every reachable
-memory with ``P(required)`` (the warm-start network, Eq. 5, kept with the policy) and the
-best-first prefix of highest expected F1 is returned, so the size follows how confident the
+cosine to the question reaches ``threshold``. A trained policy's selection is decoded, by
+default, as a set (``decode="expected_f1"``, ours, not the paper's): the walk scores every
+reachable memory with ``P(required)`` (the warm-start network, Eq. 5, kept with the policy)
+and the best-first prefix of highest expected F1 is returned, so the size follows how confident the
 top memory is; ``decode="greedy"`` keeps the paper's include/stop walk, which on LoCoMo
 always stops at one memory (``benchmarks/emg_selection.py``, BENCHMARKS.md).
 
