@@ -234,6 +234,7 @@ def generated_run(
     train_kwargs: dict[str, Any],
     writer: str,
     sessions: int | None,
+    budget: float | None = None,
 ) -> dict[str, Any]:
     """Train on questions generated from the memories; test on LoCoMo's real questions."""
     from memories_core.llms import ScriptedLLM
@@ -246,27 +247,45 @@ def generated_run(
     else:
         llm = ScriptedLLM(default=emg_reply)
     generated: list[TrainingExample] = []
-    made: dict[str, Any] = {}
-    started = time.perf_counter()
+    made: dict[str, Any] = {
+        u: {"sessions": 0, "sessions_without_a_usable_pair": 0, "questions": 0, "seconds": 0.0}
+        for u in users
+    }
+    chunks: dict[str, list[list[Any]]] = {}
     for user in users:
         by_id = {r.id: r for r in memory.engine.get(user, loaded[user])}
         records = [by_id[rid] for rid in loaded[user]]  # LoCoMo's order (sessions in time)
-        t0 = time.perf_counter()
-        found, sent, rejected = memory.generate_questions(
-            user, memories=records, llm=llm, max_sessions=sessions, now=NOW, progress=True
-        )
-        generated.extend(found)
-        made[user] = {
-            "sessions": sent,
-            "sessions_without_a_usable_pair": rejected,
-            "questions": len(found),
-            "multi_memory_questions": sum(len(e.required) > 1 for e in found),
-            "seconds": time.perf_counter() - t0,
-            "examples": [
+        size = memory.session_size
+        chunks[user] = [records[i : i + size] for i in range(0, len(records), size)]
+    rounds = max(len(c) for c in chunks.values())
+    if sessions is not None:
+        rounds = min(rounds, sessions)
+    started = time.perf_counter()
+    # Round robin over the conversations (their first sessions first), so that a time budget
+    # cut leaves every conversation with about as many sessions.
+    for index in tqdm(range(rounds), desc="question sessions (rounds)"):
+        if budget is not None and time.perf_counter() - started > budget:
+            break
+        for user in users:
+            if index >= len(chunks[user]):
+                continue
+            t0 = time.perf_counter()
+            found, sent, rejected = memory.generate_questions(
+                user, memories=chunks[user][index], llm=llm, now=NOW
+            )
+            generated.extend(found)
+            row = made[user]
+            row["sessions"] += sent
+            row["sessions_without_a_usable_pair"] += rejected
+            row["questions"] += len(found)
+            row["seconds"] += time.perf_counter() - t0
+            row.setdefault("examples", []).extend(
                 {"question": e.question, "answer": e.answer, "required": len(e.required)}
-                for e in found[:5]
-            ],
-        }
+                for e in found[: max(0, 5 - len(row.get("examples", [])))]
+            )
+    for user in users:
+        mine = [e for e in generated if e.user_id == user]
+        made[user]["multi_memory_questions"] = sum(len(e.required) > 1 for e in mine)
     generation_seconds = time.perf_counter() - started
     gen_envs = [
         memory._environment(e.question, e.user_id, NOW, memory.activate)
@@ -332,6 +351,7 @@ def generated_run(
     return {
         "writer": "SmolLM2-135M-Instruct (LocalLLM)" if writer == "local" else "stand-in emg_reply",
         "sessions_per_conversation": sessions,
+        "generation_budget_s": budget,
         "session_size": memory.session_size,
         "questions_per_session": memory.questions_per_session,
         "generated_questions": len(generated),
@@ -637,6 +657,9 @@ def main() -> None:
         help="train on questions generated from the memories (not LoCoMo's) and stop",
     )
     parser.add_argument("--sessions", type=int, default=None, help="sessions per conversation")
+    parser.add_argument(
+        "--budget", type=float, default=None, help="stop generating after this many seconds"
+    )
     args = parser.parse_args()
     import torch
 
@@ -688,7 +711,15 @@ def main() -> None:
     if args.generated:
         name = f"emg_generated_{args.generated}"
         gen = generated_run(
-            memory, data, envs, users, loaded, train_kwargs, args.generated, args.sessions
+            memory,
+            data,
+            envs,
+            users,
+            loaded,
+            train_kwargs,
+            args.generated,
+            args.sessions,
+            args.budget,
         )
         embedder.save()
         out = {

@@ -1028,21 +1028,51 @@ def test_save_only_enqueues_question_generation_and_run_training_trains_the_poli
 
     run = memory.run_training()
     assert run.questions >= 2 and run.failed == 0 and run.remaining == 0
-    assert len(run.trained) == 1 and run.trained[0].contributors == (USER,)
+    (report,) = run.trained
+    assert report.contributors == (USER,) and set(report.held_out) == {
+        "questions",
+        "policy_f1",
+        "top1_f1",
+    }
     assert len(memory.generated_examples(USER)) == run.questions
-    assert memory.policy() is not None
-    assert memory.select("When does flight EK349 depart?", USER).policy == "trained"
+    # Saved only if it beat top-1 on the held-out generated questions.
+    assert report.kept == (report.held_out["policy_f1"] > report.held_out["top1_f1"])
+    assert (memory.policy() is not None) == report.kept
+    served = memory.select("When does flight EK349 depart?", USER).policy
+    assert served == ("trained" if report.kept else "top1")
 
     # Nothing new to ask about: a later job writes no new question and trains nothing.
     memory.engine.enqueue(USER, [JobSpec(memory.policy_jobs, "questions", "again")])
     again = memory.run_training(USER)
     assert again.questions == 0 and again.trained == ()
 
-    # The generated questions are the user's: deleted with them, and the policy they trained
-    # is dropped (stale) until retrained.
+    # The generated questions are the user's: deleted with them (and a policy they trained
+    # is dropped, stale, until retrained).
     memory.delete_user(USER)
     assert memory.engine.artifacts.get(USER, TRAINING_GENERATED) is None
-    assert memory.policy_status().stale and memory.policy() is None
+    assert memory.policy() is None and memory.policy_status().stale == report.kept
+
+
+def test_a_policy_that_does_not_beat_top1_on_held_out_questions_is_not_kept() -> None:
+    memory = make(training=TRAINING)
+    tell(memory, STORY)
+    now = memory.clock.now()
+    questions = [
+        "When does flight EK349 depart?",
+        "Which hotel has the boss?",
+        "Where does the boss travel?",
+        "Which flight does the boss take?",
+        "When does the breakfast voucher expire?",
+        "Who is the user's boss?",
+    ]
+    # Every required memory is top-1's: no policy can beat its F1 of 1.
+    examples = [
+        TrainingExample(USER, q, frozenset({memory.select(q, USER, now=now).memories[0].record.id}))
+        for q in questions
+    ]
+    report = memory.train_and_check(examples)
+    assert report.held_out["top1_f1"] == 1.0 and not report.kept
+    assert memory.policy() is None and memory.select(questions[0], USER).policy == "top1"
 
 
 def test_run_training_leaves_the_job_pending_when_the_model_is_down() -> None:

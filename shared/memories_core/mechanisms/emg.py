@@ -157,6 +157,8 @@ if TYPE_CHECKING:
     from memories_core.retrieval.fusion import Ranking
 
 __all__ = [
+    "HOLD_OUT",
+    "LAST_TRAINING",
     "MEMORY_KIND",
     "POLICY_ARTIFACT",
     "POLICY_JOBS",
@@ -196,6 +198,10 @@ TRAINING_OWN = "emg/training/own"
 TRAINING_GENERATED = "emg/training/generated"
 #: Suffix of the mechanism name under which question-generation and training jobs wait.
 POLICY_JOBS = "/policy"
+#: The store's last automatic training: how many generated examples, and its held-out check.
+LAST_TRAINING = "emg/training/last"
+#: Every ``HOLD_OUT``-th generated question (by a hash) checks an automatic policy.
+HOLD_OUT = 5
 #: Subjects that mean the user (mapped to the root node).
 _SELF = frozenset({"user", "i", "me", "my", "myself", "the user", "mine"})
 #: Turn roles that are never extracted from (the assistant's and system's words).
@@ -292,6 +298,10 @@ class TrainingReport:
         owner: Whose policy (:data:`STORE_OWNER` for the store's).
         policy: The trained policy.
         contributors: Users whose examples trained it.
+        kept: Whether the policy was saved (``False``: it did not beat top-1 on the
+            held-out questions of :meth:`EMGMemory.run_training`, or ``save=False``).
+        held_out: The held-out check, when one ran: ``questions``, ``policy_f1``,
+            ``top1_f1``.
     """
 
     states: int
@@ -303,6 +313,8 @@ class TrainingReport:
     owner: str
     policy: SelectionPolicy | None = None
     contributors: tuple[str, ...] = ()
+    kept: bool = True
+    held_out: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -1560,17 +1572,42 @@ class EMGMemory(MemoryBase):
         )
         owner = STORE_OWNER if user_id is None else user_id
         if save:
-            name = TRAINING_STORE if user_id is None else TRAINING_OWN
-            for uid in sorted({e.user_id for e in examples}):
-                mine = [e for e in examples if e.user_id == uid]
-                self.engine.artifacts.put(
-                    uid,
-                    name,
-                    {"examples.json": _examples_json(mine, when).encode("utf-8")},
-                    meta={"examples": len(mine)},
-                )
-            self.save_policy(policy, user_id, contributors=sorted(contributors), settings=settings)
-        return dataclasses.replace(report, owner=owner, contributors=tuple(sorted(contributors)))
+            self._save_trained(policy, examples, user_id, when, contributors, settings)
+        return dataclasses.replace(
+            report, owner=owner, contributors=tuple(sorted(contributors)), kept=save
+        )
+
+    def _save_trained(
+        self,
+        policy: SelectionPolicy,
+        examples: Sequence[TrainingExample],
+        user_id: str | None,
+        when: datetime,
+        contributors: Iterable[str],
+        settings: Mapping[str, Any],
+    ) -> None:
+        """Save a trained policy, and each user's examples as that user's artifact."""
+        name = TRAINING_STORE if user_id is None else TRAINING_OWN
+        for uid in sorted({e.user_id for e in examples}):
+            mine = [e for e in examples if e.user_id == uid]
+            self.engine.artifacts.put(
+                uid,
+                name,
+                {"examples.json": _examples_json(mine, when).encode("utf-8")},
+                meta={"examples": len(mine)},
+            )
+        self.save_policy(policy, user_id, contributors=sorted(contributors), settings=settings)
+
+    def _keep_store_policy(
+        self,
+        policy: SelectionPolicy,
+        examples: Sequence[TrainingExample],
+        contributors: Iterable[str],
+    ) -> None:
+        """Save a policy trained with ``save=False`` as the store's (with its examples)."""
+        known = ("features", "warm_epochs", "episodes", "batch", "lr", "warm_lr", "balance", "seed")
+        settings = {k: v for k, v in self.training.items() if k in known}
+        self._save_trained(policy, examples, None, self.clock.now(), contributors, settings)
 
     def _train(
         self,
@@ -1988,8 +2025,8 @@ class EMGMemory(MemoryBase):
         )
         self._keep_generated(user_id, examples, seen | {r.id for r in fresh})
         store_total = self._generated_total()
-        info = self.engine.artifacts.get(STORE_OWNER, POLICY_ARTIFACT)
-        last = int(info.meta.get("settings", {}).get("generated_examples", 0)) if info else 0
+        info = self.engine.artifacts.get(STORE_OWNER, LAST_TRAINING)
+        last = int(info.meta.get("generated_examples", 0)) if info else 0
         if self.train_after is not None and store_total - last >= self.train_after:
             step = store_total // self.train_after
             spec = JobSpec(self.policy_jobs, "train", f"train:{step}", {"examples": store_total})
@@ -2009,16 +2046,60 @@ class EMGMemory(MemoryBase):
                     examples.append(dataclasses.replace(example, required=frozenset(required)))
         if not examples:
             return None
-        report = self.train_policy(examples, **{"progress": progress, **self.training})
-        info = self.engine.artifacts.get(STORE_OWNER, POLICY_ARTIFACT)
-        if report.policy is not None and info is not None:
-            # Kept with the policy: the next training waits for train_after more examples.
-            settings = {
-                **info.meta.get("settings", {}),
-                "generated_examples": self._generated_total(),
-            }
-            self.save_policy(report.policy, contributors=report.contributors, settings=settings)
+        total = self._generated_total()
+        report = self.train_and_check(examples, progress=progress)
+        self.engine.artifacts.put(
+            STORE_OWNER,
+            LAST_TRAINING,
+            {"last.json": json.dumps(dict(report.held_out)).encode()},
+            meta={"generated_examples": total, "kept": report.kept, **report.held_out},
+        )
         return report
+
+    def train_and_check(
+        self, examples: Sequence[TrainingExample], *, progress: bool = False
+    ) -> TrainingReport:
+        """Train the store's policy on generated questions; keep it only if it beats top-1.
+
+        Every :data:`HOLD_OUT`-th question (by a hash of its text; all of them when there
+        are fewer than :data:`HOLD_OUT`) is held out; the policy is trained on the rest
+        (``training`` settings) and saved only if its mean selection F1 on the held-out
+        questions is above that of the top-1 fallback. Generated questions are noisy (a
+        small model, or the rule-based stand-in, writes them), so this check is what keeps
+        an automatically trained user no worse than top-1 on the questions we can see.
+
+        Returns:
+            The report; ``kept`` says whether the policy was saved, ``held_out`` the check.
+        """
+
+        def bucket(example: TrainingExample) -> int:
+            digest = hashlib.sha1(example.question.encode("utf-8")).digest()
+            return digest[0] % HOLD_OUT
+
+        held = [e for e in examples if bucket(e) == 0]
+        train = [e for e in examples if bucket(e) != 0]
+        if len(examples) < HOLD_OUT or not held or not train:
+            held, train = list(examples), list(examples)
+        settings = {"progress": progress, **self.training, "save": False}
+        report = self.train_policy(train, **settings)
+        assert report.policy is not None
+        when = self.clock.now()
+        ours: list[float] = []
+        top1: list[float] = []
+        for example in held:
+            env = self._environment(example.question, example.user_id, when, self.activate)
+            chosen = [h.record.id for h in self._choose(env, report.policy).memories]
+            ours.append(selection_f1(chosen, example.required))
+            top1.append(selection_f1(list(env.pool)[: max(self.min_select, 1)], example.required))
+        check = {
+            "questions": float(len(held)),
+            "policy_f1": float(np.mean(ours)),
+            "top1_f1": float(np.mean(top1)),
+        }
+        kept = check["policy_f1"] > check["top1_f1"]
+        if kept:
+            self._keep_store_policy(report.policy, train, report.contributors)
+        return dataclasses.replace(report, kept=kept, held_out=check)
 
     # ------------------------------------------------------------------ recall and applications
     def recall(

@@ -858,11 +858,12 @@ def _topic(line: MemoryLine) -> str:
 
 
 def _questions_stand_in(inputs: QuestionsInput) -> str:
-    """Rule-based pairs: memories sharing an entity form a two-memory question, else one.
+    """Rule-based pairs: half (at least one) about two memories sharing an entity, else one.
 
     Not a model: it asks about a memory's subject and relation and answers with its object
     (or its statement when it has no edge), so it is only as good as the extracted triples.
     """
+    multi = max(1, inputs.pairs // 2)
     lines = inputs.memories
     pairs: list[dict[str, object]] = []
     used: set[int] = set()
@@ -873,7 +874,7 @@ def _questions_stand_in(inputs: QuestionsInput) -> str:
                 _norm_entity(b.subject),
                 _norm_entity(b.object),
             } - {""}
-            if a.relation and b.relation and shared and len(pairs) < inputs.pairs:
+            if a.relation and b.relation and shared and len(pairs) < multi:
                 entity = sorted(shared)[0]
                 pairs.append(
                     {
