@@ -70,7 +70,7 @@ from tqdm.auto import tqdm
 
 from memories_core import FixedClock
 from memories_core.embedders import SentenceTransformerEmbedder
-from memories_core.mechanisms.emg import EMGMemory, TrainingExample
+from memories_core.mechanisms.emg import EMGMemory, TrainingExample, is_held_out
 from memories_core.mechanisms.emg_policy import ALL_FEATURES, PAPER_FEATURES, SelectionPolicy
 from memories_core.prompts.emg import EXTRACT, ExtractInput, parse_extract
 
@@ -313,9 +313,31 @@ def generated_run(
             return None
         return policy
 
-    everyone = train(list(range(len(generated))))
+    def check(policy: SelectionPolicy | None, indices: list[int]) -> dict[str, float]:
+        """EMGMemory.train_and_check's rule: kept if it beats top-1 on held-out questions."""
+        if policy is None or not indices:
+            return {"questions": float(len(indices)), "policy_f1": 0.0, "top1_f1": 0.0}
+        ours = [
+            prf(
+                [h.record.id for h in memory._choose(gen_envs[i], policy).memories],
+                generated[i].required,
+            )[2]
+            for i in indices
+        ]
+        top1 = [prf(list(gen_envs[i].pool)[:1], generated[i].required)[2] for i in indices]
+        return {
+            "questions": float(len(indices)),
+            "policy_f1": statistics.mean(ours),
+            "top1_f1": statistics.mean(top1),
+        }
+
+    held = [i for i, e in enumerate(generated) if is_held_out(e)]
+    rest = [i for i, e in enumerate(generated) if not is_held_out(e)]
+    everyone = train(rest)
+    gates = {"all conversations": check(everyone, held)}
     for fold, user in enumerate(users):
-        others = train([i for i, e in enumerate(generated) if e.user_id != user])
+        others = train([i for i in rest if generated[i].user_id != user])
+        gates[f"without {user}"] = check(others, [i for i in held if generated[i].user_id != user])
         for (ex, _), env in zip(data, envs, strict=True):
             if ex.user_id != user:
                 continue
@@ -328,16 +350,27 @@ def generated_run(
                     h.record.id for h in memory._choose(env, None).memories
                 ],
             }
-            for name, policy in (
-                ("trained on generated questions (all conversations)", everyone),
-                ("trained on generated questions (other conversations only)", others),
+            for name, policy, gate in (
+                ("all conversations", everyone, gates["all conversations"]),
+                ("other conversations only", others, gates[f"without {user}"]),
             ):
-                if policy is None:
-                    continue
-                rows[name] = [h.record.id for h in memory._choose(env, policy).memories]
-                rows[f"{name}, greedy walk"] = [
-                    h.record.id for h in memory._choose(env, policy, "greedy").memories
-                ]
+                label = f"trained on generated questions ({name})"
+                chosen = (
+                    []
+                    if policy is None
+                    else [h.record.id for h in memory._choose(env, policy).memories]
+                )
+                greedy = (
+                    []
+                    if policy is None
+                    else [h.record.id for h in memory._choose(env, policy, "greedy").memories]
+                )
+                rows[label] = chosen
+                rows[f"{label}, greedy walk"] = greedy
+                kept = policy is not None and gate["policy_f1"] > gate["top1_f1"]
+                rows[f"automatic ({name}): policy if it beats top-1 on held-out generated"] = (
+                    chosen if kept else rows["untrained default (top-1 fallback)"]
+                )
             for name, chosen in rows.items():
                 per_q.setdefault(name, []).append((*prf(chosen, ex.required), len(chosen)))
     pooled = {name: summarise(rows) for name, rows in per_q.items()}
@@ -359,6 +392,7 @@ def generated_run(
         "per_conversation": made,
         "pooled": pooled,
         "fold_f1": fold_f1,
+        "held_out_checks": gates,
         "test_questions": len(data),
     }
 
@@ -381,6 +415,14 @@ def generated_markdown(result: dict[str, Any]) -> str:
             f"| {name} | {row['precision']:.3f} | {row['recall']:.3f} | {row['f1']:.3f} | "
             f"{row['mean_size']:.2f} | {statistics.mean(folds):.3f} "
             f"[{min(folds):.3f}, {max(folds):.3f}] |"
+        )
+    lines += ["", "| held-out generated questions | questions | policy F1 | top-1 F1 | kept |"]
+    lines += ["|---|---|---|---|---|"]
+    for name, gate in gen["held_out_checks"].items():
+        kept = gate["policy_f1"] > gate["top1_f1"]
+        lines.append(
+            f"| {name} | {int(gate['questions'])} | {gate['policy_f1']:.3f} | "
+            f"{gate['top1_f1']:.3f} | {'yes' if kept else 'no'} |"
         )
     return "\n".join(lines)
 

@@ -178,6 +178,7 @@ __all__ = [
     "TrainingExample",
     "TrainingReport",
     "TrainingRun",
+    "is_held_out",
 ]
 
 #: Record kind of an extracted memory.
@@ -2071,13 +2072,8 @@ class EMGMemory(MemoryBase):
         Returns:
             The report; ``kept`` says whether the policy was saved, ``held_out`` the check.
         """
-
-        def bucket(example: TrainingExample) -> int:
-            digest = hashlib.sha1(example.question.encode("utf-8")).digest()
-            return digest[0] % HOLD_OUT
-
-        held = [e for e in examples if bucket(e) == 0]
-        train = [e for e in examples if bucket(e) != 0]
+        held = [e for e in examples if is_held_out(e)]
+        train = [e for e in examples if not is_held_out(e)]
         if len(examples) < HOLD_OUT or not held or not train:
             held, train = list(examples), list(examples)
         settings = {"progress": progress, **self.training, "save": False}
@@ -2249,6 +2245,11 @@ class _VectorSource:
         return backend.dense(
             self.vector, user_id=request.user_id, depth=depth, where=request.filter
         )
+
+
+def is_held_out(example: TrainingExample) -> bool:
+    """Whether a generated question checks automatic policies (1 in :data:`HOLD_OUT`, by hash)."""
+    return hashlib.sha1(example.question.encode("utf-8")).digest()[0] % HOLD_OUT == 0
 
 
 def _examples_json(examples: Sequence[TrainingExample], at: datetime) -> str:
