@@ -695,8 +695,12 @@ def main() -> None:
     parser.add_argument("--skip-latency", action="store_true")
     parser.add_argument(
         "--generated",
-        choices=("stand-in", "local"),
-        help="train on questions generated from the memories (not LoCoMo's) and stop",
+        default=None,
+        help="comma-separated writers (stand-in, local): train on questions generated from "
+        "the memories (not LoCoMo's), test on LoCoMo's, and stop",
+    )
+    parser.add_argument(
+        "--conversations", type=int, default=None, help="only the first N conversations"
     )
     parser.add_argument("--sessions", type=int, default=None, help="sessions per conversation")
     parser.add_argument(
@@ -708,7 +712,7 @@ def main() -> None:
     torch.set_num_threads(1)  # 2 shared cores; more threads only contend
     OUT.mkdir(parents=True, exist_ok=True)
     data_file = Path(args.datasets) / "locomo" / "locomo_dev.json"
-    conversations = json.loads(data_file.read_text())
+    conversations = json.loads(data_file.read_text())[: args.conversations]
     embedder = CachedEmbedder(SentenceTransformerEmbedder(), OUT / "cache")
     memory = EMGMemory(llm=_NoLLM(), embedder=embedder, clock=FixedClock(NOW))  # type: ignore[arg-type]
     data: list[tuple[TrainingExample, int]] = []
@@ -728,7 +732,7 @@ def main() -> None:
     # The cached environments give what the public select gives (threshold and a policy).
     probe = SelectionPolicy.initial(1, ALL_FEATURES)
     probe.trained = True
-    for i in random.Random(0).sample(range(len(data)), 20):
+    for i in random.Random(0).sample(range(len(data)), 5 if args.generated else 20):
         ex = data[i][0]
         for policy in (None, probe):
             public = memory.select(ex.question, ex.user_id, now=NOW, policy=policy)
@@ -751,29 +755,33 @@ def main() -> None:
         "seed": 0,
     }
     if args.generated:
-        name = f"emg_generated_{args.generated}"
-        gen = generated_run(
-            memory,
-            data,
-            envs,
-            users,
-            loaded,
-            train_kwargs,
-            args.generated,
-            args.sessions,
-            args.budget,
-        )
-        embedder.save()
-        out = {
-            "command": command_line("benchmarks/emg_selection.py", sys.argv[1:]),
-            "train_settings": train_kwargs,
-            "generated": gen,
-            "machine": machine(),
-        }
-        (OUT / f"{name}.json").write_text(json.dumps(out, indent=1, default=str))
-        text = generated_markdown(out)
-        (OUT / f"{name}.md").write_text(text + "\n")
-        print(text)
+        for writer in args.generated.split(","):
+            if writer not in ("stand-in", "local"):
+                raise SystemExit(f"unknown writer {writer!r}")
+            gen = generated_run(
+                memory,
+                data,
+                envs,
+                users,
+                loaded,
+                train_kwargs,
+                writer,
+                args.sessions,
+                args.budget,
+            )
+            embedder.save()
+            out = {
+                "command": command_line("benchmarks/emg_selection.py", sys.argv[1:]),
+                "conversations": users,
+                "train_settings": train_kwargs,
+                "generated": gen,
+                "machine": machine(),
+            }
+            name = f"emg_generated_{writer}"
+            (OUT / f"{name}.json").write_text(json.dumps(out, indent=1, default=str))
+            text = generated_markdown(out)
+            (OUT / f"{name}.md").write_text(text + "\n")
+            print(text, flush=True)
         memory.close()
         return
     started = time.perf_counter()
