@@ -35,6 +35,15 @@ Latency: ``EMGMemory.select`` (``answer``'s retrieval step) at 1k and 10k memori
 (synthetic facts), without the LLM, after a warm-up; the question's embedding (one MiniLM
 call) is timed apart as well.
 
+**Generated questions** (``--generated stand-in|local``, appendix A.1 step 3): no LoCoMo question
+trains anything. Questions are written from each conversation's own memories by
+``EMGMemory.generate_questions`` (sessions of consecutive observations, validated pairs), with
+the rule-based stand-in writer (``emg_reply``) or the bundled SmolLM2-135M (``LocalLLM``, on
+the first ``--sessions`` sessions of each conversation: it is slow here). The policy is trained
+on them (every conversation's, as a store-wide policy is; and, as a check, leave one
+conversation out) and tested on LoCoMo's real questions, against the untrained default (top-1)
+and fixed top-K. Writes ``benchmarks/out/emg_generated_<writer>.{json,md}``.
+
 Run: ``python benchmarks/emg_selection.py [DATASETS]`` (default: ``../shared/datasets`` next to
 the repository). Writes ``benchmarks/out/emg_selection.{json,md,png}``; embeddings are cached
 under ``benchmarks/out/cache/``.
@@ -61,7 +70,7 @@ from tqdm.auto import tqdm
 
 from memories_core import FixedClock
 from memories_core.embedders import SentenceTransformerEmbedder
-from memories_core.mechanisms.emg import EMGMemory, TrainingExample
+from memories_core.mechanisms.emg import EMGMemory, TrainingExample, is_held_out
 from memories_core.mechanisms.emg_policy import ALL_FEATURES, PAPER_FEATURES, SelectionPolicy
 from memories_core.prompts.emg import EXTRACT, ExtractInput, parse_extract
 
@@ -214,6 +223,208 @@ def cross_validate(
                     chosen = [h.record.id for h in memory._choose(env, policy, decode).memories]
                     per_q.setdefault(label, []).append((*prf(chosen, ex.required), len(chosen)))
     return {"per_question": per_q, "fold": fold_of, "order": order, "training": training}
+
+
+def generated_run(
+    memory: EMGMemory,
+    data: list[tuple[TrainingExample, int]],
+    envs: list[Any],
+    users: list[str],
+    loaded: dict[str, list[str]],
+    train_kwargs: dict[str, Any],
+    writer: str,
+    sessions: int | None,
+    budget: float | None = None,
+) -> dict[str, Any]:
+    """Train on questions generated from the memories; test on LoCoMo's real questions."""
+    from memories_core.llms import ScriptedLLM
+    from memories_core.prompts.emg import emg_reply
+
+    if writer == "local":
+        from memories_core.llms import LocalLLM
+
+        llm: Any = LocalLLM()
+    else:
+        llm = ScriptedLLM(default=emg_reply)
+    generated: list[TrainingExample] = []
+    made: dict[str, Any] = {
+        u: {"sessions": 0, "sessions_without_a_usable_pair": 0, "questions": 0, "seconds": 0.0}
+        for u in users
+    }
+    chunks: dict[str, list[list[Any]]] = {}
+    for user in users:
+        by_id = {r.id: r for r in memory.engine.get(user, loaded[user])}
+        records = [by_id[rid] for rid in loaded[user]]  # LoCoMo's order (sessions in time)
+        size = memory.session_size
+        chunks[user] = [records[i : i + size] for i in range(0, len(records), size)]
+    rounds = max(len(c) for c in chunks.values())
+    if sessions is not None:
+        rounds = min(rounds, sessions)
+    started = time.perf_counter()
+    # Round robin over the conversations (their first sessions first), so that a time budget
+    # cut leaves every conversation with about as many sessions.
+    for index in tqdm(range(rounds), desc="question sessions (rounds)"):
+        if budget is not None and time.perf_counter() - started > budget:
+            break
+        for user in users:
+            if index >= len(chunks[user]):
+                continue
+            t0 = time.perf_counter()
+            found, sent, rejected = memory.generate_questions(
+                user, memories=chunks[user][index], llm=llm, now=NOW
+            )
+            generated.extend(found)
+            row = made[user]
+            row["sessions"] += sent
+            row["sessions_without_a_usable_pair"] += rejected
+            row["questions"] += len(found)
+            row["seconds"] += time.perf_counter() - t0
+            row.setdefault("examples", []).extend(
+                {"question": e.question, "answer": e.answer, "required": len(e.required)}
+                for e in found[: max(0, 5 - len(row.get("examples", [])))]
+            )
+    for user in users:
+        mine = [e for e in generated if e.user_id == user]
+        made[user]["multi_memory_questions"] = sum(len(e.required) > 1 for e in mine)
+    generation_seconds = time.perf_counter() - started
+    gen_envs = [
+        memory._environment(e.question, e.user_id, NOW, memory.activate)
+        for e in tqdm(generated, desc="generated environments")
+    ]
+    per_q: dict[str, list[tuple[float, float, float, int]]] = {}
+    fold_of: list[int] = []
+
+    def train(indices: list[int]) -> SelectionPolicy | None:
+        if not indices:
+            return None
+        policy = SelectionPolicy.initial(0, ALL_FEATURES)
+        try:
+            memory._train(
+                policy,
+                [generated[i] for i in indices],
+                [gen_envs[i] for i in indices],
+                when=NOW,
+                reward_llm=None,
+                progress=False,
+                **train_kwargs,
+            )
+        except Exception as exc:  # e.g. no reachable memory: report it, keep the fallback
+            print(f"training failed: {exc}")
+            return None
+        return policy
+
+    def check(policy: SelectionPolicy | None, indices: list[int]) -> dict[str, float]:
+        """EMGMemory.train_and_check's rule: kept if it beats top-1 on held-out questions."""
+        if policy is None or not indices:
+            return {"questions": float(len(indices)), "policy_f1": 0.0, "top1_f1": 0.0}
+        ours = [
+            prf(
+                [h.record.id for h in memory._choose(gen_envs[i], policy).memories],
+                generated[i].required,
+            )[2]
+            for i in indices
+        ]
+        top1 = [prf(list(gen_envs[i].pool)[:1], generated[i].required)[2] for i in indices]
+        return {
+            "questions": float(len(indices)),
+            "policy_f1": statistics.mean(ours),
+            "top1_f1": statistics.mean(top1),
+        }
+
+    held = [i for i, e in enumerate(generated) if is_held_out(e)]
+    rest = [i for i, e in enumerate(generated) if not is_held_out(e)]
+    everyone = train(rest)
+    gates = {"all conversations": check(everyone, held)}
+    for fold, user in enumerate(users):
+        others = train([i for i in rest if generated[i].user_id != user])
+        gates[f"without {user}"] = check(others, [i for i in held if generated[i].user_id != user])
+        for (ex, _), env in zip(data, envs, strict=True):
+            if ex.user_id != user:
+                continue
+            fold_of.append(fold)
+            rows: dict[str, list[str]] = {
+                "top-1": list(env.pool)[:1],
+                "top-2": list(env.pool)[:2],
+                "top-3": list(env.pool)[:3],
+                "untrained default (top-1 fallback)": [
+                    h.record.id for h in memory._choose(env, None).memories
+                ],
+            }
+            for name, policy, gate in (
+                ("all conversations", everyone, gates["all conversations"]),
+                ("other conversations only", others, gates[f"without {user}"]),
+            ):
+                label = f"trained on generated questions ({name})"
+                chosen = (
+                    []
+                    if policy is None
+                    else [h.record.id for h in memory._choose(env, policy).memories]
+                )
+                greedy = (
+                    []
+                    if policy is None
+                    else [h.record.id for h in memory._choose(env, policy, "greedy").memories]
+                )
+                rows[label] = chosen
+                rows[f"{label}, greedy walk"] = greedy
+                kept = policy is not None and gate["policy_f1"] > gate["top1_f1"]
+                rows[f"automatic ({name}): policy if it beats top-1 on held-out generated"] = (
+                    chosen if kept else rows["untrained default (top-1 fallback)"]
+                )
+            for name, chosen in rows.items():
+                per_q.setdefault(name, []).append((*prf(chosen, ex.required), len(chosen)))
+    pooled = {name: summarise(rows) for name, rows in per_q.items()}
+    fold_f1 = {
+        name: [
+            statistics.mean(r[2] for r, f in zip(rows, fold_of, strict=True) if f == fold)
+            for fold in range(len(users))
+        ]
+        for name, rows in per_q.items()
+    }
+    return {
+        "writer": "SmolLM2-135M-Instruct (LocalLLM)" if writer == "local" else "stand-in emg_reply",
+        "sessions_per_conversation": sessions,
+        "generation_budget_s": budget,
+        "session_size": memory.session_size,
+        "questions_per_session": memory.questions_per_session,
+        "generated_questions": len(generated),
+        "generation_seconds": generation_seconds,
+        "per_conversation": made,
+        "pooled": pooled,
+        "fold_f1": fold_f1,
+        "held_out_checks": gates,
+        "test_questions": len(data),
+    }
+
+
+def generated_markdown(result: dict[str, Any]) -> str:
+    gen = result["generated"]
+    lines = [
+        f"Writer: {gen['writer']}; {gen['generated_questions']} generated questions "
+        f"({sum(v['multi_memory_questions'] for v in gen['per_conversation'].values())} with 2+ "
+        f"memories) from {sum(v['sessions'] for v in gen['per_conversation'].values())} sessions "
+        f"of {gen['session_size']} memories in {gen['generation_seconds']:.0f} s; tested on "
+        f"{gen['test_questions']} LoCoMo questions.",
+        "",
+        "| selector | precision | recall | F1 | mean size | fold F1 mean [min, max] |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, row in gen["pooled"].items():
+        folds = gen["fold_f1"][name]
+        lines.append(
+            f"| {name} | {row['precision']:.3f} | {row['recall']:.3f} | {row['f1']:.3f} | "
+            f"{row['mean_size']:.2f} | {statistics.mean(folds):.3f} "
+            f"[{min(folds):.3f}, {max(folds):.3f}] |"
+        )
+    lines += ["", "| held-out generated questions | questions | policy F1 | top-1 F1 | kept |"]
+    lines += ["|---|---|---|---|---|"]
+    for name, gate in gen["held_out_checks"].items():
+        kept = gate["policy_f1"] > gate["top1_f1"]
+        lines.append(
+            f"| {name} | {int(gate['questions'])} | {gate['policy_f1']:.3f} | "
+            f"{gate['top1_f1']:.3f} | {'yes' if kept else 'no'} |"
+        )
+    return "\n".join(lines)
 
 
 def report_tables(
@@ -482,21 +693,36 @@ def main() -> None:
     parser.add_argument("--warm-epochs", type=int, default=300)
     parser.add_argument("--sizes", default="1000,10000")
     parser.add_argument("--skip-latency", action="store_true")
+    parser.add_argument(
+        "--generated",
+        default=None,
+        help="comma-separated writers (stand-in, local): train on questions generated from "
+        "the memories (not LoCoMo's), test on LoCoMo's, and stop",
+    )
+    parser.add_argument(
+        "--conversations", type=int, default=None, help="only the first N conversations"
+    )
+    parser.add_argument("--sessions", type=int, default=None, help="sessions per conversation")
+    parser.add_argument(
+        "--budget", type=float, default=None, help="stop generating after this many seconds"
+    )
     args = parser.parse_args()
     import torch
 
     torch.set_num_threads(1)  # 2 shared cores; more threads only contend
     OUT.mkdir(parents=True, exist_ok=True)
     data_file = Path(args.datasets) / "locomo" / "locomo_dev.json"
-    conversations = json.loads(data_file.read_text())
+    conversations = json.loads(data_file.read_text())[: args.conversations]
     embedder = CachedEmbedder(SentenceTransformerEmbedder(), OUT / "cache")
     memory = EMGMemory(llm=_NoLLM(), embedder=embedder, clock=FixedClock(NOW))  # type: ignore[arg-type]
     data: list[tuple[TrainingExample, int]] = []
     users = []
+    loaded: dict[str, list[str]] = {}
     for sample in tqdm(conversations, desc="load conversations"):
         ids = load(memory, sample)
         data.extend(examples(sample, ids))
         users.append(sample["sample_id"])
+        loaded[sample["sample_id"]] = list(ids)
     embedder.save()
     envs = [
         memory._environment(ex.question, ex.user_id, NOW, memory.activate)
@@ -506,7 +732,7 @@ def main() -> None:
     # The cached environments give what the public select gives (threshold and a policy).
     probe = SelectionPolicy.initial(1, ALL_FEATURES)
     probe.trained = True
-    for i in random.Random(0).sample(range(len(data)), 20):
+    for i in random.Random(0).sample(range(len(data)), 5 if args.generated else 20):
         ex = data[i][0]
         for policy in (None, probe):
             public = memory.select(ex.question, ex.user_id, now=NOW, policy=policy)
@@ -528,6 +754,36 @@ def main() -> None:
         "balance": False,
         "seed": 0,
     }
+    if args.generated:
+        for writer in args.generated.split(","):
+            if writer not in ("stand-in", "local"):
+                raise SystemExit(f"unknown writer {writer!r}")
+            gen = generated_run(
+                memory,
+                data,
+                envs,
+                users,
+                loaded,
+                train_kwargs,
+                writer,
+                args.sessions,
+                args.budget,
+            )
+            embedder.save()
+            out = {
+                "command": command_line("benchmarks/emg_selection.py", sys.argv[1:]),
+                "conversations": users,
+                "train_settings": train_kwargs,
+                "generated": gen,
+                "machine": machine(),
+            }
+            name = f"emg_generated_{writer}"
+            (OUT / f"{name}.json").write_text(json.dumps(out, indent=1, default=str))
+            text = generated_markdown(out)
+            (OUT / f"{name}.md").write_text(text + "\n")
+            print(text, flush=True)
+        memory.close()
+        return
     started = time.perf_counter()
     cv = cross_validate(memory, data, envs, users, train_kwargs)
     result: dict[str, Any] = {

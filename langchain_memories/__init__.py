@@ -14,6 +14,8 @@
 * :func:`create_memochat_chain`, :func:`memochat_retriever`: MemoChat's chat with memo.
 * :class:`PersonalizedChatModel`: a user's MaLP model (LoRA adapter + DPeM memory).
 * :func:`dpem_retriever`: DPeM's STM and LTM knowledge items as documents.
+* :func:`create_emg_tools`, :func:`emg_retriever`: EMG-RAG's applications as tools, and its
+  selection as a retriever.
 """
 
 try:
@@ -29,6 +31,7 @@ except ImportError as exc:
 from langchain_memories.bridges import CoreEmbeddings, LangChainEmbedder, LangChainLLM
 from langchain_memories.chat_model import CoreChatModel
 from langchain_memories.conditional import ConditionalMemoryChat
+from langchain_memories.emg import create_emg_tools, emg_retriever
 from langchain_memories.forgetting import ForgettingCurveRetriever, MemoryBankRetriever
 from langchain_memories.legacy import LegacyChainMemory
 from langchain_memories.memochat import create_memochat_chain, memochat_retriever
@@ -53,8 +56,10 @@ __all__ = [
     "MemoryStore",
     "PersonalizedChatModel",
     "SelfReflectiveRetriever",
+    "create_emg_tools",
     "create_memochat_chain",
     "create_memory_tools",
     "dpem_retriever",
+    "emg_retriever",
     "memochat_retriever",
 ]

@@ -14,6 +14,8 @@
 * :class:`MemoChatEngine`, :func:`memochat_retriever`: MemoChat's chat with memo.
 * :class:`PersonalizedLlamaLLM`: a user's MaLP model (LoRA adapter + DPeM memory).
 * :func:`dpem_retriever`: DPeM's STM and LTM knowledge items as nodes.
+* :class:`EMGToolSpec`, :func:`emg_retriever`: EMG-RAG's applications as tools, and its
+  selection as a retriever.
 """
 
 try:
@@ -25,6 +27,7 @@ except ImportError as exc:
 
 from llamaindex_memories.bridges import CoreEmbedding, LlamaIndexEmbedder, LlamaIndexLLM
 from llamaindex_memories.conditional import ConditionalMemoryBlock, ConditionalMemoryLLM
+from llamaindex_memories.emg import EMGToolSpec, emg_retriever
 from llamaindex_memories.forgetting import ForgettingCurvePostprocessor, MemoryBankBlock
 from llamaindex_memories.llm import CoreLLM
 from llamaindex_memories.memochat import MemoChatEngine, memochat_retriever
@@ -40,6 +43,7 @@ __all__ = [
     "ConditionalMemoryLLM",
     "CoreEmbedding",
     "CoreLLM",
+    "EMGToolSpec",
     "ForgettingCurvePostprocessor",
     "LlamaIndexEmbedder",
     "LlamaIndexLLM",
@@ -54,5 +58,6 @@ __all__ = [
     "SelfReflectiveFilter",
     "SelfReflectiveRetriever",
     "dpem_retriever",
+    "emg_retriever",
     "memochat_retriever",
 ]

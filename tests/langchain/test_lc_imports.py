@@ -22,9 +22,11 @@ EXPECTED_ALL = [
     "MemoryStore",
     "PersonalizedChatModel",
     "SelfReflectiveRetriever",
+    "create_emg_tools",
     "create_memochat_chain",
     "create_memory_tools",
     "dpem_retriever",
+    "emg_retriever",
     "memochat_retriever",
 ]
 

@@ -15,6 +15,7 @@ EXPECTED_ALL = [
     "ConditionalMemoryLLM",
     "CoreEmbedding",
     "CoreLLM",
+    "EMGToolSpec",
     "ForgettingCurvePostprocessor",
     "LlamaIndexEmbedder",
     "LlamaIndexLLM",
@@ -29,6 +30,7 @@ EXPECTED_ALL = [
     "SelfReflectiveFilter",
     "SelfReflectiveRetriever",
     "dpem_retriever",
+    "emg_retriever",
     "memochat_retriever",
 ]
 

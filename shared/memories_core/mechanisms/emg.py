@@ -50,25 +50,40 @@ question, capitalised words, the remaining words as the relation), so no LLM run
 retrieval, and the question is embedded once. The walk stays inside the ``pool`` memories
 nearest to the question (a hub such as the user has an edge per memory; this bounds a
 question's cost). The policy is trained by :meth:`EMGMemory.train_policy` and saved as an
-artifact per store (or per user); untrained, a memory is included when its cosine to the
-question reaches ``threshold``. A trained policy's selection is decoded, by default, as a
-set (``decode="expected_f1"``, ours, not the paper's): the walk scores every reachable
-memory with ``P(required)`` (the warm-start network, Eq. 5, kept with the policy) and the
-best-first prefix of highest expected F1 is returned, so the size follows how confident the
+artifact per store (or per user); untrained, the selection is the activation ranking's top
+memory (``fallback="top1"``, the best fixed K on LoCoMo, so an untrained user never gets
+less than top-1), or with ``fallback="threshold"`` the walk that includes a memory when its
+cosine to the question reaches ``threshold``. A trained policy's selection is decoded, by
+default, as a set (``decode="expected_f1"``, ours, not the paper's): the walk scores every
+reachable memory with ``P(required)`` (the warm-start network, Eq. 5, kept with the policy)
+and the best-first prefix of highest expected F1 is returned, so the size follows how confident the
 top memory is; ``decode="greedy"`` keeps the paper's include/stop walk, which on LoCoMo
 always stops at one memory (``benchmarks/emg_selection.py``, BENCHMARKS.md).
+
+**Training questions from the user's own memories** (appendix A.1 step 3): no user labels
+questions, so :meth:`EMGMemory.generate_questions` has the model write them
+(:data:`~memories_core.prompts.emg.QUESTIONS`): the memories in time order, cut into
+sessions, each giving question-answer pairs with the memories they need, validated (cited
+memories exist, the answer is in them). After a :meth:`~EMGMemory.save`, when a user has
+another ``questions_every`` memories, a *pending job* is enqueued (mechanism
+``<name>/policy``); saves and recalls never run it. :meth:`EMGMemory.run_training` (from a
+worker or a schedule) runs the due jobs: it generates the questions, keeps them as the
+user's artifact, and once the store holds ``train_after`` generated examples (and again
+after each further ``train_after``) trains the store's policy on them.
 
 **Policies and deletion**: the examples a policy is trained on are kept per user, as that
 user's artifact, and the policy lists its contributors. :meth:`EMGMemory.delete_user`
 removes the user's examples and own policy, and drops every policy the user contributed to
 (it carries their influence), leaving a *stale* mark (:meth:`EMGMemory.policy_status`) until
 :meth:`EMGMemory.retrain_policy` trains it again from the remaining users' examples; in the
-meantime the similarity threshold serves.
+meantime the untrained fallback serves.
 
 **Applications** (§4.4): :meth:`EMGMemory.answer`, :meth:`EMGMemory.autofill`,
-:meth:`EMGMemory.reminders`. The walk is also a candidate source of the retrieval pipeline
-(:class:`EMGSource`), fused with dense and lexical search in :meth:`EMGMemory.recall`, so the
-generic adapters (retrievers, memory blocks, middleware) serve it unchanged.
+:meth:`EMGMemory.reminders`. The walk is also the candidate source of the retrieval pipeline
+(:class:`EMGSource`): by default (``recall_mode="selection"``) :meth:`EMGMemory.recall`
+returns the selection itself, at most ``k``, so the generic adapters (retrievers, memory
+blocks, middleware) show the variable-size set; ``recall_mode="fused"`` fuses it with dense
+and lexical search and cuts to ``k``.
 """
 
 from __future__ import annotations
@@ -109,12 +124,14 @@ from memories_core.prompts.emg import (
     AUTOFILL,
     EXTRACT,
     MEMORY_TYPES,
+    QUESTIONS,
     TABLE7_SUBCLASSES,
     AnswerInput,
     AutofillInput,
     ExtractedMemory,
     ExtractInput,
     MemoryLine,
+    QuestionsInput,
     question_parts,
 )
 from memories_core.prompts.spec import run_spec
@@ -140,11 +157,15 @@ if TYPE_CHECKING:
     from memories_core.retrieval.fusion import Ranking
 
 __all__ = [
+    "HOLD_OUT",
+    "LAST_TRAINING",
     "MEMORY_KIND",
     "POLICY_ARTIFACT",
+    "POLICY_JOBS",
     "ROOT",
     "STALE_ARTIFACT",
     "STORE_OWNER",
+    "TRAINING_GENERATED",
     "TRAINING_OWN",
     "TRAINING_STORE",
     "Answer",
@@ -156,6 +177,8 @@ __all__ = [
     "Selection",
     "TrainingExample",
     "TrainingReport",
+    "TrainingRun",
+    "is_held_out",
 ]
 
 #: Record kind of an extracted memory.
@@ -172,6 +195,14 @@ STALE_ARTIFACT = "emg/policy-stale"
 TRAINING_STORE = "emg/training/store"
 #: A user's examples that trained their own policy.
 TRAINING_OWN = "emg/training/own"
+#: Questions generated from a user's own memories (appendix A.1 step 3; their artifact).
+TRAINING_GENERATED = "emg/training/generated"
+#: Suffix of the mechanism name under which question-generation and training jobs wait.
+POLICY_JOBS = "/policy"
+#: The store's last automatic training: how many generated examples, and its held-out check.
+LAST_TRAINING = "emg/training/last"
+#: Every ``HOLD_OUT``-th generated question (by a hash) checks an automatic policy.
+HOLD_OUT = 5
 #: Subjects that mean the user (mapped to the root node).
 _SELF = frozenset({"user", "i", "me", "my", "myself", "the user", "mine"})
 #: Turn roles that are never extracted from (the assistant's and system's words).
@@ -210,9 +241,11 @@ class Selection:
             cosine to the question).
         activated: Ids of the activated memories (top-K).
         visited: Number of memories the agent evaluated.
-        policy: ``"trained"`` or ``"threshold"``.
-        decode: How the policy's decisions became the set: ``"greedy"`` (include/stop walk)
-            or ``"expected_f1"`` (the prefix of highest expected F1, ``EMGMemory.decode``).
+        policy: ``"trained"``, or the untrained fallback: ``"top1"`` (the activation
+            ranking's best memory, the default) or ``"threshold"`` (cosine walk).
+        decode: How the policy's decisions became the set: ``"greedy"`` (include/stop walk),
+            ``"expected_f1"`` (the prefix of highest expected F1, ``EMGMemory.decode``) or
+            ``"top1"`` (the untrained fallback; no walk).
         states: The state the agent saw at each evaluated memory (record id -> feature name
             -> value, :data:`~.emg_policy.ALL_FEATURES`), for inspection.
     """
@@ -266,6 +299,10 @@ class TrainingReport:
         owner: Whose policy (:data:`STORE_OWNER` for the store's).
         policy: The trained policy.
         contributors: Users whose examples trained it.
+        kept: Whether the policy was saved (``False``: it did not beat top-1 on the
+            held-out questions of :meth:`EMGMemory.run_training`, or ``save=False``).
+        held_out: The held-out check, when one ran: ``questions``, ``policy_f1``,
+            ``top1_f1``.
     """
 
     states: int
@@ -277,6 +314,8 @@ class TrainingReport:
     owner: str
     policy: SelectionPolicy | None = None
     contributors: tuple[str, ...] = ()
+    kept: bool = True
+    held_out: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -295,6 +334,26 @@ class PolicyStatus:
     trained: bool
     stale: bool
     contributors: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TrainingRun:
+    """What :meth:`EMGMemory.run_training` did with the pending policy jobs.
+
+    Attributes:
+        questions: Questions generated and kept (validated) in this run.
+        sessions: Memory sessions sent to the model; rejected: of which gave no usable pair.
+        trained: Training reports of the policies trained in this run.
+        failed: Jobs that failed (left pending, retried after a backoff).
+        remaining: Policy jobs still pending.
+    """
+
+    questions: int = 0
+    sessions: int = 0
+    rejected: int = 0
+    trained: tuple[TrainingReport, ...] = ()
+    failed: int = 0
+    remaining: int = 0
 
 
 @dataclass
@@ -346,7 +405,7 @@ class EMGMemory(MemoryBase):
         pool: Nearest memories the walk may visit.
         max_select: Most memories one selection returns.
         min_select: Fewest (the best-scored visited memories fill a short selection).
-        threshold: Cosine at which the untrained fallback includes a memory.
+        threshold: Cosine at which the threshold fallback includes a memory.
         relation_match: Cosine of relation names at which two relations are the same.
         subclasses: Extra subclasses per type, added to Table 7's.
         retries: Repair attempts of an unparsable extraction before the fallback.
@@ -354,6 +413,17 @@ class EMGMemory(MemoryBase):
             ``"expected_f1"`` (default; variable size, the prefix of the walked memories by
             ``P(required)`` with the highest expected F1) or ``"greedy"`` (the paper's
             include/stop walk, Eq. 2). The threshold fallback always walks greedily.
+        fallback: Selection while no policy is trained: ``"top1"`` (default; the activation
+            ranking's best ``max(min_select, 1)`` memories) or ``"threshold"``.
+        recall_mode: ``"selection"`` (default: :meth:`recall` returns the selection, at most
+            ``k``) or ``"fused"`` (walk + dense + lexical, cut to ``k``).
+        train_after: Generated examples in the store before the policy is trained
+            automatically, and again after each further ``train_after`` (``None``: never;
+            no job is enqueued). See :meth:`run_training`.
+        questions_every: New memories of a user per question-generation job.
+        session_size: Consecutive memories shown together to the question writer (A.1).
+        questions_per_session: Question-answer pairs asked per session.
+        training: Settings of the automatic training (:meth:`train_policy` arguments).
         **kwargs: Engine or storage options of :class:`~memories_core.mechanisms.base.MemoryBase`.
 
     Instantiate, save, ask:
@@ -369,7 +439,8 @@ class EMGMemory(MemoryBase):
             print(memory.answer("Which flight did I book?", Scope("ann")).text)
 
     Raises:
-        ConfigurationError: on a bad ``activate``, ``pool``, ``threshold`` or subclass.
+        ConfigurationError: on a bad ``activate``, ``pool``, ``threshold``, ``fallback``,
+            ``recall_mode``, ``train_after`` or subclass.
     """
 
     mechanism_name: ClassVar[str] = "emg"
@@ -390,11 +461,35 @@ class EMGMemory(MemoryBase):
         subclasses: Mapping[str, Sequence[str]] | None = None,
         retries: int = 1,
         decode: Literal["greedy", "expected_f1"] = "expected_f1",
+        fallback: Literal["top1", "threshold"] = "top1",
+        recall_mode: Literal["selection", "fused"] = "selection",
+        train_after: int | None = 50,
+        questions_every: int = 20,
+        session_size: int = 8,
+        questions_per_session: int = 3,
+        training: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         if decode not in ("greedy", "expected_f1"):
             raise ConfigurationError("decode must be 'expected_f1' or 'greedy'")
+        if fallback not in ("top1", "threshold"):
+            raise ConfigurationError("fallback must be 'top1' or 'threshold'")
+        if recall_mode not in ("selection", "fused"):
+            raise ConfigurationError("recall_mode must be 'selection' or 'fused'")
+        if train_after is not None and train_after < 1:
+            raise ConfigurationError("train_after must be None or at least 1")
+        if questions_every < 1 or session_size < 1 or questions_per_session < 1:
+            raise ConfigurationError(
+                "questions_every, session_size and questions_per_session must be at least 1"
+            )
         self.decode: str = decode
+        self.fallback: str = fallback
+        self.recall_mode: str = recall_mode
+        self.train_after = train_after
+        self.questions_every = questions_every
+        self.session_size = session_size
+        self.questions_per_session = questions_per_session
+        self.training: dict[str, Any] = dict(training or {})
         if not 1 <= activate <= pool:
             raise ConfigurationError("activate must be between 1 and pool")
         if not 0 <= min_select <= max_select:
@@ -433,9 +528,16 @@ class EMGMemory(MemoryBase):
 
     # ------------------------------------------------------------------ configuration
     def recall_pipeline(self) -> Pipeline:
-        """Graph walk (:class:`EMGSource`) fused with dense and lexical search, no rerankers."""
+        """The recall pipeline of :attr:`recall_mode`.
+
+        ``"selection"``: the graph walk's selection only (:class:`EMGSource`), so
+        :meth:`recall` and every generic adapter return the policy's variable-size set (at
+        most ``k``). ``"fused"``: the walk fused with dense and lexical search, cut to ``k``.
+        """
         from memories_core.retrieval import DenseSource, LexicalSource, Pipeline
 
+        if self.recall_mode == "selection":
+            return Pipeline(sources=(EMGSource(self, weight=1.0),), rerankers=())
         return Pipeline(
             sources=(EMGSource(self), DenseSource(weight=0.2), LexicalSource(weight=0.3)),
             rerankers=(),
@@ -1054,7 +1156,7 @@ class EMGMemory(MemoryBase):
 
         A policy is *stale* when a user whose examples trained it was deleted: the weights
         are dropped at once (they carry that user's influence), selection falls back to the
-        next policy (the store's) or the similarity threshold, and :meth:`retrain_policy`
+        next policy (the store's) or the untrained fallback, and :meth:`retrain_policy`
         trains it again from the remaining users' stored examples.
         """
         owner = STORE_OWNER if user_id is None else check_user_id(user_id)
@@ -1089,8 +1191,8 @@ class EMGMemory(MemoryBase):
             scope: Whose graph (a :class:`Scope` or a user id).
             now: Time of the question; memories not valid then are never visited.
             activate: Activated nodes (default: ``self.activate``).
-            policy: A policy to use, ``None`` for the similarity threshold, ``"auto"`` for the
-                user's or store's trained policy (threshold if there is none).
+            policy: A policy to use, ``None`` for the untrained fallback (``fallback``),
+                ``"auto"`` for the user's or store's trained policy (fallback if none).
             decode: How a trained policy's ``P(include)`` becomes the set (default:
                 ``self.decode``): ``"greedy"``, the include/stop walk of Eq. 2; or
                 ``"expected_f1"``, every reachable memory scored, then the best-first prefix
@@ -1112,7 +1214,16 @@ class EMGMemory(MemoryBase):
     ) -> Selection:
         """Walk ``env`` with ``policy`` (threshold if ``None``) and rank what it included."""
         decode = decode or self.decode
-        if policy is not None and decode == "expected_f1":
+        if policy is None and self.fallback == "top1":
+            # Untrained: the activation ranking's best memories (``min_select``, at least
+            # one). On LoCoMo top-1 has the best F1 of every fixed K and of the threshold
+            # walk (benchmarks/emg_selection.py), so an untrained user is never below it.
+            decode = "top1"
+            walk = []
+            ranked = [(rid, env.scores.get(rid, 0.0)) for rid in env.pool][
+                : max(self.min_select, 1)
+            ]
+        elif policy is not None and decode == "expected_f1":
             walk = self._traverse(env, self._scorer(policy))
             ranked = self._expected_f1_pick(walk)
         else:
@@ -1124,7 +1235,7 @@ class EMGMemory(MemoryBase):
             memories=tuple(ScoredRecord(env.pool[i], float(s)) for i, s in ranked),
             activated=tuple(env.activated),
             visited=len(walk),
-            policy="threshold" if policy is None else "trained",
+            policy=("top1" if decode == "top1" else "threshold") if policy is None else "trained",
             decode=decode,
             states={
                 v.record_id: dict(zip(ALL_FEATURES, (float(x) for x in v.state), strict=True))
@@ -1226,6 +1337,7 @@ class EMGMemory(MemoryBase):
         if not pool_hits:
             return env
         env.pool = {h.record.id: h.record for h in pool_hits}
+        env.scores = {h.record.id: float(h.score) for h in pool_hits}
         graph = self.engine.graph
         for rid in ids:
             found = [e for e in graph.edges(user_id, record_id=rid) if e.id == f"e:{rid}"]
@@ -1461,17 +1573,42 @@ class EMGMemory(MemoryBase):
         )
         owner = STORE_OWNER if user_id is None else user_id
         if save:
-            name = TRAINING_STORE if user_id is None else TRAINING_OWN
-            for uid in sorted({e.user_id for e in examples}):
-                mine = [e for e in examples if e.user_id == uid]
-                self.engine.artifacts.put(
-                    uid,
-                    name,
-                    {"examples.json": _examples_json(mine, when).encode("utf-8")},
-                    meta={"examples": len(mine)},
-                )
-            self.save_policy(policy, user_id, contributors=sorted(contributors), settings=settings)
-        return dataclasses.replace(report, owner=owner, contributors=tuple(sorted(contributors)))
+            self._save_trained(policy, examples, user_id, when, contributors, settings)
+        return dataclasses.replace(
+            report, owner=owner, contributors=tuple(sorted(contributors)), kept=save
+        )
+
+    def _save_trained(
+        self,
+        policy: SelectionPolicy,
+        examples: Sequence[TrainingExample],
+        user_id: str | None,
+        when: datetime,
+        contributors: Iterable[str],
+        settings: Mapping[str, Any],
+    ) -> None:
+        """Save a trained policy, and each user's examples as that user's artifact."""
+        name = TRAINING_STORE if user_id is None else TRAINING_OWN
+        for uid in sorted({e.user_id for e in examples}):
+            mine = [e for e in examples if e.user_id == uid]
+            self.engine.artifacts.put(
+                uid,
+                name,
+                {"examples.json": _examples_json(mine, when).encode("utf-8")},
+                meta={"examples": len(mine)},
+            )
+        self.save_policy(policy, user_id, contributors=sorted(contributors), settings=settings)
+
+    def _keep_store_policy(
+        self,
+        policy: SelectionPolicy,
+        examples: Sequence[TrainingExample],
+        contributors: Iterable[str],
+    ) -> None:
+        """Save a policy trained with ``save=False`` as the store's (with its examples)."""
+        known = ("features", "warm_epochs", "episodes", "batch", "lr", "warm_lr", "balance", "seed")
+        settings = {k: v for k, v in self.training.items() if k in known}
+        self._save_trained(policy, examples, None, self.clock.now(), contributors, settings)
 
     def _train(
         self,
@@ -1604,7 +1741,7 @@ class EMGMemory(MemoryBase):
 
         Returns:
             The report, or ``None`` when no stored example is left (no policy is saved; the
-            similarity threshold serves).
+            untrained fallback serves).
         """
         owner = STORE_OWNER if user_id is None else check_user_id(user_id)
         artifacts = self.engine.artifacts
@@ -1674,11 +1811,297 @@ class EMGMemory(MemoryBase):
                 self._policies.pop(owner, None)
                 break
 
+    # ------------------------------------------------------------------ generated questions (A.1)
+    @property
+    def policy_jobs(self) -> str:
+        """Mechanism name of the question-generation and training jobs (``<name>/policy``).
+
+        They are engine jobs (stored, retried with backoff, listed by ``engine.pending``)
+        that no save runs: :meth:`run_training` runs them, from a worker or a schedule.
+        """
+        return self.name + POLICY_JOBS
+
+    def generate_questions(
+        self,
+        user_id: str,
+        *,
+        memories: Sequence[MemoryRecord] | None = None,
+        session_size: int | None = None,
+        per_session: int | None = None,
+        max_sessions: int | None = None,
+        llm: LLM | None = None,
+        now: datetime | None = None,
+        progress: bool = False,
+    ) -> tuple[list[TrainingExample], int, int]:
+        """Write training questions from a user's own memories (appendix A.1, step 3).
+
+        The memories (default: every memory valid at ``now``) are ordered by time and cut
+        into sessions of ``session_size`` consecutive memories; the model writes up to
+        ``per_session`` question-answer pairs per session with the memories each answer
+        needs (:data:`~memories_core.prompts.emg.QUESTIONS`). A pair is kept only if its
+        cited memories exist and hold its answer (:func:`~memories_core.prompts.emg.
+        parse_questions`); a session whose reply stays unusable after one repair is skipped
+        and counted in ``usage.failures`` (``"questions"``).
+
+        Args:
+            user_id: Whose memories.
+            memories: The memories to ask about (default: all valid at ``now``).
+            session_size: Memories per session (default: ``self.session_size``).
+            per_session: Pairs asked per session (default: ``self.questions_per_session``).
+            max_sessions: Most sessions sent to the model (the most recent ones).
+            llm: The writer (default: the user's model, :meth:`_llm`).
+            now: Validity time of the default memories.
+            progress: tqdm bar over the sessions.
+
+        Returns:
+            ``(examples, sessions, rejected)``: the validated examples (with reference
+            answers), the sessions sent, and how many gave no usable pair.
+
+        Raises:
+            LLMError: if the model fails (nothing is kept of this call).
+        """
+        check_user_id(user_id)
+        when = ensure_utc(now) if now is not None else self.clock.now()
+        pool = list(memories) if memories is not None else self.memories(user_id, now=when)
+        pool = [r for r in pool if r.user_id == user_id and r.kind == MEMORY_KIND]
+        pool.sort(key=lambda r: r.created_at)  # stable: equal times keep the given order
+        size = session_size or self.session_size
+        sessions = [pool[i : i + size] for i in range(0, len(pool), size)]
+        if max_sessions is not None:
+            sessions = sessions[-max_sessions:] if max_sessions > 0 else []
+        model = llm or self._llm(Scope(user_id))
+        from tqdm.auto import tqdm
+
+        out: list[TrainingExample] = []
+        rejected = 0
+        for session in tqdm(sessions, desc="EMG questions", disable=not progress):
+            inputs = QuestionsInput(
+                tuple(self._line(r) for r in session),
+                tuple(r.created_at for r in session),
+                per_session or self.questions_per_session,
+            )
+            try:
+                pairs = run_spec(model, QUESTIONS, inputs, retries=self.retries)
+            except ParseError:
+                self.engine.count_failure("questions")
+                rejected += 1
+                continue
+            if not pairs:
+                rejected += 1
+            for pair in pairs:
+                required = frozenset(session[i].id for i in pair.memories)
+                out.append(TrainingExample(user_id, pair.question, required, pair.answer))
+        return out, len(sessions), rejected
+
+    def generated_examples(self, user_id: str) -> list[TrainingExample]:
+        """The questions generated so far from ``user_id``'s memories (their artifact)."""
+        check_user_id(user_id)
+        if self.engine.artifacts.get(user_id, TRAINING_GENERATED) is None:
+            return []
+        data = self.engine.artifacts.read(user_id, TRAINING_GENERATED, "examples.json")
+        return _examples_from_json(user_id, data)[0]
+
+    def _keep_generated(
+        self, user_id: str, examples: Sequence[TrainingExample], seen: Iterable[str]
+    ) -> int:
+        """Add generated examples to the user's artifact (new questions only); total kept.
+
+        ``seen`` lists the memories already shown to the writer, so the next job asks about
+        the new ones only.
+        """
+        kept = {e.question.strip().lower(): e for e in self.generated_examples(user_id)}
+        for example in examples:
+            kept.setdefault(example.question.strip().lower(), example)
+        self.engine.artifacts.put(
+            user_id,
+            TRAINING_GENERATED,
+            {"examples.json": _examples_json(list(kept.values()), self.clock.now()).encode()},
+            meta={"examples": len(kept), "seen": sorted(set(seen))},
+        )
+        return len(kept)
+
+    def _generated_total(self) -> int:
+        total = 0
+        for uid in self.engine.users():
+            info = self.engine.artifacts.get(uid, TRAINING_GENERATED)
+            total += int(info.meta.get("examples", 0)) if info is not None else 0
+        return total
+
+    def schedule_training(self, user_id: str) -> int:
+        """Enqueue a question-generation job if ``user_id`` has enough new memories.
+
+        A job is due each time the user's memory count passes another multiple of
+        ``questions_every`` (the job key holds that multiple, so a job exists once). Called
+        after every :meth:`save`; cheap (one count, at most one job row) and never runs a
+        model. Nothing happens when ``train_after`` is ``None``.
+
+        Returns:
+            How many jobs were enqueued (0 or 1).
+        """
+        check_user_id(user_id)
+        if self.train_after is None:
+            return 0
+        count = len(self.engine.records(user_id, where={"kind": MEMORY_KIND}))
+        step = count // self.questions_every
+        if step < 1:
+            return 0
+        spec = JobSpec(self.policy_jobs, "questions", f"questions:{step}", {"memories": count})
+        return self.engine.enqueue(user_id, [spec])
+
+    def save(self, turns: Sequence[Turn], scope: Scope) -> None:
+        """Store turns and extract memories (see :class:`MemoryBase`), then schedule.
+
+        Question generation is only enqueued (:meth:`schedule_training`), never run here.
+        """
+        super().save(turns, scope)
+        if self.train_after is not None:
+            self.schedule_training(check_scope(scope).user_id)
+
+    def run_training(self, user_id: str | None = None, *, progress: bool = False) -> TrainingRun:
+        """Run the due question-generation and training jobs (of one user, or all).
+
+        The automatic training loop (appendix A.1 step 3, then §4.3's training): a
+        ``questions`` job generates questions from the user's memories not asked about yet
+        (:meth:`generate_questions`) and keeps them as the user's artifact
+        (:data:`TRAINING_GENERATED`, deleted with the user); when the store holds
+        ``train_after`` generated examples, and again each time another ``train_after``
+        accumulate, a ``train`` job trains the store's policy on every user's generated
+        examples (:meth:`train_policy` with the ``training`` settings given at
+        construction; the users are its contributors).
+        Saves and recalls never run these jobs: call this from a worker, a schedule or a
+        quiet moment. A failed job (model down) stays pending with a backoff.
+
+        Returns:
+            What ran (:class:`TrainingRun`).
+        """
+        if user_id is not None:
+            check_user_id(user_id)
+        store, policy = self.engine.store, self.engine.policy
+        questions = sessions = rejected = failed = 0
+        trained: list[TrainingReport] = []
+        down = False
+        for kind in ("questions", "train"):  # a questions job may enqueue the train job
+            now = self.clock.now()
+            jobs = [
+                j
+                for j in self.engine.pending(user_id, mechanism=self.policy_jobs)
+                if j.kind == kind and j.next_attempt_at <= now
+            ]
+            for job in jobs:
+                if down or not store.claim_job(job.id, now=self.clock.now(), lease=policy.lease):
+                    continue
+                try:
+                    if kind == "questions":
+                        made, sent, bad = self._questions_job(job, progress=progress)
+                        questions, sessions = questions + made, sessions + sent
+                        rejected += bad
+                    else:
+                        report = self._train_job(progress=progress)
+                        if report is not None:
+                            trained.append(report)
+                except (LLMError, InvalidInputError) as exc:
+                    self.engine.count_failure(kind)
+                    store.fail_job(
+                        job.id,
+                        error=f"{type(exc).__name__}: {exc}",
+                        retry_at=policy.retry_at(self.clock.now(), job.attempts),
+                    )
+                    failed += 1
+                    down = isinstance(exc, LLMError)  # the model is down: stop calling it
+                    continue
+                with store.transaction():
+                    store.finish_job(job.id)
+        remaining = len(self.engine.pending(user_id, mechanism=self.policy_jobs))
+        return TrainingRun(questions, sessions, rejected, tuple(trained), failed, remaining)
+
+    def _questions_job(self, job: Job, *, progress: bool) -> tuple[int, int, int]:
+        """Generate questions from the memories no earlier job asked about; maybe train."""
+        user_id = job.user_id
+        asked = {rid for e in self.generated_examples(user_id) for rid in e.required}
+        info = self.engine.artifacts.get(user_id, TRAINING_GENERATED)
+        seen = set(info.meta.get("seen", ())) if info is not None else set()
+        fresh = [r for r in self.memories(user_id) if r.id not in asked and r.id not in seen]
+        examples, sent, rejected = self.generate_questions(
+            user_id, memories=fresh, progress=progress
+        )
+        self._keep_generated(user_id, examples, seen | {r.id for r in fresh})
+        store_total = self._generated_total()
+        info = self.engine.artifacts.get(STORE_OWNER, LAST_TRAINING)
+        last = int(info.meta.get("generated_examples", 0)) if info else 0
+        if self.train_after is not None and store_total - last >= self.train_after:
+            step = store_total // self.train_after
+            spec = JobSpec(self.policy_jobs, "train", f"train:{step}", {"examples": store_total})
+            self.engine.enqueue(user_id, [spec])
+        return len(examples), sent, rejected
+
+    def _train_job(self, *, progress: bool) -> TrainingReport | None:
+        """Train the store's policy on every user's generated examples still alive."""
+        examples: list[TrainingExample] = []
+        for uid in self.engine.users():
+            if self.engine.store.is_deleting(uid):
+                continue
+            alive = {r.id for r in self.engine.records(uid, where={"kind": MEMORY_KIND})}
+            for example in self.generated_examples(uid):
+                required = example.required & alive
+                if required:
+                    examples.append(dataclasses.replace(example, required=frozenset(required)))
+        if not examples:
+            return None
+        total = self._generated_total()
+        report = self.train_and_check(examples, progress=progress)
+        self.engine.artifacts.put(
+            STORE_OWNER,
+            LAST_TRAINING,
+            {"last.json": json.dumps(dict(report.held_out)).encode()},
+            meta={"generated_examples": total, "kept": report.kept, **report.held_out},
+        )
+        return report
+
+    def train_and_check(
+        self, examples: Sequence[TrainingExample], *, progress: bool = False
+    ) -> TrainingReport:
+        """Train the store's policy on generated questions; keep it only if it beats top-1.
+
+        Every :data:`HOLD_OUT`-th question (by a hash of its text; all of them when there
+        are fewer than :data:`HOLD_OUT`) is held out; the policy is trained on the rest
+        (``training`` settings) and saved only if its mean selection F1 on the held-out
+        questions is above that of the top-1 fallback. Generated questions are noisy (a
+        small model, or the rule-based stand-in, writes them), so this check is what keeps
+        an automatically trained user no worse than top-1 on the questions we can see.
+
+        Returns:
+            The report; ``kept`` says whether the policy was saved, ``held_out`` the check.
+        """
+        held = [e for e in examples if is_held_out(e)]
+        train = [e for e in examples if not is_held_out(e)]
+        if len(examples) < HOLD_OUT or not held or not train:
+            held, train = list(examples), list(examples)
+        settings = {"progress": progress, **self.training, "save": False}
+        report = self.train_policy(train, **settings)
+        assert report.policy is not None
+        when = self.clock.now()
+        ours: list[float] = []
+        top1: list[float] = []
+        for example in held:
+            env = self._environment(example.question, example.user_id, when, self.activate)
+            chosen = [h.record.id for h in self._choose(env, report.policy).memories]
+            ours.append(selection_f1(chosen, example.required))
+            top1.append(selection_f1(list(env.pool)[: max(self.min_select, 1)], example.required))
+        check = {
+            "questions": float(len(held)),
+            "policy_f1": float(np.mean(ours)),
+            "top1_f1": float(np.mean(top1)),
+        }
+        kept = check["policy_f1"] > check["top1_f1"]
+        if kept:
+            self._keep_store_policy(report.policy, train, report.contributors)
+        return dataclasses.replace(report, kept=kept, held_out=check)
+
     # ------------------------------------------------------------------ recall and applications
     def recall(
         self, query: str, scope: Scope, *, k: int | None = None, now: datetime | None = None
     ) -> Recall:
-        """The ``k`` best memories: the graph walk's selection first, then dense + lexical.
+        """The selection, at most ``k`` (``recall_mode="fused"``: fused with dense + lexical).
 
         Raises:
             InvalidInputError: on an empty query or a bad ``k``.
@@ -1798,6 +2221,7 @@ class _Env:
     edges: dict[str, GraphEdge | None] = field(default_factory=dict)
     adjacency: dict[str, list[str]] = field(default_factory=dict)
     states: dict[str, _State] = field(default_factory=dict)
+    scores: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -1821,6 +2245,11 @@ class _VectorSource:
         return backend.dense(
             self.vector, user_id=request.user_id, depth=depth, where=request.filter
         )
+
+
+def is_held_out(example: TrainingExample) -> bool:
+    """Whether a generated question checks automatic policies (1 in :data:`HOLD_OUT`, by hash)."""
+    return hashlib.sha1(example.question.encode("utf-8")).digest()[0] % HOLD_OUT == 0
 
 
 def _examples_json(examples: Sequence[TrainingExample], at: datetime) -> str:
