@@ -27,9 +27,7 @@ T0 = datetime(2026, 1, 5, 9, 0, tzinfo=timezone.utc)
 
 
 def make_engine(path: Path | None = None, **kwargs: object) -> MemoryEngine:
-    """An engine that derives inside ``save``: these tests check the job rules step by step."""
     kwargs.setdefault("clock", FixedClock(T0))
-    kwargs.setdefault("derive", "inline")
     return MemoryEngine(path=path, embedder=HashingEmbedder(), **kwargs)  # type: ignore[arg-type]
 
 

@@ -29,6 +29,7 @@ job is claimed (a lease) rather than locked.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import threading
 from collections import Counter
@@ -84,6 +85,7 @@ __all__ = [
     "MechanismHooks",
     "MemoryEngine",
     "VerifyReport",
+    "default_derive",
     "default_llm",
 ]
 
@@ -94,6 +96,31 @@ MAX_K = 10_000
 
 #: Where derivations run: a background thread of the engine, or inside ``save``.
 DeriveMode = Literal["background", "inline"]
+
+_DERIVE_DEFAULT: contextvars.ContextVar[DeriveMode] = contextvars.ContextVar(
+    "memories_derive_default", default="background"
+)
+
+
+@contextmanager
+def default_derive(mode: DeriveMode) -> Iterator[None]:
+    """Make ``mode`` the ``derive`` of engines built inside the block that give none.
+
+    For test suites and scripts written for one mode: e.g. a suite that checks derivation
+    rules step by step builds every engine with ``derive="inline"`` this way. An engine's
+    own ``derive=`` argument always wins.
+
+    Raises:
+        ConfigurationError: for a mode other than ``"background"`` or ``"inline"``.
+    """
+    if mode not in ("background", "inline"):
+        raise ConfigurationError(f"derive must be 'background' or 'inline', got {mode!r}")
+    token = _DERIVE_DEFAULT.set(mode)
+    try:
+        yield
+    finally:
+        _DERIVE_DEFAULT.reset(token)
+
 
 _EMBEDDER_STATE_KEY = "embedder"
 _SESSION_KEY = "engine.session"
@@ -306,7 +333,8 @@ class MemoryEngine:
             turns and their jobs are stored (and the turns indexed); a daemon thread of the
             engine runs the model calls that derive records. ``"inline"``: ``save`` runs
             them before it returns (scripts that want derived memory at once; ``flush()``
-            gives the same in background mode).
+            gives the same in background mode). ``None``: ``"background"``, or the mode of
+            an enclosing :func:`default_derive` block.
 
     Instantiate:
         .. code-block:: python
@@ -337,8 +365,10 @@ class MemoryEngine:
         fusion: FusionConfig | None = None,
         jobs: JobPolicy | None = None,
         allow_embedder_change: bool = False,
-        derive: DeriveMode = "background",
+        derive: DeriveMode | None = None,
     ) -> None:
+        if derive is None:
+            derive = _DERIVE_DEFAULT.get()
         if derive not in ("background", "inline"):
             raise ConfigurationError(f"derive must be 'background' or 'inline', got {derive!r}")
         if path is not None and store is not None and index is not None:
