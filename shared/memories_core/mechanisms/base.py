@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from memories_core.retrieval import FusionConfig, HybridRetriever, Pipeline
     from memories_core.usage import MemoryUsage
 
-__all__ = ["MemoryBase", "turn_from_record"]
+__all__ = ["MemoryBase", "flush_memory", "memory_status", "turn_from_record"]
 
 _UNSET: Any = object()
 
@@ -395,6 +395,27 @@ class MemoryBase:
 
     def _on_recalled(self, hits: list[ScoredRecord], now: datetime) -> None:
         """Called with what a recall returned (hook; e.g. reinforcement, MemoryBank §2.3)."""
+
+
+def flush_memory(memory: Any, user_id: str | None = None, *, timeout: float | None = None) -> int:
+    """Wait for ``memory``'s pending derivations of ``user_id`` (its ``flush``).
+
+    For adapters, which hold any mechanism: one without ``flush`` (a third-party memory that
+    derives nothing in the background) has nothing to wait for, and 0 is returned.
+    """
+    flush = getattr(memory, "flush", None)
+    if not callable(flush):
+        return 0
+    return int(flush(user_id, timeout=timeout))
+
+
+def memory_status(memory: Any, user_id: str | None = None) -> WorkStatus | None:
+    """``memory``'s pending, running and failed derivations (``None`` if it has no ``status``)."""
+    status = getattr(memory, "status", None)
+    if not callable(status):
+        return None
+    result: WorkStatus = status(user_id)
+    return result
 
 
 # Kept for callers of the 0.1 helpers.

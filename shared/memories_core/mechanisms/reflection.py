@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from datetime import datetime
 from typing import Any, Generic, TypeAlias, TypeVar
 
@@ -159,10 +160,9 @@ class SelfReflectiveRetrieval:
             if isinstance(step, _Search):
                 reply = search(step.query)
             else:
-                inputs = step.inputs
                 try:
                     reply = run_with_timeout(
-                        lambda: run_spec(model, REFLECTION, inputs),
+                        partial(run_spec, model, REFLECTION, step.inputs),
                         _left(deadline),
                         label="self-reflection",
                     )
