@@ -157,9 +157,10 @@ class MemoryMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         self.k = k
 
     def flush(self, user_id: str | None = None, *, timeout: float | None = None) -> int:
-        """Wait for the memory's pending derivations (of ``user_id``, else this middleware's
-        user, else everyone's). Saves after a run return before the model derives; returns
-        how many jobs are left.
+        """Wait for the memory's pending derivations.
+
+        Of ``user_id``, else this middleware's user, else everyone's. The save after a run
+        returns before the model derives; returns how many jobs are left.
         """
         return flush_memory(self.memory, user_id or self.user_id, timeout=timeout)
 

@@ -30,8 +30,8 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from datetime import datetime
+from functools import partial
 from typing import Any, Generic, TypeAlias, TypeVar
 
 from memories_core.errors import ConfigurationError, LLMError, LLMTimeoutError, ParseError
