@@ -331,10 +331,15 @@ class MemoryBase:
             failures=self.engine.failures,
         )
 
-    def close(self) -> None:
-        """Close the engine (if this memory built it)."""
+    def close(self, *, timeout: float | None = 60.0) -> None:
+        """Close the engine (if this memory built it); see :meth:`MemoryEngine.close`.
+
+        Args:
+            timeout: Seconds to wait for a derivation in hand; the others stay pending and
+                run after a reopen.
+        """
         if self._owns_engine:
-            self.engine.close()
+            self.engine.close(timeout=timeout)
 
     def __enter__(self) -> MemoryBase:
         return self
