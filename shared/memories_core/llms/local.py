@@ -504,9 +504,9 @@ class LocalLLM(BaseLLM):
         stop: tuple[str, ...] | None,
         fmt: ResponseFormat | None,
     ) -> LLMResult:
+        runtime = self._get_runtime()  # a first load (once) does not count against the call
         timeout = self.call_timeout()
         deadline = None if timeout is None else time.monotonic() + timeout
-        runtime = self._get_runtime()
         limit = max_tokens or self._max_new_tokens
         # Waiting for another thread's generation counts against this call's timeout.
         if not self._run_lock.acquire(timeout=-1 if timeout is None else max(0.0, _left(deadline))):
@@ -545,7 +545,7 @@ class LocalLLM(BaseLLM):
     ) -> LLMResult | None:
         """One llama.cpp call; ``None`` if ``deadline`` passed before the answer ended.
 
-        With a deadline the answer is streamed, so that decoding stops when time is up.
+        The deadline is a llama.cpp stopping criterion, checked at every decoded token.
         """
         options: dict[str, Any] = {}
         if fmt is not None:
@@ -563,18 +563,22 @@ class LocalLLM(BaseLLM):
             "stop": list(stop) if stop else None,
             **options,
         }
+        fired: list[bool] = []
         if deadline is not None:
-            parts: list[str] = []
-            stream = runtime.model.create_chat_completion(**request, stream=True)
-            for chunk in stream:
-                parts.append(chunk["choices"][0].get("delta", {}).get("content") or "")
-                if time.monotonic() >= deadline:
-                    close = getattr(stream, "close", None)
-                    if callable(close):
-                        close()
-                    return None
-            return LLMResult(truncate_at_stop("".join(parts), stop))
+            import llama_cpp
+
+            make = getattr(llama_cpp, "StoppingCriteriaList", None)
+            if make is not None:
+
+                def past_deadline(input_ids: Any, logits: Any) -> bool:
+                    if time.monotonic() >= deadline:
+                        fired.append(True)
+                    return bool(fired)
+
+                request["stopping_criteria"] = make([past_deadline])
         response = runtime.model.create_chat_completion(**request)
+        if fired:
+            return None
         text = response["choices"][0]["message"].get("content") or ""
         usage = response.get("usage") or {}
         return LLMResult(
