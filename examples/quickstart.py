@@ -77,6 +77,9 @@ def main() -> int:
         reply, _ = chat(text, Scope("sam", session_id="monday"))
         print(f"user: {text}\nassistant: {reply}\n")
     summaries.end_session(Scope("sam", session_id="monday"))  # the conversation is over
+    # Saves and end_session return at once; the summary is written in the background.
+    # A script that needs it now waits for it (a chat app would just carry on).
+    summaries.flush("sam", progress=True)
 
     print("== Session 2 (days later)")
     question = "Can you suggest something I could cook for dinner tonight?"

@@ -9,7 +9,9 @@ from langchain_classic.memory.utils import get_prompt_input_key
 from langchain_core.messages import SystemMessage
 from pydantic import ConfigDict, Field, field_validator
 
+from memories_core.background import WorkStatus
 from memories_core.interfaces import Mechanism
+from memories_core.mechanisms.base import flush_memory, memory_status
 from memories_core.types import Recall, Scope, Turn
 
 __all__ = ["LegacyChainMemory"]
@@ -159,6 +161,18 @@ class LegacyChainMemory(BaseMemory):
         turns = self._turns(inputs, outputs)
         if turns:
             await self.memory.asave(turns, self._scope())
+
+    def flush(self, *, timeout: float | None = None) -> int:
+        """Wait for the memory's pending derivations of ``user_id`` (see ``MemoryEngine.flush``).
+
+        Saves return before the model derives notes, memos or summaries; call this when the
+        next recall must see them (scripts, tests). Returns how many jobs are left.
+        """
+        return flush_memory(self.memory, self.user_id, timeout=timeout)
+
+    def status(self) -> WorkStatus | None:
+        """Pending, running and failed derivations of ``user_id`` (``None``: not reported)."""
+        return memory_status(self.memory, self.user_id)
 
     def clear(self) -> None:
         """Forget every memory of ``user_id`` (all sessions, not just this chain's)."""

@@ -16,8 +16,10 @@ from langchain_memories.observability import (
     traced_recall,
     usage_data,
 )
+from memories_core.background import WorkStatus
 from memories_core.errors import ConfigurationError, MissingUserError
 from memories_core.interfaces import Mechanism
+from memories_core.mechanisms.base import flush_memory, memory_status
 from memories_core.types import Recall, Scope, Turn
 
 __all__ = ["MemoryMiddleware"]
@@ -153,6 +155,18 @@ class MemoryMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         self.user_id = user_id
         self.session_id = session_id
         self.k = k
+
+    def flush(self, user_id: str | None = None, *, timeout: float | None = None) -> int:
+        """Wait for the memory's pending derivations.
+
+        Of ``user_id``, else this middleware's user, else everyone's. The save after a run
+        returns before the model derives; returns how many jobs are left.
+        """
+        return flush_memory(self.memory, user_id or self.user_id, timeout=timeout)
+
+    def status(self, user_id: str | None = None) -> WorkStatus | None:
+        """Pending, running and failed derivations (same user rule as :meth:`flush`)."""
+        return memory_status(self.memory, user_id or self.user_id)
 
     def _scope(self, runtime: Runtime[Any] | None) -> Scope:
         user_id = self.user_id or _run_value(runtime, "user_id")

@@ -10,7 +10,9 @@ from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 from pydantic import ConfigDict, Field, field_validator
 
+from memories_core.background import WorkStatus
 from memories_core.interfaces import Mechanism
+from memories_core.mechanisms.base import flush_memory, memory_status
 from memories_core.types import Recall, Scope, ScoredRecord
 
 __all__ = ["MemoryRetriever", "record_to_document"]
@@ -121,6 +123,18 @@ class MemoryRetriever(BaseRetriever):
 
     def _scope(self) -> Scope:
         return Scope(self.user_id, session_id=self.session_id)
+
+    def flush(self, *, timeout: float | None = None) -> int:
+        """Wait for the memory's pending derivations of ``user_id`` (see ``MemoryEngine.flush``).
+
+        Saves return before the model derives notes, memos or summaries; call this when the
+        next recall must see them (scripts, tests). Returns how many jobs are left.
+        """
+        return flush_memory(self.memory, self.user_id, timeout=timeout)
+
+    def status(self) -> WorkStatus | None:
+        """Pending, running and failed derivations of ``user_id`` (``None``: not reported)."""
+        return memory_status(self.memory, self.user_id)
 
     def _get_relevant_documents(
         self,

@@ -14,7 +14,9 @@ from llama_index.core.memory.memory import BaseMemoryBlock
 from llama_index.core.storage.chat_store.sql import MessageStatus
 
 from llamaindex_memories.observability import dispatcher, recall_event, save_event
+from memories_core.background import WorkStatus
 from memories_core.interfaces import Mechanism
+from memories_core.mechanisms.base import flush_memory, memory_status
 from memories_core.types import Scope, Turn
 
 __all__ = ["MemoryBlock"]
@@ -198,6 +200,20 @@ class MemoryBlock(BaseMemoryBlock[str]):
             await aend(scope)
         elif callable(end):
             await asyncio.to_thread(end, scope)
+
+    def wait(self, *, timeout: float | None = None) -> int:
+        """Wait for the mechanism's pending derivations of ``user_id``.
+
+        Saves (and :meth:`flush`) return before the model derives notes, memos or summaries
+        (``MemoryEngine.flush``); call this when the next ``aget`` must see them. Named
+        ``wait`` because :meth:`flush` already means "end the session". Returns how many
+        jobs are left.
+        """
+        return flush_memory(self.memory, self.user_id, timeout=timeout)
+
+    def status(self) -> WorkStatus | None:
+        """Pending, running and failed derivations of ``user_id`` (``None``: not reported)."""
+        return memory_status(self.memory, self.user_id)
 
     def flush(self, memory: Memory) -> int:
         """Sync twin of :meth:`aflush`, for sync chat engines (runs it like ``Memory.put``)."""

@@ -7,7 +7,9 @@ from llama_index.core.callbacks import CallbackManager
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
 from llamaindex_memories.observability import recall_event
+from memories_core.background import WorkStatus
 from memories_core.interfaces import Mechanism
+from memories_core.mechanisms.base import flush_memory, memory_status
 from memories_core.types import Recall, Scope, ScoredRecord
 
 __all__ = ["MemoryRetriever"]
@@ -124,6 +126,18 @@ class MemoryRetriever(BaseRetriever):
         recall = self._memory.recall(query_bundle.query_str, self._scope, k=self._similarity_top_k)
         recall_event(self._memory, self._scope.user_id, query_bundle.query_str, recall)
         return self._nodes(recall)
+
+    def flush(self, *, timeout: float | None = None) -> int:
+        """Wait for the memory's pending derivations of this retriever's user.
+
+        Saves return before the model derives notes, memos or summaries; call this when the
+        next retrieval must see them. Returns how many jobs are left.
+        """
+        return flush_memory(self._memory, self._scope.user_id, timeout=timeout)
+
+    def status(self) -> WorkStatus | None:
+        """Pending, running and failed derivations of this user (``None``: not reported)."""
+        return memory_status(self._memory, self._scope.user_id)
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         recall = await self._memory.arecall(

@@ -39,6 +39,23 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest_socket.disable_socket(allow_unix_socket=True)
 
 
+@pytest.fixture(autouse=True)
+def _inline_derivations(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Engines derive inside ``save`` unless a test is marked ``background``.
+
+    Most tests check derivation rules step by step with scripted models, which is what
+    ``derive="inline"`` is for; the tests of the background worker (and of the adapters
+    under the default mode) are marked ``background`` and call ``flush()`` like users do.
+    """
+    from memories_core.engine import default_derive
+
+    if request.node.get_closest_marker("background") is not None:
+        yield
+        return
+    with default_derive("inline"):
+        yield
+
+
 def pytest_runtest_teardown(item: pytest.Item) -> None:
     import pytest_socket
 

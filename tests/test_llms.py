@@ -18,7 +18,7 @@ import memories_core.llms as llms
 from memories_core.errors import ConfigurationError, InvalidInputError, LLMError
 from memories_core.interfaces import LLM
 from memories_core.llms import BaseLLM, LLMResult, OpenAIChatLLM, ScriptedLLM
-from memories_core.llms.base import truncate_at_stop
+from memories_core.llms.base import DEFAULT_MAX_TOKENS, truncate_at_stop
 from memories_core.types import ChatMessage
 
 HELLO = [ChatMessage("system", "Be brief."), ChatMessage("user", "hello")]
@@ -362,7 +362,8 @@ def test_openai_without_usage_estimates_and_truncates_stop() -> None:
     handler = Recorder(_completion("answer STOP ignored"))
     llm = OpenAIChatLLM("m", client=_mock_client(handler))
     assert llm.generate(HELLO, stop=["STOP"]) == "answer "
-    assert "max_tokens" not in handler.requests[0]["json"]
+    # A call without max_tokens still has an output cap: the model's default.
+    assert handler.requests[0]["json"]["max_tokens"] == DEFAULT_MAX_TOKENS == llm.max_tokens
     assert llm.usage.prompt_tokens > 0 and llm.usage.completion_tokens > 0
 
 

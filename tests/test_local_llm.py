@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from memories_core.errors import ConfigurationError, LLMError, MissingExtraError
+from memories_core.errors import ConfigurationError, LLMError, LLMTimeoutError, MissingExtraError
 from memories_core.interfaces import LLM
 from memories_core.llms import LocalLLM
 from memories_core.llms.local import DEFAULT_CACHE_NAME, default_cache_root, find_bundled_gguf
@@ -184,3 +184,16 @@ def test_a_shared_prompt_start_is_read_once_and_answers_do_not_change(
         runtime.cache = runtime.cached_ids = None  # force a computation from scratch
         fresh.append(ask(question))
     assert reused == fresh
+
+
+@pytest.mark.slow
+def test_real_local_model_stops_at_its_timeout(one_torch_thread: int) -> None:
+    llm = LocalLLM(backend="transformers", n_threads=one_torch_thread, max_new_tokens=200)
+    long_task = [ChatMessage("user", "Write a long story about a lighthouse keeper.")]
+    llm.load()
+    with pytest.raises(LLMTimeoutError) as info:
+        llm.generate(long_task, timeout=0.3)
+    assert info.value.timeout == pytest.approx(0.3)
+    assert llm.usage.failures == 1
+    # The lock is free again and a call with room to finish answers.
+    assert llm.generate(long_task, max_tokens=4, timeout=60).strip()

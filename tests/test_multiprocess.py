@@ -39,7 +39,7 @@ from memories_core.types import JobSpec, MemoryRecord, Scope, Turn, new_id
 
 db, log, name, rounds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 engine = MemoryEngine(store=SQLiteRecordStore(db), index=NumpyIndex(),
-                      embedder=HashingEmbedder(dimension=64))
+                      embedder=HashingEmbedder(dimension=64), derive="inline")
 
 def on_turns(records):
     return [JobSpec("derive", "note", f"turn:{r.id}", {"id": r.id, "text": r.text})
@@ -294,7 +294,7 @@ from memories_core.engine import MemoryEngine
 
 db, rounds = sys.argv[1], int(sys.argv[2])
 engine = MemoryEngine(store=SQLiteRecordStore(db), index=NumpyIndex(),
-                      embedder=HashingEmbedder(dimension=64))
+                      embedder=HashingEmbedder(dimension=64), derive="inline")
 for _ in range(rounds):
     with engine.user_lock("shared"):
         (record,) = engine.get("shared", ["m1"])
@@ -344,7 +344,7 @@ if backend == "sqlite":
 else:
     from memories_core.backends import postgres_storage
     parts = postgres_storage(where[0], dimension=64, schema=where[1], pool_size=2)
-engine = MemoryEngine(**parts, embedder=HashingEmbedder(dimension=64))
+engine = MemoryEngine(**parts, embedder=HashingEmbedder(dimension=64), derive="inline")
 
 def run_job(job):
     print("claimed", flush=True)
@@ -368,7 +368,7 @@ def dead_owner_claims_are_taken_at_once(parts: dict[str, Any], *where: str) -> N
     from memories_core.engine import Derivation, MechanismHooks
     from memories_core.types import Job, MemoryRecord, new_id
 
-    engine = MemoryEngine(**parts, embedder=HashingEmbedder(dimension=64))
+    engine = MemoryEngine(**parts, embedder=HashingEmbedder(dimension=64), derive="inline")
 
     def run_job(job: Job) -> Derivation:
         note = MemoryRecord(new_id(), job.user_id, "note", f"note of {job.key}", engine.clock.now())

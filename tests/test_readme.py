@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+# The snippets run as users run them: derivations in the background (they call flush()).
+pytestmark = pytest.mark.background
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 # A python block, optionally followed by a ```text block with exactly what it prints.
 BLOCKS = re.findall(

@@ -9,8 +9,10 @@ A :class:`MemoryEngine` owns the parts of a memory and the rules they keep toget
 * a per-user **graph store** and **artifact store** (adapters, policies);
 * **pending work as data**: derivations are job rows written in the transaction of the turns
   they derive from and completed in the transaction of the records they produce, retried with
-  backoff and a per-save budget, so a crash between any two steps neither loses nor
-  duplicates a derivation;
+  backoff, so a crash between any two steps neither loses nor duplicates a derivation. By
+  default a background thread runs them (:mod:`memories_core.background`): ``save`` returns
+  once the turns are stored and indexed, ``flush()`` waits for the derivations and
+  ``status()`` shows them; ``derive="inline"`` runs them inside ``save`` instead;
 * one **session tracker** for every mechanism (explicit end, a new ``session_id``, or an idle
   gap), which also gives context spreading its neighbours when callers pass no session ids;
 * the embedder, the clock, usage counters, per-user locks and ``llm_for(scope)``.
@@ -27,6 +29,7 @@ job is claimed (a lease) rather than locked.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import threading
 from collections import Counter
@@ -35,8 +38,9 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
+from memories_core.background import DerivationWorker, JobCounts, WorkStatus
 from memories_core.clock import SystemClock
 from memories_core.errors import (
     ConfigurationError,
@@ -75,11 +79,13 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_K",
     "Derivation",
+    "DeriveMode",
     "JobFailed",
     "JobPolicy",
     "MechanismHooks",
     "MemoryEngine",
     "VerifyReport",
+    "default_derive",
     "default_llm",
 ]
 
@@ -87,6 +93,34 @@ logger = logging.getLogger(__name__)
 
 #: Largest ``k`` a recall accepts.
 MAX_K = 10_000
+
+#: Where derivations run: a background thread of the engine, or inside ``save``.
+DeriveMode = Literal["background", "inline"]
+
+_DERIVE_DEFAULT: contextvars.ContextVar[DeriveMode] = contextvars.ContextVar(
+    "memories_derive_default", default="background"
+)
+
+
+@contextmanager
+def default_derive(mode: DeriveMode) -> Iterator[None]:
+    """Make ``mode`` the ``derive`` of engines built inside the block that give none.
+
+    For test suites and scripts written for one mode: e.g. a suite that checks derivation
+    rules step by step builds every engine with ``derive="inline"`` this way. An engine's
+    own ``derive=`` argument always wins.
+
+    Raises:
+        ConfigurationError: for a mode other than ``"background"`` or ``"inline"``.
+    """
+    if mode not in ("background", "inline"):
+        raise ConfigurationError(f"derive must be 'background' or 'inline', got {mode!r}")
+    token = _DERIVE_DEFAULT.set(mode)
+    try:
+        yield
+    finally:
+        _DERIVE_DEFAULT.reset(token)
+
 
 _EMBEDDER_STATE_KEY = "embedder"
 _SESSION_KEY = "engine.session"
@@ -298,6 +332,12 @@ class MemoryEngine:
         jobs: Retry policy of pending work.
         allow_embedder_change: Re-embed everything if ``embedder`` differs from the one the
             store was built with (otherwise :class:`EmbedderMismatchError`).
+        derive: ``"background"`` (default): ``save`` and ``end_session`` return once the
+            turns and their jobs are stored (and the turns indexed); a daemon thread of the
+            engine runs the model calls that derive records. ``"inline"``: ``save`` runs
+            them before it returns (scripts that want derived memory at once; ``flush()``
+            gives the same in background mode). ``None``: ``"background"``, or the mode of
+            an enclosing :func:`default_derive` block.
 
     Instantiate:
         .. code-block:: python
@@ -328,7 +368,12 @@ class MemoryEngine:
         fusion: FusionConfig | None = None,
         jobs: JobPolicy | None = None,
         allow_embedder_change: bool = False,
+        derive: DeriveMode | None = None,
     ) -> None:
+        if derive is None:
+            derive = _DERIVE_DEFAULT.get()
+        if derive not in ("background", "inline"):
+            raise ConfigurationError(f"derive must be 'background' or 'inline', got {derive!r}")
         if path is not None and store is not None and index is not None:
             raise ConfigurationError("give either path= or both store= and index=, not all three")
         if session_gap is not None and session_gap <= timedelta(0):
@@ -382,6 +427,13 @@ class MemoryEngine:
         self._user_locks_guard = threading.Lock()
         self._index_turns = False
         self._closed = False
+        self.derive: DeriveMode = derive
+        # Job id -> user of the jobs this engine is running now (status(), flush()).
+        self._running: dict[str, str] = {}
+        self._running_lock = threading.Lock()
+        self._worker: DerivationWorker | None = (
+            DerivationWorker(self._drain, self._seconds_to_due) if derive == "background" else None
+        )
         self._check_embedder(allow_embedder_change)
         if self.index.count() == 0:
             # A fresh or in-memory index over an existing store: rebuild it from the records.
@@ -452,11 +504,13 @@ class MemoryEngine:
 
     # ------------------------------------------------------------------ write path
     def save(self, turns: Sequence[Turn], scope: Scope) -> list[MemoryRecord]:
-        """Store turns, create the attached mechanisms' jobs, index, then run the jobs.
+        """Store turns, create the attached mechanisms' jobs, index, then derive.
 
         The turns, the session bookkeeping and the jobs are one transaction: after it
-        returns nothing can lose them. Indexing and derivations come after; if they fail the
-        turns stay, the failure is counted, and the work is retried later.
+        returns nothing can lose them. The turns are indexed before ``save`` returns. The
+        derivations (model calls) run in the background worker (default; :meth:`flush`
+        waits for them) or, with ``derive="inline"``, here; if they fail the turns stay,
+        the failure is counted, and the work is retried later.
 
         Raises:
             InvalidInputError: if ``turns`` or ``scope`` is malformed (nothing is stored).
@@ -468,8 +522,15 @@ class MemoryEngine:
         self._finish_deletion(scope.user_id)
         records, new_jobs = self._write_turns(checked, scope)
         self._index_pending()
-        self.run_pending(scope.user_id, first=new_jobs, inline=True)
+        self._derive(scope.user_id, new_jobs)
         return records
+
+    def _derive(self, user_id: str, first: Sequence[str]) -> None:
+        """Run a save's (or session end's) jobs: hand them to the worker, or run them now."""
+        if self._worker is None:
+            self.run_pending(user_id, first=first, inline=True)
+        elif first or self.store.jobs(user_id=user_id, mechanisms=list(self._hooks), limit=1):
+            self._worker.wake(user_id)
 
     def write_turns(self, turns: Sequence[Turn], scope: Scope) -> list[MemoryRecord]:
         """Store turns and create jobs, without indexing or running jobs (see :meth:`save`)."""
@@ -817,7 +878,9 @@ class MemoryEngine:
         return None if not opened else str(opened["session_id"])
 
     def end_session(self, scope: Scope) -> list[str]:
-        """End the user's open session (or ``scope.session_id``); run the jobs it creates.
+        """End the user's open session (or ``scope.session_id``); derive what it creates.
+
+        Like :meth:`save`, the jobs run in the background worker unless ``derive="inline"``.
 
         Returns:
             The sessions ended.
@@ -838,7 +901,7 @@ class MemoryEngine:
         first = [
             j.id for j in self.store.jobs(user_id=scope.user_id) if (j.mechanism, j.key) in keys
         ]
-        self.run_pending(scope.user_id, first=first, inline=True)
+        self._derive(scope.user_id, first)
         return ended
 
     # ------------------------------------------------------------------ pending work
@@ -884,11 +947,26 @@ class MemoryEngine:
         An :class:`~memories_core.errors.LLMError` stops the run: the model is down, and
         trying every other job would only multiply failed calls (defect 5).
         """
+        return self._run_due(
+            user_id, first=first, force=force, budget=budget, mechanism=mechanism, inline=inline
+        )[0]
+
+    def _run_due(
+        self,
+        user_id: str | None,
+        *,
+        first: Sequence[str] = (),
+        force: bool = False,
+        budget: int | None = None,
+        mechanism: str | None = None,
+        inline: bool = False,
+    ) -> tuple[int, bool]:
+        """:meth:`run_pending`, also saying whether the model was up (``False``: it stopped)."""
         names = [mechanism] if mechanism is not None else list(self._hooks)
         if inline:
             names = [n for n in names if not (n in self._hooks and self._hooks[n].deferred)]
         if not names:
-            return 0
+            return 0, True
         now = self.clock.now()
         due = self.store.jobs(user_id=user_id, mechanisms=names, due_at=None if force else now)
         if force:
@@ -901,16 +979,168 @@ class MemoryEngine:
         if wanted and not own:
             # The save's own jobs may be in backoff already (another worker failed them).
             own = [j for j in self.store.jobs(user_id=user_id, mechanisms=names) if j.id in wanted]
+        model_ok = True
         for job in [*own, *others]:
             if job.mechanism not in self._hooks:
                 continue
+            if self._worker is not None and self._worker.stopping:
+                break  # closing: the rest stays pending for the next run
             # The lease starts now, not when the run started: jobs before this one may have
             # taken longer than a lease, which would hand this one to another worker at once.
             if not self.store.claim_job(job.id, now=self.clock.now(), lease=self.policy.lease):
                 continue
-            if not self._run_job(job):
+            with self._running_lock:
+                self._running[job.id] = job.user_id
+            try:
+                model_ok = self._run_job(job)
+            finally:
+                with self._running_lock:
+                    self._running.pop(job.id, None)
+            if not model_ok:
                 break
+        return len(self.store.jobs(user_id=user_id, mechanisms=names)), model_ok
+
+    # ------------------------------------------------------------------ background work
+    def _drain(self, user_id: str | None) -> tuple[int, bool]:
+        """The worker's pass: every due job of ``user_id`` (``None``: everyone's)."""
+        if self._closed:
+            return 0, True
+        # Deferred mechanisms' jobs (e.g. LoRA training) wait for an explicit run_pending().
+        return self._run_due(user_id, budget=MAX_K, inline=True)
+
+    def _seconds_to_due(self, users: set[str | None]) -> float | None:
+        """Seconds until the earliest job of ``users`` may run again (``None``: no jobs)."""
+        if self._closed:
+            return None
+        names = list(self._hooks)
+        jobs = [
+            j
+            for user in users
+            for j in self.store.jobs(user_id=user, mechanisms=names)
+            if j.id not in self._running
+        ]
+        if not jobs:
+            return None
+        earliest = min(j.next_attempt_at for j in jobs)
+        return (earliest - self.clock.now()).total_seconds()
+
+    def _settled(self, user_id: str | None, mark: int) -> bool:
+        """Whether ``user_id`` has no derivation due or running here (see :meth:`flush`)."""
+        assert self._worker is not None
+        with self._running_lock:
+            running = any(user_id in (None, u) for u in self._running.values())
+        if running or self._worker.busy_with(user_id):
+            return False
+        if self._worker.stalled_since(user_id, mark):
+            return True  # the model is down: the rest waits for its retry time
+        names = [n for n, hooks in self._hooks.items() if not hooks.deferred]
+        due = self.store.jobs(user_id=user_id, mechanisms=names, due_at=self.clock.now(), limit=1)
+        return not due
+
+    def flush(
+        self, user_id: str | None = None, *, timeout: float | None = None, progress: bool = False
+    ) -> int:
+        """Wait until the derivations of ``user_id`` (``None``: everyone's) are done.
+
+        Returns when no job of theirs is due or running: each is done, or failed and waits
+        for its retry time (backoff). A script or a test calls it after ``save`` when it
+        needs the derived records at once. In ``derive="inline"`` mode the due jobs are run
+        here.
+
+        Args:
+            user_id: Whose derivations (default: every user's).
+            timeout: Seconds to wait at most (``None``: until done); the work continues in
+                the background after a timeout.
+            progress: Show a ``tqdm`` bar of the jobs done.
+
+        Returns:
+            How many of their jobs are not done (in backoff, or left by a timeout).
+        """
+        if user_id is not None:
+            check_user_id(user_id)
+        if timeout is not None and (isinstance(timeout, bool) or timeout < 0):
+            raise InvalidInputError(f"timeout must be a non-negative number, got {timeout!r}")
+        names = list(self._hooks)
+        if not names or self._closed:
+            return 0
+        if self._worker is None:
+            return self._run_due(user_id, budget=MAX_K, inline=True)[0]
+        import time
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        mark = self._worker.mark()
+        self._worker.wake(user_id)
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            total = len(self.store.jobs(user_id=user_id, mechanisms=names))
+            bar = tqdm(total=total, desc="derivations", unit="job")
+        try:
+            while not self._settled(user_id, mark):
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                self._worker.wait_change(0.2 if left is None else min(0.2, left))
+                if bar is not None:
+                    remaining = len(self.store.jobs(user_id=user_id, mechanisms=names))
+                    bar.update(max(0, bar.total - remaining - bar.n))
+        finally:
+            if bar is not None:
+                bar.close()
         return len(self.store.jobs(user_id=user_id, mechanisms=names))
+
+    def wait(
+        self, user_id: str | None = None, *, timeout: float | None = None, progress: bool = False
+    ) -> int:
+        """Alias of :meth:`flush`."""
+        return self.flush(user_id, timeout=timeout, progress=progress)
+
+    async def aflush(
+        self, user_id: str | None = None, *, timeout: float | None = None, progress: bool = False
+    ) -> int:
+        """Async twin of :meth:`flush`."""
+        return await asyncio.to_thread(self.flush, user_id, timeout=timeout, progress=progress)
+
+    def status(self, user_id: str | None = None, *, mechanism: str | None = None) -> WorkStatus:
+        """Pending, running and failed derivations of ``user_id`` (``None``: everyone's).
+
+        Counted per mechanism and job kind; a job is *running* when a worker holds its
+        lease (this engine's thread, or another process on a shared store), *failed* when
+        it failed at least once and waits for its retry time, *pending* otherwise.
+        """
+        if user_id is not None:
+            check_user_id(user_id)
+        names = [mechanism] if mechanism is not None else list(self._hooks)
+        counts: dict[tuple[str, str], Counter[str]] = {}
+        errors: dict[tuple[str, str], str] = {}
+        if names and not self._closed:
+            now = self.clock.now()
+            jobs = self.store.jobs(user_id=user_id, mechanisms=names)
+            due = {j.id for j in self.store.jobs(user_id=user_id, mechanisms=names, due_at=now)}
+            with self._running_lock:
+                running = set(self._running)
+            for job in jobs:
+                key = (job.mechanism, job.kind)
+                if job.id in running or (job.id not in due and job.next_attempt_at <= now):
+                    state = "running"  # ours, or leased by another worker
+                elif job.attempts > 0:
+                    state = "failed"
+                    if job.last_error:
+                        errors[key] = job.last_error
+                else:
+                    state = "pending"
+                counts.setdefault(key, Counter())[state] += 1
+        return WorkStatus(
+            user_id=user_id,
+            derive=self.derive,
+            worker_alive=self._worker is not None and self._worker.alive,
+            jobs={
+                key: JobCounts(pending=c["pending"], running=c["running"], failed=c["failed"])
+                for key, c in counts.items()
+            },
+            last_errors=errors,
+        )
 
     def _run_job(self, job: Job) -> bool:
         """Run one claimed job; returns ``False`` if the model is down (stop the run)."""
@@ -1189,10 +1419,30 @@ class MemoryEngine:
         return list(self.store.users())
 
     # ------------------------------------------------------------------ lifecycle
-    def close(self) -> None:
-        """Close the store, the index (if it can be closed) and the artifact store."""
+    def close(self, *, timeout: float | None = 60.0) -> None:
+        """Stop the background worker, then close the store, the index and the artifact store.
+
+        The worker finishes the job in hand (every model call has a timeout) and leaves the
+        others pending: they run after a reopen, on the user's next save or ``flush()``.
+
+        Args:
+            timeout: Seconds to wait for the job in hand (``None``: as long as it takes).
+                Past it, its claim is released so that a reopen runs it again, and what it
+                derives afterwards is dropped.
+        """
         if self._closed:
             return
+        if self._worker is not None and not self._worker.stop(timeout):
+            logger.warning("a derivation was still running at close(); it stays pending")
+            with self._running_lock:
+                left = list(self._running)
+            release: Callable[[str], None] | None = getattr(self.store, "release_job", None)
+            for job_id in left:
+                try:
+                    if release is not None:
+                        release(job_id)
+                except Exception:
+                    logger.warning("could not release job %s", job_id, exc_info=True)
         self._closed = True
         self.store.close()
         close = getattr(self.index, "close", None)

@@ -12,6 +12,7 @@ __all__ = [
     "EmbedderMismatchError",
     "InvalidInputError",
     "LLMError",
+    "LLMTimeoutError",
     "MemoriesError",
     "MissingExtraError",
     "MissingUserError",
@@ -92,6 +93,21 @@ class SchemaVersionError(BackendError):
 
 class LLMError(MemoriesError):
     """An LLM call failed (network, server, or the model raised)."""
+
+
+class LLMTimeoutError(LLMError, TimeoutError):
+    """An LLM call gave no answer within its timeout.
+
+    A derivation that times out stays pending and is retried with backoff; a recall-time
+    model step that runs out of its budget falls back to the plain search.
+
+    Attributes:
+        timeout: The limit that was exceeded, in seconds.
+    """
+
+    def __init__(self, message: str, *, timeout: float) -> None:
+        super().__init__(message)
+        self.timeout = timeout
 
 
 class ParseError(MemoriesError, ValueError):

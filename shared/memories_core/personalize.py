@@ -939,7 +939,8 @@ class PersonalizedLLM(BaseLLM):
         use_memory: bool = True,
         use_adapter: bool = True,
     ) -> None:
-        super().__init__()
+        # The personalizer's own generation limit is the output cap of a call without one.
+        super().__init__(max_tokens=None)
         self.personalizer = personalizer
         self.user_id = check_user_id(user_id)
         self.use_memory = use_memory

@@ -112,6 +112,7 @@ __all__ = [
     "GARBAGE_REPLIES",
     "TRICKY_USER_IDS",
     "FlakyLLM",
+    "GatedLLM",
     "MechanismContract",
     "TaughtLLM",
     "chroma_server",
@@ -280,6 +281,59 @@ class TaughtLLM(BaseLLM):
     ) -> LLMResult:
         answer = self.inner.generate(messages, max_tokens=max_tokens, stop=stop)
         return LLMResult(self._reply(messages) if answer == UNKNOWN_PROMPT_REPLY else answer)
+
+
+class GatedLLM(BaseLLM):
+    """A model that answers only once its gate is opened: tests of work off the caller's path.
+
+    Each call sets :attr:`entered` and then waits for :attr:`gate` (an ``Event``); when the
+    gate is open it answers with ``reply(messages)``. A call still waiting when its timeout
+    ends raises ``LLMTimeoutError`` (the base class stops waiting for it), so a test can
+    show that a save returns before the model answers, that ``flush`` waits for it, and
+    that a timed-out derivation stays pending, with events instead of sleeps.
+
+    Args:
+        reply: The answer to a call (default: :func:`rule_following_reply`).
+        timeout: Default seconds per call (``None``: wait for the gate forever).
+        open: Start with the gate open.
+
+    Example:
+        >>> from memories_core.types import ChatMessage
+        >>> llm = GatedLLM(lambda messages: "hi", open=True)
+        >>> llm.generate([ChatMessage("user", "hello")])
+        'hi'
+    """
+
+    def __init__(
+        self,
+        reply: Callable[[Sequence[ChatMessage]], str] = rule_following_reply,
+        *,
+        timeout: float | None = 60.0,
+        open: bool = False,
+    ) -> None:
+        super().__init__(timeout=timeout)
+        self._reply = reply
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+        if open:
+            self.gate.set()
+
+    @property
+    def name(self) -> str:
+        """``"gated"``."""
+        return "gated"
+
+    def _generate(
+        self,
+        messages: tuple[ChatMessage, ...],
+        *,
+        max_tokens: int | None,
+        temperature: float,
+        stop: tuple[str, ...] | None,
+    ) -> LLMResult:
+        self.entered.set()
+        self.gate.wait()
+        return LLMResult(self._reply(messages))
 
 
 #: Words of :data:`GARBAGE_REPLIES` that must never reach a stored record or a recall.

@@ -17,13 +17,15 @@ strongest mode a model offers.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypeVar
 
-from memories_core.errors import InvalidInputError, LLMError
+from memories_core.errors import ConfigurationError, InvalidInputError, LLMError, LLMTimeoutError
 from memories_core.types import ChatMessage
 from memories_core.usage import Usage, UsageCounter, estimate_tokens
 
@@ -32,6 +34,8 @@ if TYPE_CHECKING:
     from memories_core.types import Scope
 
 __all__ = [
+    "DEFAULT_MAX_TOKENS",
+    "DEFAULT_TIMEOUT",
     "JSON_OBJECT",
     "BaseLLM",
     "JsonObject",
@@ -42,9 +46,64 @@ __all__ = [
     "counted_agenerate",
     "counted_generate",
     "llm_for_scope",
+    "run_with_timeout",
     "structured_modes",
     "truncate_at_stop",
 ]
+
+#: Output cap of a call that gives no ``max_tokens`` (every prompt of the package asks for far
+#: less; an answer that runs on is cut, never waited for).
+DEFAULT_MAX_TOKENS = 512
+#: Seconds a call may take when neither the call nor the model says otherwise.
+DEFAULT_TIMEOUT = 120.0
+
+# The limit of the call in progress, for backends that enforce it themselves.
+_CALL_TIMEOUT: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "llm_call_timeout", default=None
+)
+
+
+_T = TypeVar("_T")
+
+
+def run_with_timeout(call: Callable[[], _T], timeout: float | None, *, label: str = "call") -> _T:
+    """Return ``call()``, or raise ``LLMTimeoutError`` if it takes more than ``timeout`` s.
+
+    The call runs in a daemon helper thread (with the caller's context variables) that the
+    caller stops waiting for at the timeout; its late result is dropped. ``None`` or a
+    model that enforces its own limit: the call runs here, unbounded by this function.
+    Exceptions of ``call`` are raised in the caller.
+    """
+    if timeout is None:
+        return call()
+    if timeout <= 0:
+        raise LLMTimeoutError(f"{label}: no time left", timeout=0.0)
+    outcome: list[Any] = []
+    done = threading.Event()
+    context = contextvars.copy_context()
+
+    def run() -> None:
+        try:
+            outcome.append(context.run(call))
+        except BaseException as exc:  # handed to the caller below
+            outcome.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name=f"timed:{label}", daemon=True).start()
+    if not done.wait(timeout):
+        raise LLMTimeoutError(f"{label} gave no answer within {timeout:g} s", timeout=timeout)
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    result: _T = outcome[0]
+    return result
+
+
+def _check_limit(name: str, value: Any, kind: type) -> None:
+    bad = isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int)
+    if value is not None and (bad or value <= 0):
+        raise ConfigurationError(f"{name} must be a positive number or None, got {value!r}")
+
 
 #: A structured-output mode: schema-constrained decoding, or "some JSON object".
 StructuredMode: TypeAlias = Literal["json_schema", "json_object"]
@@ -280,6 +339,17 @@ class BaseLLM(ABC):
       :class:`~memories_core.errors.LLMError` is re-raised as one, chained with ``from``.
     * ``response_format`` is accepted only in a mode listed in :attr:`structured_output`;
       otherwise the call raises ``InvalidInputError`` (not counted).
+    * Every call has an output cap and a timeout: ``max_tokens`` and ``timeout`` of the call,
+      else the model's (:attr:`max_tokens`, :attr:`timeout`; defaults
+      :data:`DEFAULT_MAX_TOKENS` and :data:`DEFAULT_TIMEOUT`). A call past its timeout raises
+      :class:`~memories_core.errors.LLMTimeoutError`. A backend that stops its own
+      generation at the limit (local models, HTTP clients) sets :attr:`enforces_timeout` and
+      reads the limit with :meth:`call_timeout`; for any other the call runs in a helper
+      thread that the caller stops waiting for.
+
+    Args:
+        timeout: Default seconds per call (``None``: no limit).
+        max_tokens: Default output cap per call (``None``: the backend's own).
 
     Example:
         >>> from memories_core.llms import ScriptedLLM
@@ -291,8 +361,26 @@ class BaseLLM(ABC):
         1
     """
 
-    def __init__(self) -> None:
+    #: Whether :meth:`_generate` stops by itself at :meth:`call_timeout` (raising
+    #: ``LLMTimeoutError``); otherwise the base class waits for it in a helper thread.
+    enforces_timeout: bool = False
+
+    def __init__(
+        self,
+        *,
+        timeout: float | None = DEFAULT_TIMEOUT,
+        max_tokens: int | None = DEFAULT_MAX_TOKENS,
+    ) -> None:
+        _check_limit("timeout", timeout, float)
+        _check_limit("max_tokens", max_tokens, int)
         self._usage = UsageCounter()
+        self.timeout: float | None = None if timeout is None else float(timeout)
+        self.max_tokens: int | None = max_tokens
+
+    @staticmethod
+    def call_timeout() -> float | None:
+        """The timeout of the call in progress (for backends that enforce it themselves)."""
+        return _CALL_TIMEOUT.get()
 
     @property
     def structured_output(self) -> frozenset[str]:
@@ -380,6 +468,7 @@ class BaseLLM(ABC):
         temperature: float = 0.0,
         stop: Sequence[str] | None = None,
         response_format: ResponseFormat | None = None,
+        timeout: float | None = None,
     ) -> str:
         """Return the model's reply to ``messages``.
 
@@ -390,12 +479,14 @@ class BaseLLM(ABC):
             stop: Strings at which generation stops; the stop string is not returned.
             response_format: Constrain the reply (:class:`JsonSchema` or
                 :data:`JSON_OBJECT`); only modes in :attr:`structured_output` are accepted.
+            timeout: Seconds this call may take (``None``: the model's :attr:`timeout`).
 
         Returns:
             The reply text.
 
         Raises:
             InvalidInputError: if the messages or options are malformed (not counted).
+            LLMTimeoutError: if no answer came within the timeout (counted as a failure).
             LLMError: if the backend fails (counted as a failure).
         """
         return self.generate_result(
@@ -404,6 +495,7 @@ class BaseLLM(ABC):
             temperature=temperature,
             stop=stop,
             response_format=response_format,
+            timeout=timeout,
         ).text
 
     def generate_result(
@@ -414,6 +506,7 @@ class BaseLLM(ABC):
         temperature: float = 0.0,
         stop: Sequence[str] | None = None,
         response_format: ResponseFormat | None = None,
+        timeout: float | None = None,
     ) -> LLMResult:
         """:meth:`generate`, returning the reply with this call's counted token figures.
 
@@ -425,12 +518,37 @@ class BaseLLM(ABC):
             The reply; ``prompt_tokens`` and ``completion_tokens`` are always set.
         """
         msgs, options = self._prepare(messages, max_tokens, temperature, stop, response_format)
-        with self._counted():
+        limit = self._limit(timeout)
+
+        def call() -> LLMResult:
             if response_format is None:
-                result = self._generate(msgs, **options)
-            else:
-                result = self._generate_structured(msgs, response_format=response_format, **options)
+                return self._generate(msgs, **options)
+            return self._generate_structured(msgs, response_format=response_format, **options)
+
+        with self._counted():
+            result = self._within(call, limit)
         return self._success(msgs, result)
+
+    def _limit(self, timeout: float | None) -> float | None:
+        if timeout is None:
+            return self.timeout
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+            raise InvalidInputError(f"timeout must be a positive number or None, got {timeout!r}")
+        return float(timeout)
+
+    def _timed_out(self, limit: float) -> LLMTimeoutError:
+        return LLMTimeoutError(f"{self.name} gave no answer within {limit:g} s", timeout=limit)
+
+    def _within(self, call: Any, limit: float | None) -> LLMResult:
+        """Run the hook ``call`` under ``limit`` seconds (see the class docstring)."""
+        token = _CALL_TIMEOUT.set(limit)
+        try:
+            if limit is None or self.enforces_timeout:
+                result: LLMResult = call()
+                return result
+            return run_with_timeout(call, limit, label=self.name)
+        finally:
+            _CALL_TIMEOUT.reset(token)
 
     async def agenerate(
         self,
@@ -440,6 +558,7 @@ class BaseLLM(ABC):
         temperature: float = 0.0,
         stop: Sequence[str] | None = None,
         response_format: ResponseFormat | None = None,
+        timeout: float | None = None,
     ) -> str:
         """Async twin of :meth:`generate` (same arguments, rules and errors)."""
         result = await self.agenerate_result(
@@ -448,6 +567,7 @@ class BaseLLM(ABC):
             temperature=temperature,
             stop=stop,
             response_format=response_format,
+            timeout=timeout,
         )
         return result.text
 
@@ -459,16 +579,29 @@ class BaseLLM(ABC):
         temperature: float = 0.0,
         stop: Sequence[str] | None = None,
         response_format: ResponseFormat | None = None,
+        timeout: float | None = None,
     ) -> LLMResult:
         """Async twin of :meth:`generate_result`."""
         msgs, options = self._prepare(messages, max_tokens, temperature, stop, response_format)
-        with self._counted():
-            if response_format is None:
-                result = await self._agenerate(msgs, **options)
-            else:
-                result = await self._agenerate_structured(
-                    msgs, response_format=response_format, **options
-                )
+        limit = self._limit(timeout)
+        token = _CALL_TIMEOUT.set(limit)
+        try:
+            with self._counted():
+                if response_format is None:
+                    pending = self._agenerate(msgs, **options)
+                else:
+                    pending = self._agenerate_structured(
+                        msgs, response_format=response_format, **options
+                    )
+                task = asyncio.ensure_future(pending)
+                done, _ = await asyncio.wait({task}, timeout=limit)
+                if not done:
+                    task.cancel()
+                    assert limit is not None
+                    raise self._timed_out(limit)
+                result = task.result()
+        finally:
+            _CALL_TIMEOUT.reset(token)
         return self._success(msgs, result)
 
     def _prepare(
@@ -493,7 +626,8 @@ class BaseLLM(ABC):
                     f"{self.name} does not offer structured output mode "
                     f"{response_format.mode!r} (it offers {sorted(self.structured_output)})"
                 )
-        return msgs, {"max_tokens": max_tokens, "temperature": float(temperature), "stop": stops}
+        cap = self.max_tokens if max_tokens is None else max_tokens
+        return msgs, {"max_tokens": cap, "temperature": float(temperature), "stop": stops}
 
     @contextmanager
     def _counted(self) -> Iterator[None]:

@@ -30,12 +30,19 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from memories_core.errors import ConfigurationError, MissingExtraError
-from memories_core.llms.base import BaseLLM, JsonSchema, LLMResult, ResponseFormat, truncate_at_stop
+from memories_core.errors import ConfigurationError, LLMTimeoutError, MissingExtraError
+from memories_core.llms.base import (
+    BaseLLM,
+    JsonSchema,
+    LLMResult,
+    ResponseFormat,
+    truncate_at_stop,
+)
 from memories_core.llms.models import MODELS, model_gguf
 from memories_core.types import ChatMessage
 
@@ -107,6 +114,11 @@ def _file_identity(path: Path) -> dict[str, Any]:
     }
 
 
+def _left(deadline: float | None) -> float:
+    """Seconds until ``deadline`` (a ``time.monotonic()`` value)."""
+    return 0.0 if deadline is None else deadline - time.monotonic()
+
+
 def _require(module: str) -> None:
     if importlib.util.find_spec(module) is None:
         raise MissingExtraError(module, "local")
@@ -133,6 +145,31 @@ def _stop_criteria(tokenizer: Any, stops: list[str], prompt_length: int) -> Any:
             return torch.full((input_ids.shape[0],), done, dtype=torch.bool)
 
     return StoppingCriteriaList([StopOnStrings()])
+
+
+class _Deadline:
+    """A transformers stopping criterion that ends generation at a monotonic ``deadline``.
+
+    transformers' ``max_time`` stops silently and returns a cut answer; this one also records
+    that it fired, so the call raises ``LLMTimeoutError`` instead of passing half an answer
+    to a parser.
+    """
+
+    def __init__(self, deadline: float) -> None:
+        from transformers import StoppingCriteria
+
+        self.fired = False
+        outer = self
+
+        class StopAtDeadline(StoppingCriteria):
+            def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+                import torch
+
+                if time.monotonic() >= deadline:
+                    outer.fired = True
+                return torch.full((input_ids.shape[0],), outer.fired, dtype=torch.bool)
+
+        self.criterion = StopAtDeadline()
 
 
 @dataclass
@@ -162,6 +199,11 @@ def _cache_argument() -> str:
 
 
 _CACHE_ARGUMENT = _cache_argument()
+
+#: Default timeout of a local call (s): a CPU reads a 1.5B model's prompt at ~20-30 tokens/s
+#: and writes ~1-2 tokens/s, so a 160-token summary of a long day takes minutes when the
+#: machine is busy; remote models keep the shorter default of :class:`BaseLLM`.
+LOCAL_TIMEOUT = 900.0
 
 #: Shortest shared prompt start worth reusing the cache for (tokens).
 MIN_REUSED_PREFIX = 64
@@ -265,6 +307,10 @@ class LocalLLM(BaseLLM):
             ``$LLM_MEMORIES_CACHE/smollm2-135m-instruct`` (``~/.cache/llm-memories/...``); a
             GGUF other than the bundled one gets its own sub-folder.
         max_new_tokens: Generation limit when a call gives no ``max_tokens``.
+        timeout: Seconds a call may take when it gives no ``timeout`` (waiting for another
+            thread's call included); past it, generation stops and the call raises
+            ``LLMTimeoutError``. Default :data:`LOCAL_TIMEOUT` (900 s: CPU decoding is slow).
+            ``None``: no limit.
         n_threads: CPU threads. For transformers this sets torch's process-wide thread
             count, so it is applied only when given (torch's default is the core count).
         dtype: Precision of the converted copy the transformers runtime keeps: ``"auto"``
@@ -288,6 +334,9 @@ class LocalLLM(BaseLLM):
             non-positive ``max_new_tokens``/``n_threads``.
     """
 
+    #: Generation stops at the call's timeout (a stopping criterion, or a streamed answer).
+    enforces_timeout = True
+
     def __init__(
         self,
         gguf_path: str | Path | None = None,
@@ -296,10 +345,10 @@ class LocalLLM(BaseLLM):
         backend: Backend = "auto",
         cache_dir: str | Path | None = None,
         max_new_tokens: int = 256,
+        timeout: float | None = LOCAL_TIMEOUT,
         n_threads: int | None = None,
         dtype: Literal["auto", "float32", "bfloat16"] = "auto",
     ) -> None:
-        super().__init__()
         if model is not None and gguf_path is not None:
             raise ConfigurationError("give model= or gguf_path=, not both")
         if model is not None and model not in MODELS:
@@ -320,6 +369,7 @@ class LocalLLM(BaseLLM):
             isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads < 1
         ):
             raise ConfigurationError(f"n_threads must be a positive int or None, got {n_threads!r}")
+        super().__init__(timeout=timeout, max_tokens=max_new_tokens)
         self._gguf: Path | None = None
         if gguf_path is not None:
             path = Path(gguf_path).expanduser()
@@ -564,12 +614,34 @@ class LocalLLM(BaseLLM):
         stop: tuple[str, ...] | None,
         fmt: ResponseFormat | None,
     ) -> LLMResult:
-        runtime = self._get_runtime()
+        runtime = self._get_runtime()  # a first load (once) does not count against the call
+        timeout = self.call_timeout()
+        deadline = None if timeout is None else time.monotonic() + timeout
         limit = max_tokens or self._max_new_tokens
-        with self._run_lock:
+        # Waiting for another thread's generation counts against this call's timeout.
+        if not self._run_lock.acquire(timeout=-1 if timeout is None else max(0.0, _left(deadline))):
+            assert timeout is not None
+            raise LLMTimeoutError(
+                f"{self.name}: the model was busy for the whole timeout ({timeout:g} s)",
+                timeout=timeout,
+            )
+        try:
             if runtime.backend == "llama_cpp":
-                return self._run_llama_cpp(runtime, messages, limit, temperature, stop, fmt)
-            return self._run_transformers(runtime, messages, limit, temperature, stop, fmt)
+                result = self._run_llama_cpp(
+                    runtime, messages, limit, temperature, stop, fmt, deadline
+                )
+            else:
+                result = self._run_transformers(
+                    runtime, messages, limit, temperature, stop, fmt, deadline
+                )
+        finally:
+            self._run_lock.release()
+        if result is None:
+            assert timeout is not None
+            raise LLMTimeoutError(
+                f"{self.name} gave no complete answer within {timeout:g} s", timeout=timeout
+            )
+        return result
 
     @staticmethod
     def _run_llama_cpp(
@@ -579,7 +651,12 @@ class LocalLLM(BaseLLM):
         temperature: float,
         stop: tuple[str, ...] | None,
         fmt: ResponseFormat | None = None,
-    ) -> LLMResult:
+        deadline: float | None = None,
+    ) -> LLMResult | None:
+        """One llama.cpp call; ``None`` if ``deadline`` passed before the answer ended.
+
+        The deadline is a llama.cpp stopping criterion, checked at every decoded token.
+        """
         options: dict[str, Any] = {}
         if fmt is not None:
             # llama-cpp-python compiles the schema into a llama.cpp grammar (untested here:
@@ -587,15 +664,31 @@ class LocalLLM(BaseLLM):
             options["response_format"] = {"type": "json_object"}
             if isinstance(fmt, JsonSchema):
                 options["response_format"]["schema"] = dict(fmt.schema)
-        response = runtime.model.create_chat_completion(
-            messages=[m.to_dict() for m in messages],
-            max_tokens=limit,
-            temperature=temperature,
+        request: dict[str, Any] = {
+            "messages": [m.to_dict() for m in messages],
+            "max_tokens": limit,
+            "temperature": temperature,
             # llama.cpp samples even at temperature 0 unless top_k is 1: force greedy.
-            top_k=1 if temperature == 0 else 40,
-            stop=list(stop) if stop else None,
+            "top_k": 1 if temperature == 0 else 40,
+            "stop": list(stop) if stop else None,
             **options,
-        )
+        }
+        fired: list[bool] = []
+        if deadline is not None:
+            import llama_cpp
+
+            make = getattr(llama_cpp, "StoppingCriteriaList", None)
+            if make is not None:
+
+                def past_deadline(input_ids: Any, logits: Any) -> bool:
+                    if time.monotonic() >= deadline:
+                        fired.append(True)
+                    return bool(fired)
+
+                request["stopping_criteria"] = make([past_deadline])
+        response = runtime.model.create_chat_completion(**request)
+        if fired:
+            return None
         text = response["choices"][0]["message"].get("content") or ""
         usage = response.get("usage") or {}
         return LLMResult(
@@ -612,8 +705,11 @@ class LocalLLM(BaseLLM):
         temperature: float,
         stop: tuple[str, ...] | None,
         fmt: ResponseFormat | None = None,
-    ) -> LLMResult:
+        deadline: float | None = None,
+    ) -> LLMResult | None:
+        """One transformers call; ``None`` if ``deadline`` passed before the answer ended."""
         import torch
+        from transformers import StoppingCriteriaList
 
         tokenizer = runtime.tokenizer
         model = runtime.model
@@ -635,10 +731,16 @@ class LocalLLM(BaseLLM):
         else:
             options.update(do_sample=True, temperature=temperature, top_p=0.95)
         clean_stop = [s for s in stop or () if s]
+        criteria = StoppingCriteriaList()
         if clean_stop:
             # Stop inside generate (saves decoding time); the text is still cut below because
             # the criterion fires after the token that completes the string.
-            options["stopping_criteria"] = _stop_criteria(tokenizer, clean_stop, input_ids.shape[1])
+            criteria.extend(_stop_criteria(tokenizer, clean_stop, input_ids.shape[1]))
+        timer = _Deadline(deadline) if deadline is not None else None
+        if timer is not None:
+            criteria.append(timer.criterion)
+        if criteria:
+            options["stopping_criteria"] = criteria
         if tokenizer.pad_token_id is None:
             options["pad_token_id"] = tokenizer.eos_token_id
         if fmt is not None:
@@ -665,6 +767,8 @@ class LocalLLM(BaseLLM):
             length = int(kept.get_seq_length())
             runtime.cache = kept
             runtime.cached_ids = [int(t) for t in output[0, :length].tolist()]
+        if timer is not None and timer.fired:
+            return None
         new_tokens = output[0, input_ids.shape[1] :]
         text = tokenizer.decode(new_tokens, skip_special_tokens=True)
         return LLMResult(

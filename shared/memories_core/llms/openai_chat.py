@@ -7,8 +7,15 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from memories_core.errors import ConfigurationError, LLMError, MissingExtraError
-from memories_core.llms.base import BaseLLM, JsonSchema, LLMResult, ResponseFormat, truncate_at_stop
+from memories_core.errors import ConfigurationError, LLMError, LLMTimeoutError, MissingExtraError
+from memories_core.llms.base import (
+    DEFAULT_MAX_TOKENS,
+    BaseLLM,
+    JsonSchema,
+    LLMResult,
+    ResponseFormat,
+    truncate_at_stop,
+)
 from memories_core.types import ChatMessage
 
 if TYPE_CHECKING:
@@ -36,6 +43,12 @@ def _rejected(exc: Exception) -> bool:
 # Local OpenAI-compatible servers (Ollama, vLLM, llama.cpp) accept any key, but the openai
 # client refuses to start without one.
 _PLACEHOLDER_KEY = "not-needed"
+
+
+def _raise_typed(exc: Exception, limit: float | None) -> None:
+    """Raise the client's timeout as ``LLMTimeoutError``; return for any other error."""
+    if type(exc).__name__ == "APITimeoutError" and limit is not None:
+        raise LLMTimeoutError(f"the request took longer than {limit:g} s", timeout=limit) from exc
 
 
 def _import_openai() -> Any:
@@ -68,7 +81,9 @@ class OpenAIChatLLM(BaseLLM):
             calls build one from ``base_url``/``api_key``, or, when ``client`` was injected,
             run the sync client in a worker thread (so an injected client's transport is used
             for both).
-        timeout: Seconds per request.
+        timeout: Seconds a call may take, retries included (a call's own ``timeout``
+            overrides it); past it the call raises ``LLMTimeoutError``.
+        max_tokens: Output cap of a call that gives no ``max_tokens``.
         max_retries: Retries of the openai client on connection errors, 429 and 5xx.
         extra_body: Extra JSON fields sent with every request (e.g. ``{"num_ctx": 8192}``
             for Ollama, ``{"top_k": 20}`` for vLLM).
@@ -111,11 +126,14 @@ class OpenAIChatLLM(BaseLLM):
         client: openai.OpenAI | None = None,
         async_client: openai.AsyncOpenAI | None = None,
         timeout: float = 60,
+        max_tokens: int | None = DEFAULT_MAX_TOKENS,
         max_retries: int = 2,
         extra_body: Mapping[str, Any] | None = None,
         structured_output: bool = True,
     ) -> None:
-        super().__init__()
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+            raise ConfigurationError(f"timeout must be a positive number, got {timeout!r}")
+        super().__init__(timeout=timeout, max_tokens=max_tokens)
         if not isinstance(model, str) or not model.strip():
             raise ConfigurationError("model must be a non-empty string")
         if client is not None and (base_url is not None or api_key is not None):
@@ -193,6 +211,7 @@ class OpenAIChatLLM(BaseLLM):
 
     def _refuse(self, mode: str, exc: Exception) -> None:
         if mode == "none" or not _rejected(exc):
+            _raise_typed(exc, self.call_timeout())
             raise exc
         self._refused.add(mode)
 
@@ -262,6 +281,11 @@ class OpenAIChatLLM(BaseLLM):
         if max_tokens is not None:
             # max_tokens, not max_completion_tokens: every compatible server understands it.
             kwargs["max_tokens"] = max_tokens
+        limit = self.call_timeout()
+        if limit is not None:
+            # The client's own request timeout, so that a call the caller stopped waiting
+            # for does not keep its connection open.
+            kwargs["timeout"] = limit
         if stop:
             kwargs["stop"] = list(stop)
         if self._extra_body:
@@ -298,7 +322,11 @@ class OpenAIChatLLM(BaseLLM):
         stop: tuple[str, ...] | None,
     ) -> LLMResult:
         kwargs = self._request(messages, max_tokens, temperature, stop)
-        response = self._client.chat.completions.create(**kwargs)
+        try:
+            response = self._client.chat.completions.create(**kwargs)
+        except Exception as exc:
+            _raise_typed(exc, kwargs.get("timeout"))
+            raise
         return self._result(response, stop)
 
     def _get_async_client(self) -> openai.AsyncOpenAI | None:
@@ -330,5 +358,9 @@ class OpenAIChatLLM(BaseLLM):
                 messages, max_tokens=max_tokens, temperature=temperature, stop=stop
             )
         kwargs = self._request(messages, max_tokens, temperature, stop)
-        response = await client.chat.completions.create(**kwargs)
+        try:
+            response = await client.chat.completions.create(**kwargs)
+        except Exception as exc:
+            _raise_typed(exc, kwargs.get("timeout"))
+            raise
         return self._result(response, stop)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from memories_core.engine import (
     Derivation,
+    DeriveMode,
     MechanismHooks,
     MemoryEngine,
     check_k,
@@ -32,11 +33,12 @@ from memories_core.errors import ConfigurationError
 from memories_core.types import Job, JobSpec, MemoryRecord, Recall, Scope, ScoredRecord, Turn
 
 if TYPE_CHECKING:
+    from memories_core.background import WorkStatus
     from memories_core.interfaces import LLM, Clock, Embedder, RecordStore, VectorIndex
     from memories_core.retrieval import FusionConfig, HybridRetriever, Pipeline
     from memories_core.usage import MemoryUsage
 
-__all__ = ["MemoryBase", "turn_from_record"]
+__all__ = ["MemoryBase", "flush_memory", "memory_status", "turn_from_record"]
 
 _UNSET: Any = object()
 
@@ -61,6 +63,8 @@ class MemoryBase:
         session_gap: Idle gap that ends a session (engine option).
         allow_embedder_change: Re-embed everything if ``embedder`` differs from the store's.
         name: Name on the engine (default: the mechanism's :attr:`mechanism_name`).
+        derive: Where derivations run (engine option): ``"background"`` (default; call
+            :meth:`flush` to wait for them) or ``"inline"`` (inside ``save``).
 
     Raises:
         ConfigurationError: on contradictory arguments or ``k`` out of range.
@@ -90,6 +94,7 @@ class MemoryBase:
         session_gap: timedelta | None = _UNSET,
         allow_embedder_change: bool = False,
         name: str | None = None,
+        derive: DeriveMode | None = None,
     ) -> None:
         try:
             check_k(k)
@@ -104,15 +109,18 @@ class MemoryBase:
         }
         if engine is not None:
             given = [key for key, value in own.items() if value is not None]
-            if given or allow_embedder_change or session_gap is not _UNSET:
+            if given or allow_embedder_change or session_gap is not _UNSET or derive is not None:
+                named = ", ".join(given) or ("derive" if derive is not None else "session_gap")
                 raise ConfigurationError(
-                    f"give engine= or storage options ({', '.join(given) or 'session_gap'}), "
-                    "not both: the engine owns storage"
+                    f"give engine= or storage options ({named}), not both: the engine owns "
+                    "storage and its pending work"
                 )
         else:
             options: dict[str, Any] = {"llm": llm, "allow_embedder_change": allow_embedder_change}
             if session_gap is not _UNSET:
                 options["session_gap"] = session_gap
+            if derive is not None:
+                options["derive"] = derive
             engine = MemoryEngine(**own, **options)
             self._owns_engine = True
         self.engine: MemoryEngine = engine
@@ -169,8 +177,11 @@ class MemoryBase:
         """Store ``turns`` for ``scope``, then derive this memory's records from them.
 
         The turns (and the jobs that derive from them) are written first, in one
-        transaction; a failure of anything derived afterwards (vector index, LLM) is
-        counted in :attr:`usage`, kept as pending work and retried, and never loses a turn.
+        transaction, and the turns are indexed before ``save`` returns; the derivations run
+        in the engine's background worker (:meth:`flush` waits for them) unless the engine
+        was built with ``derive="inline"``. A failure of anything derived (vector index,
+        LLM) is counted in :attr:`usage`, kept as pending work and retried, and never loses
+        a turn.
 
         Raises:
             InvalidInputError: if ``turns`` is not a sequence of :class:`Turn` (nothing stored).
@@ -226,6 +237,30 @@ class MemoryBase:
     def pending(self, user_id: str) -> list[Job]:
         """This memory's pending jobs for ``user_id``."""
         return self.engine.pending(user_id, mechanism=self.name)
+
+    def flush(
+        self, user_id: str | None = None, *, timeout: float | None = None, progress: bool = False
+    ) -> int:
+        """Wait for the pending derivations of ``user_id`` (default: everyone's).
+
+        See :meth:`MemoryEngine.flush`: returns how many jobs are left (in backoff after a
+        failure, or not reached within ``timeout`` seconds).
+        """
+        return self.engine.flush(user_id, timeout=timeout, progress=progress)
+
+    def wait(
+        self, user_id: str | None = None, *, timeout: float | None = None, progress: bool = False
+    ) -> int:
+        """Alias of :meth:`flush`."""
+        return self.flush(user_id, timeout=timeout, progress=progress)
+
+    async def aflush(self, user_id: str | None = None, *, timeout: float | None = None) -> int:
+        """Async twin of :meth:`flush`."""
+        return await self.engine.aflush(user_id, timeout=timeout)
+
+    def status(self, user_id: str | None = None) -> WorkStatus:
+        """This memory's pending, running and failed derivations (see ``MemoryEngine.status``)."""
+        return self.engine.status(user_id, mechanism=self.name)
 
     async def asave(self, turns: Sequence[Turn], scope: Scope) -> None:
         """Async twin of :meth:`save` (runs in a worker thread)."""
@@ -296,10 +331,15 @@ class MemoryBase:
             failures=self.engine.failures,
         )
 
-    def close(self) -> None:
-        """Close the engine (if this memory built it)."""
+    def close(self, *, timeout: float | None = 60.0) -> None:
+        """Close the engine (if this memory built it); see :meth:`MemoryEngine.close`.
+
+        Args:
+            timeout: Seconds to wait for a derivation in hand; the others stay pending and
+                run after a reopen.
+        """
         if self._owns_engine:
-            self.engine.close()
+            self.engine.close(timeout=timeout)
 
     def __enter__(self) -> MemoryBase:
         return self
@@ -360,6 +400,27 @@ class MemoryBase:
 
     def _on_recalled(self, hits: list[ScoredRecord], now: datetime) -> None:
         """Called with what a recall returned (hook; e.g. reinforcement, MemoryBank §2.3)."""
+
+
+def flush_memory(memory: Any, user_id: str | None = None, *, timeout: float | None = None) -> int:
+    """Wait for ``memory``'s pending derivations of ``user_id`` (its ``flush``).
+
+    For adapters, which hold any mechanism: one without ``flush`` (a third-party memory that
+    derives nothing in the background) has nothing to wait for, and 0 is returned.
+    """
+    flush = getattr(memory, "flush", None)
+    if not callable(flush):
+        return 0
+    return int(flush(user_id, timeout=timeout))
+
+
+def memory_status(memory: Any, user_id: str | None = None) -> WorkStatus | None:
+    """``memory``'s pending, running and failed derivations (``None`` if it has no ``status``)."""
+    status = getattr(memory, "status", None)
+    if not callable(status):
+        return None
+    result: WorkStatus = status(user_id)
+    return result
 
 
 # Kept for callers of the 0.1 helpers.

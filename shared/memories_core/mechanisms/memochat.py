@@ -45,7 +45,7 @@ import logging
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -54,7 +54,9 @@ import numpy as np
 
 from memories_core.engine import Derivation, JobFailed, check_query, check_scope
 from memories_core.errors import ConfigurationError, LLMError, ParseError
+from memories_core.llms.base import run_with_timeout
 from memories_core.mechanisms.base import MemoryBase
+from memories_core.mechanisms.reflection import DEFAULT_RECALL_BUDGET
 from memories_core.prompts.memochat import (
     MEMO_RETRIEVAL,
     MEMO_WRITING,
@@ -450,8 +452,9 @@ class LLMOptionSource:
     Memo candidates are pre-selected by the engine's dense and lexical rankings (at most
     ``max_options``, so a memo that grows without bound still fits one prompt); the LLM is
     shown them as ``(i) topic. summary`` with a NOTO option and its ``N#M`` answer is parsed
-    tolerantly. Chosen memos come back with score 1.0, in option order. A failed model call
-    or an unparseable answer yields no candidates (the other sources still answer).
+    tolerantly. Chosen memos come back with score 1.0, in option order. A failed model call,
+    an unparseable answer or a choice that takes longer than ``budget`` yields no candidates
+    (the dense and lexical sources still answer) and is reported to ``on_failure``.
 
     Attributes:
         llm: The model choosing.
@@ -459,6 +462,9 @@ class LLMOptionSource:
         weight: Fusion weight.
         name: Label.
         kind: Record kind of the options.
+        budget: Seconds a recall waits for the choice (``None``: no limit).
+        on_failure: Called with ``"memo_choice"`` when the choice failed or timed out (the
+            memory counts it in ``usage.failures``).
     """
 
     llm: LLM
@@ -466,6 +472,8 @@ class LLMOptionSource:
     weight: float = 1.0
     name: str = "llm_options"
     kind: str = "memo"
+    budget: float | None = DEFAULT_RECALL_BUDGET
+    on_failure: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
     calls: list[int] = field(default_factory=list, compare=False, repr=False)
 
     def candidates(self, request: RecallRequest, backend: RecallBackend, depth: int) -> Ranking:
@@ -487,21 +495,31 @@ class LLMOptionSource:
             return []
         loaded = backend.load(ids, user_id=request.user_id)
         memos = [loaded[i] for i in ids if i in loaded]
-        chosen = choose_memos(self.llm, request.query, [m.text for m in memos])
+        chosen = choose_memos(self.llm, request.query, [m.text for m in memos], budget=self.budget)
         self.calls.append(len(memos))
         if chosen is None:
+            if self.on_failure is not None:
+                self.on_failure("memo_choice")
             return []
         return [(memos[i].id, 1.0) for i in chosen]
 
 
-def choose_memos(llm: LLM, query: str, options: Sequence[str]) -> list[int] | None:
-    """Ask ``llm`` which of ``options`` relate to ``query`` (0-based; ``None`` on failure)."""
+def choose_memos(
+    llm: LLM, query: str, options: Sequence[str], *, budget: float | None = None
+) -> list[int] | None:
+    """Ask ``llm`` which of ``options`` relate to ``query`` (0-based; ``None`` on failure).
+
+    ``budget``: seconds to wait for the answer (a repair retry included); past it the
+    choice has failed (``None``).
+    """
     if not options:
         return []
     inputs = RetrievalInput(query, tuple(options))
     noto = inputs.noto()
     try:
-        picked = run_spec(llm, MEMO_RETRIEVAL, inputs)
+        picked = run_with_timeout(
+            lambda: run_spec(llm, MEMO_RETRIEVAL, inputs), budget, label="memo retrieval"
+        )
     except (LLMError, ParseError) as exc:
         logger.warning("memo retrieval by the LLM failed: %s", exc)
         return None
@@ -534,6 +552,10 @@ class MemoChatMemory(MemoryBase):
         k: Records a recall returns by default.
         threshold: Threshold of the LLM-free selector (:func:`select_options`).
         max_options: Memo options shown to the LLM in one retrieval prompt.
+        budget: Seconds a recall or :meth:`retrieve` waits for the LLM's memo choice
+            (``None``: no limit). Past it, or when the choice fails, a recall keeps the dense
+            and lexical candidates and :meth:`retrieve` chooses LLM-free; counted in
+            ``usage.failures["memo_choice"]``.
         **kwargs: Engine or storage options of :class:`~memories_core.mechanisms.base.MemoryBase`.
     """
 
@@ -552,6 +574,7 @@ class MemoChatMemory(MemoryBase):
         k: int = 3,
         threshold: float = DEFAULT_THRESHOLD,
         max_options: int = 20,
+        budget: float | None = DEFAULT_RECALL_BUDGET,
         **kwargs: Any,
     ) -> None:
         if mode not in (None, "llm", "llm_free"):
@@ -571,6 +594,7 @@ class MemoChatMemory(MemoryBase):
         self.keep_lines = keep_lines
         self.threshold = threshold
         self.max_options = max_options
+        self.budget = budget
         if mode == "llm" and self.pipeline is None:
             self.pipeline = Pipeline(
                 sources=(DenseSource(), LexicalSource(), self._option_source()),
@@ -588,7 +612,12 @@ class MemoChatMemory(MemoryBase):
     def _option_source(self) -> LLMOptionSource:
         llm = self.llm if self.llm is not None else self.engine.llm
         assert llm is not None
-        return LLMOptionSource(llm, max_options=self.max_options)
+        return LLMOptionSource(
+            llm,
+            max_options=self.max_options,
+            budget=self.budget,
+            on_failure=self.engine.count_failure,
+        )
 
     # ------------------------------------------------------------------ reading
     def buffer(self, scope: Scope) -> list[MemoryRecord]:
@@ -632,7 +661,8 @@ class MemoChatMemory(MemoryBase):
 
         With an LLM, memo candidates are pre-selected by the fused ranking and the LLM
         chooses among them (a NOTO answer returns ``[]``). LLM-free, the fused selector
-        :func:`select_options` chooses with this memory's threshold.
+        :func:`select_options` chooses with this memory's threshold; so does a choice the
+        LLM failed or did not make within ``budget`` seconds.
 
         Raises:
             InvalidInputError: on an empty query.
@@ -646,11 +676,13 @@ class MemoChatMemory(MemoryBase):
         if not hits:
             return []
         texts = [h.record.text for h in hits]
+        chosen: list[int] | None = None
         if self.mode == "llm":
-            chosen = choose_memos(self._llm(scope), query, texts)
+            chosen = choose_memos(self._llm(scope), query, texts, budget=self.budget)
             if chosen is None:
-                chosen = []
-        else:
+                # Documented fallback: a failed or late choice is made LLM-free.
+                self.engine.count_failure("memo_choice")
+        if chosen is None:
             chosen = select_options(query, texts, self.embedder, threshold=self.threshold)
         return self._entries(scope.user_id, [(hits[i].record, hits[i].score) for i in chosen])
 

@@ -255,6 +255,22 @@ class MultiViewMemory:
             failures=failures,
         )
 
+    def flush(
+        self, user_id: str | None = None, *, timeout: float | None = None, progress: bool = False
+    ) -> int:
+        """Wait for every view's pending derivations; returns how many jobs are left.
+
+        Views that share an engine are waited for once.
+        """
+        engines: dict[int, Any] = {}
+        for view in self.views.values():
+            engine = getattr(view, "engine", None)
+            if engine is not None:
+                engines.setdefault(id(engine), engine)
+        return sum(
+            int(e.flush(user_id, timeout=timeout, progress=progress)) for e in engines.values()
+        )
+
     def close(self) -> None:
         """Close every view that can be closed, and the engine :meth:`from_defaults` built."""
         for view in self.views.values():

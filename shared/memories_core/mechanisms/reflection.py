@@ -15,27 +15,43 @@ once, as a generator that yields the searches and reflection calls it needs;
 them, blocking or async. Each reflection call goes through
 :func:`~memories_core.prompts.spec.run_spec` with the :data:`~memories_core.prompts.
 reflection.REFLECTION` spec, so models with structured output answer in JSON.
+
+A recall never waits on the model past its ``budget`` (seconds for all reflection calls of
+one recall): past it the recall returns the first search's candidates as they are, the same
+documented fallback as a failed reflection, counted in ``usage.failures["reflection_timeout"]``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import threading
+import time
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from typing import Any, Generic, TypeAlias, TypeVar
 
-from memories_core.errors import ConfigurationError, LLMError, ParseError
+from memories_core.errors import ConfigurationError, LLMError, LLMTimeoutError, ParseError
 from memories_core.interfaces import LLM, LLMRouter, Mechanism
-from memories_core.llms.base import llm_for_scope
+from memories_core.llms.base import llm_for_scope, run_with_timeout
 from memories_core.prompts.reflection import REFLECTION, ReflectionInput, ReflectionVerdict
 from memories_core.prompts.spec import arun_spec, run_spec
 from memories_core.types import Recall, Scope, ScoredRecord, Turn
 from memories_core.usage import MemoryUsage, UsageCounter
 
-__all__ = ["ReflectionResult", "SelfReflectiveMemory", "SelfReflectiveRetrieval"]
+__all__ = [
+    "DEFAULT_RECALL_BUDGET",
+    "ReflectionResult",
+    "SelfReflectiveMemory",
+    "SelfReflectiveRetrieval",
+]
+
+#: Seconds a recall may spend waiting on reflection calls before it falls back to the first
+#: search's candidates.
+DEFAULT_RECALL_BUDGET = 30.0
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +73,7 @@ class ReflectionResult(Generic[T]):
         llm_calls: Reflection rounds that called the model (a repair retry inside a round is
             not counted here; the model's own ``usage`` counts every call).
         failed: Whether a reflection call failed (the candidates are then used as they are).
+        timed_out: Whether the time budget ran out (the first search's candidates are used).
     """
 
     items: list[T]
@@ -65,6 +82,7 @@ class ReflectionResult(Generic[T]):
     keywords: tuple[str, ...] = ()
     llm_calls: int = 0
     failed: bool = False
+    timed_out: bool = False
 
     @property
     def rounds(self) -> int:
@@ -91,17 +109,27 @@ class SelfReflectiveRetrieval:
     Args:
         llm: Judges the candidates.
         max_rounds: Reflection rounds, hence query expansions, allowed (paper: 1).
+        budget: Seconds one retrieval may wait on reflection calls in all (``None``: no
+            limit). Past it the first search's candidates are returned.
 
     Raises:
-        ConfigurationError: if ``max_rounds`` is negative.
+        ConfigurationError: if ``max_rounds`` is negative or ``budget`` not positive.
     """
 
-    def __init__(self, llm: LLM, *, max_rounds: int = 1) -> None:
+    def __init__(
+        self, llm: LLM, *, max_rounds: int = 1, budget: float | None = DEFAULT_RECALL_BUDGET
+    ) -> None:
         if max_rounds < 0:
             raise ConfigurationError("max_rounds must be >= 0")
+        if budget is not None and (
+            isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0
+        ):
+            raise ConfigurationError(f"budget must be a positive number or None, got {budget!r}")
         self.llm = llm
         self.max_rounds = max_rounds
+        self.budget = None if budget is None else float(budget)
         self.failures = UsageCounter()
+        self.timeouts = UsageCounter()
 
     def run(
         self,
@@ -124,6 +152,7 @@ class SelfReflectiveRetrieval:
             llm: The model for this call (e.g. a per-user model); default :attr:`llm`.
         """
         model = llm or self.llm
+        deadline = self._deadline()
         steps = self._steps(query, text_of)
         step = next(steps)
         while True:
@@ -132,7 +161,11 @@ class SelfReflectiveRetrieval:
                 reply = search(step.query)
             else:
                 try:
-                    reply = run_spec(model, REFLECTION, step.inputs)
+                    reply = run_with_timeout(
+                        partial(run_spec, model, REFLECTION, step.inputs),
+                        _left(deadline),
+                        label="self-reflection",
+                    )
                 except (LLMError, ParseError) as exc:
                     reply = exc
             try:
@@ -150,6 +183,7 @@ class SelfReflectiveRetrieval:
     ) -> ReflectionResult[T]:
         """Async twin of :meth:`run` with an async search function (the same loop)."""
         model = llm or self.llm
+        deadline = self._deadline()
         steps = self._steps(query, text_of)
         step = next(steps)
         while True:
@@ -157,14 +191,29 @@ class SelfReflectiveRetrieval:
             if isinstance(step, _Search):
                 reply = await search(step.query)
             else:
+                left = _left(deadline)
                 try:
-                    reply = await arun_spec(model, REFLECTION, step.inputs)
+                    if left is not None and left <= 0:
+                        raise LLMTimeoutError("self-reflection: no time left", timeout=0.0)
+                    reply = await asyncio.wait_for(arun_spec(model, REFLECTION, step.inputs), left)
+                except TimeoutError as exc:
+                    reply = (
+                        exc
+                        if isinstance(exc, LLMTimeoutError)
+                        else LLMTimeoutError(
+                            f"self-reflection gave no answer within {left:g} s",
+                            timeout=left or 0.0,
+                        )
+                    )
                 except (LLMError, ParseError) as exc:
                     reply = exc
             try:
                 step = steps.send(reply)
             except StopIteration as done:
                 return done.value
+
+    def _deadline(self) -> float | None:
+        return None if self.budget is None else time.monotonic() + self.budget
 
     def _steps(self, query: str, text_of: Callable[[T], str]) -> _Steps[T]:
         """The loop itself: yields searches and reflections, receives their results.
@@ -175,10 +224,13 @@ class SelfReflectiveRetrieval:
         queries = [query]
         keywords: list[str] = []
         items: list[T] = list((yield _Search(query)))
+        first = items
         calls = 0
         for _ in range(self.max_rounds):
             calls += 1
             verdict = yield _Reflect(ReflectionInput(query, tuple(text_of(i) for i in items)))
+            if isinstance(verdict, LLMTimeoutError):
+                return self._timed_out(first, queries, calls, keywords, verdict)
             if isinstance(verdict, Exception):
                 return self._failed(items, queries, calls, keywords, verdict)
             done = self._settle(verdict, items, queries, calls, text_of, keywords)
@@ -209,6 +261,27 @@ class SelfReflectiveRetrieval:
             queries=queries,
             keywords=tuple(keywords),
             llm_calls=calls,
+        )
+
+    def _timed_out(
+        self,
+        first: list[T],
+        queries: list[str],
+        calls: int,
+        keywords: list[str],
+        error: LLMTimeoutError,
+    ) -> ReflectionResult[T]:
+        # Documented fallback: past the budget the recall returns the first search's result.
+        self.timeouts.record(failures=1)
+        logger.warning("self-reflection ran out of its time budget; using the first search")
+        return ReflectionResult(
+            items=first,
+            memory=None,
+            queries=queries,
+            keywords=tuple(keywords),
+            llm_calls=calls,
+            failed=True,
+            timed_out=True,
         )
 
     def _failed(
@@ -249,6 +322,8 @@ class SelfReflectiveMemory:
         max_rounds: Query expansions allowed (paper: 1).
         llm_for: Optional ``llm_for`` hook: the model that reflects for a scope (e.g. a
             per-user model); ``None`` from the hook means ``llm``.
+        budget: Seconds a recall may wait on the reflection calls; past it the recall
+            returns the first search's records (``None``: no limit).
     """
 
     def __init__(
@@ -258,9 +333,10 @@ class SelfReflectiveMemory:
         *,
         max_rounds: int = 1,
         llm_for: LLMRouter | None = None,
+        budget: float | None = DEFAULT_RECALL_BUDGET,
     ) -> None:
         self.base = base
-        self.reflection = SelfReflectiveRetrieval(llm, max_rounds=max_rounds)
+        self.reflection = SelfReflectiveRetrieval(llm, max_rounds=max_rounds, budget=budget)
         self.llm_for = llm_for
         # Every model that reflected (the default and routed ones), for usage.
         self._models: dict[int, LLM] = {id(llm): llm}
@@ -278,7 +354,8 @@ class SelfReflectiveMemory:
 
         ``llm`` adds the reflection models' calls and tokens to the wrapped memory's LLM
         (counted once when it is the same model); ``failures["reflection"]`` counts failed
-        reflections (the candidates were then used as retrieved).
+        reflections (the candidates were then used as retrieved), and
+        ``failures["reflection_timeout"]`` recalls that ran out of their time budget.
         """
         base: MemoryUsage = self.base.usage  # type: ignore[attr-defined]
         base_llm = getattr(self.base, "llm", None)
@@ -291,6 +368,9 @@ class SelfReflectiveMemory:
         failures["reflection"] = (
             failures.get("reflection", 0) + self.reflection.failures.snapshot().failures
         )
+        timeouts = self.reflection.timeouts.snapshot().failures
+        if timeouts:
+            failures["reflection_timeout"] = failures.get("reflection_timeout", 0) + timeouts
         return MemoryUsage(llm=total, embedder=base.embedder, failures=failures)
 
     def save(self, turns: Sequence[Turn], scope: Scope) -> None:
@@ -337,6 +417,13 @@ class SelfReflectiveMemory:
         """Clear through the wrapped mechanism."""
         self.base.clear(scope)
 
+    def flush(
+        self, user_id: str | None = None, *, timeout: float | None = None, progress: bool = False
+    ) -> int:
+        """Wait for the wrapped memory's pending derivations (its ``flush``; 0 if it has none)."""
+        flush = getattr(self.base, "flush", None)
+        return int(flush(user_id, timeout=timeout, progress=progress)) if flush else 0
+
     async def aclear(self, scope: Scope) -> None:
         """Async twin of :meth:`clear`."""
         await self.base.aclear(scope)
@@ -359,6 +446,10 @@ class SelfReflectiveMemory:
 def _to_recall(query: str, result: ReflectionResult[ScoredRecord]) -> Recall:
     context = result.memory or "\n".join(hit.record.text for hit in result.items)
     return Recall(query=query, records=tuple(result.items), context=context)
+
+
+def _left(deadline: float | None) -> float | None:
+    return None if deadline is None else deadline - time.monotonic()
 
 
 def _extend(query: str, keywords: Sequence[str]) -> str:
