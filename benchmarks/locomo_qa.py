@@ -425,6 +425,9 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
             fontsize=9,
         )
     ax.set_xscale("log")
+    from matplotlib.ticker import NullFormatter
+
+    ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels overlap on a short log axis
     ax.set_xlabel("model tokens per question (reader prompt + memory writing, amortised)")
     ax.set_ylabel("LoCoMo F1")
     ax.set_title("Answer quality vs cost")
