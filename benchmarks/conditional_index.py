@@ -116,18 +116,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--seed-cache", type=Path, default=None, help="read-only .npz of vectors")
     parser.add_argument("--label", default="run")
+    parser.add_argument("--embedder", choices=("minilm", "hashing"), default="minilm")
     args = parser.parse_args(argv)
-    from memories_core.embedders import SentenceTransformerEmbedder
+    from memories_core.embedders import HashingEmbedder, SentenceTransformerEmbedder
 
     convs = load(args.data)
     if args.conversations:
         convs = convs[: args.conversations]
-    embedder = CachedEmbedder(SentenceTransformerEmbedder(), OUT / "conditional_index_cache")
+    inner = SentenceTransformerEmbedder() if args.embedder == "minilm" else HashingEmbedder()
+    embedder = CachedEmbedder(inner, OUT / "conditional_index_cache")
     if args.seed_cache is not None and args.seed_cache.exists():
         data = np.load(args.seed_cache)
         for key in data.files:
             embedder.vectors.setdefault(key, data[key])
-    report: dict[str, Any] = {"machine": machine(), "conversations": len(convs), "shapes": {}}
+    report: dict[str, Any] = {
+        "machine": machine(),
+        "conversations": len(convs),
+        "embedder": inner.name,
+        "shapes": {},
+    }
     for shape in [s.strip() for s in args.shapes.split(",") if s.strip()]:
         started = time.perf_counter()
         report["shapes"][shape] = evaluate(convs, embedder, shape)
