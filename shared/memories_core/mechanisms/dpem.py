@@ -11,8 +11,8 @@ Three memories, one table each, kept as engine records of one user with their **
   item or a near-duplicate of it appeared; ``attrs.rounds``: which); limited to
   ``stm_capacity``; refreshed every ``stm_refresh_rounds`` rounds; looked up by closest
   Levenshtein match (rapidfuzz), keeping only matches at or above a relevance cut
-  (``stm_cut``, :data:`DEFAULT_STM_CUT`, chosen by cross-validation), so a query unrelated to
-  every item finds nothing there.
+  (``stm_cut``; :data:`MEASURED_STM_CUT` was chosen by cross-validation, the default is off),
+  so with a cut a query unrelated to every item finds nothing there.
 * **long-term memory** (tier ``"ltm"``, same kind): items whose count reached ``theta``; it only
   grows; looked up by semantic similarity through the engine's fused retrieval.
 
@@ -82,6 +82,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_STM_CUT",
     "KNOWLEDGE_KIND",
+    "MEASURED_STM_CUT",
     "MERGE_THRESHOLD",
     "NOTE_KIND",
     "DPeMStats",
@@ -102,9 +103,15 @@ WORKING, STM, LTM = "working", "stm", "ltm"
 #: order) score 89-100; different facts that share most words (another token, another
 #: condition) score at most 84.
 MERGE_THRESHOLD = 88.0
-#: Default relevance cut of the STM lookup per scorer (0-1): matches scoring below it are not
-#: returned. Chosen by leave-one-conversation-out cross-validation on LoCoMo (observations as
-#: STM items, questions as queries; BENCHMARKS.md, "DPeM: rounds by exchange, STM cut").
+#: Relevance cut of the STM lookup per scorer (0-1) chosen by leave-one-conversation-out
+#: cross-validation on LoCoMo (observations as STM items, questions as queries; the same cut
+#: in every fold; BENCHMARKS.md, "DPeM: rounds by exchange, STM relevance cut"): held-out
+#: precision 0.04 -> 0.22 and F1 0.07 -> 0.15 for Levenshtein, at the cost of recall
+#: (0.30 -> 0.12). Opt in with ``stm_cut=MEASURED_STM_CUT[scorer]``.
+MEASURED_STM_CUT: dict[str, float] = {"levenshtein": 0.35, "partial": 0.6}
+#: Default cut per scorer: off (0). The measured cut drops facts a paraphrased query asks
+#: about (the contract suite's "what is my secret code" against "My secret code is ..."),
+#: so it is not the default until that trade-off is decided.
 DEFAULT_STM_CUT: dict[str, float] = {"levenshtein": 0.0, "partial": 0.0}
 
 T = TypeVar("T")
