@@ -239,3 +239,48 @@ def test_users_are_isolated() -> None:
     memory.save([Turn("user", "I love sailing")], Scope("a"))
     memory.save([Turn("user", "I love climbing")], Scope("b"))
     assert [h.record.user_id for h in memory.recall("love", Scope("b"), k=10).records] == ["b"]
+
+
+# ------------------------------------------------------------------------ what is indexed
+TRIP = (
+    "The user is planning a two week family trip through Italy next summer with the kids, "
+    "comparing trains and rental cars, hotels near the old towns, museum tickets and a "
+    "budget for food, and asked the assistant to keep the whole itinerary in mind."
+)
+NOTES = [
+    "The user is allergic to shellfish.",
+    "The user's sister lives in Bologna.",
+    "The user's son is seven years old.",
+    "The user prefers trains over rental cars.",
+]
+
+
+def trip_memory() -> ConditionalMemory:
+    """Four notes of one session that share one long context."""
+    replies = []
+    for note in NOTES:
+        replies += ["<Decision>: yes", f"<Context>: NaN <Summary>: {TRIP} <Note>: {note}"]
+    memory = ConditionalMemory(llm=ScriptedLLM(replies), embedder=HashingEmbedder())
+    for note in NOTES:
+        memory.save([Turn("user", f"By the way: {note}")], Scope("ann", "trip"))
+    return memory
+
+
+def test_a_record_is_indexed_by_its_note_as_well_as_its_rendered_text() -> None:
+    memory = trip_memory()
+    (record,) = [r for r in memory.records(Scope("ann")) if r.metadata["knowledge"] == NOTES[1]]
+    assert record.text == f"Context: {TRIP} Knowledge: {NOTES[1]}"  # the reader's format
+    keys = memory.engine.records("ann", where={"kind": "search_key", "key_for": record.id})
+    assert [k.text for k in keys] == [NOTES[1]]
+    turn_keys = memory.engine.records(
+        "ann", where={"kind": "search_key", "key_for": record.source_ids[0]}
+    )
+    assert [k.text for k in turn_keys] == [NOTES[1]]
+
+
+def test_notes_sharing_a_long_context_are_recalled_by_their_own_words() -> None:
+    memory = trip_memory()
+    for note in NOTES:
+        (hit,) = memory.recall(note.removeprefix("The user"), Scope("ann"), k=1).records
+        assert hit.record.metadata["knowledge"] == note
+        assert hit.record.kind == "conditional"

@@ -50,6 +50,8 @@ class MemoChatAware:
 class TestMemoChatContract(MechanismContract):
     needs_llm = True
     derives_records = True
+    # With a model, recall returns the memos it chose (possibly none: NOTO), Lu et al. §3.2.
+    fills_k = False
     known_failures: ClassVar[dict[str, str]] = {}
 
     def make_memory(self, path: Path | None, llm: LLM) -> Mechanism:

@@ -14,6 +14,7 @@ from memories_core.embedders import HashingEmbedder
 from memories_core.errors import ConfigurationError, InvalidInputError, ParseError
 from memories_core.llms import ScriptedLLM
 from memories_core.mechanisms.dpem import (
+    DEFAULT_STM_CUT,
     KNOWLEDGE_KIND,
     MERGE_THRESHOLD,
     near_duplicate,
@@ -186,9 +187,51 @@ def test_stm_capacity_drops_least_seen_oldest_first() -> None:
     }
 
 
+def test_a_save_of_several_exchanges_counts_one_round_per_exchange() -> None:
+    """A round is one exchange however the adapter batches: one save of three = three saves."""
+    batched, one_by_one = make(theta=3), make(theta=3)
+    exchange = [Turn("user", "I have type 2 diabetes."), Turn("assistant", "Noted.")]
+    batched.save(exchange * 3, Scope("ann"))
+    for i in range(3):
+        say(one_by_one, "ann", "I have type 2 diabetes.", "Noted.", i=i)
+    assert batched.rounds("ann") == one_by_one.rounds("ann") == 3
+    assert batched.flag_table("ann") == one_by_one.flag_table("ann")
+    assert [i.text for i in batched.ltm("ann")] == [i.text for i in one_by_one.ltm("ann")]
+    assert batched.stats("ann").promotions == 1
+
+
+def test_user_turns_before_one_reply_are_one_round() -> None:
+    memory = make()
+    memory.save(
+        [Turn("user", "Hi."), Turn("user", "My feet tingle."), Turn("assistant", "Check them.")],
+        Scope("ann"),
+    )
+    assert memory.rounds("ann") == 1
+    memory.save([Turn("assistant", "Anything else?"), Turn("user", "No.")], Scope("ann"))
+    assert memory.rounds("ann") == 3
+
+
 # ---------------------------------------------------------------------------- retrieval
+def test_stm_lookup_cut_leaves_out_unrelated_items() -> None:
+    memory = make(theta=9, stm_cut=0.4)
+    for i, text in enumerate(["My feet tingle at night.", "I am thirsty all the time."]):
+        say(memory, "ann", text, i=i)
+    assert memory.stm_lookup("zebra stripes", "ann", k=3) == []
+    hits = memory.stm_lookup("my feet tingle at nite", "ann", k=3)
+    assert [h.record.text for h in hits] == ["The user said: My feet tingle at night."]
+    assert memory.recall("zebra stripes", Scope("ann")).records == ()
+
+
+def test_stm_cut_default_comes_from_the_measured_table() -> None:
+    assert make().stm_cut == DEFAULT_STM_CUT["levenshtein"]
+    assert make(stm_scorer="partial").stm_cut == DEFAULT_STM_CUT["partial"]
+    for bad in (-0.1, 1.5, True, "0.3"):
+        with pytest.raises(ConfigurationError):
+            make(stm_cut=bad)
+
+
 def test_stm_lookup_is_the_closest_levenshtein_match() -> None:
-    memory = make(theta=9)
+    memory = make(theta=9, stm_cut=0.0)
     texts = ["My feet tingle at night.", "I am thirsty all the time.", "Can I eat rice?"]
     for i, text in enumerate(texts):
         say(memory, "ann", text, i=i)

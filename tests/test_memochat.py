@@ -27,17 +27,20 @@ from memories_core.prompts.memochat import (
     MEMO_RETRIEVAL,
     MEMO_RETRIEVAL_JSON,
     NOTO,
+    RETRIEVE_SYSTEM,
     MemoSpan,
     RetrievalInput,
     build_chat_messages,
     build_retrieval_messages,
     build_writing_messages,
     fence,
+    noto_position,
     parse_memo_spans,
     parse_selection,
     repair_spans,
     rule_following_reply,
 )
+from memories_core.retrieval import Pipeline
 from memories_core.types import ChatMessage
 
 CHAT = [
@@ -312,14 +315,81 @@ def test_llm_free_retrieval() -> None:
     assert chosen and any("polynomial" in d for m in chosen for d in m.dialogs)
 
 
-def test_option_source_preselects_within_budget() -> None:
+def _retrieval_prompts(llm: ScriptedLLM) -> list[str]:
+    return [m[-1].content for m in llm.calls if m[0].content == RETRIEVE_SYSTEM]
+
+
+def test_recall_preselects_within_budget() -> None:
     llm = _llm()
     memory = _filled(llm, max_options=2)
+    assert len(memory.memos(Scope("ann"))) > 2
     memory.recall("japan business", Scope("ann"))
-    assert memory.pipeline is not None
-    source = memory.pipeline.sources[-1]
-    assert isinstance(source, LLMOptionSource)
-    assert source.calls and max(source.calls) <= 2
+    (prompt,) = _retrieval_prompts(llm)
+    assert prompt.count("\n(") + prompt.startswith("(") <= 3  # two memos and NOTO
+
+
+def test_option_source_in_a_custom_pipeline_preselects_within_budget() -> None:
+    llm = _llm()
+    memory = _filled(llm)
+    source = LLMOptionSource(llm, max_options=2)
+    hits = memory.engine.search(
+        "japan business", "ann", k=3, kinds=("memo",), pipeline=Pipeline(sources=(source,))
+    )
+    assert source.calls == [2]
+    assert all(h.record.kind == "memo" for h in hits)
+
+
+def test_llm_recall_returns_only_the_chosen_memos() -> None:
+    """Every generic adapter calls recall: it must return the model's choice, not k hits."""
+    memory = _filled(_llm())
+    memory.end_session(Scope("ann"))  # every line in a memo: nothing left in the buffer
+    assert memory.buffer(Scope("ann")) == []
+    chosen = [m.id for m in memory.retrieve("the polynomial roots", Scope("ann"))]
+    recall = memory.recall("the polynomial roots", Scope("ann"), k=5)
+    assert chosen and [h.record.id for h in recall.records] == chosen
+    assert "(x - 2)(x - 3)" in recall.context and "fifteen degrees" not in recall.context
+
+
+def test_llm_recall_of_an_off_topic_query_is_empty() -> None:
+    memory = _filled(_llm())
+    memory.end_session(Scope("ann"))
+    recall = memory.recall("zebras gallop across savannahs", Scope("ann"), k=5)
+    assert recall.records == () and recall.context == ""
+
+
+def test_llm_recall_finds_a_fresh_line_before_its_memo() -> None:
+    memory = MemoChatMemory(llm=_llm(), embedder=HashingEmbedder(), max_lines=10)
+    memory.save(_turns(CHAT[:2]), Scope("ann"))
+    assert memory.memos(Scope("ann")) == []
+    recall = memory.recall("what about entanglement", Scope("ann"))
+    assert any("entanglement" in h.record.text for h in recall.records)
+    assert memory.recall("zebras gallop", Scope("ann")).records == ()
+
+
+def test_llm_recall_falls_back_to_the_llm_free_selector_when_the_model_fails() -> None:
+    memory = _filled(_llm())
+    memory.end_session(Scope("ann"))
+    memory.llm = ScriptedLLM(["(1) japan\n(2) qubits\n(3) NOTO"] * 3)  # an echoed list: unread
+    recall = memory.recall("polynomial roots", Scope("ann"), k=5)
+    assert memory.llm.calls
+    memory.mode = "llm_free"
+    by_rule = [m.id for m in memory.retrieve("polynomial roots", Scope("ann"))]
+    assert by_rule and [h.record.id for h in recall.records] == by_rule
+
+
+def test_noto_is_placed_at_a_reproducible_pseudo_random_position() -> None:
+    options = ["a. one", "b. two", "c. three", "d. four"]
+    places = {noto_position(f"query {i}", options) for i in range(60)}
+    assert places == {1, 2, 3, 4, 5}  # every place, not always the last (Lu et al. §3.2)
+    assert noto_position("q", options) == noto_position("q", options)
+
+
+def test_choose_memos_maps_numbers_around_a_noto_in_the_middle() -> None:
+    options = ["japan. bowing", "qubits. physics", "polynomial. roots", "party. food"]
+    query = next(f"qubits {i}" for i in range(100) if noto_position(f"qubits {i}", options) == 2)
+    llm = ScriptedLLM(["3"])  # shown: (1) japan (2) NOTO (3) qubits ...
+    assert choose_memos(llm, query, options) == [1]
+    assert "(2) NOTO. None of the others." in llm.calls[0][-1].content
 
 
 def test_chat_with_memo_respond_saves_the_exchange() -> None:

@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 from langchain.agents import create_agent
 from langchain_classic.chains import ConversationChain
+from langchain_core.documents import Document
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
-from langchain_core.runnables import ConfigurableField, Runnable
+from langchain_core.runnables import ConfigurableField, Runnable, RunnablePassthrough
 from lc_fakes import CoreBackedChatModel, chat_model, rule_following_chat_model
 from pydantic import ValidationError
 
@@ -20,8 +21,9 @@ from langchain_memories import (
     LangChainLLM,
     LegacyChainMemory,
     MemoryMiddleware,
+    MemoryRetriever,
 )
-from memories_core import HistoryMemory, InvalidInputError, LLMError, Scope
+from memories_core import HistoryMemory, InvalidInputError, LLMError, Scope, Turn
 from memories_core.embedders import HashingEmbedder
 from memories_core.llms import ScriptedLLM
 from memories_core.llms.rule_following import rule_following_reply
@@ -257,3 +259,30 @@ def test_multiview_memory_in_conversation_chain() -> None:
     assert "## Conditional memory (context and knowledge)" in sent
     assert "Knowledge: The user said: No, I meant every letter" in sent
     assert "## History memory (earlier utterances)" in sent and "assistant: Noted." in sent
+
+
+# ------------------------------------------------------------ what a retriever chain is shown
+TRIP = (
+    "The user is planning a two week family trip through Italy next summer with the kids, "
+    "comparing trains and rental cars, hotels near the old towns and museum tickets."
+)
+TRIP_NOTES = ["The user is allergic to shellfish.", "The user's sister lives in Bologna."]
+
+
+def _page_contents(documents: list[Document]) -> str:
+    return "\n".join(d.page_content for d in documents)
+
+
+def test_retriever_chain_ranks_a_note_by_its_words_and_shows_the_rendered_record() -> None:
+    replies = []
+    for note in TRIP_NOTES:
+        replies += ["<Decision>: yes", f"<Context>: NaN <Summary>: {TRIP} <Note>: {note}"]
+    memory = ConditionalMemory(llm=ScriptedLLM(replies), embedder=HashingEmbedder())
+    for note in TRIP_NOTES:
+        memory.save([Turn("user", note)], Scope("ann", "trip"))
+    retriever = MemoryRetriever(memory=memory, user_id="ann", k=1)
+    model = chat_model("Bologna.")
+    prompt = ChatPromptTemplate.from_messages([("system", "{notes}"), ("human", "{question}")])
+    chain = {"notes": retriever | _page_contents, "question": RunnablePassthrough()} | prompt
+    (chain | model).invoke("where does my sister live")
+    assert model.prompts[-1][0].content == f"Context: {TRIP} Knowledge: {TRIP_NOTES[1]}"

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+from langchain_core.documents import Document
 from langchain_core.output_parsers import StrOutputParser
-from langchain_core.runnables import RunnableLambda
+from langchain_core.prompts import ChatPromptTemplate
+from langchain_core.runnables import RunnableLambda, RunnablePassthrough
 from lc_fakes import chat_model
 
 from langchain_memories import create_memochat_chain, memochat_retriever
@@ -72,3 +76,41 @@ def test_retriever_returns_memo_documents() -> None:
     assert any(d.metadata.get("kind") == "memo" for d in docs) or any(
         "business" in d.page_content for d in docs
     )
+
+
+def _memoized() -> MemoChatMemory:
+    """Every line written into a memo (the session ended), so only memos can be recalled."""
+    memory = _memory()
+    memory.end_session(Scope("ann"))
+    assert memory.buffer(Scope("ann")) == []
+    return memory
+
+
+def _joined(found: list[Document]) -> str:
+    return "\n".join(d.page_content for d in found) or "(nothing)"
+
+
+def _retriever_chain(memory: MemoChatMemory, model: Any) -> Any:
+    prompt = ChatPromptTemplate.from_messages(
+        [("system", "Memo:\n{context}"), ("human", "{question}")]
+    )
+    docs = memochat_retriever(memory, "ann", k=5) | RunnableLambda(_joined)
+    return {"context": docs, "question": RunnablePassthrough()} | prompt | model
+
+
+def test_retriever_in_an_lcel_chain_returns_only_the_memo_the_model_chose() -> None:
+    memory = _memoized()
+    chosen = memory.retrieve("the polynomial roots", Scope("ann"))
+    model = chat_model("Two and three.")
+    _retriever_chain(memory, model).invoke("the polynomial roots")
+    system = model.prompts[-1][0].content
+    assert len(chosen) == 1 and "polynomial" in chosen[0].summary
+    assert "polynomial" in system and "Japan" not in system
+
+
+def test_retriever_in_an_lcel_chain_recalls_nothing_when_the_model_says_noto() -> None:
+    memory = _memoized()
+    model = chat_model("No idea.")
+    _retriever_chain(memory, model).invoke("zebras gallop across savannahs")
+    assert model.prompts[-1][0].content == "Memo:\n(nothing)"
+    assert memochat_retriever(memory, "ann", k=5).invoke("zebras gallop") == []

@@ -16,7 +16,7 @@ from llama_index.core.chat_engine import SimpleChatEngine
 from llama_index.core.memory import Memory
 
 from llamaindex_memories import ConditionalMemoryBlock, ConditionalMemoryLLM, MemoryBlock
-from memories_core import LLMError, Scope, SummaryMemory
+from memories_core import LLMError, Scope, SummaryMemory, Turn
 from memories_core.embedders import HashingEmbedder
 from memories_core.interfaces import LLM
 from memories_core.llms import ScriptedLLM
@@ -324,3 +324,26 @@ async def test_multiview_memory_behind_the_generic_block(
     assert "## Summary memory (earlier sessions)" in prompt
     assert "In this session the user said: " + ASK in prompt
     views.close()
+
+
+# -------------------------------------------------------------- what a memory block is shown
+TRIP = (
+    "The user is planning a two week family trip through Italy next summer with the kids, "
+    "comparing trains and rental cars, hotels near the old towns and museum tickets."
+)
+TRIP_NOTES = ["The user is allergic to shellfish.", "The user's sister lives in Bologna."]
+
+
+async def test_memory_block_shows_the_rendered_record_of_the_note_asked_about() -> None:
+    replies = []
+    for note in TRIP_NOTES:
+        replies += ["<Decision>: yes", f"<Context>: NaN <Summary>: {TRIP} <Note>: {note}"]
+    memory = ConditionalMemory(llm=ScriptedLLM(replies), embedder=HashingEmbedder())
+    for note in TRIP_NOTES:
+        memory.save([Turn("user", note)], Scope("ann", "trip"))
+    block = MemoryBlock(memory=memory, user_id="ann", k=1)
+    chat_memory = Memory.from_defaults(session_id="s2", memory_blocks=[block])
+    await chat_memory.aput(ChatMessage(role="user", content="am I allergic to shellfish"))
+    shown = str(await chat_memory.aget())
+    assert f"Context: {TRIP} Knowledge: {TRIP_NOTES[0]}" in shown
+    assert "Bologna" not in shown

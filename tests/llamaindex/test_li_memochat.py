@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from li_fakes import RecordingLLM
+from llama_index.core.base.llms.types import ChatMessage as LIChatMessage
 from llama_index.core.chat_engine import SimpleChatEngine
 from llama_index.core.llms import MockLLM
 from llama_index.core.memory import Memory
@@ -67,3 +68,30 @@ def test_memory_block_in_simple_chat_engine(recording_llm: RecordingLLM) -> None
     engine = SimpleChatEngine.from_defaults(llm=recording_llm, memory=memory)
     engine.chat("what about the business gift in japan?")
     assert "gift" in recording_llm.prompts[-1]
+
+
+def _memoized() -> MemoChatMemory:
+    """Every line written into a memo (the session ended), so only memos can be recalled."""
+    memory = _memory()
+    memory.end_session(Scope("ann"))
+    assert memory.buffer(Scope("ann")) == []
+    return memory
+
+
+def test_memory_block_in_memory_brings_only_the_memo_the_model_chose(
+    recording_llm: RecordingLLM,
+) -> None:
+    block = MemoryBlock(memory=_memoized(), user_id="ann", k=5)
+    memory = Memory.from_defaults(session_id="s2", memory_blocks=[block])
+    engine = SimpleChatEngine.from_defaults(llm=recording_llm, memory=memory)
+    engine.chat("how do I factor the polynomial again?")
+    prompt = recording_llm.prompts[-1]
+    assert "(x - 2)(x - 3)" in prompt and "fifteen degrees" not in prompt
+
+
+async def test_memory_block_in_memory_adds_nothing_when_the_model_says_noto() -> None:
+    block = MemoryBlock(memory=_memoized(), user_id="ann", k=5)
+    memory = Memory.from_defaults(session_id="s2", memory_blocks=[block])
+    await memory.aput(LIChatMessage(role="user", content="zebras gallop across savannahs"))
+    messages = await memory.aget()
+    assert [m.content for m in messages] == ["zebras gallop across savannahs"]

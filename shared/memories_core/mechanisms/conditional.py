@@ -36,6 +36,7 @@ from memories_core.prompts.conditional import (
     DECISION,
     RECORD,
     RESPOND_AND_DECIDE,
+    ConditionalNote,
     DecisionInput,
     RecordInput,
     RespondInput,
@@ -260,9 +261,32 @@ class ConditionalMemory(MemoryBase):
             note = run_spec(writer, RECORD, RecordInput(tuple(dialogue), content), retries=retries)
         except (LLMError, ParseError) as exc:
             raise JobFailed("record", f"record for turn {turn_id} failed: {exc}") from exc
+        return Derivation(add=self.derive_records(note, turn, context))
+
+    def derive_records(
+        self, note: ConditionalNote, turn: MemoryRecord, context: Sequence[MemoryRecord] = ()
+    ) -> list[MemoryRecord]:
+        """The records one written note becomes (what the record job stores and indexes).
+
+        * the conditional record: text ``"Context: ... Knowledge: ..."`` (Table 1), what a
+          reader sees, linked to the turn and its context turns;
+        * a search key of the *record* (``key_for`` = the record), text = the note alone: the
+          session's context, shared by every note of a session, dominates the rendered text's
+          vector, so notes of one session look alike to the dense search; the key lets the
+          note rank on its own words, while the reader still gets the rendered record
+          (BENCHMARKS.md, "Conditional memory: what is indexed");
+        * a search key of the *turn* (``key_for`` = the turn), text = the note, so recall of
+          raw turns (e.g. :class:`~memories_core.HistoryMemory` on the same engine) finds the
+          turn by its meaning (:mod:`memories_core.retrieval.keys`).
+
+        Args:
+            note: The parsed record answer (Table 18).
+            turn: The user turn it was written for.
+            context: The turns before it that the record call was shown.
+        """
         record = MemoryRecord(
             id=new_id(),
-            user_id=user_id,
+            user_id=turn.user_id,
             kind="conditional",
             text=render_record(note),
             created_at=turn.created_at,
@@ -270,19 +294,21 @@ class ConditionalMemory(MemoryBase):
             metadata={"context": note.summary, "knowledge": note.note, "turn_id": turn.id},
             source_ids=(turn.id, *(r.id for r in context)),
         )
-        # The knowledge line also becomes a search key of the turn it came from, so recall
-        # of raw turns (e.g. HistoryMemory on the same engine) finds the turn by its meaning
-        # (issue 9, item 2; retrieval.keys).
-        key = MemoryRecord(
-            id=new_id(),
-            user_id=user_id,
-            kind=SEARCH_KEY_KIND,
-            text=note.note,
-            created_at=turn.created_at,
-            session_id=turn.session_id,
-            metadata={KEY_FOR: turn.id, "mechanism": self.name},
-        )
-        return Derivation(add=[record, key] if note.note.strip() else [record])
+        if not note.note.strip():
+            return [record]
+        keys = [
+            MemoryRecord(
+                id=new_id(),
+                user_id=turn.user_id,
+                kind=SEARCH_KEY_KIND,
+                text=note.note,
+                created_at=turn.created_at,
+                session_id=turn.session_id,
+                metadata={KEY_FOR: target, "mechanism": self.name},
+            )
+            for target in (record.id, turn.id)
+        ]
+        return [record, *keys]
 
     # ------------------------------------------------------------------ internals
     def _job_of(self, user_id: str, turn_id: str) -> Job | None:

@@ -8,8 +8,9 @@ The paper's pipeline (§3.2, Figure 3) is *memorization-retrieval-response*:
   numbered lines, and memo
   entries ``{topic, summary, dialogs}`` are stored; the last two lines stay in the buffer;
 * **memo retrieval** (Table 7): the LLM is shown the options ``(i) topic. summary`` plus a
-  none-of-the-others option (NOTO) and answers ``N#M`` (``{"options": [N, M]}`` under
-  schema-constrained decoding, where the model offers it);
+  none-of-the-others option (NOTO, at a pseudo-random place among them as in §3.2) and
+  answers ``N#M`` (``{"options": [N, M]}`` under schema-constrained decoding, where the model
+  offers it);
 * **chat with memo** (Table 8): the reply prompt holds the related evidences, the recent
   dialogs and the user input.
 
@@ -21,6 +22,15 @@ the budget writes a ``write_memo`` job in its own transaction (a session end wri
 keeps no line); an unparseable answer raises
 :class:`~memories_core.engine.JobFailed`, so the job stays pending and is retried with
 backoff: lines are never lost.
+
+**Recall follows the model's choice.** With an LLM, :meth:`MemoChatMemory.recall` (what every
+generic adapter calls) returns the memos the model chose (:meth:`MemoChatMemory.retrieve`),
+each with the dialog lines it covers, and nothing else from the memo: a NOTO answer recalls
+no memo. The lines no memo covers yet (the buffer, Table 8's recent dialogs; the model was
+not asked about them) follow when they share a content word with the query, so a fact said
+a moment ago is found before its memo is written, and an off-topic query recalls nothing.
+If the model call fails or its answer cannot be read, the LLM-free selector chooses instead.
+LLM-free, recall is the engine's fused search over memos and turns.
 
 **Memos as search keys of the raw turns.** Recall searches memos and turns together; a memo
 that ranks brings the dialog lines it covers (its turns are rendered under it), so a query
@@ -52,7 +62,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from memories_core.engine import Derivation, JobFailed, check_query, check_scope
+from memories_core.engine import Derivation, JobFailed, check_k, check_query, check_scope
 from memories_core.errors import ConfigurationError, LLMError, ParseError
 from memories_core.llms.base import run_with_timeout
 from memories_core.mechanisms.base import MemoryBase
@@ -64,10 +74,10 @@ from memories_core.prompts.memochat import (
     RetrievalInput,
     WritingInput,
     build_chat_messages,
+    noto_position,
 )
 from memories_core.prompts.spec import run_spec
-from memories_core.retrieval import DenseSource, LexicalSource, Pipeline
-from memories_core.types import Job, JobSpec, MemoryRecord, Scope, ScoredRecord, new_id
+from memories_core.types import Job, JobSpec, MemoryRecord, Recall, Scope, ScoredRecord, new_id
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -449,7 +459,9 @@ class MemoEntry:
 class LLMOptionSource:
     """A candidate source where an LLM chooses among memo options (Table 7).
 
-    Memo candidates are pre-selected by the engine's dense and lexical rankings (at most
+    For composing a custom :class:`~memories_core.retrieval.Pipeline` (fused with other
+    sources); :class:`MemoChatMemory` itself returns the model's choice unfused. Memo
+    candidates are pre-selected by the engine's dense and lexical rankings (at most
     ``max_options``, so a memo that grows without bound still fits one prompt); the LLM is
     shown them as ``(i) topic. summary`` with a NOTO option and its ``N#M`` answer is parsed
     tolerantly. Chosen memos come back with score 1.0, in option order. A failed model call,
@@ -509,12 +521,14 @@ def choose_memos(
 ) -> list[int] | None:
     """Ask ``llm`` which of ``options`` relate to ``query`` (0-based; ``None`` on failure).
 
+    NOTO is shown at :func:`~memories_core.prompts.memochat.noto_position` (§3.2: a random
+    place among the options, here reproducible); ``[]`` means the model chose NOTO.
     ``budget``: seconds to wait for the answer (a repair retry included); past it the
     choice has failed (``None``).
     """
     if not options:
         return []
-    inputs = RetrievalInput(query, tuple(options))
+    inputs = RetrievalInput(query, tuple(options), noto_at=noto_position(query, options))
     noto = inputs.noto()
     try:
         picked = run_with_timeout(
@@ -595,11 +609,6 @@ class MemoChatMemory(MemoryBase):
         self.threshold = threshold
         self.max_options = max_options
         self.budget = budget
-        if mode == "llm" and self.pipeline is None:
-            self.pipeline = Pipeline(
-                sources=(DenseSource(), LexicalSource(), self._option_source()),
-                rerankers=(),
-            )
 
     @property
     def _covered_key(self) -> str:
@@ -608,16 +617,6 @@ class MemoChatMemory(MemoryBase):
     @property
     def _kept_key(self) -> str:
         return f"{self.name}_kept"
-
-    def _option_source(self) -> LLMOptionSource:
-        llm = self.llm if self.llm is not None else self.engine.llm
-        assert llm is not None
-        return LLMOptionSource(
-            llm,
-            max_options=self.max_options,
-            budget=self.budget,
-            on_failure=self.engine.count_failure,
-        )
 
     # ------------------------------------------------------------------ reading
     def buffer(self, scope: Scope) -> list[MemoryRecord]:
@@ -660,9 +659,9 @@ class MemoChatMemory(MemoryBase):
         """Memo retrieval (§3.2, Table 7): the memo entries ``query`` relates to.
 
         With an LLM, memo candidates are pre-selected by the fused ranking and the LLM
-        chooses among them (a NOTO answer returns ``[]``). LLM-free, the fused selector
-        :func:`select_options` chooses with this memory's threshold; so does a choice the
-        LLM failed or did not make within ``budget`` seconds.
+        chooses among them (a NOTO answer returns ``[]``). LLM-free, or when the model call
+        fails, cannot be read or misses its ``budget`` seconds, the fused selector
+        :func:`select_options` chooses with this memory's threshold.
 
         Raises:
             InvalidInputError: on an empty query.
@@ -670,8 +669,23 @@ class MemoChatMemory(MemoryBase):
         """
         scope = check_scope(scope)
         check_query(query)
+        chosen = self._chosen(query, scope, now)
+        return self._entries(scope.user_id, [(h.record, h.score) for h in chosen])
+
+    def _chosen(self, query: str, scope: Scope, now: datetime | None) -> list[ScoredRecord]:
+        """The memos chosen for ``query``, in the pre-selection's order (best first).
+
+        The fused search pre-selects up to ``max_options`` memos; the model (or, LLM-free or
+        when the model fails, :func:`select_options`) chooses among them.
+        """
         hits = self.engine.search(
-            query, scope.user_id, k=self.max_options, kinds=("memo",), now=now, fusion=self.fusion
+            query,
+            scope.user_id,
+            k=self.max_options,
+            kinds=("memo",),
+            now=now,
+            fusion=self.fusion,
+            pipeline=self.pipeline,
         )
         if not hits:
             return []
@@ -684,7 +698,44 @@ class MemoChatMemory(MemoryBase):
                 self.engine.count_failure("memo_choice")
         if chosen is None:
             chosen = select_options(query, texts, self.embedder, threshold=self.threshold)
-        return self._entries(scope.user_id, [(hits[i].record, hits[i].score) for i in chosen])
+        return [hits[i] for i in sorted(chosen)]
+
+    def recall(
+        self, query: str, scope: Scope, *, k: int | None = None, now: datetime | None = None
+    ) -> Recall:
+        """Up to ``k`` records for ``query``: with an LLM, the memos it chose (§3.2, Table 7).
+
+        With an LLM: the memos :meth:`retrieve` chooses (possibly none: NOTO), then buffered
+        lines (no memo covers them yet) that share a content word with the query, newest
+        first among equals; the context shows each memo with its dialog lines. LLM-free: the
+        engine's fused search over memos and turns.
+
+        Raises:
+            InvalidInputError: on an empty query or a bad ``k``.
+            MissingUserError: if ``scope`` has no user.
+        """
+        if self.mode != "llm":
+            return super().recall(query, scope, k=k, now=now)
+        scope = check_scope(scope)
+        check_query(query)
+        want = check_k(self.default_k if k is None else k)
+        hits = self._chosen(query, scope, now)[:want]
+        if len(hits) < want:
+            hits += self._buffered_hits(query, scope.user_id)[: want - len(hits)]
+        return Recall(query=query, records=tuple(hits), context=self._render(hits))
+
+    def _buffered_hits(self, query: str, user_id: str) -> list[ScoredRecord]:
+        """Buffered lines sharing a content word with ``query``; score = share of its words."""
+        wanted = set(_tokens(query))
+        if not wanted:
+            return []
+        scored = []
+        for age, record in enumerate(reversed(self._buffer(user_id))):
+            shared = len(wanted & set(_tokens(record.text.split(": ", 1)[-1])))
+            if shared:
+                scored.append((shared / len(wanted), age, record))
+        scored.sort(key=lambda item: (-item[0], item[1]))
+        return [ScoredRecord(record, score) for score, _, record in scored]
 
     def respond(
         self,

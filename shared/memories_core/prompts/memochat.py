@@ -8,7 +8,8 @@ output formats:
   comes *after* the material (prompt misplacement) and the format example uses the dummy
   line numbers ``M``/``N`` instead of digits (prompt copy);
 * **memo retrieval** (Table 7): numbered options ``(i) topic. summary`` with a
-  none-of-the-others option (``NOTO``) inserted; the answer is ``N#M``;
+  none-of-the-others option (``NOTO``) inserted at a position that varies with the query and
+  the options (:func:`noto_position`; §3.2 inserts it at random); the answer is ``N#M``;
 * **chat with memo** (Table 8): Related Evidences, Recent Dialogs, User Input.
 
 Every piece of user or model text is untrusted: it goes inside a fenced section whose fence
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import json
 import re
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +52,7 @@ __all__ = [
     "build_retrieval_messages",
     "build_writing_messages",
     "fence",
+    "noto_position",
     "parse_memo_spans",
     "parse_selection",
     "repair_spans",
@@ -147,6 +150,23 @@ def build_writing_messages(lines: Sequence[str]) -> list[ChatMessage]:
     return [ChatMessage("system", WRITE_SYSTEM), ChatMessage("user", user)]
 
 
+def noto_position(query: str, options: Sequence[str]) -> int:
+    """Where the NOTO option goes among ``options``: 1-based, from 1 to ``len(options) + 1``.
+
+    MemoChat inserts NOTO at a random place among the options (Lu et al., 2023, §3.2; Table 7
+    shows it third of five), so a model cannot learn to skip or pick the last line. The place
+    here is pseudo-random but reproducible: a checksum of the query and the options, so the
+    same recall sends the same prompt (tests, caches) while different recalls spread NOTO over
+    every position.
+
+    Example:
+        >>> noto_position("q", ["a", "b"]) in (1, 2, 3)
+        True
+    """
+    digest = zlib.crc32("\x1f".join([query, *options]).encode("utf-8"))
+    return digest % (len(options) + 1) + 1
+
+
 def build_retrieval_messages(
     query: str, options: Sequence[str], *, noto_at: int | None = None, json_answer: bool = False
 ) -> tuple[list[ChatMessage], int]:
@@ -155,8 +175,9 @@ def build_retrieval_messages(
     Args:
         query: The query sentence (untrusted).
         options: ``"topic. summary"`` strings, one per memo entry.
-        noto_at: 1-based position of the NOTO option (default: after the last option; the
-            paper inserts it at a random position, which callers may do).
+        noto_at: 1-based position of the NOTO option (default: after the last option;
+            :class:`~memories_core.mechanisms.memochat.MemoChatMemory` passes
+            :func:`noto_position`, the paper's random place).
         json_answer: Ask for ``{"options": [N, M]}`` instead of ``N#M`` (the JSON twin, for
             models with schema-constrained decoding).
 
