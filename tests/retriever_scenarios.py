@@ -72,9 +72,6 @@ BUILDERS: dict[str, Callable[[FixedClock], Any]] = {
     "multiview": lambda clock: MultiViewMemory.from_defaults(
         llm=_obedient(), embedder=_embedder(), clock=clock
     ),
-    "memochat": lambda clock: MemoChatMemory(
-        llm=_taught(_memochat), embedder=_embedder(), max_lines=4, clock=clock
-    ),
     "memochat_llm_free": lambda clock: MemoChatMemory(
         mode="llm_free", embedder=_embedder(), max_lines=4, clock=clock
     ),
@@ -84,13 +81,24 @@ BUILDERS: dict[str, Callable[[FixedClock], Any]] = {
     "dpem": lambda clock: DualProcessMemory(
         llm=_taught(dpem_reply), embedder=_embedder(), theta=2, clock=clock
     ),
-    "emg": lambda clock: EMGMemory(llm=_taught(emg_reply), embedder=_embedder(), clock=clock),
+    # EMG's fixed-k mode; its default (the policy's selection) is in FILTERING.
+    "emg": lambda clock: EMGMemory(
+        llm=_taught(emg_reply), embedder=_embedder(), clock=clock, recall_mode="fused"
+    ),
 }
 
 #: Mechanisms whose recall may return fewer than k by design (the model filters the records).
 FILTERING: dict[str, Callable[[FixedClock], Any]] = {
     "reflective": lambda clock: SelfReflectiveMemory(
         HistoryMemory(embedder=_embedder(), clock=clock), _obedient()
+    ),
+    # MemoChat with a model recalls the memos the model chose (Lu et al. §3.2).
+    "memochat": lambda clock: MemoChatMemory(
+        llm=_taught(_memochat), embedder=_embedder(), max_lines=4, clock=clock
+    ),
+    # EMG-RAG's default: the policy's variable-size selection (top-1 while untrained).
+    "emg_selection": lambda clock: EMGMemory(
+        llm=_taught(emg_reply), embedder=_embedder(), clock=clock
     ),
 }
 

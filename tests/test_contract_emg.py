@@ -21,6 +21,8 @@ class TestEMGContract(MechanismContract):
     needs_llm = True
     derives_records = True
     end_session_derives = False
+    # Recall returns the policy's variable-size selection (top-1 while untrained), §4.3.
+    fills_k = False
     known_failures: ClassVar[dict[str, str]] = {}
 
     def make_memory(self, path: Path | None, llm: LLM) -> Mechanism:

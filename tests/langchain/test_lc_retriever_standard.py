@@ -70,10 +70,6 @@ class TestMultiViewRetrieverStandard(_MechanismStandard):
     mechanism = "multiview"
 
 
-class TestMemoChatRetrieverStandard(_MechanismStandard):
-    mechanism = "memochat"
-
-
 class TestMemoChatLLMFreeRetrieverStandard(_MechanismStandard):
     mechanism = "memochat_llm_free"
 
