@@ -16,7 +16,7 @@ cross-validated leave one conversation out: a fold picks the point with the best
 and R@10 on the other conversations and is scored on the held-out one. The previous default
 (weight 1, daily summaries not decaying) is measured for the before/after figure.
 
-    flock /work/heavy.lock python benchmarks/memorybank_cv.py [--limit N] [--hashing]
+    python benchmarks/memorybank_cv.py [--limit N] [--hashing]
 """
 
 from __future__ import annotations

@@ -185,7 +185,7 @@ class MemoryBlock(BaseMemoryBlock[str]):
                 )
             )
             # Archive only once every block has the messages: if a save fails they stay
-            # active, so a retry loses nothing (DESIGN.md: a turn is never lost).
+            # active, so a retry loses nothing (a user's turn is never lost).
             await memory.sql_store.archive_oldest_messages(memory.session_id, n=len(active))
         for block in memory.memory_blocks:
             if isinstance(block, MemoryBlock):

@@ -1,4 +1,4 @@
-"""Clocks: time is injected so that every time-dependent rule is testable (DESIGN.md)."""
+"""Clocks: time is injected so that every time-dependent rule is testable."""
 
 from __future__ import annotations
 

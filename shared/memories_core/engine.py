@@ -1,4 +1,4 @@
-"""The memory engine: the one core every mechanism is written against (DESIGN.md).
+"""The memory engine: the one core every mechanism is written against.
 
 A :class:`MemoryEngine` owns the parts of a memory and the rules they keep together:
 

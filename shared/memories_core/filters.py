@@ -9,7 +9,7 @@ that every backend uses: :meth:`FilterExpr.matches` evaluates it against any rec
 value source, :meth:`FilterExpr.to_sql` translates it for SQLite or PostgreSQL, and
 :meth:`FilterExpr.split` keeps the part a partial backend (a vector index) can pre-filter on.
 
-Keys (the field namespace of ``ENGINE_SPEC.md``):
+Keys (the field namespace of records):
 
 * record fields ``id``, ``kind``, ``session_id`` (text) and ``created_at`` (datetime);
 * state fields ``strength``, ``recall_count`` (numbers), ``last_recalled_at``, ``valid_from``,

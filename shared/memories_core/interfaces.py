@@ -436,7 +436,7 @@ class Clock(Protocol):
 
 @runtime_checkable
 class Mechanism(Protocol):
-    """The one contract every memory mechanism meets (DESIGN.md)."""
+    """The one contract every memory mechanism meets."""
 
     def save(self, turns: Sequence[Turn], scope: Scope) -> None:
         """Write path, after an exchange. Raw turns are stored before anything derived."""

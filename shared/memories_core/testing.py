@@ -2,7 +2,7 @@
 
 The suite checks, through the public mechanism API only (``save``, ``recall``, ``clear``,
 ``end_session``, ``delete_user``, the async twins, ``close``), the promises every mechanism
-makes (ENGINE_SPEC.md, "Must hold"):
+makes:
 
 * **isolation**: users with tricky ids (case, width and whitespace variants, SQL and path
   metacharacters, LIKE wildcards, CJK, a 300-character id, ids that are prefixes of each other)

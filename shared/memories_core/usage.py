@@ -1,4 +1,4 @@
-"""Cost counters: every LLM and embedder call is counted (DESIGN.md, "Cost is visible")."""
+"""Cost counters: every LLM and embedder call is counted (cost is visible)."""
 
 from __future__ import annotations
 

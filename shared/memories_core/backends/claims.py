@@ -1,4 +1,4 @@
-"""Who holds a job claim, and whether that process is gone (issue 15, Build 3).
+"""Who holds a job claim, and whether that process is gone.
 
 A worker that claims a pending job records itself as the claim's owner:
 ``<host id>/<pid>/<start time>``, where the host id names the machine *and* the PID

@@ -13,7 +13,7 @@ model raises :class:`~memories_core.retrieval.cross_encoder.CrossEncoderModelMis
 first call, with the install hint.
 
 On LoCoMo dev it is the stronger dense signal than all-MiniLM-L6-v2 (BENCHMARKS.md,
-"Retrieval quality (issue 9)"), at the cost of a 12-layer pass per text (MiniLM has 6).
+"Retrieval quality"), at the cost of a 12-layer pass per text (MiniLM has 6).
 
 .. code-block:: python
 

@@ -1,6 +1,6 @@
 """A thin convenience every mechanism builds on: the public contract over a :class:`MemoryEngine`.
 
-A mechanism is written against an engine (DESIGN.md): it attaches with a name and hooks
+A mechanism is written against an engine: it attaches with a name and hooks
 (:class:`~memories_core.engine.MechanismHooks`) and writes only its own rules: which jobs a
 save or a session end creates (:meth:`MemoryBase._turn_jobs`, :meth:`MemoryBase._session_jobs`),
 how one job runs (:meth:`MemoryBase._run_job`), which record kinds it recalls and how a recall

@@ -63,7 +63,7 @@ DEFAULT_CONTEXT_GAP = timedelta(minutes=30)
 #: ordinary ``previous_weight``): the answer to "What pet do you have?" is the next turn, "A
 #: cat named Bailey", which shares no word with the question a user later asks. Chosen on
 #: LoCoMo dev by leave-one-conversation-out cross-validation (BENCHMARKS.md, "Retrieval
-#: quality (issue 9)", third pass).
+#: quality", third pass).
 DEFAULT_AFTER_QUESTION_WEIGHT = 0.8
 #: Factor on the own score of a record that only asks (every sentence ends with "?"): such a
 #: turn repeats the words of a later question but holds no answer (same measurement).

@@ -79,8 +79,8 @@ def _contains_word(text: str, word: str) -> bool:
 #: On LoCoMo dev, leave-one-conversation-out cross-validation over 0 / 0.1 / 0.3 (with the
 #: other knobs) picks entity 0.1 with context 0.6/0.4 and temporal 2 when only overall recall
 #: counts (held-out R@10 0.776), but that lowers multi-hop and open-domain R@5; under the
-#: issue's "no category worse" rule every fold picked 0 (BENCHMARKS.md, "Retrieval quality
-#: (issue 9)"). Switch it on with ``FusionConfig(entity_weight=0.1)``.
+#: "no category worse" rule every fold picked 0 (BENCHMARKS.md, "Retrieval quality").
+#: Switch it on with ``FusionConfig(entity_weight=0.1)``.
 DEFAULT_ENTITY_WEIGHT = 0.0
 
 

@@ -106,7 +106,7 @@ class FusionConfig:
             (records containing the question's person names and quoted phrases); 0 = off.
 
     The defaults were chosen by leave-one-conversation-out cross-validation on LoCoMo dev
-    (BENCHMARKS.md, "Retrieval quality (issue 9)").
+    (BENCHMARKS.md, "Retrieval quality").
     """
 
     method: Literal["zscore", "rrf"] = "zscore"

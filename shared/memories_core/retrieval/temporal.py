@@ -199,7 +199,7 @@ def parse_time_window(query: str, now: datetime) -> TimeWindow | None:
 #: Weight of the temporal boost in the default pipeline (``FusionConfig.temporal_weight``).
 #: Chosen on LoCoMo dev by leave-one-conversation-out cross-validation over 0 / 0.25 / 0.5 /
 #: 1 / 2 (every fold picked 1 under the no-category-worse rule; held-out R@5 0.661 -> 0.681,
-#: R@10 0.742 -> 0.759; BENCHMARKS.md, "Retrieval quality (issue 9)").
+#: R@10 0.742 -> 0.759; BENCHMARKS.md, "Retrieval quality").
 DEFAULT_TEMPORAL_WEIGHT = 1.0
 
 
