@@ -7,8 +7,8 @@
 * :class:`SelfReflectiveRetriever`: self-reflection around any LangChain retriever.
 * :class:`LangChainLLM`, :class:`LangChainEmbedder`: LangChain models as core models.
 * :class:`CoreEmbeddings`: a core embedder as LangChain ``Embeddings``.
-* :class:`CoreChatModel`: a core chat model (offline SmolLM2 by default) as a LangChain chat
-  model.
+* :class:`CoreChatModel`: a core chat model (by default the package's offline model) as a
+  LangChain chat model.
 * :class:`MemoryStore`: a LangGraph ``BaseStore`` on the memory engine (LangMem runs on it).
 * :func:`create_memory_tools`: save / search / update / forget memory tools for agents.
 * :func:`create_memochat_chain`, :func:`memochat_retriever`: MemoChat's chat with memo.

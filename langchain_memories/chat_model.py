@@ -1,4 +1,4 @@
-"""A core chat model (the offline SmolLM2 by default) as a LangChain ``BaseChatModel``."""
+"""A core chat model (by default the offline model) as a LangChain ``BaseChatModel``."""
 
 from __future__ import annotations
 
@@ -35,14 +35,15 @@ StructuredMethod = Literal["json_schema", "function_calling", "json_mode"]
 
 
 def _offline_llm() -> LLM:
-    # Imported here: building LocalLLM loads nothing, but its module is only needed by default.
-    from memories_core.llms.local import LocalLLM
+    # The package's one default model (the best offline model installed); imported here so
+    # that importing the adapter loads no model code.
+    from memories_core.engine import default_llm
 
-    return LocalLLM()
+    return default_llm()
 
 
 class CoreChatModel(BaseChatModel):
-    """Any core chat model as a LangChain chat model; the offline SmolLM2-135M by default.
+    """Any core chat model as a LangChain chat model; by default the package's offline model.
 
     Puts the package's models (``LocalLLM``, ``OpenAIChatLLM``, a ``ScriptedLLM`` in tests) into
     any LCEL chain or agent. Token counts come from the core model's own counting (the
@@ -54,7 +55,7 @@ class CoreChatModel(BaseChatModel):
 
     Key init args:
         llm: LLM
-            The core model (default ``LocalLLM()``).
+            The core model (default: ``memories_core.engine.default_llm()``).
         max_tokens: int | None
             Generation limit (``None``: the core model's default).
         temperature: float
@@ -73,7 +74,7 @@ class CoreChatModel(BaseChatModel):
         from langchain_core.prompts import ChatPromptTemplate
         from langchain_memories import CoreChatModel
 
-        model = CoreChatModel(max_tokens=64)          # offline SmolLM2-135M-Instruct
+        model = CoreChatModel(max_tokens=64)          # the default offline model
         chain = ChatPromptTemplate.from_template("Name a {thing}.") | model | StrOutputParser()
         print(chain.invoke({"thing": "fruit"}))
         print(model.invoke("hi").usage_metadata)      # input / output / total tokens
@@ -85,7 +86,7 @@ class CoreChatModel(BaseChatModel):
     llm: LLM = Field(
         default_factory=_offline_llm,
         exclude=True,
-        description="The core chat model (memories_core LLM protocol); LocalLLM() by default.",
+        description="The core chat model (memories_core LLM protocol); default_llm() by default.",
     )
     max_tokens: int | None = Field(default=None, ge=1, description="Generation limit.")
     temperature: float = Field(default=0.0, ge=0.0, description="Sampling temperature.")

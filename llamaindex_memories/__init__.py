@@ -8,7 +8,8 @@
   retriever finds, as a retriever or as a node postprocessor.
 * :class:`LlamaIndexLLM`, :class:`LlamaIndexEmbedder`: LlamaIndex models as core models.
 * :class:`CoreEmbedding`: a core embedder as a LlamaIndex embedding model.
-* :class:`CoreLLM`: a core chat model (offline SmolLM2 by default) as a LlamaIndex ``LLM``.
+* :class:`CoreLLM`: a core chat model (by default the package's offline model) as a
+  LlamaIndex ``LLM``.
 * :class:`MemoryToolSpec`: save / search / update / forget memory tools for agents.
 * :class:`MemoryRecallEvent`, :class:`MemorySaveEvent`: instrumentation events of memory.
 * :class:`MemoChatEngine`, :func:`memochat_retriever`: MemoChat's chat with memo.

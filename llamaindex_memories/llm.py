@@ -1,4 +1,4 @@
-"""A core chat model (the offline SmolLM2 by default) as a LlamaIndex ``LLM``."""
+"""A core chat model (the default offline model unless one is given) as a LlamaIndex ``LLM``."""
 
 from __future__ import annotations
 
@@ -38,10 +38,11 @@ _ROLES = {
 
 
 def _offline_llm() -> CoreLLMProtocol:
-    # Imported here: building LocalLLM loads nothing, but its module is only needed by default.
-    from memories_core.llms.local import LocalLLM
+    # The package's one default model (the best offline model installed); imported here so
+    # that importing the adapter loads no model code.
+    from memories_core.engine import default_llm
 
-    return LocalLLM()
+    return default_llm()
 
 
 def _to_core(messages: Sequence[ChatMessage]) -> list[CoreMessage]:
@@ -49,7 +50,7 @@ def _to_core(messages: Sequence[ChatMessage]) -> list[CoreMessage]:
 
 
 class CoreLLM(LLM):
-    """Any core chat model as a LlamaIndex ``LLM``; the offline SmolLM2-135M by default.
+    """Any core chat model as a LlamaIndex ``LLM``; by default the package's offline model.
 
     Usable wherever LlamaIndex takes an ``llm`` (``Settings.llm``, chat engines, query engines,
     agents). Chat messages go to the core model as they are; ``complete`` sends the prompt as
@@ -72,7 +73,7 @@ class CoreLLM(LLM):
             print(engine.chat("Name a fruit."))
 
     Args:
-        llm: The core model (default ``LocalLLM()``).
+        llm: The core model (default: ``memories_core.engine.default_llm()``).
         max_tokens: Generation limit (``None``: the core model's default).
         temperature: Sampling temperature; 0 is greedy.
         stop: Stop strings applied to every call.
@@ -83,7 +84,7 @@ class CoreLLM(LLM):
     llm: CoreLLMProtocol = Field(
         default_factory=_offline_llm,
         exclude=True,
-        description="The core chat model (memories_core LLM protocol); LocalLLM() by default.",
+        description="The core chat model (memories_core LLM protocol); default_llm() by default.",
     )
     max_tokens: int | None = Field(default=None, ge=1, description="Generation limit.")
     temperature: float = Field(default=0.0, ge=0.0, description="Sampling temperature.")
