@@ -21,15 +21,18 @@ A template is Markdown with three kinds of directives, each reading files under
       -->
 
   ``rows`` names JSON files; ``file[path]`` iterates the list at ``path`` inside a file
-  (``file[]``: the file is a list). Each further ``header = path | filter ...`` line is a
-  column; ``align`` gives ``l`` or ``r`` per column (default ``l``);
+  (``file[]``: the file is a list) and ``file:path`` is the one object at ``path``. Each
+  further ``header = path | filter ...`` line is a column (the path ``@key`` is the row's
+  own path: ``before`` for ``file:before``, the index in a list, the file's stem);
+  ``align`` gives ``l`` or ``r`` per column (default ``l``);
 * an include of a benchmark's own Markdown output: ``<!-- include: out/local_llm.md -->``.
 
 Paths are dotted keys and list indices (``check.detail.verify.unreachable``, ``rows.0.rate``).
 Filters, applied left to right: a Python format spec (``.3f``, ``,``, ``.1%``), ``len``,
-``bold``, ``join`` (a list joined by ", ", ``none`` when empty), ``yesno:<yes>:<no>`` and
-``atmost:<limit>:<yes>:<no>``. A missing file, key or unknown filter stops the rendering with
-:class:`RenderError` naming the template and line: a figure is never silently left out.
+``bold``, ``join`` (a list joined by ", ", ``none`` when empty), ``yesno:<yes>:<no>``,
+``atmost:<limit>:<yes>:<no>`` and ``map:<value>=<text>:...`` (a label per value). A missing
+file, key or unknown filter stops the rendering with :class:`RenderError` naming the template
+and line: a figure is never silently left out.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ VALUE = re.compile(
 )
 TABLE = re.compile(r"^<!-- table\n(?P<body>.*?)\n-->$", re.S | re.M)
 INCLUDE = re.compile(r"^<!-- include: (?P<file>\S+) -->$", re.M)
-ROWS = re.compile(r"^(?P<file>[^\[\]]+)(?:\[(?P<path>[^\]]*)\])?$")
+ROWS = re.compile(r"^(?P<file>[^\[\]:]+)(?:\[(?P<path>[^\]]*)\]|:(?P<one>\S+))?$")
 
 
 class RenderError(ValueError):
@@ -122,6 +125,11 @@ class Renderer:
                 value = args[0] if value else args[1]
             elif name == "atmost" and len(args) == 3:
                 value = args[1] if float(value) <= float(args[0]) else args[2]
+            elif name == "map" and args:
+                labels = dict(arg.split("=", 1) for arg in args if "=" in arg)
+                if str(value) not in labels:
+                    raise RenderError(f"{where}: map has no label for {value!r}")
+                value = labels[str(value)]
             else:
                 try:
                     value = format(value, raw.strip())
@@ -135,7 +143,7 @@ class Renderer:
         return self.apply(self.lookup(data, match["path"], where), filters, where)
 
     def _table(self, body: str, where: str) -> str:
-        rows: list[Any] = []
+        rows: list[tuple[str, Any]] = []
         columns: list[tuple[str, str, list[str]]] = []
         align: list[str] = []
         for line in body.splitlines():
@@ -147,13 +155,15 @@ class Renderer:
                     if not found:
                         raise RenderError(f"{where}: bad rows entry {spec!r}")
                     data = self.load(found["file"], where)
-                    if found["path"] is None:
-                        rows.append(data)
+                    if found["one"] is not None:
+                        rows.append((found["one"], self.lookup(data, found["one"], where)))
+                    elif found["path"] is None:
+                        rows.append((Path(found["file"]).stem, data))
                     else:
                         items = self.lookup(data, found["path"], where)
                         if not isinstance(items, list):
                             raise RenderError(f"{where}: {spec!r} is not a list")
-                        rows.extend(items)
+                        rows.extend((str(i), item) for i, item in enumerate(items))
             elif line.startswith("align:"):
                 align = line[len("align:") :].split()
             elif " = " in line:
@@ -171,9 +181,9 @@ class Renderer:
             "| " + " | ".join(header for header, _, _ in columns) + " |",
             "| " + " | ".join(rules) + " |",
         ]
-        for row in rows:
+        for key, row in rows:
             cells = [
-                self.apply(self.lookup(row, path, where), filters, where)
+                self.apply(key if path == "@key" else self.lookup(row, path, where), filters, where)
                 for _, path, filters in columns
             ]
             lines.append("| " + " | ".join(cells) + " |")

@@ -62,6 +62,16 @@ def test_tables_and_values_come_from_the_json(tmp_path: Path) -> None:
     assert "| a | 1.23 | NOT met |\n| b | 0.50 | met |" in text
 
 
+def test_rows_can_be_single_objects_labelled_by_their_path(tmp_path: Path) -> None:
+    section = (
+        "<!-- table\nrows: out/ab.json:before out/ab.json:after\n"
+        "run = @key | map:before=old code:after=new code\nF1 = f1 | .2f\n-->\n"
+    )
+    root = _bench(tmp_path, section, {"ab.json": {"before": {"f1": 0.5}, "after": {"f1": 0.75}}})
+    text = render.Renderer(root).render(root / "sections")
+    assert "| old code | 0.50 |\n| new code | 0.75 |" in text
+
+
 def test_a_figure_that_cannot_be_found_stops_the_rendering(tmp_path: Path) -> None:
     root = _bench(tmp_path, "x {{ out/cost.json : missing }}\n", {"cost.json": {"s": 1}})
     with pytest.raises(render.RenderError, match=r"01_a\.md:1: no key 'missing'"):
