@@ -30,7 +30,9 @@ A template is Markdown with three kinds of directives, each reading files under
 Paths are dotted keys and list indices (``check.detail.verify.unreachable``, ``rows.0.rate``).
 Filters, applied left to right: a Python format spec (``.3f``, ``,``, ``.1%``), ``len``,
 ``bold``, ``join`` (a list joined by ", ", ``none`` when empty), ``yesno:<yes>:<no>``,
-``atmost:<limit>:<yes>:<no>`` and ``map:<value>=<text>:...`` (a label per value). A missing
+``atmost:<limit>:<yes>:<no>``, ``map:<value>=<text>:...`` (a label per value),
+``scale:<factor>`` (a number times the factor) and ``template:<text>`` (``{}`` in the text
+replaced by the value). A missing
 file, key or unknown filter stops the rendering with :class:`RenderError` naming the template
 and line: a figure is never silently left out.
 """
@@ -125,6 +127,10 @@ class Renderer:
                 value = args[0] if value else args[1]
             elif name == "atmost" and len(args) == 3:
                 value = args[1] if float(value) <= float(args[0]) else args[2]
+            elif name == "scale" and len(args) == 1:
+                value = float(value) * float(args[0])
+            elif name == "template" and args:
+                value = ":".join(args).replace("{}", str(value))
             elif name == "map" and args:
                 labels = dict(arg.split("=", 1) for arg in args if "=" in arg)
                 if str(value) not in labels:
