@@ -1,4 +1,4 @@
-"""Memory engine: before and after, same machine, same run (engine issue, "Measure").
+"""Memory engine: before and after, same machine, same run.
 
 Runs every measurement in a fresh subprocess per checkout, with
 ``PYTHONPATH=<copy>/shared:<copy>``, where ``<copy>`` is the checkout's committed ``shared/``

@@ -1,6 +1,6 @@
 """Fault: SIGKILL a worker mid-save and mid-derivation; count what is lost or run twice.
 
-Issue 15, "Measure". A worker process saves 2-turn exchanges through ``MemoryEngine.save``
+A worker process saves 2-turn exchanges through ``MemoryEngine.save``
 for a few users; an attached mechanism derives one note from every saved exchange in a job
 (the job shape of the real mechanisms: written in the save's transaction, run after it,
 committed with its result). Its handler sleeps ``--derive-ms`` (a model call) and reports on

@@ -1,6 +1,6 @@
 """Import cost of the adapter packages versus their frameworks alone.
 
-Target (Foundation issue): importing ``langchain_memories`` or ``llamaindex_memories`` costs at
+Target: importing ``langchain_memories`` or ``llamaindex_memories`` costs at
 most 0.5 s more than importing the framework modules it builds on; sentence-transformers,
 torch and chromadb load only when first used.
 

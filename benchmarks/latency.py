@@ -709,7 +709,7 @@ def worker_ours(args: argparse.Namespace, persistent: bool) -> dict[str, Any]:
     if args.previous_default:
         from memories_core.retrieval import FusionConfig
 
-        # The default before issue 9 (context spreading only), timed interleaved with it.
+        # The earlier default (context spreading only, no boosts), timed interleaved with it.
         previous = FusionConfig(temporal_weight=0.0, entity_weight=0.0)
         funcs["hybrid, previous default"] = lambda q: memory.engine.search(
             q, TARGET, k=K, kinds=["turn"], fusion=previous
@@ -717,7 +717,7 @@ def worker_ours(args: argparse.Namespace, persistent: bool) -> dict[str, Any]:
     if args.without_question_rule:
         from memories_core.retrieval import FusionConfig
 
-        # The default before the question-answer rule (issue 9, third pass), interleaved.
+        # The default without the question-answer rule, timed interleaved with it.
         plain = FusionConfig(after_question_weight=None, question_weight=1.0)
         funcs["hybrid, without question rule"] = lambda q: memory.engine.search(
             q, TARGET, k=K, kinds=["turn"], fusion=plain
@@ -1099,7 +1099,7 @@ def system_lines(n: int, system: str, result: dict[str, Any]) -> str:
 
 LABELS = {
     ("ours-persistent", "hybrid"): "ours path= (SQLite+Chroma), hybrid recall",
-    ("ours-persistent", "hybrid, previous default"): "ours path=, recall with the pre-issue-9 "
+    ("ours-persistent", "hybrid, previous default"): "ours path=, recall with the earlier "
     "default pipeline (interleaved)",
     ("ours-persistent", "hybrid, without question rule"): "ours path=, recall without the "
     "question-answer context rule (interleaved)",
@@ -1359,7 +1359,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--previous-default",
         action="store_true",
-        help="also time recall with the pre-issue-9 default pipeline, interleaved",
+        help="also time recall with the earlier default pipeline (no boosts), interleaved",
     )
     parser.add_argument(
         "--without-question-rule",

@@ -1,4 +1,4 @@
-"""First-stage experiments on LoCoMo dev (issue 9, third pass): what else lifts recall cheaply.
+"""First-stage experiments on LoCoMo dev: what else lifts recall cheaply.
 
 Every variant keeps the library's default pipeline (dense + BM25 z-score fusion, context
 spreading with the question-answer rule, temporal boost) and changes one part, LLM-free:

@@ -398,10 +398,10 @@ class Config:
         return tuple(stages)
 
 
-#: The configuration of the previous default (issue 8): context spreading only.
+#: The configuration of an earlier default: context spreading only.
 PREVIOUS = Config()
-#: The library default after the second pass of issue 9 (context spreading + temporal boost),
-#: the baseline of the third pass (question-answer context).
+#: The default before the question-answer rule (context spreading + temporal boost), the
+#: baseline the question-answer context was measured against.
 SECOND_PASS = Config(temporal=1.0)
 
 
@@ -526,7 +526,7 @@ def cross_validate(
     conversations and is scored on the held-out one; ties keep grid order.
 
     With ``constrained``, only grid points with no category worse (R@5 and R@10) than the
-    previous default on the training conversations are eligible (the issue's constraint);
+    previous default on the training conversations are eligible (no category may get worse);
     the previous default, first in the grid, always is.
     """
     held: list[Row] = []
@@ -945,7 +945,7 @@ def cv_table(cv: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-#: Published LLM-free figures on LoCoMo (see the issue): turn-level and session-level.
+#: Published LLM-free figures on LoCoMo (the LoCoMo paper): turn-level and session-level.
 PUBLISHED_TURN = {"DRAGON on turns (LoCoMo paper, published)": {5: 0.588, 10: 0.675}}
 PUBLISHED_SESSION = {
     "BM25 + MiniLM, sessions (published)": 0.89,

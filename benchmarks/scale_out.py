@@ -1,6 +1,6 @@
 """Scale out: save throughput with 1, 2 and 4 worker processes, recall under 4 clients.
 
-Issue 15, "Measure". Records are written and searched through the public engine API
+Records are written and searched through the public engine API
 (``MemoryEngine.add_records``, ``MemoryEngine.save``, ``MemoryEngine.search``) on one of:
 
 * ``embedded``: the default of ``MemoryEngine(path=...)``: SQLite + embedded Chroma. One

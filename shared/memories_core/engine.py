@@ -168,7 +168,7 @@ class Derivation:
 
 @dataclass(frozen=True)
 class JobPolicy:
-    """How pending work is retried (engine issue, item 5 and defect 5).
+    """How pending work is retried: a budget per run, exponential backoff, leases.
 
     Attributes:
         retry_budget: Older due jobs a save may retry after running its own new jobs.
@@ -626,7 +626,7 @@ class MemoryEngine:
         reason: str | None = None,
         at: datetime | None = None,
     ) -> list[StateChange]:
-        """Change records' mutable state; never calls the embedder (engine issue, item 2).
+        """Change records' mutable state; never calls the embedder.
 
         Args:
             user_id: Owner (other users' ids are skipped).
@@ -945,7 +945,7 @@ class MemoryEngine:
                 (:attr:`MechanismHooks.deferred`) are left for an explicit run.
 
         An :class:`~memories_core.errors.LLMError` stops the run: the model is down, and
-        trying every other job would only multiply failed calls (defect 5).
+        trying every other job would only multiply failed calls.
         """
         return self._run_due(
             user_id, first=first, force=force, budget=budget, mechanism=mechanism, inline=inline
@@ -1242,8 +1242,8 @@ class MemoryEngine:
             except Exception:
                 self.count_failure("index")
                 logger.warning("vector indexing failed; records stay pending", exc_info=True)
-            # Isolate a record the index refuses, so that it cannot block the others (defect
-            # 1): index one by one; if some succeed, the ones that fail are set aside (counted,
+            # Isolate a record the index refuses, so that it cannot block the others:
+            # index one by one; if some succeed, the ones that fail are set aside (counted,
             # repaired by verify()). If all fail, the index itself is down: all stay pending.
             pending = self.store.pending_index(limit=1000)
             if len(pending) <= 1:
@@ -1311,7 +1311,7 @@ class MemoryEngine:
             return self.retriever.index_pending(progress=progress)
 
     def verify(self, *, repair: bool = False, users: Sequence[str] | None = None) -> VerifyReport:
-        """Compare the record store with the vector index (engine issue, defect 10).
+        """Compare the record store with the vector index, and optionally repair the index.
 
         Finds records marked indexed whose vector is missing, vectors without a record, and
         vectors that a query with their own vector does not reach (a damaged index), plus

@@ -157,7 +157,7 @@ def _check_meta_value(value: Any, path: str) -> Any:
 def check_metadata(
     metadata: Any, *, allow_reserved: frozenset[str] = frozenset()
 ) -> dict[str, Any]:
-    """Validate caller metadata before anything is stored (defects 1 and 11 of the engine issue).
+    """Validate caller metadata before anything is stored.
 
     Keys must be non-empty strings without NUL, not start with ``$`` or ``chroma:`` (vector
     backends reject or reinterpret those) and not be one of :data:`RESERVED_METADATA_KEYS`
@@ -479,7 +479,7 @@ class StateChange:
 
 @dataclass(frozen=True)
 class JobSpec:
-    """A derivation to run later (pending work as data; engine issue item 5).
+    """A derivation to run later (pending work as data).
 
     Attributes:
         mechanism: Name of the mechanism whose handler runs it.

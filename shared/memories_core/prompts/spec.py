@@ -23,7 +23,7 @@ drive it with blocking or async calls.
 
 Untrusted text (user turns, stored memories, dialogue) goes into prompts only through
 :func:`fence`, which escapes ``&``, ``<`` and ``>``: no user text can close its section or
-open a tag of ours, and parsers read only the model's own answer (defect 7).
+open a tag of ours, and parsers read only the model's own answer.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ fenced in a tagged section, escaped so that it cannot close it.
 (plain prose); its JSON twin :data:`SESSION_SUMMARY_JSON` (``{"summary": ...}``) is used by
 models with structured output. Both parsers reject refusals ("I'm sorry, I cannot
 summarize") and degenerate replies (a lone word such as "user", fewer than three words, a bare
-speaker label) with ``ParseError``, so garbage never becomes a memory (defect 8).
+speaker label) with ``ParseError``, so garbage never becomes a memory.
 """
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ DEFAULT_CONTEXT_GAP = timedelta(minutes=30)
 #: ordinary ``previous_weight``): the answer to "What pet do you have?" is the next turn, "A
 #: cat named Bailey", which shares no word with the question a user later asks. Chosen on
 #: LoCoMo dev by leave-one-conversation-out cross-validation (BENCHMARKS.md, "Retrieval
-#: quality", third pass).
+#: quality", "Question-answer context").
 DEFAULT_AFTER_QUESTION_WEIGHT = 0.8
 #: Factor on the own score of a record that only asks (every sentence ends with "?"): such a
 #: turn repeats the words of a later question but holds no answer (same measurement).
@@ -279,7 +279,8 @@ class ContextSpreading:
     (:func:`only_asks`) keeps ``question_weight`` of its own score, unless the turn after it
     is a reply that keeps its own score (``own_score_roles``: a chat assistant's answer cannot
     inherit, so the user's question must still match on its own). On LoCoMo dev this
-    raises R@5 from 0.679 to 0.702 and R@10 from 0.775 to 0.791 (BENCHMARKS.md, third pass).
+    raises R@5 from 0.679 to 0.702 and R@10 from 0.775 to 0.791 (BENCHMARKS.md,
+    "Question-answer context").
 
     Cost: one ``backend.adjacent`` call for the best ``depth`` candidates and one load of
     them and their neighbours (cached for the load stage).

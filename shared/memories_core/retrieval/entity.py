@@ -2,8 +2,8 @@
 
 "What did Melanie paint?" is about Melanie, not about whoever else painted; "what is
 'Becoming Nicole' about?" names a title that must appear as written. Dense retrieval blurs
-both, and BM25 weighs a name like any other rare word. The hybrid memory systems the issue
-cites boost candidates that contain the question's names and quoted phrases;
+both, and BM25 weighs a name like any other rare word. Hybrid memory systems for long
+conversations boost candidates that contain the question's names and quoted phrases;
 :class:`EntityBoost` does that after fusion, without a model.
 
 :func:`query_entities` extracts them: phrases in double quotes (or single quotes around

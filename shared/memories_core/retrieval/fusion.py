@@ -35,7 +35,7 @@ DEFAULT_MISSING_MARGIN = 0.5
 #: The same gap for a ranking that returned fewer than ``depth`` candidates: the source ran
 #: out of matches, so an unreturned item does not match at all. 2 makes the only lexical hit
 #: for a rare word rank first in 200 of 200 exact-token recalls (0.5 misses 6-8, the old
-#: rule, a gap of 0, missed 17-21: defect 9).
+#: rule, a gap of 0, missed 17-21).
 DEFAULT_EXHAUSTED_MARGIN = 2.0
 
 
@@ -57,7 +57,7 @@ def zscore_fuse(
     no more matches). A ranking whose scores are all equal (one hit, say) gives its items
     z = 0 and misses a negative value: being returned is evidence. (Placing misses *at* the
     weakest candidate, as before, gave the only lexical hit for a rare word no credit at
-    all, so it could rank last; defect 9.) An empty ranking contributes nothing.
+    all, so it could rank last.) An empty ranking contributes nothing.
 
     Args:
         rankings: Ranked ``(id, score)`` lists, higher score = better.

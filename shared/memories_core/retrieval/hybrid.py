@@ -93,7 +93,7 @@ class FusionConfig:
         context_gap: Records without a session id are neighbours up to this far apart
             (``None``: never).
         missing_margin: z-score fusion: how far below a ranking's weakest candidate an
-            item it did not return is placed (> 0; defect 9).
+            item it did not return is placed (> 0).
         after_question_weight: Context spreading: share of a question's score the record
             right after it (the answer) inherits, instead of ``previous_context_weight``
             (:class:`~memories_core.retrieval.context.ContextSpreading`); ``None`` = no

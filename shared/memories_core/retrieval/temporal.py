@@ -3,8 +3,8 @@
 "What did Maria donate in December 2023?", "Who did she have dinner with on May 3, 2023?",
 "What did I say yesterday?": the question names a period, and the records written in or
 shortly after it are the likely evidence (a conversation reports an event on the day or in
-the days after it: "I went to a support group yesterday"). The hybrid memory systems the
-issue cites add such a temporal-proximity boost; LoCoMo's temporal questions are the case
+the days after it: "I went to a support group yesterday"). Hybrid memory systems for
+long conversations add such a temporal-proximity boost; LoCoMo's temporal questions are the case
 (Maharana et al., 2024, §4, "temporal reasoning" questions).
 
 :func:`parse_time_window` finds the period, without a model: absolute dates ("3 May 2023",
