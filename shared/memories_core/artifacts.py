@@ -198,8 +198,11 @@ class ArtifactStore:
         return StagedArtifact(folder=folder, size=size, sha256=digest)
 
     def discard(self, staged: StagedArtifact) -> None:
-        """Remove a staged folder that was not (or is no longer) registered."""
-        shutil.rmtree(self.root / staged.folder, ignore_errors=True)
+        """Remove a staged folder that was not registered (and its user's folder if empty)."""
+        folder = self.root / staged.folder
+        shutil.rmtree(folder, ignore_errors=True)
+        with contextlib.suppress(OSError):  # not empty: the user has other artifacts
+            folder.parent.rmdir()
 
     def get(self, user_id: str, name: str) -> ArtifactInfo | None:
         """The artifact, or ``None`` if ``user_id`` has none of that name."""
