@@ -28,8 +28,10 @@ import builtins
 import io
 import json
 import pickle  # only to *write* payloads that must never be loaded
+import struct
 import warnings
 import zipfile
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,15 +142,43 @@ def _corrupt_member(data: bytes, name: str) -> bytes:
 
 
 def _bomb() -> bytes:
-    """A valid zip whose ``records.jsonl`` expands from about 300 KB to :data:`BOMB_BYTES`."""
-    buffer = io.BytesIO()
+    """A valid zip whose ``records.jsonl`` expands from about 300 KB to :data:`BOMB_BYTES`.
+
+    Built without compressing 300 MB: one MiB of zeros deflated with a full flush is a
+    self-contained block, and the member's deflate stream is that block repeated.
+    """
     chunk = b"\0" * (1 << 20)
-    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-        with archive.open("records.jsonl", "w", force_zip64=True) as handle:
-            for _ in range(BOMB_BYTES // len(chunk)):
-                handle.write(chunk)
-        archive.writestr("manifest.json", b"{}")
-    return buffer.getvalue()
+    compressor = zlib.compressobj(9, zlib.DEFLATED, -15)
+    block = compressor.compress(chunk) + compressor.flush(zlib.Z_FULL_FLUSH)
+    repeats = BOMB_BYTES // len(chunk)
+    stream = block * repeats + compressor.flush()
+    crc = 0
+    for _ in range(repeats):
+        crc = zlib.crc32(chunk, crc)
+    return _raw_zip(
+        [
+            ("records.jsonl", zlib.DEFLATED, crc, BOMB_BYTES, stream),
+            ("manifest.json", 0, zlib.crc32(b"{}"), 2, b"{}"),
+        ]
+    )
+
+
+def _raw_zip(members: Sequence[tuple[str, int, int, int, bytes]]) -> bytes:
+    """A zip archive of already-compressed members: (name, method, CRC-32, size, data)."""
+    out = bytearray()
+    central = bytearray()
+    for name, method, crc, size, data in members:
+        encoded = name.encode()
+        offset = len(out)
+        fields = (20, 0, method, 0, 0x21, crc, len(data), size, len(encoded))
+        out += struct.pack("<IHHHHHIIIHH", 0x04034B50, *fields, 0) + encoded + data
+        central += (
+            struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, 20, *fields, 0, 0, 0, 0, 0, offset)
+            + encoded
+        )
+    count = len(members)
+    end = struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, count, count, len(central), len(out), 0)
+    return bytes(out + central + end)
 
 
 def hostile_cases(
