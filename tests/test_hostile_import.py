@@ -99,8 +99,7 @@ def test_hostile_files_are_refused_without_a_trace_on_postgres(
         target.save([Turn("user", "bob's own words")], Scope("bob"))
         work = tmp_path / "work"
         work.mkdir()
-        # The zip bomb is refused before any store is touched; the SQLite run covers it.
-        assert check_hostile_imports(target, good, work, other_user="bob", with_bomb=False) > 100
+        assert check_hostile_imports(target, good, work, other_user="bob") > 100
         assert [r.text for r in target.records("bob")] == ["user: bob's own words"]
     finally:
         target.close()

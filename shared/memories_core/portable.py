@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from memories_core.errors import InvalidInputError, MemoriesError
+from memories_core.errors import BackendError, InvalidInputError, MemoriesError
 from memories_core.types import (
     MAX_META_INT,
     MIN_META_INT,
@@ -1122,6 +1122,7 @@ def import_user(
             also when a record id of the file belongs to another user of the target.
         InvalidInputError: on bad arguments, or a file that cannot be read.
         UserExistsError: if the user exists and ``on_conflict="refuse"``.
+        BackendError: if the store fails while writing (nothing is kept).
     """
     if on_conflict not in ("refuse", "merge"):
         raise InvalidInputError(f"on_conflict must be 'refuse' or 'merge', got {on_conflict!r}")
@@ -1172,11 +1173,11 @@ def _write(engine: MemoryEngine, file: _MemoryFile, on_conflict: str) -> ImportR
     except BaseException as exc:
         for _, done in staged:
             engine.artifacts.discard(done)
-        if isinstance(exc, (MemoriesError, KeyboardInterrupt, SystemExit)):
-            if type(exc) is InvalidInputError:  # the store refused a row (another user's id)
-                raise _fail("records.jsonl", str(exc)) from exc
+        if type(exc) is InvalidInputError:  # the store refused a row (another user's id)
+            raise _fail("records.jsonl", str(exc)) from exc
+        if isinstance(exc, MemoriesError) or not isinstance(exc, Exception):
             raise
-        raise MemoryFileError(f"memory file could not be written: {exc}") from exc
+        raise BackendError(f"the memory file could not be written: {exc}") from exc
     added = {r.id for r in file.records} - written.present
     reuse = [r for r in file.records if r.id in added and file.index[r.id] and r.id in vectors]
     if reuse:
