@@ -438,3 +438,42 @@ def test_json_twins_parse_and_stand_in() -> None:
         assert twin.parse(twin.stand_in(inputs), inputs) == spec.parse(
             spec.stand_in(inputs), inputs
         )
+
+
+class _Crash(Exception):
+    """Stands for the process dying between two transactions."""
+
+
+def test_a_crash_after_memorizing_does_not_count_the_round_twice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = FixedClock(T0)
+    memory = DualProcessMemory(
+        llm=ScriptedLLM(default=dpem_reply),
+        embedder=HashingEmbedder(dimension=128),
+        clock=clock,
+        theta=2,
+        derive="inline",
+    )
+    say(memory, "ann", "I have type 2 diabetes.")
+    store = memory.engine.store
+    finish = store.finish_job
+
+    def crash_once(job_id: str) -> bool:
+        monkeypatch.setattr(store, "finish_job", finish)
+        raise _Crash(job_id)
+
+    # Round 2 memorizes (its own transaction), then dies before the job is marked finished.
+    monkeypatch.setattr(store, "finish_job", crash_once)
+    with pytest.raises(_Crash):
+        say(memory, "ann", "I have type 2 diabetes.", i=1)
+    assert memory.stats("ann").processed == 2 and len(memory.pending("ann")) == 1
+    clock.advance(timedelta(hours=1))  # the dead worker's claim expires
+    assert memory.retry_pending("ann") == 0
+    stats = memory.stats("ann")
+    assert (stats.rounds, stats.processed) == (2, 2)
+    assert memory.flag_table("ann") == {"The user said: I have type 2 diabetes.": 2}
+    # Later rounds, in order or not, are each counted once.
+    say(memory, "ann", "My feet tingle at night.", i=2)
+    assert memory.stats("ann").processed == 3
+    memory.close()

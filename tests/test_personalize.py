@@ -245,6 +245,64 @@ def test_adapter_is_exported_imported_and_deleted_with_the_user(tmp_path: Path, 
         assert restored is not None and restored.sha256 == info.sha256
 
 
+def test_an_imported_checkpoint_is_never_resumed(tmp_path: Path, tiny: Any) -> None:
+    personalizer = build(tmp_path / "m", tiny)
+
+    class Stop(Exception):
+        pass
+
+    def stop_at_ten(step: int, loss: float) -> None:
+        if step == 10:
+            raise Stop
+
+    with pytest.raises(Stop):
+        personalizer.train("ann", progress=False, on_step=stop_at_ten)
+    assert personalizer.engine.artifacts.get("ann", CHECKPOINT_ARTIFACT) is not None
+    archive = export_user(personalizer.engine, "ann", tmp_path / "ann.zip")
+    # The same memory in another store: the training data, hence the fingerprint, match.
+    other = build(tmp_path / "other", tiny)
+    other.engine.delete_user("ann")
+    report = import_user(other.engine, archive)
+    assert report.records > 0
+    assert other.examples("ann") == personalizer.examples("ann")  # same fingerprint
+    assert other.engine.artifacts.get("ann", CHECKPOINT_ARTIFACT) is None
+    assert other.train("ann", progress=False).resumed_from == 0
+
+
+def test_serving_loads_safetensors_weights_only(tmp_path: Path, tiny: Any) -> None:
+    from memories_core.testing_hostile import pickle_payload
+
+    personalizer = build(tmp_path / "m", tiny, max_steps=4)
+    personalizer.train("ann", progress=False)
+    info = personalizer.adapter("ann")
+    assert info is not None
+    marker = tmp_path / "unpickled.marker"
+    config = (info.path / "adapter_config.json").read_bytes()
+    engine = personalizer.engine
+    # Pickled weights beside the safetensors ones are ignored ...
+    engine.artifacts.put(
+        "ann",
+        ADAPTER_ARTIFACT,
+        {
+            "adapter_config.json": config,
+            "adapter_model.safetensors": (info.path / "adapter_model.safetensors").read_bytes(),
+            "adapter_model.bin": pickle_payload(marker),
+        },
+        meta=dict(info.meta),
+    )
+    personalizer.generate("ann", [ChatMessage("user", "hello")], max_new_tokens=2)
+    # ... and pickled weights alone are refused, not loaded.
+    engine.artifacts.put(
+        "bob",
+        ADAPTER_ARTIFACT,
+        {"adapter_config.json": config, "adapter_model.bin": pickle_payload(marker)},
+        meta=dict(info.meta),
+    )
+    with pytest.raises(ConfigurationError, match="safetensors"):
+        personalizer.generate("bob", [ChatMessage("user", "hello")], max_new_tokens=2)
+    assert not marker.exists()
+
+
 def test_importing_personalize_stays_light() -> None:
     code = (
         "import sys, memories_core.personalize; "

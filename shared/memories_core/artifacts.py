@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from memories_core.errors import InvalidInputError
-from memories_core.types import check_user_id, new_id
+from memories_core.types import check_owner_id, new_id
 
 if TYPE_CHECKING:
     from memories_core.interfaces import Clock, EngineStore
 
-__all__ = ["ArtifactInfo", "ArtifactStore"]
+__all__ = ["ArtifactInfo", "ArtifactStore", "StagedArtifact", "check_artifact_name"]
 
 
 @dataclass(frozen=True)
@@ -58,14 +58,39 @@ class ArtifactInfo:
     meta: Mapping[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class StagedArtifact:
+    """An artifact's files written in place but not registered yet (:meth:`ArtifactStore.stage`).
+
+    Attributes:
+        folder: The folder, relative to the store's root.
+        size: Total bytes.
+        sha256: Checksum over its files (names and bytes).
+    """
+
+    folder: str
+    size: int
+    sha256: str
+
+
 def _hash(text: str, length: int = 32) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:length]
 
 
-def _check_name(name: Any) -> str:
-    if not isinstance(name, str) or not name.strip() or len(name) > 200:
-        raise InvalidInputError("artifact name must be a non-empty string of at most 200 chars")
+def check_artifact_name(name: Any) -> str:
+    """Validate an artifact name: a non-empty string of at most 200 characters, without NUL.
+
+    Raises:
+        InvalidInputError: otherwise.
+    """
+    if not isinstance(name, str) or not name.strip() or len(name) > 200 or "\x00" in name:
+        raise InvalidInputError(
+            "artifact name must be a non-empty string of at most 200 chars, without NUL"
+        )
     return name
+
+
+_check_name = check_artifact_name
 
 
 def _check_file_name(name: str) -> str:
@@ -126,7 +151,37 @@ class ArtifactStore:
             InvalidInputError: on a bad name, an absolute or escaping file name, or a missing
                 source path.
         """
-        check_user_id(user_id)
+        staged = self.stage(user_id, name, files)
+        old = self._row(user_id, name)
+        self._store.register_artifact(
+            user_id,
+            name,
+            folder=staged.folder,
+            size=staged.size,
+            sha256=staged.sha256,
+            at=self._clock.now(),
+            meta=meta,
+        )
+        if old is not None:
+            shutil.rmtree(self.root / old["folder"], ignore_errors=True)
+        info = self.get(user_id, name)
+        assert info is not None  # registered just above
+        return info
+
+    def stage(
+        self, user_id: str, name: str, files: Mapping[str, bytes] | Path | str
+    ) -> StagedArtifact:
+        """Write an artifact's files under a fresh folder without registering them.
+
+        The caller registers the folder (``register_artifact`` of the record store, e.g. in
+        a transaction with other writes) or removes it with :meth:`discard`; a folder left
+        unregistered by a crash is removed by the next open.
+
+        Raises:
+            InvalidInputError: on a bad name, an absolute or escaping file name, or a missing
+                source path.
+        """
+        check_owner_id(user_id)
         _check_name(name)
         user_dir = self.root / _hash(user_id)
         user_dir.mkdir(parents=True, exist_ok=True)
@@ -140,21 +195,14 @@ class ArtifactStore:
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
-        old = self._row(user_id, name)
-        self._store.register_artifact(
-            user_id,
-            name,
-            folder=folder,
-            size=size,
-            sha256=digest,
-            at=self._clock.now(),
-            meta=meta,
-        )
-        if old is not None:
-            shutil.rmtree(self.root / old["folder"], ignore_errors=True)
-        info = self.get(user_id, name)
-        assert info is not None  # registered just above
-        return info
+        return StagedArtifact(folder=folder, size=size, sha256=digest)
+
+    def discard(self, staged: StagedArtifact) -> None:
+        """Remove a staged folder that was not registered (and its user's folder if empty)."""
+        folder = self.root / staged.folder
+        shutil.rmtree(folder, ignore_errors=True)
+        with contextlib.suppress(OSError):  # not empty: the user has other artifacts
+            folder.parent.rmdir()
 
     def get(self, user_id: str, name: str) -> ArtifactInfo | None:
         """The artifact, or ``None`` if ``user_id`` has none of that name."""
@@ -177,7 +225,7 @@ class ArtifactStore:
 
     def list(self, user_id: str) -> list[ArtifactInfo]:
         """``user_id``'s artifacts, by name."""
-        check_user_id(user_id)
+        check_owner_id(user_id)
         return [self._info(row) for row in self._store.artifact_rows(user_id)]
 
     def delete(self, user_id: str, name: str) -> bool:
@@ -202,7 +250,7 @@ class ArtifactStore:
     # -- internals --------------------------------------------------------------------------
 
     def _row(self, user_id: str, name: str) -> dict[str, Any] | None:
-        check_user_id(user_id)
+        check_owner_id(user_id)
         _check_name(name)
         return next((r for r in self._store.artifact_rows(user_id) if r["name"] == name), None)
 

@@ -329,6 +329,10 @@ def _encode(
     return prompt_ids + target_ids, [-100] * len(prompt_ids) + target_ids
 
 
+#: The files of a stored adapter that serving reads (PEFT's names); nothing else is loaded.
+_ADAPTER_WEIGHTS = "adapter_model.safetensors"
+_ADAPTER_FILES = ("adapter_config.json", _ADAPTER_WEIGHTS)
+
 #: Files of a training checkpoint: tensors (safetensors) and the rest (JSON); no pickle, so
 #: loading a checkpoint cannot run code.
 _CHECKPOINT_TENSORS = "trainer.safetensors"
@@ -709,7 +713,7 @@ class Personalizer:
         fingerprint: str,
     ) -> ArtifactInfo:
         with tempfile.TemporaryDirectory() as tmp:
-            model.save_pretrained(tmp)
+            model.save_pretrained(tmp, safe_serialization=True)
             return self.engine.artifacts.put(
                 user_id,
                 ADAPTER_ARTIFACT,
@@ -795,8 +799,16 @@ class Personalizer:
         if self._loaded.get(name) != info.sha256:
             staged = Path(tempfile.mkdtemp(prefix="malp-"))
             try:
-                for file in info.path.iterdir():
-                    shutil.copy2(file, staged / file.name)
+                # Only the adapter's JSON config and safetensors weights reach PEFT: a
+                # pickled ``adapter_model.bin`` (say, from an imported file) is never loaded.
+                if not (info.path / _ADAPTER_WEIGHTS).is_file():
+                    raise ConfigurationError(
+                        f"the stored adapter of this user has no {_ADAPTER_WEIGHTS}; only "
+                        "safetensors weights are loaded"
+                    )
+                for file_name in _ADAPTER_FILES:
+                    if (info.path / file_name).is_file():
+                        shutil.copy2(info.path / file_name, staged / file_name)
                 if self._peft is None:
                     self._peft = PeftModel.from_pretrained(base.model, staged, adapter_name=name)
                 else:

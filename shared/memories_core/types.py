@@ -30,8 +30,10 @@ __all__ = [
     "ScoredRecord",
     "Turn",
     "check_metadata",
+    "check_owner_id",
     "check_user_id",
     "ensure_utc",
+    "is_reserved_user_id",
     "new_id",
     "utcnow",
 ]
@@ -41,6 +43,11 @@ MAX_TURN_CHARS = 4_000_000
 
 #: Longest user id accepted, in characters.
 MAX_USER_ID_CHARS = 1024
+
+#: Smallest and largest integer stored in metadata: the signed 64-bit range every backend
+#: (SQLite, PostgreSQL ``jsonb`` filters, Chroma, pgvector) holds exactly.
+MIN_META_INT = -(2**63)
+MAX_META_INT = 2**63 - 1
 
 #: Immutable record fields a filter can name (``memories_core.filters``).
 RECORD_FIELDS: frozenset[str] = frozenset({"id", "kind", "session_id", "created_at"})
@@ -107,31 +114,72 @@ def clean_text(text: str, *, what: str = "text") -> str:
     return text
 
 
+def is_reserved_user_id(user_id: str) -> bool:
+    """Whether ``user_id`` is in the library's own namespace: it starts and ends with ``__``.
+
+    The library keeps store-wide data under such owners (EMG's selection policy belongs to
+    ``__emg_store__``); a caller who could save, import or delete as one of them would
+    install or remove what every user is served with.
+    """
+    return len(user_id) >= 4 and user_id.startswith("__") and user_id.endswith("__")
+
+
+def check_owner_id(owner: Any) -> str:
+    """Validate the owner of stored data: a user id, or one of the library's reserved owners.
+
+    The rules of :func:`check_user_id` except the reserved namespace; only the library calls
+    this, where it stores data under its own owners (artifacts of a whole store).
+
+    Raises:
+        MissingUserError: if ``owner`` is not a string or is empty or only whitespace.
+        InvalidInputError: if it holds a lone surrogate or NUL, or is too long.
+    """
+    if not isinstance(owner, str) or not owner.strip():
+        raise MissingUserError("user_id is required and must be a non-empty string")
+    if len(owner) > MAX_USER_ID_CHARS:
+        raise InvalidInputError(f"user_id is longer than {MAX_USER_ID_CHARS} characters")
+    try:
+        owner.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidInputError("user_id holds a lone surrogate and is not valid Unicode") from exc
+    if "\x00" in owner:
+        raise InvalidInputError("user_id may not contain NUL characters")
+    return owner
+
+
 def check_user_id(user_id: Any) -> str:
-    """Validate a user id: a non-empty string of valid Unicode, at most 1,024 characters.
+    """Validate a user id given by a caller.
+
+    A non-empty string of valid Unicode without NUL, at most 1,024 characters, and not in the
+    library's reserved namespace (:func:`is_reserved_user_id`: ids that start and end with
+    ``__``, such as EMG's store-wide policy owner ``__emg_store__``).
 
     Raises:
         MissingUserError: if ``user_id`` is not a string or is empty or only whitespace.
         InvalidInputError: if it holds a lone surrogate (it could not be stored as UTF-8,
-            and silently replacing it would merge two users) or is too long.
+            and silently replacing it would merge two users) or NUL, is too long, or is
+            reserved.
     """
-    if not isinstance(user_id, str) or not user_id.strip():
-        raise MissingUserError("user_id is required and must be a non-empty string")
-    if len(user_id) > MAX_USER_ID_CHARS:
-        raise InvalidInputError(f"user_id is longer than {MAX_USER_ID_CHARS} characters")
-    try:
-        user_id.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidInputError("user_id holds a lone surrogate and is not valid Unicode") from exc
-    if "\x00" in user_id:
-        raise InvalidInputError("user_id may not contain NUL characters")
+    check_owner_id(user_id)
+    if is_reserved_user_id(user_id):
+        raise InvalidInputError(
+            f"user_id {user_id!r} is reserved: ids that start and end with '__' belong to "
+            "the library's store-wide data"
+        )
     return user_id
 
 
 def _check_meta_value(value: Any, path: str) -> Any:
-    if value is None or isinstance(value, (str, bool, int)):
+    if value is None or isinstance(value, (str, bool)):
         if isinstance(value, str):
             return clean_text(value, what=path) if value.strip() else value
+        return value
+    if isinstance(value, int):
+        if not MIN_META_INT <= value <= MAX_META_INT:
+            raise InvalidInputError(
+                f"metadata {path} is {value}; integers are stored in the signed 64-bit range "
+                "(store a larger number as a string)"
+            )
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
@@ -162,7 +210,9 @@ def check_metadata(
     Keys must be non-empty strings without NUL, not start with ``$`` or ``chroma:`` (vector
     backends reject or reinterpret those) and not be one of :data:`RESERVED_METADATA_KEYS`
     (they would collide with record fields and filters). Values must be JSON-representable
-    with finite numbers; datetimes become ISO-8601 UTC strings.
+    with finite numbers and integers in the signed 64-bit range (:data:`MIN_META_INT` to
+    :data:`MAX_META_INT`: a vector index refuses larger ones, and a record it refuses would
+    stay unindexed); datetimes become ISO-8601 UTC strings.
 
     Args:
         metadata: The mapping to check.
@@ -290,7 +340,7 @@ class Scope:
         ):
             raise InvalidInputError("Scope.session_id must be a non-empty string or None")
         if self.session_id is not None:
-            check_user_id(self.session_id)  # same rules: valid Unicode, bounded length
+            check_owner_id(self.session_id)  # valid Unicode, bounded length, no NUL
 
 
 @dataclass(frozen=True)

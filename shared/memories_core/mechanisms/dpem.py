@@ -349,9 +349,12 @@ class DualProcessMemory(MemoryBase):
         value = self.store.get_state(self._round_key, user_id=check_user_id(user_id))
         return int(value or 0)
 
-    def _log(self, user_id: str) -> dict[str, int]:
+    def _log(self, user_id: str) -> dict[str, Any]:
         value = self.store.get_state(self._log_key, user_id=user_id) or {}
-        return {str(k): int(v) for k, v in dict(value).items()}
+        return {
+            str(k): [int(x) for x in v] if isinstance(v, list) else int(v)
+            for k, v in dict(value).items()
+        }
 
     # ------------------------------------------------------------------ inspection
     def working(self, user_id: str) -> list[KnowledgeItem]:
@@ -619,7 +622,8 @@ class DualProcessMemory(MemoryBase):
             stale = [item for item in dropped if item not in fresh and item in tiers]
             if stale:
                 self.engine.delete_records(user_id, stale, reason=f"dpem: STM refresh {round_no}")
-            log["processed"] = log.get("processed", 0) + 1
+            if _mark_processed(log, round_no):
+                log["processed"] = log.get("processed", 0) + 1
             log["last_round"] = max(log.get("last_round", 0), round_no)
             self.store.set_state(self._log_key, log, user_id=user_id)
         if fresh:
@@ -649,7 +653,7 @@ class DualProcessMemory(MemoryBase):
         round_no: int,
         tiers: dict[str, str],
         rounds: dict[str, set[int]],
-        log: dict[str, int],
+        log: dict[str, Any],
     ) -> list[str]:
         """STM refresh at the end of a period and the capacity limit; returns dropped ids."""
         dropped: list[str] = []
@@ -668,6 +672,32 @@ class DualProcessMemory(MemoryBase):
             dropped += live[: len(live) - self.stm_capacity]
         log["dropped"] = log.get("dropped", 0) + len(dropped)
         return dropped
+
+
+def _mark_processed(log: dict[str, Any], round_no: int) -> bool:
+    """Note that ``round_no`` was memorized; returns ``False`` if it had been already.
+
+    A job that memorized its round but died before its completion was written runs again;
+    counting it again would leave ``processed`` one too high. The rounds done are kept as
+    ``done_through`` (every round up to it) plus the few finished out of order above it.
+    """
+    if "done_through" not in log:
+        # A log written before this bookkeeping: its rounds up to last_round are done when
+        # it counted as many.
+        last = int(log.get("last_round", 0))
+        log["done_through"] = last if int(log.get("processed", 0)) >= last else 0
+        log["done_above"] = []
+    through = int(log["done_through"])
+    above = {int(r) for r in log.get("done_above", [])}
+    if round_no <= through or round_no in above:
+        return False
+    above.add(round_no)
+    while through + 1 in above:
+        through += 1
+        above.discard(through)
+    log["done_through"] = through
+    log["done_above"] = sorted(above)
+    return True
 
 
 def _exchanges(records: Sequence[MemoryRecord]) -> list[list[MemoryRecord]]:

@@ -42,7 +42,13 @@ from memories_core.retrieval.pipeline import (
 )
 from memories_core.retrieval.store_backend import StoreBackend, adjacent_via_list
 from memories_core.retrieval.temporal import DEFAULT_TEMPORAL_WEIGHT, TemporalBoost
-from memories_core.types import MemoryRecord, ScoredRecord, check_user_id
+from memories_core.types import (
+    MAX_META_INT,
+    MIN_META_INT,
+    MemoryRecord,
+    ScoredRecord,
+    check_user_id,
+)
 
 __all__ = ["FusionConfig", "HybridRetriever", "SearchMode", "index_metadata"]
 
@@ -209,17 +215,26 @@ class FusionConfig:
         return Pipeline(sources=sources, fusion=self._fusion(), rerankers=rerankers, depth=depth)
 
 
+def _indexable_scalar(value: Any) -> bool:
+    if isinstance(value, (str, bool)):
+        return True
+    if isinstance(value, int):
+        return MIN_META_INT <= value <= MAX_META_INT
+    return isinstance(value, float) and math.isfinite(value)
+
+
 def index_metadata(record: MemoryRecord) -> dict[str, str | int | float | bool]:
     """The metadata a record's vector carries in the index, for ``where`` filters.
 
     ``user_id`` and ``kind`` always; ``session_id`` when set; plus every scalar value of the
     record's metadata (lists, dicts and ``None`` are left out: vector indexes filter on
-    scalars only). The record fields win over metadata keys of the same name.
+    scalars only; so are integers outside the signed 64-bit range, which an index refuses,
+    and non-finite floats). The record fields win over metadata keys of the same name.
     """
     meta: dict[str, str | int | float | bool] = {
         key: value
         for key, value in record.metadata.items()
-        if isinstance(key, str) and isinstance(value, (str, int, float, bool))
+        if isinstance(key, str) and _indexable_scalar(value)
     }
     meta["user_id"] = record.user_id
     meta["kind"] = record.kind
