@@ -21,6 +21,7 @@ from memories_core.llms import ScriptedLLM
 from memories_core.types import MemoryRecord, new_id
 
 ROOT = Path(__file__).resolve().parents[1]
+CONSOLE = [sys.executable, "-m", "memories_core.cli"]
 
 
 def run(*argv: str) -> tuple[int, str]:
@@ -342,8 +343,7 @@ def test_import_of_a_bad_file_creates_no_memory(
     # process's embedded Chroma client still caches the folder it saw created and removed.
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'shared'}{os.pathsep}{ROOT}"}
     done = subprocess.run(
-        [sys.executable, "-m", "memories_core.cli", "--path", str(empty), "--embedder"]
-        + ["hashing", "-q", "import", str(good)],
+        [*CONSOLE, "--path", str(empty), "--embedder", "hashing", "-q", "import", str(good)],
         capture_output=True,
         text=True,
         env=env,
