@@ -148,10 +148,10 @@ def test_memory_graph_assistant_runs_offline(tmp_path: Path) -> None:
 
 
 def test_personalized_doctor_runs_on_a_tiny_model(tmp_path: Path) -> None:
-    out = run_example(
-        "personalized_doctor.py", "--tiny", "--hashing", "--steps", "2", cwd=tmp_path
-    )
+    out = run_example("personalized_doctor.py", "--tiny", "--hashing", "--steps", "2", cwd=tmp_path)
     assert "=== after session 4" in out and "-- with MaLP" in out
+    assert "working memory (0 notes" not in out  # the coordinator's work is waited for
+    assert "long-term memory (0)" not in out.split("=== after session 4")[1]
 
 
 @pytest.mark.slow
