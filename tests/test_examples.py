@@ -141,6 +141,7 @@ def test_agent_with_memory_tools_runs_offline(tmp_path: Path) -> None:
     assert "--- run 2" in out and "From memory:" in out
 
 
+@pytest.mark.slow  # about a minute of policy training; test_emg runs its main() in-process
 def test_memory_graph_assistant_runs_offline(tmp_path: Path) -> None:
     out = run_example("memory_graph_assistant.py", str(tmp_path / "graph"), cwd=tmp_path)
     assert "A: " in out and "01:30" in out
