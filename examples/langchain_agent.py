@@ -1,16 +1,19 @@
 """Long-term memory for a LangChain agent (``create_agent`` + ``MemoryMiddleware``).
 
 Runs offline: with ``OPENAI_API_KEY`` set and ``langchain-openai`` installed it uses
-``ChatOpenAI``; otherwise a small fake chat model that only echoes the memories it was given,
-so you can see what the middleware injected. Memories persist in
-``examples/.memories/langchain``: run the script twice and the second run remembers more.
+``ChatOpenAI``; otherwise a small fake chat model that prints the memories the middleware put
+in its prompt and answers with a fixed line (so its answers, which are saved like any
+assistant turn, never copy memories back into memory). Memories persist in
+``examples/.memories/langchain``: run the script twice and the second run recalls the first.
 
-    python examples/langchain_agent.py
+    python examples/langchain_agent.py [--path DIR]
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +32,17 @@ SYSTEM_PROMPT = "You are a helpful cooking assistant."
 
 
 class EchoMemoryModel(BaseChatModel):
-    """A fake chat model: it answers by quoting what the middleware added to its prompt."""
+    """A fake chat model: prints what the middleware added to its prompt, answers a fixed line.
+
+    The answer is saved as the assistant's turn; quoting the injected memories in it would
+    store them again on every run.
+    """
 
     def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> ChatResult:
         system = messages[0].text if messages[0].type == "system" else ""
         injected = system.removeprefix(SYSTEM_PROMPT).strip()
-        reply = f"(fake model) My prompt said: {injected}" if injected else "(fake model) Noted."
+        print("  (fake model) my prompt carried:", injected.replace("\n", "\n    ") or "nothing")
+        reply = "(fake model) A real model would answer here, using that memory."
         return ChatResult(generations=[ChatGeneration(message=AIMessage(reply))])
 
     def bind_tools(self, tools: Any, **kwargs: Any) -> EchoMemoryModel:
@@ -57,11 +65,14 @@ def build_model() -> tuple[BaseChatModel, bool]:
     return EchoMemoryModel(), True
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--path", type=Path, default=MEMORY_DIR, help="memory folder")
+    args = parser.parse_args(argv)
     model, is_fake = build_model()
     print("Model:", "a FAKE echo model (no LLM, offline)" if is_fake else type(model).__name__)
     # HashingEmbedder keeps the example fast; drop `embedder=` for the bundled MiniLM model.
-    memory = HistoryMemory(embedder=HashingEmbedder(), path=MEMORY_DIR)
+    memory = HistoryMemory(embedder=HashingEmbedder(), path=args.path)
     agent = create_agent(
         model=model,
         tools=[],
@@ -76,7 +87,7 @@ def main() -> None:
             {"messages": [{"role": "user", "content": text}]}, context={"user_id": USER}
         )
         print("assistant:", state["messages"][-1].text)
-    print(f"\n{len(memory.turns(Scope(USER)))} turns of {USER!r} stored in {MEMORY_DIR}")
+    print(f"\n{len(memory.turns(Scope(USER)))} turns of {USER!r} stored in {args.path}")
     memory.close()
 
 

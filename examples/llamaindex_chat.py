@@ -3,14 +3,17 @@
     python examples/llamaindex_chat.py
 
 Uses OpenAI only if ``llama-index-llms-openai`` is installed and ``OPENAI_API_KEY`` is set;
-otherwise a fake LLM answers by printing the long-term memory LlamaIndex put in its prompt.
-Memories persist in ``examples/.memories/llamaindex``.
+otherwise a fake LLM prints the long-term memory LlamaIndex put in its prompt and answers with a
+fixed line (its answers are saved like any assistant turn, so they must not copy memories).
+Memories persist in ``examples/.memories/llamaindex`` (``--path DIR`` for another folder).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +31,7 @@ STORE = Path(__file__).parent / ".memories" / "llamaindex"
 
 
 class ShowMemoryLLM(CustomLLM):
-    """Fake LLM: replies with the long-term memory block found in its prompt."""
+    """Fake LLM: prints the long-term memory block found in its prompt, answers a fixed line."""
 
     @property
     def metadata(self) -> LLMMetadata:
@@ -39,7 +42,8 @@ class ShowMemoryLLM(CustomLLM):
         found = re.search(r"<long_term_memory>(.*?)</long_term_memory>", prompt, re.DOTALL)
         if not found:
             return CompletionResponse(text="[fake LLM] I have no memories of you yet.")
-        return CompletionResponse(text=f"[fake LLM] I remember:\n{found.group(1).strip()}")
+        print("[fake LLM sees]", found.group(1).strip().replace("\n", "\n    "))
+        return CompletionResponse(text="[fake LLM] A real model would answer from that memory.")
 
     @llm_completion_callback()
     def stream_complete(
@@ -72,11 +76,14 @@ def chat_session(llm: LLM, history: HistoryMemory, session_id: str, messages: li
     block.flush(memory)
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--path", type=Path, default=STORE, help="memory folder")
+    args = parser.parse_args(argv)
     llm = make_llm()
     # HashingEmbedder keeps the demo instant; the default embedder (all-MiniLM-L6-v2) matches
     # meaning rather than words.
-    history = HistoryMemory(path=STORE, embedder=HashingEmbedder())
+    history = HistoryMemory(path=args.path, embedder=HashingEmbedder())
     history.clear(Scope("alice"))  # start the demo from scratch on every run
     chat_session(llm, history, "monday", ["Hi! I'm vegetarian and I love spicy food."])
     chat_session(llm, history, "tuesday", ["Suggest some spicy food for dinner tonight."])

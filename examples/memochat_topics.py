@@ -54,6 +54,8 @@ def main() -> None:
     for i in range(0, len(CHAT), 2):  # one exchange a save, as a chat app would
         memory.save([Turn(role, text) for role, text in CHAT[i : i + 2]], scope)
     memory.end_session(scope)  # the rest of the buffer goes into the memo too
+    # Memos are written in the background; a script that prints them waits for them.
+    memory.flush(scope.user_id)
 
     print(f"mode: {memory.mode}")
     print("memo:")

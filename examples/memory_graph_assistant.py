@@ -163,6 +163,8 @@ def main(out: Path) -> None:
             assistant.ingest(text, scope, source="notification", at=at)  # app notifications
         else:
             assistant.save([Turn("user", text, timestamp=at)], scope)
+    # Extraction and edits run in the background; a script that reads the graph now waits.
+    assistant.flush("secretary")
 
     print("Edits (engine update history):")
     for change in assistant.edits("secretary"):

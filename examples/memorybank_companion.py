@@ -1,7 +1,7 @@
 """MemoryBank companion: ten days with one user, a probing question, then thirty days later.
 
-Replays the user Gary of MemoryBank's English evaluation data (Zhong et al., Table 1;
-``shared/datasets/memorybank/memory_bank_en.json``) day by day under a fixed clock, so each
+Replays the user Gary of MemoryBank's English evaluation data (Zhong et al., Table 1; his ten
+days ship in ``examples/data/memorybank_gary.json``, MIT) day by day under a fixed clock, so each
 new day's first save consolidates the previous day (§2.1). It prints the global portrait and
 event summary, asks the paper's probing question on May 10 and shows what was recalled (and
 reinforced, §2.3), asks again on May 20 and June 1 (spaced repetition), then jumps to June 9,
@@ -11,7 +11,8 @@ Offline and deterministic: the hashing embedder (``--minilm`` for the bundled Mi
 rule-based stand-in for the summarising model (``memorybank_reply``); pass a real model for
 real summaries.
 
-    python examples/memorybank_companion.py [--minilm] [--user Gary]
+    python examples/memorybank_companion.py [--minilm]
+    python examples/memorybank_companion.py --data memory_bank_en.json --user Linda  # any user
 """
 
 from __future__ import annotations
@@ -30,23 +31,23 @@ from memories_core.interfaces import Embedder
 from memories_core.llms import ScriptedLLM
 from memories_core.prompts.memorybank import memorybank_reply
 
-
-def datasets_dir() -> Path:
-    """The shared datasets folder next to the repository (or next to an ancestor of it)."""
-    here = Path(__file__).resolve()
-    for parent in here.parents:
-        if (parent / "shared" / "datasets").is_dir():
-            return parent / "shared" / "datasets"
-    return here.parents[1].parent / "shared" / "datasets"
-
-
-DATA = datasets_dir() / "memorybank" / "memory_bank_en.json"
+#: Gary's ten days, shipped with the examples; ``--data`` reads the full file of 15 users.
+DATA = Path(__file__).resolve().parent / "data" / "memorybank_gary.json"
 QUESTION = "What good ways did you recommend me to relieve stress?"
 
 
 def load_user(path: Path, name: str) -> dict[str, list[dict[str, str]]]:
-    """One user's history ``{day: [{"query", "response"}, ...]}`` (user keys are stripped)."""
-    users = {key.strip(): value for key, value in json.loads(path.read_text()).items()}
+    """One user's history ``{day: [{"query", "response"}, ...]}`` (user keys are stripped).
+
+    Raises:
+        SystemExit: with a message if the file cannot be read or does not hold the user.
+    """
+    try:
+        users = {key.strip(): value for key, value in json.loads(path.read_text()).items()}
+    except (OSError, ValueError, AttributeError) as exc:
+        raise SystemExit(f"cannot read MemoryBank data from {path}: {exc}") from None
+    if name not in users:
+        raise SystemExit(f"{path} has no user {name!r}; it has: {', '.join(sorted(users))}")
     return dict(users[name]["history"])
 
 
@@ -70,8 +71,13 @@ def short(text: str, width: int = 110) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the replay; see the module docstring."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--user", default="Gary")
-    parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--user", default="Gary", help="whose days to replay (default: Gary)")
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=DATA,
+        help="MemoryBank's memory_bank_en.json (default: Gary's days shipped with the examples)",
+    )
     parser.add_argument("--minilm", action="store_true", help="bundled MiniLM embedder")
     args = parser.parse_args(argv)
     embedder: Embedder = HashingEmbedder()

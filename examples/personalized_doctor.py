@@ -109,6 +109,8 @@ def main() -> None:
                     [Turn("user", said, timestamp=at), Turn("assistant", answered, timestamp=at)],
                     Scope(PATIENT, f"visit-{number}"),
                 )
+            # The coordinator works in the background; wait for it before printing its memory.
+            memory.flush(PATIENT)
             show(memory, number)
 
         print("\n=== recalled memory for the new query (eq. 3's prompt p):")

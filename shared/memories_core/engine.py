@@ -1476,7 +1476,9 @@ class MemoryEngine:
                 f"this memory was built with embedder {stored['name']!r} "
                 f"(dimension {stored['dimension']}), not {current['name']!r} "
                 f"(dimension {current['dimension']}); open it with the original embedder, or "
-                "pass allow_embedder_change=True to re-embed every record"
+                "pass allow_embedder_change=True to re-embed every record",
+                stored=str(stored.get("name")),
+                given=str(current["name"]),
             )
         try:
             self.reindex(progress=True)

@@ -48,7 +48,18 @@ class EmbedderMismatchError(ConfigurationError):
 
     Open the store with the original embedder, or call ``reindex()`` after opening it with
     ``allow_embedder_change=True`` to re-embed every record with the new one.
+
+    Attributes:
+        stored: Name of the embedder the store was built with, when known.
+        given: Name of the embedder it was opened with, when known.
     """
+
+    def __init__(
+        self, message: str, *, stored: str | None = None, given: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.stored = stored
+        self.given = given
 
 
 class StoreInUseError(ConfigurationError):

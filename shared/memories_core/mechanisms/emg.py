@@ -1053,9 +1053,10 @@ class EMGMemory(MemoryBase):
         used |= {f"type:{s.split('/', 1)[0][4:]}" for s in list(used) if s.startswith("sub:")}
         keep = [n for n in graph.nodes if n in used or graph.nodes[n]["kind"] in {"user", "type"}]
         view = graph.subgraph(keep).copy()
-        pos = nx.multipartite_layout(view, subset_key="layer", align="horizontal", scale=3)
+        # Layers left to right, nodes stacked in each: horizontal labels never overlap.
+        pos = nx.multipartite_layout(view, subset_key="layer", align="vertical", scale=3)
         colours = {"user": "#d62728", "type": "#ff7f0e", "subclass": "#2ca02c", "entity": "#1f77b4"}
-        fig, ax = plt.subplots(figsize=(14, 8))
+        fig, ax = plt.subplots(figsize=(16, 10))
         nx.draw_networkx_nodes(
             view,
             pos,
@@ -1080,15 +1081,28 @@ class EMGMemory(MemoryBase):
             for u, v, d in view.edges(data=True)
             if d["record_id"] and d["record_id"] not in live
         ]
-        nx.draw_networkx_edges(view, pos, ax=ax, edgelist=solid, alpha=0.6, arrows=True)
+        # Arcs: edges between entities of one column bow out instead of running over each other.
+        arc = "arc3,rad=0.35"
         nx.draw_networkx_edges(
-            view, pos, ax=ax, edgelist=dashed, style="dashed", alpha=0.4, edge_color="#888888"
+            view, pos, ax=ax, edgelist=solid, alpha=0.6, arrows=True, connectionstyle=arc
+        )
+        nx.draw_networkx_edges(
+            view,
+            pos,
+            ax=ax,
+            edgelist=dashed,
+            style="dashed",
+            alpha=0.4,
+            edge_color="#888888",
+            arrows=True,
+            connectionstyle=arc,
         )
         nx.draw_networkx_edge_labels(
             view,
             pos,
             ax=ax,
             font_size=6,
+            connectionstyle=arc,
             edge_labels={
                 (u, v): d["relation"] for u, v, d in view.edges(data=True) if d["record_id"]
             },
