@@ -61,8 +61,11 @@ SCHEMA_VERSION = SQLITE_SCHEMA_VERSION
 
 #: SQLite's dialect: ``?`` placeholders, id lists as JSON arrays read by ``json_each``, the
 #: rowid for insertion order, integer booleans, binary collation by default, no row locks
-#: (a write holds the database's lock, ``BEGIN IMMEDIATE``), ``+column`` planner hints.
-SQLITE = SQLDialect(name="sqlite", title="SQLite", index_hint="+")
+#: (a write holds the database's lock, ``BEGIN IMMEDIATE``), ``+column`` and ``INDEXED BY``
+#: planner hints.
+SQLITE = SQLDialect(
+    name="sqlite", title="SQLite", index_hint="+", index_choice=" INDEXED BY {index}"
+)
 
 #: Filter fields of a query joining ``records AS r`` with ``record_state AS s``.
 _STATE_FILTER_COLUMNS = state_filter_columns(SQLITE.false)

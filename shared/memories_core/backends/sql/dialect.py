@@ -11,7 +11,8 @@ DO UPDATE``, row values, ``LIMIT``). Where the two differ, the statement asks it
 * the column that keeps insertion order per table (SQLite's ``rowid``, PostgreSQL identity
   columns);
 * boolean literals and values, binary collation, row locks (``FOR UPDATE``, ``SKIP
-  LOCKED``), planner hints (SQLite's unary ``+`` that keeps a column off an index);
+  LOCKED``), planner hints (SQLite's unary ``+`` that keeps a column off an index, its
+  ``INDEXED BY``);
 * whether text may hold NUL characters.
 
 Connections, transactions, user locks and full-text search are not the dialect's: each
@@ -57,6 +58,8 @@ class SQLDialect:
             transaction already holds the database's write lock).
         skip_locked: Suffix that skips rows locked by another transaction.
         index_hint: Prefix that keeps a column's index out of a plan (SQLite's ``+``).
+        index_choice: Template that names the index of a table in ``FROM`` (SQLite's
+            ``INDEXED BY``), with ``{index}``; ``""`` leaves the choice to the planner.
         refuses_nul: Whether text cannot hold NUL characters.
     """
 
@@ -73,6 +76,7 @@ class SQLDialect:
     row_lock: str = ""
     skip_locked: str = ""
     index_hint: str = ""
+    index_choice: str = ""
     refuses_nul: bool = False
 
     def sql(self, statement: str) -> str:
@@ -100,6 +104,10 @@ class SQLDialect:
     def hint(self, column: str) -> str:
         """``column`` kept off its index in a plan where another index is more selective."""
         return self.index_hint + column
+
+    def using(self, index: str) -> str:
+        """Suffix of a table in ``FROM`` that makes the plan seek ``index``."""
+        return self.index_choice.format(index=index)
 
     def lock(self, of: str = "") -> str:
         """Row-lock suffix of a ``SELECT`` (of table alias ``of`` if given)."""

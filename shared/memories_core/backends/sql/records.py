@@ -38,11 +38,18 @@ __all__ = ["RecordsTable"]
 _MICROSECOND = timedelta(microseconds=1)
 
 #: Neighbour of a record ``c`` in its conversation: ``{side}`` is ``<`` (previous) or ``>``
-#: (next); ``{session}`` matches the session; ``{bound}`` limits the time distance.
+#: (next), ``{order}`` ``DESC`` or ``ASC``; ``{session}`` matches the session; ``{bound}``
+#: limits the time distance. The nearest record at the same time (by ``seq``) else the nearest
+#: at another time: two seeks of the ``(user_id, session_id, kind, created_at, seq)`` index
+#: (a row-value comparison would walk every record sharing ``c``'s time in SQLite).
 _NEIGHBOUR = (
-    "(SELECT x.id FROM records AS x WHERE x.user_id = c.user_id AND {session} "
-    "AND x.kind = c.kind AND (x.created_at, x.seq) {side} (c.created_at, c.seq){bound} "
-    "ORDER BY x.created_at {order}, x.seq {order} LIMIT 1)"
+    "COALESCE("
+    "(SELECT x.id FROM records AS x{using} WHERE x.user_id = c.user_id AND {session} "
+    "AND x.kind = c.kind AND x.created_at = c.created_at AND x.seq {side} c.seq "
+    "ORDER BY x.seq {order} LIMIT 1), "
+    "(SELECT x.id FROM records AS x{using} WHERE x.user_id = c.user_id AND {session} "
+    "AND x.kind = c.kind AND x.created_at {side} c.created_at{bound} "
+    "ORDER BY x.created_at {order}, x.seq {order} LIMIT 1))"
 )
 
 
@@ -284,13 +291,16 @@ class RecordsTable(SQLBase):
 
     def _neighbours_sql(self, session: str, own: str, *, bounded: bool) -> str:
         d = self.dialect
+        using = d.using("records_session_order")
         earlier = _NEIGHBOUR.format(
+            using=using,
             session=session,
             side="<",
             bound=" AND x.created_at >= c.created_at - ?" if bounded else "",
             order="DESC",
         )
         later = _NEIGHBOUR.format(
+            using=using,
             session=session,
             side=">",
             bound=" AND x.created_at <= c.created_at + ?" if bounded else "",
