@@ -5,6 +5,10 @@ put through the LangGraph store gets), then recalls with ``HistoryMemory.recall`
 search, fusion, context spreading over the best 20 candidates). Two variants: turns without
 a session id (linked by time gap, the LangGraph store's case) and turns with one session id.
 
+A third measurement times the neighbour lookup alone (``StoreBackend.adjacent`` for 20
+candidates) on a bare record store whose turns have no session id, the path a store without
+a session tracker takes.
+
 The script counts the record store's ``list`` calls and the rows they return during the
 recalls: the neighbour lookup used to list every record of the user within the gap window
 for each candidate (quadratic in the session's length); the SQL store's indexed neighbour
@@ -103,16 +107,54 @@ def run(n: int, queries: int, session: str | None) -> dict[str, Any]:
     }
 
 
+def run_lookup(n: int, repeats: int) -> dict[str, Any]:
+    """Time the neighbour lookup alone: 20 candidates among ``n`` turns without a session.
+
+    The records sit in a bare record store (no session tracker), all at one time, so every
+    candidate's neighbours are looked up through the 30-minute gap rule.
+    """
+    from datetime import timedelta
+
+    from memories_core.backends import NumpyIndex, SQLiteRecordStore
+    from memories_core.retrieval.store_backend import StoreBackend
+    from memories_core.types import MemoryRecord
+
+    store = SQLiteRecordStore()
+    store.add([MemoryRecord(f"r{i}", "alice", "turn", f"turn {i}", WHEN) for i in range(n)])
+    backend = StoreBackend(store, NumpyIndex(), HashingEmbedder(dimension=64))
+    tally = {"list_calls": 0, "list_rows": 0}
+    store.list = counting(store.list, tally)  # type: ignore[method-assign]
+    top = [f"r{i}" for i in range(0, n, max(1, n // 20))][:20]
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        backend.adjacent(top, user_id="alice", gap=timedelta(minutes=30))
+        times.append((time.perf_counter() - started) * 1000)
+    store.close()
+    times.sort()
+    return {
+        "turns": n,
+        "session_id": False,
+        "what": "neighbour lookup of 20 candidates",
+        "queries": repeats,
+        "recall_p50_ms": round(statistics.median(times), 1),
+        "recall_p95_ms": round(times[int(0.95 * (len(times) - 1))], 1),
+        "list_calls_per_query": tally["list_calls"] / repeats,
+        "list_rows_per_query": tally["list_rows"] / repeats,
+    }
+
+
 def report(results: dict[str, Any]) -> str:
     """Markdown table of every label's runs."""
     lines = [
-        "| code | turns | session id | recall p50 ms | p95 ms | list calls/query | rows/query |",
-        "|---|---|---|---|---|---|---|",
+        "| code | what | turns | session id | p50 ms | p95 ms | list calls/query | rows/query |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for label, entry in results.items():
         for row in entry["runs"]:
             lines.append(
-                f"| {label} | {row['turns']} | {'yes' if row['session_id'] else 'no'} | "
+                f"| {label} | {row.get('what', 'recall')} | {row['turns']} | "
+                f"{'yes' if row['session_id'] else 'no'} | "
                 f"{row['recall_p50_ms']} | {row['recall_p95_ms']} | "
                 f"{row['list_calls_per_query']:g} | {row['list_rows_per_query']:g} |"
             )
@@ -128,6 +170,7 @@ def main() -> None:
     parser.add_argument("--name", default="neighbours", help="output file stem")
     args = parser.parse_args()
     runs = [run(args.turns, args.queries, session) for session in (None, "one-long-session")]
+    runs.append(run_lookup(args.turns, args.queries))
     OUT.mkdir(exist_ok=True)
     path = OUT / f"{args.name}.json"
     results = json.loads(path.read_text()) if path.exists() else {}

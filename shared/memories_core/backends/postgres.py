@@ -42,7 +42,13 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from memories_core.backends.pg_common import check_schema, make_pool, migrate, redact_dsn
+from memories_core.backends.pg_common import (
+    check_schema,
+    make_pool,
+    migrate,
+    prepare,
+    redact_dsn,
+)
 from memories_core.backends.sql import SQLDialect, SQLStore
 from memories_core.backends.sql.schema import POSTGRES_MIGRATIONS, POSTGRES_SCHEMA_VERSION
 from memories_core.errors import BackendError
@@ -190,17 +196,11 @@ class PostgresRecordStore(SQLStore):
             timeout=timeout,
             name=f"llm-memories-store-{schema}",
         )
-        try:
-            with self._pool.connection() as conn:
-                migrate(conn, schema=schema, component="store", migrations=MIGRATIONS)
-        except BackendError:
-            self._pool.close()
-            raise
-        except Exception as exc:
-            self._pool.close()
-            raise BackendError(
-                f"cannot prepare schema {schema!r} at {self._dsn_redacted}: {exc}"
-            ) from exc
+        prepare(
+            self._pool,
+            lambda conn: migrate(conn, schema=schema, component="store", migrations=MIGRATIONS),
+            what=f"schema {schema!r} at {self._dsn_redacted}",
+        )
 
     def __repr__(self) -> str:
         return f"PostgresRecordStore({self._dsn_redacted!r}, schema={self.schema!r})"
@@ -229,14 +229,8 @@ class PostgresRecordStore(SQLStore):
         local = self._local
         current = getattr(local, "conn", None)
         if current is not None:
-            local.depth += 1
-            try:
-                self._lock_users(current, users)
+            with self._joined(local, current, psycopg.Error, "PostgreSQL call failed", users):
                 yield current
-            except psycopg.Error as exc:
-                raise BackendError(f"PostgreSQL call failed: {exc}") from exc
-            finally:
-                local.depth -= 1
             return
         try:
             with self._borrow() as conn:
@@ -300,11 +294,8 @@ class PostgresRecordStore(SQLStore):
         local = self._local
         held: dict[str, int] = local.__dict__.setdefault("held", {})
         if held.get(user_id):
-            held[user_id] += 1
-            try:
+            with self._held_again(held, user_id):
                 yield
-            finally:
-                held[user_id] -= 1
             return
         key = (f"llm-memories:{self.schema}:user-lock:{user_id}",)
         current = getattr(local, "conn", None)

@@ -33,6 +33,7 @@ import hashlib
 import os
 import sqlite3
 import threading
+import types
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -139,23 +140,14 @@ class SQLiteRecordStore(SQLStore):
     """
 
     dialect = SQLITE
-    user_tables = (
-        "record_state",
-        "record_history",
-        "jobs",
-        "graph_edges",
-        "graph_nodes",
-        "artifacts",
-        "state",
-        "users",
-        "deletions",
-    )
+    user_tables = (*SQLStore.user_tables, "users")
     owners_table = "users"
 
     def __init__(self, path: str | Path | None = None) -> None:
         self._lock = threading.RLock()
         self._closed = False
-        self._depth = 0  # nesting of _write() in the thread holding the lock
+        # Nesting of _write() in the thread holding the lock.
+        self._nesting = types.SimpleNamespace(depth=0)
         self._threads = threading.local()  # user_lock's held buckets, per thread
         if path is None:
             target = ":memory:"
@@ -225,11 +217,8 @@ class SQLiteRecordStore(SQLStore):
         bucket = int.from_bytes(digest.digest(), "big") % _USER_LOCK_BUCKETS
         held: dict[int, int] = self._threads.__dict__.setdefault("buckets", {})
         if held.get(bucket):
-            held[bucket] += 1
-            try:
+            with self._held_again(held, bucket):
                 yield
-            finally:
-                held[bucket] -= 1
             return
         folder = self.path.with_name(self.path.name + ".user-locks")
         try:
@@ -264,21 +253,16 @@ class SQLiteRecordStore(SQLStore):
         with self._lock:
             if self._closed:
                 raise BackendError("the record store is closed")
-            if self._depth:
-                # Inside transaction(): join it; the outermost block commits or rolls back.
-                self._depth += 1
-                try:
+            if self._nesting.depth:
+                # Inside transaction(): join it.
+                with self._joined(self._nesting, self._conn, sqlite3.Error, "SQLite write failed"):
                     yield self._conn
-                except sqlite3.Error as exc:
-                    raise BackendError(f"SQLite write failed: {exc}") from exc
-                finally:
-                    self._depth -= 1
                 return
             try:
                 self._conn.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
                 raise BackendError(f"SQLite write failed to start: {exc}") from exc
-            self._depth = 1
+            self._nesting.depth = 1
             try:
                 yield self._conn
             except BaseException as exc:
@@ -295,7 +279,7 @@ class SQLiteRecordStore(SQLStore):
                     self._conn.execute("ROLLBACK")
                     raise BackendError(f"SQLite commit failed: {exc}") from exc
             finally:
-                self._depth = 0
+                self._nesting.depth = 0
 
     def _executemany(
         self, conn: sqlite3.Connection, statement: str, rows: Sequence[Sequence[Any]]

@@ -10,8 +10,8 @@ with the dialect's placeholders. A backend module subclasses
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, ClassVar
 
 from memories_core.backends.sql.dialect import SQLDialect
@@ -81,6 +81,39 @@ class SQLBase:
         if not rows:
             return 0
         return self._executemany(conn, self.dialect.sql(statement), rows)
+
+    @contextmanager
+    def _joined(
+        self,
+        nesting: Any,
+        conn: Any,
+        errors: type[BaseException] | tuple[type[BaseException], ...],
+        what: str,
+        users: Iterable[str] = (),
+    ) -> Iterator[Any]:
+        """Join the transaction open on ``conn``; the outermost block commits or rolls back.
+
+        ``nesting.depth`` counts the blocks inside it; ``users`` are locked first (until the
+        transaction ends). A driver error becomes a :class:`BackendError` saying ``what``.
+        """
+        nesting.depth += 1
+        try:
+            self._lock_users(conn, users)
+            yield conn
+        except errors as exc:
+            raise BackendError(f"{what}: {exc}") from exc
+        finally:
+            nesting.depth -= 1
+
+    @staticmethod
+    @contextmanager
+    def _held_again(held: dict[Any, int], key: Any) -> Iterator[None]:
+        """Re-enter a lock this thread holds already (its depth counted in ``held[key]``)."""
+        held[key] += 1
+        try:
+            yield
+        finally:
+            held[key] -= 1
 
     def transaction(self) -> AbstractContextManager[Any]:
         """One transaction around several calls: all of them commit, or none.
