@@ -2,8 +2,9 @@
 
 One user saves 2,000 turns in one ``save`` call (every turn the same timestamp, as a batch
 put through the LangGraph store gets), then recalls with ``HistoryMemory.recall`` (hybrid
-search, fusion, context spreading over the best 20 candidates). Two variants: turns without
-a session id (linked by time gap, the LangGraph store's case) and turns with one session id.
+search, fusion, context spreading over the best 20 candidates). Two variants: turns saved
+without a session id (the engine's session tracker routes them into one session) and turns
+saved with one session id.
 
 A third measurement times the neighbour lookup alone (``StoreBackend.adjacent`` for 20
 candidates) on a bare record store whose turns have no session id, the path a store without
