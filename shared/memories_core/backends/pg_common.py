@@ -113,7 +113,7 @@ def make_pool(
     return pool
 
 
-def prepare(pool: Any, step: Callable[[Any], None], *, what: str) -> None:
+def prepare(pool: Any, step: Callable[[Any], object], *, what: str) -> None:
     """Run ``step(connection)`` on a pooled connection at open; close the pool if it fails.
 
     Raises:
