@@ -16,7 +16,18 @@ from hypothesis import strategies as st
 from memories_core.backends import SQLiteRecordStore
 from memories_core.backends.sqlite_store import query_terms
 from memories_core.errors import BackendError, InvalidInputError, MissingUserError
-from memories_core.interfaces import RecordStore
+from memories_core.interfaces import (
+    ArtifactRegistryStore,
+    DeletionStore,
+    EngineStore,
+    IndexStateStore,
+    JobQueueStore,
+    NeighbourStore,
+    RecordStateStore,
+    RecordStore,
+    TransactionStore,
+    UserGraphStore,
+)
 from memories_core.types import MemoryRecord
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=timezone.utc)
@@ -52,6 +63,24 @@ def store() -> Iterator[SQLiteRecordStore]:
 
 def test_implements_protocol(store: SQLiteRecordStore) -> None:
     assert isinstance(store, RecordStore)
+
+
+def test_engine_store_is_the_union_of_the_narrow_store_protocols(
+    store: SQLiteRecordStore,
+) -> None:
+    narrow = (
+        RecordStore,
+        TransactionStore,
+        RecordStateStore,
+        JobQueueStore,
+        UserGraphStore,
+        ArtifactRegistryStore,
+        DeletionStore,
+        IndexStateStore,
+    )
+    assert set(narrow) <= set(EngineStore.__mro__)
+    assert all(isinstance(store, protocol) for protocol in (*narrow, EngineStore))
+    assert isinstance(store, NeighbourStore)
 
 
 def test_round_trip_keeps_every_field(store: SQLiteRecordStore) -> None:
