@@ -87,6 +87,17 @@ def _exercise(store: Any) -> list[Any]:
     out.append(sorted(i for i, _ in store.search_text("puppy Rex", user_id=alice, k=10)))
     out.append(store.search_text("the of and", user_id=alice, k=10))
     out.append(store.adjacent(["a2", "b1"], user_id=alice))
+    # Records without a session: neighbours within the gap, same time by storage order.
+    store.add(
+        [
+            _record(alice, f"loose{i}", "loose", minutes, session_id=None)
+            for i, minutes in enumerate((0, 0, 0, 5, 40))
+        ]
+    )
+    loose = [f"loose{i}" for i in range(5)]
+    out.append(store.adjacent([*loose, "a2", "b1"], user_id=alice, gap=timedelta(minutes=30)))
+    out.append(store.adjacent(loose, user_id=alice, gap=timedelta(0)))
+    store.delete(loose, user_id=alice)
     out.append(store.users())
     out.append(sorted(r.id for r in store.pending_index()))
     store.mark_indexed(["a1", "a2", "b1"])
@@ -190,6 +201,7 @@ def test_postgres_every_query_path_keeps_users_apart(store: PostgresRecordStore)
             store.list(user_id="alice", where={"w": secret}),
             store.search_text(f"puppy {secret}", user_id="alice", k=10),
             store.adjacent(["bob-1", "alice-1"], user_id="alice"),
+            store.adjacent(["bob-1", "alice-1"], user_id="alice", gap=timedelta(days=1)),
             store.history("alice"),
             store.history("alice", record_id="bob-1"),
             store.jobs(user_id="alice"),

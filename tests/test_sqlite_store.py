@@ -16,7 +16,18 @@ from hypothesis import strategies as st
 from memories_core.backends import SQLiteRecordStore
 from memories_core.backends.sqlite_store import query_terms
 from memories_core.errors import BackendError, InvalidInputError, MissingUserError
-from memories_core.interfaces import RecordStore
+from memories_core.interfaces import (
+    ArtifactRegistryStore,
+    DeletionStore,
+    EngineStore,
+    IndexStateStore,
+    JobQueueStore,
+    NeighbourStore,
+    RecordStateStore,
+    RecordStore,
+    TransactionStore,
+    UserGraphStore,
+)
 from memories_core.types import MemoryRecord
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=timezone.utc)
@@ -52,6 +63,24 @@ def store() -> Iterator[SQLiteRecordStore]:
 
 def test_implements_protocol(store: SQLiteRecordStore) -> None:
     assert isinstance(store, RecordStore)
+
+
+def test_engine_store_is_the_union_of_the_narrow_store_protocols(
+    store: SQLiteRecordStore,
+) -> None:
+    narrow = (
+        RecordStore,
+        TransactionStore,
+        RecordStateStore,
+        JobQueueStore,
+        UserGraphStore,
+        ArtifactRegistryStore,
+        DeletionStore,
+        IndexStateStore,
+    )
+    assert set(narrow) <= set(EngineStore.__mro__)
+    assert all(isinstance(store, protocol) for protocol in (*narrow, EngineStore))
+    assert isinstance(store, NeighbourStore)
 
 
 def test_round_trip_keeps_every_field(store: SQLiteRecordStore) -> None:
@@ -401,6 +430,58 @@ def test_adjacent_follows_session_order(store: SQLiteRecordStore) -> None:
         "t1": (None, "t2"),
         "t2": ("t1", None),
     }
+
+
+def test_adjacent_links_records_without_a_session_within_the_gap(
+    store: SQLiteRecordStore,
+) -> None:
+    store.add(
+        [
+            rec("n1", "a", minutes=0),
+            rec("n2", "b", minutes=10),
+            rec("n3", "c", minutes=60),  # 50 minutes after n2: beyond a 30-minute gap
+            rec("n4", "d", minutes=60),  # same time as n3: storage order decides
+            rec("sess", "in a session", minutes=5, session="s1"),
+            rec("other-kind", "note", minutes=5, kind="note"),
+            rec("bob", "b", minutes=5, user="bob"),
+        ]
+    )
+    ids = ["n1", "n2", "n3", "n4", "sess", "other-kind", "bob", "missing"]
+    got = store.adjacent(ids, user_id="alice", gap=timedelta(minutes=30))
+    assert got == {
+        "n1": (None, "n2"),
+        "n2": ("n1", None),
+        "n3": (None, "n4"),
+        "n4": ("n3", None),
+        "sess": (None, None),
+        "other-kind": (None, None),
+    }
+    # Exactly the gap still links; without a gap, records without a session are left out.
+    assert store.adjacent(["n2"], user_id="alice", gap=timedelta(minutes=50)) == {
+        "n2": ("n1", "n3")
+    }
+    assert store.adjacent(ids, user_id="alice") == {"sess": (None, None)}
+
+
+def test_adjacent_is_an_indexed_seek_per_side(store: SQLiteRecordStore) -> None:
+    """The neighbour query seeks an index, never scans records, however long the session.
+
+    Records written in one batch share their time; the seek must not walk them either.
+    """
+    store.add([rec(f"r{i}", "t") for i in range(300)])
+    store.add([rec(f"s{i}", "t", session="long") for i in range(300)])
+    for session, own, bounded, params in (
+        ("x.session_id IS NULL", "IS NULL", True, (1, 1, "alice", '["r5"]')),
+        ("x.session_id = c.session_id", "IS NOT NULL", False, ("alice", '["s5"]')),
+    ):
+        sql = store._neighbours_sql(session, own, bounded=bounded)
+        plans = [row[3] for row in store._conn.execute("EXPLAIN QUERY PLAN " + sql, params)]
+        searches = [plan for plan in plans if plan.startswith("SEARCH x")]
+        assert len(searches) == 4, plans
+        assert all("records_session_order" in plan for plan in searches), plans
+        assert not [p for p in plans if p.startswith("SCAN") and "json_each" not in p], plans
+    got = store.adjacent(["r5", "s5"], user_id="alice", gap=timedelta(0))
+    assert got == {"r5": ("r4", "r6"), "s5": ("s4", "s6")}
 
 
 def test_rowid_ranges_keep_users_apart_in_fts(store: SQLiteRecordStore) -> None:

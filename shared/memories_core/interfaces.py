@@ -40,13 +40,21 @@ from memories_core.usage import Usage
 
 __all__ = [
     "LLM",
+    "ArtifactRegistryStore",
     "Clock",
+    "DeletionStore",
     "Embedder",
     "EngineStore",
     "Filter",
+    "IndexStateStore",
+    "JobQueueStore",
     "LLMRouter",
     "Mechanism",
+    "NeighbourStore",
+    "RecordStateStore",
     "RecordStore",
+    "TransactionStore",
+    "UserGraphStore",
     "UserLockingStore",
     "VectorIndex",
 ]
@@ -234,18 +242,17 @@ class RecordStore(Protocol):
 
 
 @runtime_checkable
-class EngineStore(RecordStore, Protocol):
-    """A record store that also keeps what the engine needs, all in one transaction scope.
-
-    Record state and its history, pending jobs, per-user graphs, the artifact registry and
-    deletion tombstones (the SQLite implementation documents the schema in
-    ``memories_core.backends.sqlite_tables``). A second backend (e.g. PostgreSQL) implements
-    this protocol; the engine needs nothing else from its store.
-    """
+class TransactionStore(Protocol):
+    """Stores that group several calls into one transaction."""
 
     def transaction(self) -> AbstractContextManager[Any]:
         """One transaction around several calls (all commit, or none); calls inside join it."""
         ...
+
+
+@runtime_checkable
+class RecordStateStore(Protocol):
+    """Records' mutable state, its history, text edits and the per-user state table."""
 
     def update_state(
         self,
@@ -280,6 +287,19 @@ class EngineStore(RecordStore, Protocol):
     def edit_text(self, record_id: str, text: str, *, user_id: str) -> str | None:
         """Replace a record's text (vector pending again); returns the old text or ``None``."""
         ...
+
+    def user_state(self, user_id: str) -> dict[str, Any]:
+        """Every key of the user's state table."""
+        ...
+
+    def restore_state(self, user_id: str, states: Mapping[str, RecordState]) -> None:
+        """Write records' state exactly, without history entries (import)."""
+        ...
+
+
+@runtime_checkable
+class JobQueueStore(Protocol):
+    """Pending derivations: enqueue, list, claim with a lease, finish, fail."""
 
     def add_jobs(self, user_id: str, specs: Sequence[JobSpec], *, now: datetime) -> int:
         """Enqueue jobs, skipping duplicates by ``(mechanism, key)``; returns how many are new."""
@@ -317,13 +337,10 @@ class EngineStore(RecordStore, Protocol):
         """Write jobs exactly as given (import); returns how many were new."""
         ...
 
-    def user_state(self, user_id: str) -> dict[str, Any]:
-        """Every key of the user's state table."""
-        ...
 
-    def restore_state(self, user_id: str, states: Mapping[str, RecordState]) -> None:
-        """Write records' state exactly, without history entries (import)."""
-        ...
+@runtime_checkable
+class UserGraphStore(Protocol):
+    """Per-user graphs of nodes and edges (edges never join two users' nodes)."""
 
     def put_graph(
         self, user_id: str, *, nodes: Sequence[GraphNode] = (), edges: Sequence[GraphEdge] = ()
@@ -347,6 +364,11 @@ class EngineStore(RecordStore, Protocol):
         """The user's graph edges."""
         ...
 
+
+@runtime_checkable
+class ArtifactRegistryStore(Protocol):
+    """The registry of per-user artifacts (the bytes live in files)."""
+
     def register_artifact(
         self,
         user_id: str,
@@ -368,6 +390,11 @@ class EngineStore(RecordStore, Protocol):
     def unregister_artifact(self, user_id: str, name: str) -> None:
         """Remove an artifact's registry entry."""
         ...
+
+
+@runtime_checkable
+class DeletionStore(Protocol):
+    """Deletion tombstones, the purge of a user, and erasure of what was deleted."""
 
     def mark_deleting(self, user_id: str, *, at: datetime) -> None:
         """Write a deletion tombstone."""
@@ -393,6 +420,11 @@ class EngineStore(RecordStore, Protocol):
         """Rewrite the storage (on request)."""
         ...
 
+
+@runtime_checkable
+class IndexStateStore(Protocol):
+    """Which records the vector index holds, still needs, or refused."""
+
     def mark_index_failed(self, ids: Iterable[str]) -> None:
         """Set records the vector index refused aside."""
         ...
@@ -407,6 +439,49 @@ class EngineStore(RecordStore, Protocol):
 
     def include_in_index(self, *, user_id: str | None = None, kind: str) -> int:
         """Mark unindexed records of a kind pending for the vector index."""
+        ...
+
+
+@runtime_checkable
+class EngineStore(
+    RecordStore,
+    TransactionStore,
+    RecordStateStore,
+    JobQueueStore,
+    UserGraphStore,
+    ArtifactRegistryStore,
+    DeletionStore,
+    IndexStateStore,
+    Protocol,
+):
+    """A record store that also keeps what the engine needs, all in one transaction scope.
+
+    The union of the narrow store protocols above: records (:class:`RecordStore`), record
+    state and history, pending jobs, per-user graphs, the artifact registry, deletion
+    tombstones and vector-index bookkeeping, all joinable in one :meth:`transaction`. The
+    SQL store (:mod:`memories_core.backends.sql`) implements it once for every dialect
+    (SQLite, PostgreSQL); the engine needs nothing else from its store. A part of the core
+    that needs one family types its store with that family's protocol.
+    """
+
+
+@runtime_checkable
+class NeighbourStore(Protocol):
+    """An optional seam of a record store: a record's neighbours in its conversation.
+
+    :class:`~memories_core.retrieval.store_backend.StoreBackend` uses it for context
+    spreading when the store has it, instead of listing records.
+    """
+
+    def adjacent(
+        self, ids: Sequence[str], *, user_id: str, gap: timedelta | None = None
+    ) -> dict[str, tuple[str | None, str | None]]:
+        """``{id: (previous id, next id)}`` by :func:`~memories_core.retrieval.context.linked`.
+
+        Records with a session link within it; records without one link to the nearest
+        records without one within ``gap`` (left out when ``gap`` is ``None``). The cost is
+        bounded by ``len(ids)`` index seeks, whatever the user's number of records.
+        """
         ...
 
 

@@ -7,25 +7,26 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import shutil
-import sqlite3
-import struct
 import threading
-import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import closing, suppress
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
+from memories_core.backends.chroma_erasure import ChromaErasure
+from memories_core.backends.chroma_verify import (
+    ChromaVerification,
+    _is_not_found,
+    _is_stale,
+)
 from memories_core.backends.folder_lock import FolderLock
 from memories_core.backends.numpy_index import (
-    PROBE_DEPTH,
     as_matrix,
     as_query,
     check_filter,
@@ -58,19 +59,9 @@ _USER_SUFFIX_LEN = 16
 # Chroma names: 3-512 characters of [a-zA-Z0-9._-], starting and ending alphanumeric, no "..".
 _BASE_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9._-]*")
 _MAX_BASE_LEN = 512 - 1 - _USER_SUFFIX_LEN
-# Chroma's embedded store: one SQLite file plus one folder (named by segment UUID) per HNSW
-# vector segment.
-_SQLITE_FILE = "chroma.sqlite3"
-_SEGMENT_DIR = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-# How long erasure waits for other connections (other processes) to release the SQLite file.
-_ERASE_BUSY_TIMEOUT_MS = 60_000
-# Cosine distance up to which a neighbour ties with a probed vector's own distance (0).
-_PROBE_TIE = 1e-5
-# How many ids one ``get`` of ``ids``/``probe`` reads.
-_READ_BATCH = 1000
 
 
-class ChromaIndex:
+class ChromaIndex(ChromaVerification, ChromaErasure):
     """A :class:`~memories_core.interfaces.VectorIndex` on Chroma.
 
     Setup:
@@ -644,302 +635,6 @@ class ChromaIndex:
                     for name in self._own_collection_names():
                         self._drop_collection(name)
 
-    # -- verification (compare with the record store; repair stale or lost vectors) --------
-
-    def vectors(self, ids: Sequence[str], *, user_id: str) -> dict[str, npt.NDArray[np.float32]]:
-        """The stored vectors of those ``ids`` that ``user_id`` has, read in batches."""
-        wanted = list(dict.fromkeys(ids))
-        if not wanted:
-            return {}
-
-        def fetch(collection: Any) -> dict[str, npt.NDArray[np.float32]]:
-            found: dict[str, npt.NDArray[np.float32]] = {}
-            for start in range(0, len(wanted), _READ_BATCH):
-                got = self._guard(
-                    collection.get, ids=wanted[start : start + _READ_BATCH], include=["embeddings"]
-                )
-                embeddings = got.get("embeddings")
-                if embeddings is None:
-                    continue
-                for vid, vector in zip(got.get("ids") or [], embeddings, strict=False):
-                    found[str(vid)] = np.asarray(vector, dtype=np.float32)
-            return found
-
-        with self._lock:
-            return self._on_collection(user_id, False, fetch, {})
-
-    def ids(self, user_id: str) -> set[str]:
-        """Every id of ``user_id``'s vectors (empty if the user has none), read in pages."""
-        with self._lock:
-            return self._on_collection(user_id, False, self._all_ids, set())
-
-    def _all_ids(self, collection: Any) -> set[str]:
-        found: set[str] = set()
-        offset = 0
-        while True:
-            got = self._guard(collection.get, include=[], limit=_READ_BATCH, offset=offset)
-            page = [str(vid) for vid in got.get("ids") or []]
-            found.update(page)
-            if len(page) < _READ_BATCH:
-                return found
-            offset += len(page)
-
-    def users(self) -> set[str]:
-        """Every user with at least one vector.
-
-        Collection names hold only a hash of the user id, so each collection's first
-        metadata is read (one small ``get`` per collection).
-        """
-        found: set[str] = set()
-        with self._lock:
-            for name in self._own_collection_names():
-                collection = self._open_by_name(name)
-                if collection is None:
-                    continue
-                try:
-                    got = self._guard(collection.get, limit=1, include=["metadatas"])
-                except BackendError as exc:
-                    if _is_stale(exc):  # dropped meanwhile
-                        continue
-                    raise
-                metas = got.get("metadatas") or []
-                if metas and metas[0] and isinstance(metas[0].get("user_id"), str):
-                    found.add(str(metas[0]["user_id"]))
-        return found
-
-    def probe(self, ids: Sequence[str], *, user_id: str, k: int = PROBE_DEPTH) -> set[str]:
-        """The ids among ``ids`` that a search with their own stored vector does not return.
-
-        Each id's vector is read back from Chroma (``get(include=["embeddings"])``) and the
-        vectors are queried in batches for ``k`` neighbours. An id counts as reachable when
-        it is returned, or when ``k`` neighbours tie with its own distance (exact duplicates
-        may crowd it out: such ids are queried again, deeper, until decided). Ids Chroma
-        does not hold for ``user_id`` are ignored (compare :meth:`ids` with the record
-        store to find them). HNSW is approximate, and a crash can leave a stored vector
-        without links, so a returned id should be deleted and re-added.
-
-        Raises:
-            InvalidInputError: if ``k < 1``.
-            BackendError: if Chroma fails.
-        """
-        if k < 1:
-            raise InvalidInputError("k must be >= 1")
-        wanted = list(dict.fromkeys(str(i) for i in ids))
-        if not wanted:
-            return set()
-        with self._lock:
-            return self._on_collection(
-                user_id, False, lambda c: self._probe_in(c, wanted, k), set()
-            )
-
-    def _probe_in(self, collection: Any, wanted: list[str], k: int) -> set[str]:
-        total = int(self._guard(collection.count))
-        lost: set[str] = set()
-        for start in range(0, len(wanted), _READ_BATCH):
-            got = self._guard(
-                collection.get, ids=wanted[start : start + _READ_BATCH], include=["embeddings"]
-            )
-            held = [str(vid) for vid in got.get("ids") or []]
-            if not held:
-                continue
-            vectors = np.asarray(got["embeddings"], dtype=np.float32)
-            depth = min(k, total)
-            result = self._guard(
-                collection.query,
-                query_embeddings=vectors,
-                n_results=depth,
-                include=["distances"],
-            )
-            for row, vid in enumerate(held):
-                found = [str(x) for x in result["ids"][row]]
-                dists = [float(d) for d in result["distances"][row]]
-                if vid in found:
-                    continue
-                deeper = depth
-                # Neighbours that all tie with the probe's own distance (0) may crowd the
-                # id out legitimately: look deeper until it shows or a worse one does.
-                while len(found) >= deeper and dists and dists[-1] <= _PROBE_TIE and deeper < total:
-                    deeper = min(total, deeper * 4)
-                    again = self._guard(
-                        collection.query,
-                        query_embeddings=vectors[row : row + 1],
-                        n_results=deeper,
-                        include=["distances"],
-                    )
-                    found = [str(x) for x in again["ids"][0]]
-                    dists = [float(d) for d in again["distances"][0]]
-                    if vid in found:
-                        break
-                if vid not in found:
-                    lost.add(vid)
-        return lost
-
-    # -- erasure ----------------------------------------------------------------------------
-
-    def _rebuild_user(self, user_id: str) -> None:
-        """Rewrite ``user_id``'s collection from its live vectors (drops HNSW tombstones).
-
-        Not atomic: after a crash between the drop and the re-add the user's vectors are
-        missing, which ``ids`` against the record store shows (re-add them as pending).
-        """
-        self._collections.pop(user_id, None)  # resolve afresh, never a stale object
-        collection = self._collection_for(user_id, create=False)
-        if collection is None:
-            return
-        name = self._user_collection_name(user_id)
-        ids = sorted(self._all_ids(collection))
-        rows: list[tuple[list[str], Any, list[Any]]] = []
-        for start in range(0, len(ids), _READ_BATCH):
-            got = self._guard(
-                collection.get,
-                ids=ids[start : start + _READ_BATCH],
-                include=["embeddings", "metadatas"],
-            )
-            rows.append(
-                (
-                    [str(v) for v in got["ids"]],
-                    np.asarray(got["embeddings"], dtype=np.float32),
-                    list(got["metadatas"]),
-                )
-            )
-        self._collections.pop(user_id, None)
-        self._drop_collection(name)
-        fresh: Any = self._collection_for(user_id, create=True)
-        for chunk_ids, vectors, metas in rows:
-            for start in range(0, len(chunk_ids), self._batch):
-                stop = start + self._batch
-                self._guard(
-                    fresh.upsert,
-                    ids=chunk_ids[start:stop],
-                    embeddings=vectors[start:stop],
-                    metadatas=metas[start:stop],
-                )
-
-    def erase_deleted(self) -> None:
-        """Erase dropped collections' data from the files of an embedded persistent store.
-
-        Chroma's deletes leave data readable: the SQLite file keeps deleted rows in free
-        space of its pages (Chroma's connection runs without ``secure_delete``), and a
-        dropped collection's HNSW segment folder stays on disk. This removes every segment
-        folder no segment row refers to, purges rows Chroma left behind for dropped
-        segments and collections (``embeddings``, ``embedding_metadata``, the full-text
-        table, ``max_seq_id``, ``embeddings_queue``), optimises the full-text index, runs
-        ``VACUUM`` (rewrites the file without free space) and truncates a WAL, through a
-        separate ``sqlite3`` connection with ``secure_delete`` on. Live collections are
-        untouched. Costs one rewrite of the SQLite file (about its size in I/O); a no-op for
-        ephemeral, server and non-local clients.
-
-        Raises:
-            BackendError: if the SQLite file stays locked longer than a minute, or cannot
-                be rewritten.
-        """
-        folder = self._folder
-        if folder is None or not (folder / _SQLITE_FILE).is_file():
-            return
-        with self._lock:
-            orphans = self._orphan_segment_folders()
-            for entry in orphans:
-                shutil.rmtree(entry, ignore_errors=True)
-            try:
-                with closing(
-                    sqlite3.connect(
-                        folder / _SQLITE_FILE,
-                        timeout=_ERASE_BUSY_TIMEOUT_MS / 1000,
-                        isolation_level=None,
-                    )
-                ) as conn:
-                    conn.execute(f"PRAGMA busy_timeout = {_ERASE_BUSY_TIMEOUT_MS}")
-                    conn.execute("PRAGMA secure_delete = ON")
-                    _purge_orphan_rows(conn)
-                    conn.execute("VACUUM")
-                    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            except sqlite3.Error as exc:
-                raise BackendError(f"cannot erase deleted Chroma data: {exc}") from exc
-            for entry in orphans:
-                if entry.exists():
-                    raise BackendError(f"cannot remove the dropped Chroma segment {entry}")
-
-    def _orphan_segment_folders(self) -> list[Path]:
-        """Segment folders that no segment row refers to (a dropped collection's files).
-
-        Folders are listed before segment rows are read: Chroma writes a segment's row (when
-        the collection is created) before its folder, so a folder listed whose row is absent
-        belongs to a dropped segment, never to one being created.
-        """
-        folder = self._folder
-        if folder is None or not (folder / _SQLITE_FILE).is_file():
-            return []
-        listed = [e for e in folder.iterdir() if e.is_dir() and _SEGMENT_DIR.fullmatch(e.name)]
-        if not listed:
-            return []
-        try:
-            with closing(
-                sqlite3.connect(folder / _SQLITE_FILE, timeout=_ERASE_BUSY_TIMEOUT_MS / 1000)
-            ) as conn:
-                live = {str(row[0]) for row in conn.execute("SELECT id FROM segments")}
-        except sqlite3.Error as exc:
-            raise BackendError(f"cannot read Chroma's segments: {exc}") from exc
-        return [entry for entry in listed if entry.name not in live]
-
-    def _sweep_late_segment_folders(self, *, seconds: float = 3.0, quiet: int = 3) -> None:
-        """Remove a dropped collection's files that Chroma writes after the drop returned.
-
-        Under load, Chroma persisted a dropped collection's HNSW files (ids, vectors) from a
-        background thread after ``delete_user`` and even after ``erase_deleted`` (its flush of
-        an index above the sync threshold runs on after ``add`` returns). After a delete and at
-        close, poll briefly until no such folder has appeared for ``quiet`` consecutive checks;
-        opening the index sweeps once more, for files written after a process ended.
-        """
-        deadline = time.monotonic() + seconds
-        calm = 0
-        while calm < quiet and time.monotonic() < deadline:
-            try:
-                late = self._orphan_segment_folders()
-            except BackendError:
-                return
-            for entry in late:
-                shutil.rmtree(entry, ignore_errors=True)
-            calm = 0 if late else calm + 1
-            time.sleep(0.15)
-
-    def _scrub_unused_capacity(self) -> int:
-        """Zero the unused capacity of the live HNSW files; returns the files scrubbed.
-
-        Chroma's HNSW writer persists an index's whole preallocated buffer, and the part past
-        the stored elements is uninitialised memory: stale bytes of whatever the process
-        handled, a deleted user's texts and ids included (seen in 2 of 30 delete_user runs).
-        The header (version, level-0 offset, capacity, element count, bytes per element) says
-        where the used part ends; a file whose sizes do not match the header is left alone.
-        """
-        folder = self._folder
-        if folder is None:
-            return 0
-        scrubbed = 0
-        for segment in folder.iterdir():
-            if not (segment.is_dir() and _SEGMENT_DIR.fullmatch(segment.name)):
-                continue
-            try:
-                header = (segment / "header.bin").read_bytes()
-                _, _, capacity, count, per_element = struct.unpack_from("<i4Q", header, 0)
-            except (OSError, struct.error):
-                continue
-            for name, width in (("data_level0.bin", per_element), ("length.bin", 4)):
-                target = segment / name
-                try:
-                    size = target.stat().st_size
-                except OSError:
-                    continue
-                used = count * width
-                if not width or count > capacity or size != capacity * width or used >= size:
-                    continue
-                with target.open("r+b") as handle:
-                    handle.seek(used)
-                    handle.write(bytes(size - used))
-                    handle.flush()
-                    os.fsync(handle.fileno())
-                scrubbed += 1
-        return scrubbed
-
     # -- helpers ----------------------------------------------------------------------------
 
     @staticmethod
@@ -985,21 +680,6 @@ def _pairs(result: Mapping[str, Any]) -> list[tuple[str, float]]:
     return [(str(vid), 1.0 - float(dist)) for vid, dist in zip(ids, distances, strict=True)]
 
 
-def _is_not_found(exc: Exception) -> bool:
-    """Whether Chroma raised because a collection does not exist."""
-    # chromadb.errors.NotFoundError (embedded and HTTP clients); older versions raise a
-    # ValueError / InvalidCollectionException saying the collection does not exist.
-    if any(cls.__name__ == "NotFoundError" for cls in type(exc).__mro__):
-        return True
-    return "does not exist" in str(exc).lower()
-
-
-def _is_stale(exc: BaseException) -> bool:
-    """Whether a wrapped Chroma error says the collection no longer exists."""
-    cause = exc.__cause__
-    return isinstance(cause, Exception) and _is_not_found(cause)
-
-
 def _local_folder(client: Any | None) -> Path | None:
     """The folder of a caller's embedded persistent client, else ``None``."""
     if client is None:
@@ -1013,42 +693,3 @@ def _local_folder(client: Any | None) -> Path | None:
     if not getattr(settings, "is_persistent", False) or not directory or "fastapi" in impl:
         return None
     return Path(directory)
-
-
-def _purge_orphan_rows(conn: sqlite3.Connection) -> None:
-    """Delete rows of Chroma's SQLite file that belong to no live segment or collection."""
-    tables = {str(row[0]) for row in conn.execute("SELECT name FROM sqlite_master")}
-    orphan = "SELECT id FROM embeddings WHERE segment_id NOT IN (SELECT id FROM segments)"
-    statements = [
-        (
-            "embedding_fulltext_search",
-            f"DELETE FROM embedding_fulltext_search WHERE rowid IN ({orphan})",
-        ),
-        (
-            "embedding_metadata_array",
-            f"DELETE FROM embedding_metadata_array WHERE id IN ({orphan})",
-        ),
-        ("embedding_metadata", f"DELETE FROM embedding_metadata WHERE id IN ({orphan})"),
-        ("embeddings", "DELETE FROM embeddings WHERE segment_id NOT IN (SELECT id FROM segments)"),
-        ("max_seq_id", "DELETE FROM max_seq_id WHERE segment_id NOT IN (SELECT id FROM segments)"),
-        (
-            "embeddings_queue",
-            # Topics are "<scheme>://<tenant>/<database>/<collection id>".
-            "DELETE FROM embeddings_queue WHERE substr(topic, -36) NOT IN "
-            "(SELECT id FROM collections)",
-        ),
-    ]
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        for table, statement in statements:
-            if table in tables:
-                conn.execute(statement)
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    if "embedding_fulltext_search" in tables:
-        # FTS5 keeps deleted terms in its segments until they are merged.
-        conn.execute(
-            "INSERT INTO embedding_fulltext_search(embedding_fulltext_search) VALUES('optimize')"
-        )

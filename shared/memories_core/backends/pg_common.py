@@ -21,7 +21,7 @@ from typing import Any
 
 from memories_core.errors import BackendError, ConfigurationError, MissingExtraError
 
-__all__ = ["SCHEMA_NAME", "make_pool", "migrate", "redact_dsn"]
+__all__ = ["SCHEMA_NAME", "make_pool", "migrate", "prepare", "redact_dsn"]
 
 #: Schema names accepted (quoted as identifiers anyway; this keeps them readable).
 SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
@@ -111,6 +111,24 @@ def make_pool(
             f"({type(exc).__name__})"
         ) from None
     return pool
+
+
+def prepare(pool: Any, step: Callable[[Any], object], *, what: str) -> None:
+    """Run ``step(connection)`` on a pooled connection at open; close the pool if it fails.
+
+    Raises:
+        BackendError: if the step fails (its own :class:`BackendError`, or one naming
+            ``what``); the pool is closed then.
+    """
+    try:
+        with pool.connection() as conn:
+            step(conn)
+    except BackendError:
+        pool.close()
+        raise
+    except Exception as exc:
+        pool.close()
+        raise BackendError(f"cannot prepare {what}: {exc}") from exc
 
 
 def migrate(

@@ -34,7 +34,13 @@ from memories_core.backends.numpy_index import (
     check_filter,
     check_metadata,
 )
-from memories_core.backends.pg_common import check_schema, make_pool, migrate, redact_dsn
+from memories_core.backends.pg_common import (
+    check_schema,
+    make_pool,
+    migrate,
+    prepare,
+    redact_dsn,
+)
 from memories_core.errors import (
     BackendError,
     ConfigurationError,
@@ -130,23 +136,15 @@ class PgVectorIndex:
             timeout=timeout,
             name=f"llm-memories-pgvector-{schema}",
         )
-        try:
-            with self._pool.connection() as conn:
-                migrate(
-                    conn,
-                    schema=schema,
-                    component=f"pgvector:{table}",
-                    migrations=(self._create_table,),
-                )
-                self._stored_dimension = self._read_dimension(conn)
-        except BackendError:
-            self._pool.close()
-            raise
-        except Exception as exc:
-            self._pool.close()
-            raise BackendError(
-                f"cannot prepare the pgvector table at {self._dsn_redacted}: {exc}"
-            ) from exc
+        self._stored_dimension: int | None = None
+
+        def create(conn: Any) -> None:
+            migrate(
+                conn, schema=schema, component=f"pgvector:{table}", migrations=(self._create_table,)
+            )
+            self._stored_dimension = self._read_dimension(conn)
+
+        prepare(self._pool, create, what=f"the pgvector table at {self._dsn_redacted}")
 
     def __repr__(self) -> str:
         return (

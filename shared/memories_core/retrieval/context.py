@@ -283,7 +283,9 @@ class ContextSpreading:
     "Question-answer context").
 
     Cost: one ``backend.adjacent`` call for the best ``depth`` candidates and one load of
-    them and their neighbours (cached for the load stage).
+    them and their neighbours (cached for the load stage). On a SQL store that call is an
+    indexed query of two seeks per candidate, so the cost is bounded by ``depth``, not by
+    the length of the session.
 
     Attributes:
         previous_weight: Share of the preceding record's score a record inherits.

@@ -10,6 +10,7 @@ with a native implementation (one SQL query per method, a ``batch_id`` column).
 from __future__ import annotations
 
 import heapq
+import inspect
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, cast
@@ -57,9 +58,12 @@ def merge_rankings(rankings: Sequence[Ranking], depth: int) -> list[tuple[str, f
 class StoreBackend:
     """A recall backend over a record store, a vector index and an embedder.
 
-    Neighbours: records with a session through the store's ``adjacent`` (or its ``list``);
-    records without one are linked by time gap through ``list(since=, until=)``, a window
-    of ``2 * gap`` per record. These stores keep no save-call id, so batches do not link.
+    Neighbours: through the store's ``adjacent`` when it takes ``gap``
+    (:class:`~memories_core.interfaces.NeighbourStore`, as the SQL stores do: indexed
+    seeks, bounded by the number of ids); otherwise records with a session through the
+    store's ``adjacent`` (or its ``list``), and records without one by time gap through
+    ``list(since=, until=)``, a window of ``2 * gap`` per record. These stores keep no
+    save-call id, so batches do not link.
 
     Args:
         store: Record store (record of truth, BM25).
@@ -151,6 +155,10 @@ class StoreBackend:
         if not ids:
             return {}
         by_session = getattr(self.store, "adjacent", None)
+        if callable(by_session) and _takes_gap(by_session):
+            # The store's indexed query (a NeighbourStore): a bounded number of index seeks
+            # per id, whatever the length of the session.
+            return dict(by_session(list(ids), user_id=user_id, gap=gap))
         if callable(by_session):
             result: dict[str, tuple[str | None, str | None]] = dict(
                 by_session(list(ids), user_id=user_id)
@@ -171,6 +179,14 @@ class StoreBackend:
             loose = [r for r in window if r.session_id is None]
             result[record.id] = adjacent_rows(rows_of(loose), gap=gap).get(record.id, (None, None))
         return result
+
+
+def _takes_gap(method: Callable[..., Any]) -> bool:
+    """Whether a store's ``adjacent`` takes ``gap`` (links records without a session)."""
+    try:
+        return "gap" in inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def adjacent_via_list(
