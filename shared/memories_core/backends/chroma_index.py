@@ -7,7 +7,9 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+import random
 import re
 import shutil
 import sqlite3
@@ -23,6 +25,7 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from memories_core.backends.chroma_exact import Mirror, MirrorRegistry
 from memories_core.backends.folder_lock import FolderLock
 from memories_core.backends.numpy_index import (
     PROBE_DEPTH,
@@ -43,7 +46,18 @@ from memories_core.types import check_user_id
 
 __all__ = ["ChromaIndex"]
 
+logger = logging.getLogger(__name__)
+
 _T = TypeVar("_T")
+
+# Users with at most this many vectors are searched exactly (in-process mirror, brute force)
+# instead of through the HNSW graph, which can lose records (see chroma_exact.py).
+_EXACT_BELOW = 2000
+# Records whose reachability a large collection's first open in a process checks.
+_OPEN_CHECK = 200
+# Vectors all mirrors of the process may hold together (least recently used evicted first).
+_MIRROR_BUDGET = 200_000
+_MIRRORS = MirrorRegistry(_MIRROR_BUDGET)
 
 # HNSW search breadth of new collections. Chroma's default (10) missed a record's own vector
 # in 2.2% of self-queries at 20k hashed vectors, 50 in 1.0%, 100 in 0.5%, at about the same
@@ -84,6 +98,11 @@ class ChromaIndex:
             ``<collection>-<sha1(user_id)[:16]>``. Without ``client``/``host``/``path`` the
             index is ephemeral and in-process, and a unique suffix on the base name keeps
             two instances apart.
+        exact_below: Users with at most this many vectors are searched exactly (see
+            "Reachability"); ``0`` searches every user through HNSW. Embedded, ephemeral and
+            caller-built persistent clients only; a Chroma server always uses HNSW.
+        open_check: How many records of a larger user a reachability check samples when
+            the user's collection is first opened in the process (``0``: no check).
 
     Instantiate:
         .. code-block:: python
@@ -106,6 +125,22 @@ class ChromaIndex:
         passes the filter to Chroma as ``where``. Collections use cosine space and scores
         are returned as cosine similarity (``1 - distance``). Chroma's HNSW search is
         approximate; :class:`~memories_core.backends.NumpyIndex` is exact.
+
+    Reachability:
+        chromadb 1.5.9's embedded HNSW graph can leave a stored record out of reach: with
+        near-duplicate vectors, after a record is deleted and added again, or after a close
+        and reopen, a query with the record's own vector may not return it (measured in
+        ``benchmarks/chroma_reopen.py``). A user with at most ``exact_below`` vectors is
+        therefore searched by brute force over an in-process mirror of their vectors and
+        metadata (loaded with one ``get`` on the user's first search in the process, then
+        kept current by this index's writes; :mod:`memories_core.backends.chroma_exact`),
+        so every stored record is reachable. For a larger user, the first open in a process
+        probes ``open_check`` sampled records, and every ``add`` probes the records it wrote
+        (a delete probes a sample again); a record found unreachable is *pinned*: every
+        later search of the user scores it exactly and merges it into the graph's answer, so
+        the repair holds whatever the graph does. Records the sample misses are found by
+        :meth:`probe` (``MemoryEngine.verify``), which pins them as well. Pins and mirrors
+        live in process memory and are rebuilt by the checks after a restart.
 
     Deletion and erasure:
         On an embedded persistent store (``path=``, or a caller's ``PersistentClient``),
@@ -152,7 +187,12 @@ class ChromaIndex:
         collection: str = "memories",
         ssl: bool = False,
         headers: Mapping[str, str] | None = None,
+        exact_below: int = _EXACT_BELOW,
+        open_check: int = _OPEN_CHECK,
     ) -> None:
+        for name, value in (("exact_below", exact_below), ("open_check", open_check)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigurationError(f"{name} must be an int >= 0, got {value!r}")
         given = [
             name
             for name, value in (("path", path), ("client", client), ("host", host))
@@ -207,6 +247,12 @@ class ChromaIndex:
         # user_id -> that user's Chroma collection, filled as collections are opened.
         self._collections: dict[str, Any] = {}
         self._batch = self._max_batch()
+        # Mirrors need every write to pass through this process: not for a Chroma server.
+        self._local = self._folder is not None or self._ephemeral
+        self._exact_below = exact_below if self._local else 0
+        self._open_check = open_check
+        # Collections (by UUID) whose reachability this instance has checked on open.
+        self._checked: set[str] = set()
 
     # -- construction -----------------------------------------------------------------------
 
@@ -408,14 +454,26 @@ class ChromaIndex:
         def upsert_rows(rows: list[int]) -> Callable[[Any], None]:
             def run(collection: Any) -> None:
                 # Upserts are idempotent: a retry on a re-resolved collection rewrites all.
+                key = _key_of(collection)
                 for start in range(0, len(rows), self._batch):
                     chunk = rows[start : start + self._batch]
-                    self._guard(
-                        collection.upsert,
-                        ids=[id_list[row] for row in chunk],
-                        embeddings=matrix[chunk],
-                        metadatas=[metas[row] for row in chunk],
-                    )
+                    chunk_ids = [id_list[row] for row in chunk]
+                    chunk_metas = [metas[row] for row in chunk]
+                    try:
+                        self._guard(
+                            collection.upsert,
+                            ids=chunk_ids,
+                            embeddings=matrix[chunk],
+                            metadatas=chunk_metas,
+                        )
+                    finally:  # a failed batch may be half-written: the mirror takes it all
+                        _MIRRORS.written(
+                            key,
+                            upserted=(chunk_ids, matrix[chunk], chunk_metas),
+                            limit=self._exact_below,
+                        )
+                if self._local and (self._exact_below == 0 or _MIRRORS.is_large(key)):
+                    self._pin_lost(collection, [id_list[row] for row in rows])
 
             return run
 
@@ -476,8 +534,20 @@ class ChromaIndex:
 
         def run(collection: Any) -> list[list[tuple[str, float]]]:
             self._guard(self._check_dimension, query.shape[0], collection)
+            mirror = self._exact(collection)
+            if mirror is not None:
+                return [mirror.search(query, k, where) for where in wheres]
             fetched = self._overfetch(collection, query, k)
-            return [self._filtered(collection, query, k, where, fetched) for where in wheres]
+            return [
+                _with_pinned(
+                    self._filtered(collection, query, k, where, fetched),
+                    collection,
+                    query,
+                    k,
+                    where,
+                )
+                for where in wheres
+            ]
 
         with self._lock:
             return self._on_collection(user_id, False, run, [[] for _ in wheres])
@@ -501,6 +571,9 @@ class ChromaIndex:
         self, collection: Any, query: npt.NDArray[np.float32], k: int, where: Filter | None
     ) -> list[tuple[str, float]]:
         self._guard(self._check_dimension, query.shape[0], collection)
+        mirror = self._exact(collection)
+        if mirror is not None:
+            return mirror.search(query, k, where)
         if not where:
             result = self._guard(
                 collection.query,
@@ -508,8 +581,12 @@ class ChromaIndex:
                 n_results=k,
                 include=["distances"],
             )
-            return _pairs(result)[:k]
-        return self._filtered(collection, query, k, where, self._overfetch(collection, query, k))
+            found = _pairs(result)[:k]
+        else:
+            found = self._filtered(
+                collection, query, k, where, self._overfetch(collection, query, k)
+            )
+        return _with_pinned(found, collection, query, k, where)
 
     def _filtered(
         self,
@@ -556,8 +633,14 @@ class ChromaIndex:
             if id_list:
 
                 def run(collection: Any) -> None:
-                    for start in range(0, len(id_list), self._batch):
-                        self._guard(collection.delete, ids=id_list[start : start + self._batch])
+                    key = _key_of(collection)
+                    try:
+                        for start in range(0, len(id_list), self._batch):
+                            self._guard(collection.delete, ids=id_list[start : start + self._batch])
+                    finally:
+                        _MIRRORS.written(key, removed=id_list, limit=self._exact_below)
+                    if self._local and self._exact(collection) is None:
+                        self._check_sample(collection)
 
                 self._on_collection(user_id, False, run, None)
             if erase:
@@ -580,7 +663,10 @@ class ChromaIndex:
                 call again).
         """
         with self._lock:
-            self._collections.pop(user_id, None)
+            name = self._user_collection_name(user_id)
+            dropped = self._collections.pop(user_id, None) or self._open_by_name(name)
+            if dropped is not None:
+                _MIRRORS.forget(_key_of(dropped))  # no deleted vector stays in memory
             self._drop_collection(self._user_collection_name(user_id))
             self.erase_deleted()
             self._sweep_late_segment_folders()
@@ -606,6 +692,8 @@ class ChromaIndex:
     def reset(self) -> None:
         """Delete every vector of every user (drops every per-user collection)."""
         with self._lock:
+            for dropped in self._collections.values():
+                _MIRRORS.forget(_key_of(dropped))
             self._collections.clear()
             self._dimension = None
             for name in self._own_collection_names():
@@ -718,6 +806,11 @@ class ChromaIndex:
         store to find them). HNSW is approximate, and a crash can leave a stored vector
         without links, so a returned id should be deleted and re-added.
 
+        Probing answers for :meth:`search`, not for the bare graph: a user searched exactly
+        (at most ``exact_below`` vectors) has no unreachable id, and on a local store the
+        ids the graph misses are pinned (searched exactly from then on, and logged), so
+        only a Chroma server returns ids here.
+
         Raises:
             InvalidInputError: if ``k < 1``.
             BackendError: if Chroma fails.
@@ -729,10 +822,24 @@ class ChromaIndex:
             return set()
         with self._lock:
             return self._on_collection(
-                user_id, False, lambda c: self._probe_in(c, wanted, k), set()
+                user_id, False, lambda c: self._probe_searched(c, wanted, k), set()
             )
 
+    def _probe_searched(self, collection: Any, wanted: list[str], k: int) -> set[str]:
+        """Ids that :meth:`search` cannot return.
+
+        None for a user searched exactly; on a local store the graph's lost records are
+        pinned (so none is left); on a Chroma server, the ids the graph does not return.
+        """
+        if self._exact(collection) is not None:
+            return set()
+        if self._local:
+            self._pin_lost(collection, wanted, k)
+            return set()
+        return self._probe_in(collection, wanted, k)
+
     def _probe_in(self, collection: Any, wanted: list[str], k: int) -> set[str]:
+        """Ids among ``wanted`` that the HNSW graph does not return for their own vector."""
         total = int(self._guard(collection.count))
         lost: set[str] = set()
         for start in range(0, len(wanted), _READ_BATCH):
@@ -772,6 +879,91 @@ class ChromaIndex:
                         break
                 if vid not in found:
                     lost.add(vid)
+        return lost
+
+    # -- reachability (exact mirrors of small users, pins of large users' lost records) -----
+
+    def _exact(self, collection: Any) -> Mirror | None:
+        """The collection's complete mirror (loaded if needed), or ``None`` if it is too large.
+
+        A collection first found too large gets its open check (:meth:`_check_sample`).
+        """
+        if self._exact_below == 0:
+            if self._local:
+                self._check_on_open(collection)
+            return None
+        key = _key_of(collection)
+        mirror = _MIRRORS.get(key)
+        if mirror is not None:
+            return mirror
+        if not _MIRRORS.is_large(key):
+            generation = _MIRRORS.generation(key)
+            if int(self._guard(collection.count)) <= self._exact_below:
+                mirror = self._load_mirror(collection)
+                _MIRRORS.put(key, mirror, generation)
+                return mirror
+            _MIRRORS.mark_large(key, generation)
+        self._check_on_open(collection)
+        return None
+
+    def _load_mirror(self, collection: Any) -> Mirror:
+        """Every vector and metadata of a collection, read in pages."""
+        mirror = Mirror()
+        offset = 0
+        while True:
+            got = self._guard(
+                collection.get,
+                include=["embeddings", "metadatas"],
+                limit=_READ_BATCH,
+                offset=offset,
+            )
+            page = [str(vid) for vid in got.get("ids") or []]
+            if page:
+                vectors = np.asarray(got["embeddings"], dtype=np.float32)
+                metas = [dict(m or {}) for m in got.get("metadatas") or [{}] * len(page)]
+                mirror.upsert(page, vectors, metas)
+            if len(page) < _READ_BATCH:
+                return mirror
+            offset += len(page)
+
+    def _check_on_open(self, collection: Any) -> None:
+        """Sample a large collection's reachability once per instance (its first open here)."""
+        key = _key_of(collection)
+        if self._open_check and key not in self._checked:
+            self._checked.add(key)
+            self._check_sample(collection)
+
+    def _check_sample(self, collection: Any) -> None:
+        """Probe up to ``open_check`` records sampled from the collection; pin the lost."""
+        if not self._open_check:
+            return
+        ids = sorted(self._all_ids(collection))
+        sample = ids if len(ids) <= self._open_check else random.sample(ids, self._open_check)
+        self._pin_lost(collection, sample)
+
+    def _pin_lost(self, collection: Any, ids: Sequence[str], k: int = PROBE_DEPTH) -> set[str]:
+        """Probe ``ids`` through the graph; pin (and log) the ones it cannot reach."""
+        if not ids:
+            return set()
+        lost = self._probe_in(collection, list(dict.fromkeys(ids)), k)
+        if lost:
+            wanted = sorted(lost)
+            got = self._guard(collection.get, ids=wanted, include=["embeddings", "metadatas"])
+            held = [str(vid) for vid in got.get("ids") or []]
+            if held:
+                _MIRRORS.pin(
+                    _key_of(collection),
+                    held,
+                    np.asarray(got["embeddings"], dtype=np.float32),
+                    [dict(m or {}) for m in got["metadatas"]],
+                )
+            logger.warning(
+                "Chroma's HNSW graph cannot reach %d of %d checked records of collection %s; "
+                "they are searched exactly from now on",
+                len(lost),
+                len(ids),
+                getattr(collection, "name", "?"),
+            )
         return lost
 
     # -- erasure ----------------------------------------------------------------------------
@@ -954,6 +1146,28 @@ class ChromaIndex:
             if "dimension" in message.lower():
                 raise EmbedderMismatchError(f"Chroma rejected the vectors: {message}") from exc
             raise BackendError(f"Chroma call failed: {message}") from exc
+
+
+def _key_of(collection: Any) -> str:
+    """The collection's identity for mirrors and pins (its UUID; new when recreated)."""
+    return str(getattr(collection, "id", None) or getattr(collection, "name", ""))
+
+
+def _with_pinned(
+    found: list[tuple[str, float]],
+    collection: Any,
+    query: npt.NDArray[np.float32],
+    k: int,
+    where: Filter | None,
+) -> list[tuple[str, float]]:
+    """Merge the exactly scored pinned records of a collection into a graph answer."""
+    pinned = _MIRRORS.pinned(_key_of(collection))
+    if pinned is None:
+        return found
+    merged = dict(found)
+    for vid, score in pinned.search(query, k, where):
+        merged[vid] = max(score, merged.get(vid, score))
+    return sorted(merged.items(), key=lambda p: (-p[1], p[0]))[:k]
 
 
 def _space_of(collection: Any) -> str | None:
