@@ -225,6 +225,12 @@ class MirrorRegistry:
                     pinned.remove(removed)
                 self._large.discard(key)
 
+    def invalidate(self, key: str) -> None:
+        """Drop a collection's mirror after a write that may have half failed (pins stay)."""
+        with self._lock:
+            self._generation[key] = self._generation.get(key, 0) + 1
+            self._mirrors.pop(key, None)
+
     def pin(
         self, key: str, ids: Sequence[str], vectors: npt.NDArray[np.float32], metas: Sequence[Meta]
     ) -> None:

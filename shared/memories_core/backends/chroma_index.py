@@ -58,6 +58,8 @@ _OPEN_CHECK = 200
 # Vectors all mirrors of the process may hold together (least recently used evicted first).
 _MIRROR_BUDGET = 200_000
 _MIRRORS = MirrorRegistry(_MIRROR_BUDGET)
+# Deletes of at least this many ids of a large user are followed by a sampled check.
+_BULK_DELETE = 32
 
 # HNSW search breadth of new collections. Chroma's default (10) missed a record's own vector
 # in 2.2% of self-queries at 20k hashed vectors, 50 in 1.0%, 100 in 0.5%, at about the same
@@ -135,10 +137,10 @@ class ChromaIndex:
         metadata (loaded with one ``get`` on the user's first search in the process, then
         kept current by this index's writes; :mod:`memories_core.backends.chroma_exact`),
         so every stored record is reachable. For a larger user, the first open in a process
-        probes ``open_check`` sampled records, and every ``add`` probes the records it wrote
-        (a delete probes a sample again); a record found unreachable is *pinned*: every
-        later search of the user scores it exactly and merges it into the graph's answer, so
-        the repair holds whatever the graph does. Records the sample misses are found by
+        probes ``open_check`` sampled records, every ``add`` probes the records it wrote,
+        and a delete of 32 ids or more probes a sample again; a record found unreachable is
+        *pinned*: every later search of the user scores it exactly and merges it into the
+        graph's answer, so the repair holds whatever the graph does. Records the sample misses are found by
         :meth:`probe` (``MemoryEngine.verify``), which pins them as well. Pins and mirrors
         live in process memory and are rebuilt by the checks after a restart.
 
@@ -466,12 +468,14 @@ class ChromaIndex:
                             embeddings=matrix[chunk],
                             metadatas=chunk_metas,
                         )
-                    finally:  # a failed batch may be half-written: the mirror takes it all
-                        _MIRRORS.written(
-                            key,
-                            upserted=(chunk_ids, matrix[chunk], chunk_metas),
-                            limit=self._exact_below,
-                        )
+                    except BaseException:
+                        _MIRRORS.invalidate(key)  # a failed batch may be half-written: reload
+                        raise
+                    _MIRRORS.written(
+                        key,
+                        upserted=(chunk_ids, matrix[chunk], chunk_metas),
+                        limit=self._exact_below,
+                    )
                 if self._local and (self._exact_below == 0 or _MIRRORS.is_large(key)):
                     self._pin_lost(collection, [id_list[row] for row in rows])
 
@@ -639,7 +643,9 @@ class ChromaIndex:
                             self._guard(collection.delete, ids=id_list[start : start + self._batch])
                     finally:
                         _MIRRORS.written(key, removed=id_list, limit=self._exact_below)
-                    if self._local and self._exact(collection) is None:
+                    # A bulk delete can cut the graph's paths to other records: check a sample.
+                    bulk = len(id_list) >= _BULK_DELETE
+                    if bulk and self._local and self._exact(collection) is None:
                         self._check_sample(collection)
 
                 self._on_collection(user_id, False, run, None)
