@@ -140,9 +140,10 @@ class ChromaIndex:
         probes ``open_check`` sampled records, every ``add`` probes the records it wrote,
         and a delete of 32 ids or more probes a sample again; a record found unreachable is
         *pinned*: every later search of the user scores it exactly and merges it into the
-        graph's answer, so the repair holds whatever the graph does. Records the sample misses are found by
-        :meth:`probe` (``MemoryEngine.verify``), which pins them as well. Pins and mirrors
-        live in process memory and are rebuilt by the checks after a restart.
+        graph's answer, so the repair holds whatever the graph does. Records the sample
+        misses are found by :meth:`probe` (``MemoryEngine.verify``), which pins them too.
+        Pins and mirrors live in process memory and are rebuilt by the checks after a
+        restart.
 
     Deletion and erasure:
         On an embedded persistent store (``path=``, or a caller's ``PersistentClient``),
