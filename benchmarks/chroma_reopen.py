@@ -42,7 +42,7 @@ USER = "u"
 SETTINGS: dict[str, dict[str, int]] = {
     "graph": {"exact_below": 0, "open_check": 0},
     "pinned": {"exact_below": 0, "open_check": 200},
-    "exact": {},
+    "exact": {"exact_below": 2000, "open_check": 200},  # the defaults
 }
 
 
@@ -80,7 +80,9 @@ def run(setting: str, n: int, cycles: int, seed: int) -> dict[str, Any]:
     vectors = np.asarray(HashingEmbedder().embed_documents(_texts(n, seed)), dtype=np.float32)
     ids = [f"r{i}" for i in range(n)]
     folder = Path(tempfile.mkdtemp(prefix="chroma-reopen-"))
-    index = ChromaIndex(path=folder, **options)
+    index = ChromaIndex(
+        path=folder, exact_below=options["exact_below"], open_check=options["open_check"]
+    )
     start = time.perf_counter()
     for s in range(0, n, 7):
         index.add(ids[s : s + 7], vectors[s : s + 7], _meta(len(ids[s : s + 7])))
@@ -92,7 +94,9 @@ def run(setting: str, n: int, cycles: int, seed: int) -> dict[str, Any]:
     searches: list[float] = []
     writes: list[float] = []
     for cycle in range(cycles):
-        index = ChromaIndex(path=folder, **options)
+        index = ChromaIndex(
+            path=folder, exact_below=options["exact_below"], open_check=options["open_check"]
+        )
         start = time.perf_counter()
         index.search(vectors[0], user_id=USER, k=10)
         first_search.append(time.perf_counter() - start)
