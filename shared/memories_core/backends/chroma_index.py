@@ -813,10 +813,9 @@ class ChromaIndex:
         store to find them). HNSW is approximate, and a crash can leave a stored vector
         without links, so a returned id should be deleted and re-added.
 
-        Probing answers for :meth:`search`, not for the bare graph: a user searched exactly
-        (at most ``exact_below`` vectors) has no unreachable id, and on a local store the
-        ids the graph misses are pinned (searched exactly from then on, and logged), so
-        only a Chroma server returns ids here.
+        A user searched exactly (at most ``exact_below`` vectors) has no unreachable id. On
+        a local store the ids the graph misses are returned once *and* pinned (searched
+        exactly from then on, and logged), so a later probe no longer reports them.
 
         Raises:
             InvalidInputError: if ``k < 1``.
@@ -833,16 +832,14 @@ class ChromaIndex:
             )
 
     def _probe_searched(self, collection: Any, wanted: list[str], k: int) -> set[str]:
-        """Ids that :meth:`search` cannot return.
+        """Ids the graph cannot return; none for a user searched exactly.
 
-        None for a user searched exactly; on a local store the graph's lost records are
-        pinned (so none is left); on a Chroma server, the ids the graph does not return.
+        On a local store the ids found are also pinned, so search reaches them from now on.
         """
         if self._exact(collection) is not None:
             return set()
         if self._local:
-            self._pin_lost(collection, wanted, k)
-            return set()
+            return self._pin_lost(collection, wanted, k)
         return self._probe_in(collection, wanted, k)
 
     def _probe_in(self, collection: Any, wanted: list[str], k: int) -> set[str]:
@@ -949,10 +946,15 @@ class ChromaIndex:
         self._pin_lost(collection, sample)
 
     def _pin_lost(self, collection: Any, ids: Sequence[str], k: int = PROBE_DEPTH) -> set[str]:
-        """Probe ``ids`` through the graph; pin (and log) the ones it cannot reach."""
+        """Probe ``ids`` through the graph; pin (and log) the ones it cannot reach.
+
+        Returns the ids newly found: those pinned earlier are reachable through their pin.
+        """
         if not ids:
             return set()
-        lost = self._probe_in(collection, list(dict.fromkeys(ids)), k)
+        pinned = _MIRRORS.pinned(_key_of(collection))
+        held_before = set(pinned.ids) if pinned is not None else set()
+        lost = self._probe_in(collection, list(dict.fromkeys(ids)), k) - held_before
         if lost:
             wanted = sorted(lost)
             got = self._guard(collection.get, ids=wanted, include=["embeddings", "metadatas"])
