@@ -245,7 +245,7 @@ def test_probe_finds_a_vector_hnsw_cannot_reach(tmp_path: Path) -> None:
     out = run_child(
         f"""
         from memories_core.backends import ChromaIndex
-        index = ChromaIndex(path={str(path)!r})
+        index = ChromaIndex(path={str(path)!r}, exact_below=0, open_check=0)  # the graph
         ids = sorted(index.ids("u"))
         print(len(ids), *sorted(index.probe(ids, user_id="u")))
         index.close()

@@ -330,7 +330,7 @@ def test_chroma_dimension_is_checked_across_users() -> None:
 
 
 def test_chroma_filter_falls_back_when_over_fetch_is_not_enough() -> None:
-    index = ChromaIndex()
+    index = ChromaIndex(exact_below=0, open_check=0)  # the graph search path, unchecked
     q = unit(0)
     n = 200
     # The notes are the farthest rows, beyond the over-fetch of 4 * k + 20 neighbours.

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 import shutil
 import threading
@@ -20,6 +21,8 @@ import numpy as np
 import numpy.typing as npt
 
 from memories_core.backends.chroma_erasure import ChromaErasure
+from memories_core.backends.chroma_exact import _MIRRORS, _key_of
+from memories_core.backends.chroma_reach import ChromaReachability
 from memories_core.backends.chroma_verify import (
     ChromaVerification,
     _is_not_found,
@@ -44,7 +47,17 @@ from memories_core.types import check_user_id
 
 __all__ = ["ChromaIndex"]
 
+logger = logging.getLogger(__name__)
+
 _T = TypeVar("_T")
+
+# Users with at most this many vectors are searched exactly (in-process mirror, brute force)
+# instead of through the HNSW graph, which can lose records (see chroma_exact.py).
+_EXACT_BELOW = 2000
+# Records whose reachability a large collection's first open in a process checks.
+_OPEN_CHECK = 200
+# Deletes of at least this many ids of a large user are followed by a sampled check.
+_BULK_DELETE = 32
 
 # HNSW search breadth of new collections. Chroma's default (10) missed a record's own vector
 # in 2.2% of self-queries at 20k hashed vectors, 50 in 1.0%, 100 in 0.5%, at about the same
@@ -61,7 +74,7 @@ _BASE_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9._-]*")
 _MAX_BASE_LEN = 512 - 1 - _USER_SUFFIX_LEN
 
 
-class ChromaIndex(ChromaVerification, ChromaErasure):
+class ChromaIndex(ChromaReachability, ChromaVerification, ChromaErasure):
     """A :class:`~memories_core.interfaces.VectorIndex` on Chroma.
 
     Setup:
@@ -75,6 +88,11 @@ class ChromaIndex(ChromaVerification, ChromaErasure):
             ``<collection>-<sha1(user_id)[:16]>``. Without ``client``/``host``/``path`` the
             index is ephemeral and in-process, and a unique suffix on the base name keeps
             two instances apart.
+        exact_below: Users with at most this many vectors are searched exactly (see
+            "Reachability"); ``0`` searches every user through HNSW. Embedded, ephemeral and
+            caller-built persistent clients only; a Chroma server always uses HNSW.
+        open_check: How many records of a larger user a reachability check samples when
+            the user's collection is first opened in the process (``0``: no check).
 
     Instantiate:
         .. code-block:: python
@@ -97,6 +115,23 @@ class ChromaIndex(ChromaVerification, ChromaErasure):
         passes the filter to Chroma as ``where``. Collections use cosine space and scores
         are returned as cosine similarity (``1 - distance``). Chroma's HNSW search is
         approximate; :class:`~memories_core.backends.NumpyIndex` is exact.
+
+    Reachability:
+        chromadb 1.5.9's embedded HNSW graph can leave a stored record out of reach: with
+        near-duplicate vectors, after a record is deleted and added again, or after a close
+        and reopen, a query with the record's own vector may not return it (measured in
+        ``benchmarks/chroma_reopen.py``). A user with at most ``exact_below`` vectors is
+        therefore searched by brute force over an in-process mirror of their vectors and
+        metadata (loaded with one ``get`` on the user's first search in the process, then
+        kept current by this index's writes; :mod:`memories_core.backends.chroma_exact`),
+        so every stored record is reachable. For a larger user, the first open in a process
+        probes ``open_check`` sampled records, every ``add`` probes the records it wrote,
+        and a delete of 32 ids or more probes a sample again; a record found unreachable is
+        *pinned*: every later search of the user scores it exactly and merges it into the
+        graph's answer, so the repair holds whatever the graph does. Records the sample
+        misses are found by :meth:`probe` (``MemoryEngine.verify``), which pins them too.
+        Pins and mirrors live in process memory and are rebuilt by the checks after a
+        restart.
 
     Deletion and erasure:
         On an embedded persistent store (``path=``, or a caller's ``PersistentClient``),
@@ -143,7 +178,12 @@ class ChromaIndex(ChromaVerification, ChromaErasure):
         collection: str = "memories",
         ssl: bool = False,
         headers: Mapping[str, str] | None = None,
+        exact_below: int = _EXACT_BELOW,
+        open_check: int = _OPEN_CHECK,
     ) -> None:
+        for name, value in (("exact_below", exact_below), ("open_check", open_check)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigurationError(f"{name} must be an int >= 0, got {value!r}")
         given = [
             name
             for name, value in (("path", path), ("client", client), ("host", host))
@@ -198,6 +238,12 @@ class ChromaIndex(ChromaVerification, ChromaErasure):
         # user_id -> that user's Chroma collection, filled as collections are opened.
         self._collections: dict[str, Any] = {}
         self._batch = self._max_batch()
+        # Mirrors need every write to pass through this process: not for a Chroma server.
+        self._local = self._folder is not None or self._ephemeral
+        self._exact_below = exact_below if self._local else 0
+        self._open_check = open_check
+        # Collections (by UUID) whose reachability this instance has checked on open.
+        self._checked: set[str] = set()
 
     # -- construction -----------------------------------------------------------------------
 
@@ -399,14 +445,28 @@ class ChromaIndex(ChromaVerification, ChromaErasure):
         def upsert_rows(rows: list[int]) -> Callable[[Any], None]:
             def run(collection: Any) -> None:
                 # Upserts are idempotent: a retry on a re-resolved collection rewrites all.
+                key = _key_of(collection)
                 for start in range(0, len(rows), self._batch):
                     chunk = rows[start : start + self._batch]
-                    self._guard(
-                        collection.upsert,
-                        ids=[id_list[row] for row in chunk],
-                        embeddings=matrix[chunk],
-                        metadatas=[metas[row] for row in chunk],
+                    chunk_ids = [id_list[row] for row in chunk]
+                    chunk_metas = [metas[row] for row in chunk]
+                    try:
+                        self._guard(
+                            collection.upsert,
+                            ids=chunk_ids,
+                            embeddings=matrix[chunk],
+                            metadatas=chunk_metas,
+                        )
+                    except BaseException:
+                        _MIRRORS.invalidate(key)  # a failed batch may be half-written: reload
+                        raise
+                    _MIRRORS.written(
+                        key,
+                        upserted=(chunk_ids, matrix[chunk], chunk_metas),
+                        limit=self._exact_below,
                     )
+                if self._local and (self._exact_below == 0 or _MIRRORS.is_large(key)):
+                    self._pin_lost(collection, [id_list[row] for row in rows])
 
             return run
 
@@ -467,8 +527,20 @@ class ChromaIndex(ChromaVerification, ChromaErasure):
 
         def run(collection: Any) -> list[list[tuple[str, float]]]:
             self._guard(self._check_dimension, query.shape[0], collection)
+            mirror = self._exact(collection)
+            if mirror is not None:
+                return [mirror.search(query, k, where) for where in wheres]
             fetched = self._overfetch(collection, query, k)
-            return [self._filtered(collection, query, k, where, fetched) for where in wheres]
+            return [
+                _with_pinned(
+                    self._filtered(collection, query, k, where, fetched),
+                    collection,
+                    query,
+                    k,
+                    where,
+                )
+                for where in wheres
+            ]
 
         with self._lock:
             return self._on_collection(user_id, False, run, [[] for _ in wheres])
@@ -492,6 +564,9 @@ class ChromaIndex(ChromaVerification, ChromaErasure):
         self, collection: Any, query: npt.NDArray[np.float32], k: int, where: Filter | None
     ) -> list[tuple[str, float]]:
         self._guard(self._check_dimension, query.shape[0], collection)
+        mirror = self._exact(collection)
+        if mirror is not None:
+            return mirror.search(query, k, where)
         if not where:
             result = self._guard(
                 collection.query,
@@ -499,8 +574,12 @@ class ChromaIndex(ChromaVerification, ChromaErasure):
                 n_results=k,
                 include=["distances"],
             )
-            return _pairs(result)[:k]
-        return self._filtered(collection, query, k, where, self._overfetch(collection, query, k))
+            found = _pairs(result)[:k]
+        else:
+            found = self._filtered(
+                collection, query, k, where, self._overfetch(collection, query, k)
+            )
+        return _with_pinned(found, collection, query, k, where)
 
     def _filtered(
         self,
@@ -547,8 +626,16 @@ class ChromaIndex(ChromaVerification, ChromaErasure):
             if id_list:
 
                 def run(collection: Any) -> None:
-                    for start in range(0, len(id_list), self._batch):
-                        self._guard(collection.delete, ids=id_list[start : start + self._batch])
+                    key = _key_of(collection)
+                    try:
+                        for start in range(0, len(id_list), self._batch):
+                            self._guard(collection.delete, ids=id_list[start : start + self._batch])
+                    finally:
+                        _MIRRORS.written(key, removed=id_list, limit=self._exact_below)
+                    # A bulk delete can cut the graph's paths to other records: check a sample.
+                    bulk = len(id_list) >= _BULK_DELETE
+                    if bulk and self._local and self._exact(collection) is None:
+                        self._check_sample(collection)
 
                 self._on_collection(user_id, False, run, None)
             if erase:
@@ -571,7 +658,10 @@ class ChromaIndex(ChromaVerification, ChromaErasure):
                 call again).
         """
         with self._lock:
-            self._collections.pop(user_id, None)
+            name = self._user_collection_name(user_id)
+            dropped = self._collections.pop(user_id, None) or self._open_by_name(name)
+            if dropped is not None:
+                _MIRRORS.forget(_key_of(dropped))  # no deleted vector stays in memory
             self._drop_collection(self._user_collection_name(user_id))
             self.erase_deleted()
             self._sweep_late_segment_folders()
@@ -597,6 +687,8 @@ class ChromaIndex(ChromaVerification, ChromaErasure):
     def reset(self) -> None:
         """Delete every vector of every user (drops every per-user collection)."""
         with self._lock:
+            for dropped in self._collections.values():
+                _MIRRORS.forget(_key_of(dropped))
             self._collections.clear()
             self._dimension = None
             for name in self._own_collection_names():
@@ -649,6 +741,23 @@ class ChromaIndex(ChromaVerification, ChromaErasure):
             if "dimension" in message.lower():
                 raise EmbedderMismatchError(f"Chroma rejected the vectors: {message}") from exc
             raise BackendError(f"Chroma call failed: {message}") from exc
+
+
+def _with_pinned(
+    found: list[tuple[str, float]],
+    collection: Any,
+    query: npt.NDArray[np.float32],
+    k: int,
+    where: Filter | None,
+) -> list[tuple[str, float]]:
+    """Merge the exactly scored pinned records of a collection into a graph answer."""
+    pinned = _MIRRORS.pinned(_key_of(collection))
+    if pinned is None:
+        return found
+    merged = dict(found)
+    for vid, score in pinned.search(query, k, where):
+        merged[vid] = max(score, merged.get(vid, score))
+    return sorted(merged.items(), key=lambda p: (-p[1], p[0]))[:k]
 
 
 def _space_of(collection: Any) -> str | None:

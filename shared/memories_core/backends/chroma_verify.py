@@ -49,6 +49,8 @@ class ChromaVerification:
         _lock: The index's lock.
         _on_collection, _open_by_name, _own_collection_names, _guard: the index's access
             to its per-user collections.
+        _probe_searched: the reachability probe (exact users report nothing; see
+            :mod:`memories_core.backends.chroma_reach`).
     """
 
     _lock: threading.RLock
@@ -56,6 +58,7 @@ class ChromaVerification:
     _open_by_name: Callable[[str], Any]
     _own_collection_names: Callable[[], list[str]]
     _guard: Callable[..., Any]
+    _probe_searched: Callable[[Any, list[str], int], set[str]]
 
     def vectors(self, ids: Sequence[str], *, user_id: str) -> dict[str, npt.NDArray[np.float32]]:
         """The stored vectors of those ``ids`` that ``user_id`` has, read in batches."""
@@ -129,6 +132,10 @@ class ChromaVerification:
         store to find them). HNSW is approximate, and a crash can leave a stored vector
         without links, so a returned id should be deleted and re-added.
 
+        A user searched exactly (at most ``exact_below`` vectors) has no unreachable id. On
+        a local store the ids the graph misses are returned once *and* pinned (searched
+        exactly from then on, and logged), so a later probe no longer reports them.
+
         Raises:
             InvalidInputError: if ``k < 1``.
             BackendError: if Chroma fails.
@@ -140,10 +147,11 @@ class ChromaVerification:
             return set()
         with self._lock:
             return self._on_collection(
-                user_id, False, lambda c: self._probe_in(c, wanted, k), set()
+                user_id, False, lambda c: self._probe_searched(c, wanted, k), set()
             )
 
     def _probe_in(self, collection: Any, wanted: list[str], k: int) -> set[str]:
+        """Ids among ``wanted`` that the HNSW graph does not return for their own vector."""
         total = int(self._guard(collection.count))
         lost: set[str] = set()
         for start in range(0, len(wanted), _READ_BATCH):

@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 
 from memories_core.engine import Derivation, JobFailed, check_scope, default_llm
 from memories_core.errors import LLMError, ParseError
+from memories_core.grounding import find_ungrounded, log_rejection
 from memories_core.interfaces import LLM
 from memories_core.mechanisms.base import MemoryBase, turn_from_record
 from memories_core.prompts.conditional import (
@@ -261,6 +262,12 @@ class ConditionalMemory(MemoryBase):
             note = run_spec(writer, RECORD, RecordInput(tuple(dialogue), content), retries=retries)
         except (LLMError, ParseError) as exc:
             raise JobFailed("record", f"record for turn {turn_id} failed: {exc}") from exc
+        rejection = find_ungrounded({"summary": note.summary, "note": note.note}, dialogue)
+        if rejection is not None:
+            # Not written; the turn itself stays stored and recalled (memories_core.grounding).
+            log_rejection(self.name, "record", rejection)
+            self.engine.count_failure("grounding")
+            return None
         return Derivation(add=self.derive_records(note, turn, context))
 
     def derive_records(

@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 from memories_core.engine import JobFailed, check_k, check_query, check_scope, default_llm
 from memories_core.errors import ConfigurationError, LLMError, ParseError
+from memories_core.grounding import find_ungrounded, log_rejection
 from memories_core.mechanisms.base import MemoryBase
 from memories_core.prompts.dpem import (
     COMMON_SENSE,
@@ -523,13 +524,13 @@ class DualProcessMemory(MemoryBase):
         payload: dict[str, Any] = dict(job.payload)
         if "notes" not in payload:
             notes = self._ask(NOTES, NotesInput(tuple(dialogue), self.working_capacity), "notes")
-            payload["notes"] = list(notes)[: self.working_capacity]
+            payload["notes"] = self._grounded(notes, dialogue, "note")[: self.working_capacity]
             self.engine.update_job(job, payload)
         notes = tuple(str(n) for n in payload["notes"])
         self._write_working(user_id, round_no, notes)
         if "knowledge" not in payload:
             items = self._ask(KNOWLEDGE, KnowledgeInput(notes), "knowledge") if notes else ()
-            payload["knowledge"] = list(items)
+            payload["knowledge"] = self._grounded(items, dialogue, "knowledge")
             self.engine.update_job(job, payload)
         knowledge = tuple(str(k) for k in payload["knowledge"])
         if "types" not in payload:
@@ -539,6 +540,22 @@ class DualProcessMemory(MemoryBase):
         typed = list(zip(knowledge, (str(t) for t in payload["types"]), strict=True))
         self._memorize(user_id, round_no, typed)
         return None
+
+    def _grounded(self, items: Sequence[str], dialogue: Sequence[str], what: str) -> list[str]:
+        """The items grounded in the round's ``dialogue`` (:mod:`memories_core.grounding`).
+
+        An item that copies an instruction from the dialogue is dropped, logged and counted
+        in ``usage.failures["grounding"]``; the turns themselves stay stored.
+        """
+        kept = []
+        for item in items:
+            rejection = find_ungrounded({what: str(item)}, dialogue)
+            if rejection is None:
+                kept.append(str(item))
+                continue
+            log_rejection(self.name, what, rejection)
+            self.engine.count_failure("grounding")
+        return kept
 
     def _write_working(self, user_id: str, round_no: int, notes: Sequence[str]) -> None:
         """Replace the working memory with this iteration's notes (unless a newer one ran)."""

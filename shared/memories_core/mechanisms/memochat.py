@@ -64,6 +64,7 @@ import numpy as np
 
 from memories_core.engine import Derivation, JobFailed, check_k, check_query, check_scope
 from memories_core.errors import ConfigurationError, LLMError, ParseError
+from memories_core.grounding import find_ungrounded, log_rejection
 from memories_core.llms.base import run_with_timeout
 from memories_core.mechanisms.base import MemoryBase
 from memories_core.mechanisms.reflection import DEFAULT_RECALL_BUDGET
@@ -835,12 +836,24 @@ class MemoChatMemory(MemoryBase):
                 spans.append(MemoSpan(topic, summary, start, end))
         memos = []
         owner: dict[str, str] = {}
+        rejected: list[str] = []
         for span in spans:
             covered = chunk[span.start - 1 : span.end]
             earlier = [r.state.attrs.get(self._kept_key) for r in covered]
             if all(earlier):
                 # Only lines kept from the previous memo: they are in it already.
                 owner.update({r.id: str(m) for r, m in zip(covered, earlier, strict=True)})
+                continue
+            rejection = (
+                find_ungrounded({"topic": span.topic, "summary": span.summary}, lines)
+                if self.mode == "llm"
+                else None
+            )
+            if rejection is not None:
+                # No memo for these lines; they leave the buffer as turns (still recalled).
+                rejected.append(log_rejection(self.name, "memo", rejection))
+                self.engine.count_failure("grounding")
+                owner.update({r.id: "" for r in covered})
                 continue
             memos.append(
                 MemoryRecord(
@@ -882,7 +895,8 @@ class MemoChatMemory(MemoryBase):
             r.id: {"attrs": {self._covered_key: owner[r.id]}} for r in settled
         }
         state.update({r.id: {"attrs": {self._kept_key: owner[r.id]}} for r in kept})
-        return Derivation(add=[*memos, *keys], state=state, reason="memochat: written into a memo")
+        reason = "; ".join(["memochat: written into a memo", *rejected])
+        return Derivation(add=[*memos, *keys], state=state, reason=reason)
 
     # ------------------------------------------------------------------ recall
     def _render(self, hits: Sequence[ScoredRecord]) -> str:

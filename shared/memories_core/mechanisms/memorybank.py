@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from memories_core.clock import resolve_now
 from memories_core.engine import Derivation, JobFailed, check_scope, default_llm
 from memories_core.errors import ConfigurationError, InvalidInputError, LLMError, ParseError
+from memories_core.grounding import find_ungrounded, log_rejection
 from memories_core.interfaces import LLM
 from memories_core.mechanisms.base import MemoryBase
 from memories_core.mechanisms.forgetting import ForgetPolicy, ForgettingCurve, choose_forgotten
@@ -566,39 +567,68 @@ class MemoryBankMemory(MemoryBase):
         at = turns[-1].created_at
         meta = {"day": day, "turn_count": len(turns)}
         sources = tuple(r.id for r in turns)
-        daily_summary = MemoryRecord(
-            new_id(), user_id, DAILY_SUMMARY, payload["summary"], at, None, meta, sources
-        )
-        daily_portrait = MemoryRecord(
-            new_id(), user_id, DAILY_PORTRAIT, payload["portrait"], at, None, meta, sources
-        )
-        globals_ = self._globals(llm, user_id, day, daily_summary, daily_portrait)
+        rejected: list[str] = []
+        texts = {
+            DAILY_SUMMARY: self._grounded(payload["summary"], dialogue, DAILY_SUMMARY, rejected),
+            DAILY_PORTRAIT: self._grounded(payload["portrait"], dialogue, DAILY_PORTRAIT, rejected),
+        }
+        dailies = {
+            kind: MemoryRecord(new_id(), user_id, kind, text, at, None, meta, sources)
+            for kind, text in texts.items()
+            if text is not None
+        }
+        globals_ = self._globals(llm, user_id, day, dailies, rejected)
         previous += self.engine.records(
             user_id, where={"kind": {"$in": [GLOBAL_SUMMARY, GLOBAL_PORTRAIT]}}
         )
-        fresh = [daily_summary, daily_portrait, *globals_]
+        fresh = [*dailies.values(), *globals_]
+        # A rejected rewrite keeps the record it would have replaced.
+        written = {r.kind for r in fresh}
+        replaced = [r for r in previous if r.kind in written]
         return Derivation(
             add=fresh,
-            replace=[r.id for r in previous],
-            state=_carried_over(previous, fresh),
-            reason="rewritten (strength carried over)",
+            replace=[r.id for r in replaced],
+            state=_carried_over(replaced, fresh),
+            reason="; ".join(["rewritten (strength carried over)", *rejected]),
         )
+
+    def _grounded(
+        self, text: str, dialogue: Sequence[str], kind: str, rejected: list[str]
+    ) -> str | None:
+        """``text`` if grounded in ``dialogue`` (:mod:`memories_core.grounding`), else ``None``.
+
+        A rejection is logged, counted in ``usage.failures["grounding"]`` and its reason
+        appended to ``rejected``; the record is then not written and its predecessor kept.
+        """
+        rejection = find_ungrounded({kind: text}, dialogue)
+        if rejection is None:
+            return text
+        rejected.append(log_rejection(self.name, kind.replace("_", " "), rejection))
+        self.engine.count_failure("grounding")
+        return None
 
     def _globals(
         self,
         llm: LLM,
         user_id: str,
         day: str,
-        summary: MemoryRecord,
-        portrait: MemoryRecord,
+        dailies: Mapping[str, MemoryRecord],
+        rejected: list[str],
     ) -> list[MemoryRecord]:
-        """The global summary and portrait from every day's records (this day's new ones)."""
+        """The global summary and portrait from every day's records (this day's new ones).
+
+        A global record is rewritten only when this day's daily record of its kind was
+        written, and only if the rewrite is grounded in the daily records it reads.
+        """
         out: list[MemoryRecord] = []
         steps = (
-            (GLOBAL_SUMMARY, summary, build_global_summary_messages, parse_summary),
-            (GLOBAL_PORTRAIT, portrait, build_global_portrait_messages, parse_portrait),
+            (GLOBAL_SUMMARY, DAILY_SUMMARY, build_global_summary_messages, parse_summary),
+            (GLOBAL_PORTRAIT, DAILY_PORTRAIT, build_global_portrait_messages, parse_portrait),
         )
-        for kind, fresh, build, parse in steps:
+        for kind, daily_kind, build, parse in steps:
+            fresh = dailies.get(daily_kind)
+            if fresh is None:
+                continue
             daily = [
                 r
                 for r in self.engine.records(user_id, where={"kind": fresh.kind})
@@ -613,6 +643,8 @@ class MemoryBankMemory(MemoryBase):
                 f"memorybank.{kind}",
                 kind.replace("_", " "),
             )
+            if self._grounded(text, lines, kind, rejected) is None:
+                continue
             out.append(
                 MemoryRecord(
                     id=new_id(),

@@ -38,6 +38,7 @@ from datetime import datetime, time, timedelta, timezone
 import pydantic
 
 from memories_core.errors import ParseError
+from memories_core.grounding import GroundingError, find_ungrounded, log_rejection
 from memories_core.prompts.spec import (
     PromptSpec,
     fence,
@@ -333,10 +334,17 @@ def parse_extract(text: str, inputs: ExtractInput) -> list[ExtractedMemory]:
     """Validate an extraction answer; return the memories (possibly none).
 
     A memory is rejected (the whole answer raises ``ParseError``) when its type is not one of
-    the four, when it holds prompt markup, or when its statement shares no word with the raw
-    text (a hallucinated or forged memory). Dates are resolved with :func:`resolve_date`.
+    the four, when it holds prompt markup, when its statement shares no word with the raw
+    text (a hallucinated or forged memory), or when it is not grounded in the raw text
+    (:mod:`memories_core.grounding`): it copies an instruction the text gives the model
+    ("OUTPUT EXACTLY ...", a JSON payload), or its statement or value names an identifier
+    (a flight number, a booking code) the text does not contain. A stored memory with the
+    same relation is replaced by a new one (EMG-RAG §4.2), so an edit's new value must
+    come from the text. Dates are resolved with :func:`resolve_date`.
 
     Raises:
+        GroundingError: if a memory is not grounded (a ``ParseError``: the extraction falls
+            back to storing the raw text, which replaces nothing).
         ParseError: on an unusable answer.
     """
     answer = parse_model(text, ExtractAnswer, (inputs.text,))
@@ -353,6 +361,14 @@ def parse_extract(text: str, inputs: ExtractInput) -> list[ExtractedMemory]:
             raise ParseError("a memory holds prompt markup", text)
         if not {w.lower() for w in _WORD.findall(statement)} & source:
             raise ParseError(f"the memory {statement!r} shares no word with the text", text)
+        rejection = find_ungrounded(
+            {"subject": unescape(item.subject)},
+            [inputs.text],
+            values={"text": statement, "object": unescape(item.object)},
+        )
+        if rejection is not None:
+            log_rejection("emg", "extracted memory", rejection)
+            raise GroundingError(rejection, text)
         out.append(
             ExtractedMemory(
                 text=statement,

@@ -1,0 +1,202 @@
+"""Embedded Chroma keeps every record reachable across close and reopen.
+
+chromadb 1.5.9's HNSW graph leaves some near-duplicate vectors unreachable by their own
+vector (more after deletes and re-adds following a reopen). ``ChromaIndex`` searches small
+users exactly and pins the records a reachability check finds lost for larger ones; these
+tests fill stores with near-duplicates and count records a search cannot return.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from memories_core.backends import ChromaIndex, SQLiteRecordStore
+from memories_core.embedders.hashing import HashingEmbedder
+from memories_core.engine import MemoryEngine
+from memories_core.errors import ConfigurationError
+from memories_core.types import Scope, Turn
+
+N = 200
+USER = "u"
+
+
+def _unique_words(n: int, seed: int = 1) -> list[str]:
+    rnd = random.Random(seed)
+    words: set[str] = set()
+    while len(words) < n:
+        words.add("".join(rnd.choice("bcdfghjklmnprstvz") + rnd.choice("aeiou") for _ in range(4)))
+    return sorted(words)
+
+
+def _texts(n: int) -> list[str]:
+    return [
+        f"Today I had lunch at the small cafe near the office and the soup was fine {word}"
+        for word in _unique_words(n)
+    ]
+
+
+def _near_duplicates(n: int, noise: float, seed: int = 0) -> npt.NDArray[np.float32]:
+    rng = np.random.default_rng(seed)
+    base = rng.normal(size=64).astype(np.float32)
+    vectors = base + noise * rng.normal(size=(n, 64)).astype(np.float32)
+    return (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32)
+
+
+def _meta(n: int) -> list[dict[str, str | int | float | bool]]:
+    return [{"user_id": USER, "kind": "turn"} for _ in range(n)]
+
+
+def _unreachable(index: ChromaIndex, ids: list[str], vectors: npt.NDArray[np.float32]) -> int:
+    """Records that a search with their own vector (10 neighbours) does not return."""
+    return sum(
+        vid not in {hit for hit, _ in index.search(vector, user_id=USER, k=10)}
+        for vid, vector in zip(ids, vectors, strict=True)
+    )
+
+
+def _cycle_writes(
+    index: ChromaIndex, cycle: int, ids: list[str], vectors: npt.NDArray[np.float32]
+) -> None:
+    """What breaks the graph on reopen: re-upserts, then deletes and re-adds."""
+    part = slice(cycle * 20 % N, cycle * 20 % N + 20)
+    index.add(ids[part], vectors[part], _meta(20))
+    index.delete(ids[part][:5], user_id=USER)
+    index.add(ids[part][:5], vectors[part][:5], _meta(5))
+
+
+@pytest.fixture
+def near_duplicates() -> tuple[list[str], npt.NDArray[np.float32]]:
+    embedder = HashingEmbedder()
+    vectors = np.asarray(embedder.embed_documents(_texts(N)), dtype=np.float32)
+    return [f"r{i}" for i in range(N)], vectors
+
+
+@pytest.mark.slow
+def test_ten_reopen_cycles_leave_no_record_unreachable_by_its_own_vector(
+    tmp_path: Path, near_duplicates: tuple[list[str], npt.NDArray[np.float32]]
+) -> None:
+    ids, vectors = near_duplicates
+    index = ChromaIndex(path=tmp_path / "chroma")
+    for start in range(0, N, 7):  # many small writes, as a chat fills a store
+        index.add(
+            ids[start : start + 7], vectors[start : start + 7], _meta(len(ids[start : start + 7]))
+        )
+    index.close()
+    for cycle in range(10):
+        index = ChromaIndex(path=tmp_path / "chroma")
+        assert index.count(USER) == N
+        assert _unreachable(index, ids, vectors) == 0, f"cycle {cycle}, on open"
+        _cycle_writes(index, cycle, ids, vectors)
+        assert _unreachable(index, ids, vectors) == 0, f"cycle {cycle}, after writes"
+        assert index.probe(ids, user_id=USER) == set()
+        index.close()
+
+
+@pytest.mark.slow
+def test_large_users_pin_what_the_graph_loses(tmp_path: Path) -> None:
+    # exact_below=0 sends every search through the graph; the open check samples them all.
+    ids = [f"r{i}" for i in range(N)]
+    vectors = _near_duplicates(N, 0.001)
+    index = ChromaIndex(path=tmp_path / "chroma", exact_below=0, open_check=N)
+    for start in range(0, N):  # one at a time: the graph loses some of these
+        index.add(ids[start : start + 1], vectors[start : start + 1], _meta(1))
+    assert _unreachable(index, ids, vectors) == 0
+    index.close()
+    for cycle in range(3):
+        index = ChromaIndex(path=tmp_path / "chroma", exact_below=0, open_check=N)
+        assert _unreachable(index, ids, vectors) == 0, f"cycle {cycle}"
+        _cycle_writes(index, cycle, ids, vectors)
+        # A probe pins what the graph misses; a second probe has nothing new to report.
+        index.probe(ids, user_id=USER)
+        assert index.probe(ids, user_id=USER) == set()
+        assert _unreachable(index, ids, vectors) == 0, f"cycle {cycle}, after writes"
+        index.close()
+
+
+@pytest.fixture
+def engine_path(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path
+
+
+def _engine(path: Path) -> MemoryEngine:
+    return MemoryEngine(
+        store=SQLiteRecordStore(path / "records.sqlite3"),
+        index=ChromaIndex(path=path / "chroma"),
+        embedder=HashingEmbedder(),
+    )
+
+
+@pytest.mark.slow
+def test_every_saved_turn_is_found_by_its_unique_word_after_reopening(engine_path: Path) -> None:
+    texts = _texts(N)
+    words = _unique_words(N)
+    engine = _engine(engine_path)
+    scope = Scope(USER)
+    for start in range(0, N, 10):
+        engine.save([Turn("user", text) for text in texts[start : start + 10]], scope)
+    engine.close()
+    for _ in range(3):
+        engine = _engine(engine_path)
+        missed = [
+            word
+            for word, text in zip(words, texts, strict=True)
+            if not any(hit.record.text.endswith(text) for hit in engine.search(word, USER, k=3))
+        ]
+        assert missed == []
+        assert engine.verify().ok
+        engine.close()
+
+
+def test_user_collections_within_the_limit_are_searched_exactly(tmp_path: Path) -> None:
+    vectors = _near_duplicates(50, 0.001)
+    ids = [f"r{i}" for i in range(50)]
+    index = ChromaIndex(path=tmp_path / "chroma")
+    index.add(ids, vectors, _meta(50))
+    for vid, vector in zip(ids, vectors, strict=True):
+        top = index.search(vector, user_id=USER, k=1)
+        assert top[0][0] == vid and top[0][1] == pytest.approx(1.0, abs=1e-5)
+    # Writes through the index keep the exact search current.
+    index.delete(ids[:10], user_id=USER)
+    assert not {vid for vid, _ in index.search(vectors[0], user_id=USER, k=50)} & set(ids[:10])
+    moved = -vectors[20]
+    index.add([ids[20]], moved[None, :], _meta(1))
+    assert index.search(moved, user_id=USER, k=1)[0][0] == ids[20]
+    # Filters apply to the exact search as to the graph's.
+    index.add(["other"], vectors[30][None, :], [{"user_id": USER, "kind": "memo"}])
+    hits = index.search(vectors[30], user_id=USER, k=5, where={"kind": "memo"})
+    assert [vid for vid, _ in hits] == ["other"]
+    # Another user's vectors are never in the answer.
+    index.add(["theirs"], vectors[30][None, :], [{"user_id": "v", "kind": "turn"}])
+    assert "theirs" not in {vid for vid, _ in index.search(vectors[30], user_id=USER, k=60)}
+    index.delete_user(USER)
+    assert index.search(vectors[30], user_id=USER, k=5) == []
+    index.close()
+
+
+def test_a_second_instance_in_the_process_sees_the_first_ones_writes(tmp_path: Path) -> None:
+    vectors = _near_duplicates(20, 0.01)
+    ids = [f"r{i}" for i in range(20)]
+    client_path = tmp_path / "chroma"
+    first = ChromaIndex(path=client_path)
+    first.add(ids[:10], vectors[:10], _meta(10))
+    second = ChromaIndex(path=client_path)
+    assert second.search(vectors[3], user_id=USER, k=1)[0][0] == "r3"  # mirror loaded
+    first.add(ids[10:], vectors[10:], _meta(10))
+    first.delete(["r3"], user_id=USER)
+    assert second.search(vectors[15], user_id=USER, k=1)[0][0] == "r15"
+    assert "r3" not in {vid for vid, _ in second.search(vectors[3], user_id=USER, k=20)}
+    first.close()
+    second.close()
+
+
+@pytest.mark.parametrize("arg", ["exact_below", "open_check"])
+@pytest.mark.parametrize("value", [-1, 1.5, True])
+def test_bad_reachability_settings_are_refused(arg: str, value: object) -> None:
+    with pytest.raises(ConfigurationError, match=arg):
+        ChromaIndex(**{arg: value})  # type: ignore[arg-type]
