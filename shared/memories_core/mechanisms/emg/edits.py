@@ -172,12 +172,9 @@ class GraphEditor:
                 raise InvalidInputError(f"unknown memory type {memory.type!r}")
         when = ensure_utc(at) if at is not None else self.engine.clock.now()
         with self.engine.user_lock(user_id):
+            self.engine.finish_deletion(user_id)  # plan against what stays, not what goes
             plan = self.plan(user_id, list(memories), None, when, tuple(source_ids), edit, metadata)
-            apply = self.applier(user_id, plan)
-            with self.engine.transaction():
-                if plan.records:
-                    self.engine.store.add(plan.records, indexed=True)
-                apply()
+            self.write(user_id, plan)
         self.engine.index_pending()
         return plan.edits
 
@@ -193,12 +190,22 @@ class GraphEditor:
         text = clean_text(text)
         when = ensure_utc(at) if at is not None else self.engine.clock.now()
         with self.engine.user_lock(user_id):
+            self.engine.finish_deletion(user_id)  # plan against what stays, not what goes
             plan = self.plan(user_id, None, text, when, tuple(source_ids))
-            with self.engine.transaction():
-                self.engine.store.add(plan.records, indexed=True)
-                self.applier(user_id, plan)()
+            self.write(user_id, plan)
         self.engine.index_pending()
         return plan.edits
+
+    def write(self, user_id: str, plan: Plan) -> None:
+        """Commit a plan through the engine's write rules, in one transaction (not indexed yet).
+
+        :meth:`MemoryEngine.write_derivation`: the records must be ``user_id``'s, a deletion
+        of the user left pending is finished first (so the new memories are not purged with
+        the old ones), and the graph and state writes commit with the records or not at all.
+        """
+        self.engine.write_derivation(
+            user_id, Derivation(add=plan.records, apply=self.applier(user_id, plan)), index=False
+        )
 
     def derivation(self, user_id: str, plan: Plan) -> Derivation | None:
         """A plan as an engine derivation (``None`` when it writes nothing)."""
@@ -474,6 +481,6 @@ class GraphEditor:
                     graph.put(user_id, edges=updated)
             now = plan.at or self.engine.clock.now()  # the edit happened when the message came
             for record_id, fields, reason in plan.changes:
-                self.engine.store.update_state(user_id, {record_id: fields}, at=now, reason=reason)
+                self.engine.update_state(user_id, {record_id: fields}, reason=reason, at=now)
 
         return apply
