@@ -165,3 +165,32 @@ def test_a_dpem_job_whose_user_is_deleted_meanwhile_writes_nothing() -> None:
     assert memory.engine.records(USER) == []
     assert memory.working(USER) == [] and memory.stm(USER) == []
     memory.close()
+
+
+def test_emg_questions_of_a_user_deleted_meanwhile_are_not_kept() -> None:
+    """The user is deleted while the model writes their training questions (A.1 step 3)."""
+    from memories_core.mechanisms.emg import TRAINING_GENERATED
+    from memories_core.prompts.emg import QUESTIONS_SYSTEM
+
+    holder: dict[str, EMGMemory] = {}
+
+    def reply(messages: Sequence[ChatMessage]) -> Any:
+        memory = holder["memory"]
+        if messages[0].content == QUESTIONS_SYSTEM and USER in memory.engine.users():
+            memory.delete_user(USER)
+        return emg_reply(messages)
+
+    memory = holder["memory"] = EMGMemory(
+        llm=ScriptedLLM(default=reply),
+        embedder=HashingEmbedder(dimension=64),
+        clock=FixedClock(T0),
+        train_after=1,
+        questions_every=1,
+    )
+    memory.add_memories(USER, [hotel("Amsterdam")])
+    assert memory.schedule_training(USER) == 1
+    run = memory.run_training(USER)
+    assert run.sessions == 1 and run.questions == 0 and run.failed == 0
+    assert memory.engine.artifacts.get(USER, TRAINING_GENERATED) is None
+    assert memory.engine.pending(USER) == []
+    memory.close()

@@ -16,6 +16,7 @@ import dataclasses
 import json
 from typing import TYPE_CHECKING
 
+from memories_core.engine import Derivation
 from memories_core.errors import InvalidInputError, LLMError
 from memories_core.mechanisms.emg.schema import (
     LAST_TRAINING,
@@ -107,14 +108,27 @@ def run_training(
 
 
 def _questions_job(memory: EMGMemory, job: Job, *, progress: bool) -> tuple[int, int, int]:
-    """Generate questions from the memories no earlier job asked about; maybe enqueue training."""
+    """Generate questions from the memories no earlier job asked about; maybe enqueue training.
+
+    The questions are kept through the engine's write route, as a job's write: if the user
+    was deleted while the model wrote them, nothing is kept (their artifact stays gone).
+    """
     user_id = job.user_id
     archive = memory.archive
     asked = {rid for e in archive.generated(user_id) for rid in e.required}
     seen = archive.seen(user_id)
     fresh = [r for r in memory.memories(user_id) if r.id not in asked and r.id not in seen]
     examples, sent, rejected = memory.generate_questions(user_id, memories=fresh, progress=progress)
-    archive.keep_generated(user_id, examples, seen | {r.id for r in fresh}, memory.clock.now())
+    asked_now = seen | {r.id for r in fresh}
+    kept = memory.engine.write_derivation(
+        user_id,
+        Derivation(
+            apply=lambda: archive.keep_generated(user_id, examples, asked_now, memory.clock.now())
+        ),
+        job=job,
+    )
+    if not kept:  # the user was deleted while the model wrote: keep nothing of theirs
+        return 0, sent, rejected
     store_total = archive.generated_total()
     info = memory.engine.artifacts.get(STORE_OWNER, LAST_TRAINING)
     last = int(info.meta.get("generated_examples", 0)) if info else 0
