@@ -425,3 +425,37 @@ def test_export_reads_memories_as_of_a_time(engine: MemoryEngine) -> None:
     assert entity_id("Utrecht") in {n["id"] for n in graph["nodes"]}
     with pytest.raises(InvalidInputError):
         export.export_graph(engine, USER, format="csv")  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------------------- import paths
+def test_the_single_module_names_still_import_from_the_package() -> None:
+    import memories_core.mechanisms.emg as emg
+
+    old_all = {
+        "HOLD_OUT", "LAST_TRAINING", "MEMORY_KIND", "POLICY_ARTIFACT", "POLICY_JOBS", "ROOT",
+        "STALE_ARTIFACT", "STORE_OWNER", "TRAINING_GENERATED", "TRAINING_OWN", "TRAINING_STORE",
+        "Answer", "EMGMemory", "EMGSource", "Edit", "PolicyStatus", "Reminder", "Selection",
+        "TrainingExample", "TrainingReport", "TrainingRun", "is_held_out",
+    }  # fmt: skip
+    assert old_all <= set(emg.__all__)
+    assert set(emg.__all__) - old_all == {
+        "EmbeddingCache",
+        "GraphEditor",
+        "PolicyArchive",
+        "Selector",
+    }
+    for name in ("ExtractedMemory", "SelectionPolicy", "entity_id", "ALL_FEATURES", "EXTRACT"):
+        assert hasattr(emg, name), name
+
+
+def test_emg_policy_is_a_deprecated_alias_of_the_policy_module() -> None:
+    import importlib
+    import sys
+
+    from memories_core.mechanisms.emg import policy
+
+    sys.modules.pop("memories_core.mechanisms.emg_policy", None)
+    with pytest.warns(DeprecationWarning, match="emg.policy"):
+        alias = importlib.import_module("memories_core.mechanisms.emg_policy")
+    assert alias.SelectionPolicy is policy.SelectionPolicy
+    assert set(alias.__all__) == set(policy.__all__)
