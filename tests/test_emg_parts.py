@@ -14,12 +14,16 @@ from datetime import datetime, timedelta, timezone
 import numpy as np
 import pytest
 
+import memories_core.mechanisms.emg.applications as applications
+import memories_core.mechanisms.emg.export as export
+import memories_core.mechanisms.emg.questions as questions
+import memories_core.mechanisms.emg.taxonomy as taxonomy
+import memories_core.mechanisms.emg.training as training
 from memories_core import FixedClock
 from memories_core.embedders import HashingEmbedder
 from memories_core.engine import MemoryEngine
 from memories_core.errors import ConfigurationError, InvalidInputError
 from memories_core.llms import ScriptedLLM
-from memories_core.mechanisms.emg import applications, export, questions, taxonomy, training
 from memories_core.mechanisms.emg.archive import PolicyArchive, examples_from_json, examples_json
 from memories_core.mechanisms.emg.edits import EditConfig, GraphEditor
 from memories_core.mechanisms.emg.embeddings import EmbeddingCache

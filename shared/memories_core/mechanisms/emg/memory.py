@@ -15,10 +15,15 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+import memories_core.mechanisms.emg.applications as applications
+import memories_core.mechanisms.emg.drawing as drawing
+import memories_core.mechanisms.emg.export as export
+import memories_core.mechanisms.emg.jobs as jobs
+import memories_core.mechanisms.emg.questions as questions
+import memories_core.mechanisms.emg.training as training
 from memories_core.engine import Derivation, JobFailed, check_query, check_scope, default_llm
 from memories_core.errors import ConfigurationError, LLMError, ParseError
 from memories_core.mechanisms.base import MemoryBase, turn_from_record
-from memories_core.mechanisms.emg import applications, drawing, export, jobs, questions, training
 from memories_core.mechanisms.emg.archive import PolicyArchive
 from memories_core.mechanisms.emg.edits import GraphEditor
 from memories_core.mechanisms.emg.embeddings import EmbeddingCache
