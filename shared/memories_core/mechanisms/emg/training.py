@@ -324,8 +324,10 @@ def retrain_policy(
     when: datetime | None = None
     for uid in users:
         assert uid is not None
+        if engine.store.is_deleting(uid):
+            continue
         stored = archive.trained_examples(uid, own=user_id is not None)
-        if stored is None or engine.store.is_deleting(uid):
+        if stored is None:
             continue
         loaded, at = stored
         alive = {r.id for r in engine.records(uid, where={"kind": MEMORY_KIND})}
