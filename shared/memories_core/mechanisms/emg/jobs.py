@@ -120,13 +120,11 @@ def _questions_job(memory: EMGMemory, job: Job, *, progress: bool) -> tuple[int,
     fresh = [r for r in memory.memories(user_id) if r.id not in asked and r.id not in seen]
     examples, sent, rejected = memory.generate_questions(user_id, memories=fresh, progress=progress)
     asked_now = seen | {r.id for r in fresh}
-    kept = memory.engine.write_derivation(
-        user_id,
-        Derivation(
-            apply=lambda: archive.keep_generated(user_id, examples, asked_now, memory.clock.now())
-        ),
-        job=job,
-    )
+
+    def keep() -> None:
+        archive.keep_generated(user_id, examples, asked_now, memory.clock.now())
+
+    kept = memory.engine.write_derivation(user_id, Derivation(apply=keep), job=job)
     if not kept:  # the user was deleted while the model wrote: keep nothing of theirs
         return 0, sent, rejected
     store_total = archive.generated_total()
