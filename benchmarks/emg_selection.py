@@ -12,7 +12,7 @@ questions, and per fold (mean, min, max of the five fold F1s): selection precisi
 F1 of
 
 * the trained policy with every state feature (the paper's three cosines of Eq. 1 plus our
-  four relative features, ``memories_core.mechanisms.emg_policy``),
+  four relative features, ``memories_core.mechanisms.emg.policy``),
 * the trained policy with the paper's three features only,
 
 each with both decodes of ``EMGMemory.select``: the expected-F1 set of the warm-start
@@ -28,7 +28,7 @@ required memories and by LoCoMo category (where variable size wins or loses agai
 fixed K), and recall@k of the evidence.
 
 Each question's walk environment (activation search, graph edges, states) is built once with
-``EMGMemory._environment`` and reused by every fold and selector; that it gives exactly what
+``EMGMemory.selector.environment`` and reused by every fold and selector; that it gives exactly what
 the public ``EMGMemory.select`` gives is checked on a sample of questions before the run.
 
 Latency: ``EMGMemory.select`` (``answer``'s retrieval step) at 1k and 10k memories per user
@@ -71,7 +71,9 @@ from tqdm.auto import tqdm
 from memories_core import FixedClock
 from memories_core.embedders import SentenceTransformerEmbedder
 from memories_core.mechanisms.emg import EMGMemory, TrainingExample, is_held_out
-from memories_core.mechanisms.emg_policy import ALL_FEATURES, PAPER_FEATURES, SelectionPolicy
+from memories_core.mechanisms.emg.policy import ALL_FEATURES, PAPER_FEATURES, SelectionPolicy
+from memories_core.mechanisms.emg.selection import Selector
+from memories_core.mechanisms.emg.training import train_on
 from memories_core.prompts.emg import EXTRACT, ExtractInput, parse_extract
 
 OUT = Path(__file__).resolve().parent / "out"
@@ -162,7 +164,7 @@ def cross_validate(
     for k in range(1, 11):
         selectors[f"top-{k}"] = top(k)
     selectors["untrained fallback"] = lambda env, ex: [
-        h.record.id for h in memory._choose(env, None).memories
+        h.record.id for h in memory.selector.choose(env, None).memories
     ]
     for fold, user in enumerate(users):
         test = [i for i, (ex, _) in enumerate(data) if ex.user_id == user]
@@ -174,7 +176,8 @@ def cross_validate(
         ):
             started = time.perf_counter()
             policy = SelectionPolicy.initial(0, features)
-            report = memory._train(
+            report = train_on(
+                memory.selector,
                 policy,
                 [data[i][0] for i in train],
                 [envs[i] for i in train],
@@ -205,7 +208,7 @@ def cross_validate(
                 chosen = choose(env, ex)
                 per_q.setdefault(name, []).append((*prf(chosen, ex.required), len(chosen)))
             policy = policies["trained policy"]
-            walk = memory._traverse(env, memory._scorer(policy))
+            walk = memory.selector.traverse(env, Selector.scorer(policy))
             ranked = sorted({v.record_id: v.score for v in walk}.items(), key=lambda x: -x[1])
             ids = [rid for rid, _ in ranked][: memory.max_select]
             f1s = [prf(ids[:k], ex.required)[2] for k in range(1, len(ids) + 1)] or [0.0]
@@ -213,14 +216,18 @@ def cross_validate(
             per_q.setdefault(ORACLE, []).append((*prf(best, ex.required), len(best)))
             bare = SelectionPolicy.from_json(policy.to_json())
             bare.meta = {}  # no warm-start head, no Platt map: REINFORCE's π(include) itself
-            chosen = [h.record.id for h in memory._choose(env, bare, "expected_f1").memories]
+            chosen = [
+                h.record.id for h in memory.selector.choose(env, bare, "expected_f1").memories
+            ]
             per_q.setdefault(PI_DECODED, []).append((*prf(chosen, ex.required), len(chosen)))
             for name, policy in policies.items():
                 for decode, label in (
                     ("expected_f1", name),
                     ("greedy", f"{name}, greedy walk"),
                 ):
-                    chosen = [h.record.id for h in memory._choose(env, policy, decode).memories]
+                    chosen = [
+                        h.record.id for h in memory.selector.choose(env, policy, decode).memories
+                    ]
                     per_q.setdefault(label, []).append((*prf(chosen, ex.required), len(chosen)))
     return {"per_question": per_q, "fold": fold_of, "order": order, "training": training}
 
@@ -288,7 +295,7 @@ def generated_run(
         made[user]["multi_memory_questions"] = sum(len(e.required) > 1 for e in mine)
     generation_seconds = time.perf_counter() - started
     gen_envs = [
-        memory._environment(e.question, e.user_id, NOW, memory.activate)
+        memory.selector.environment(e.question, e.user_id, NOW, memory.activate)
         for e in tqdm(generated, desc="generated environments")
     ]
     per_q: dict[str, list[tuple[float, float, float, int]]] = {}
@@ -299,7 +306,8 @@ def generated_run(
             return None
         policy = SelectionPolicy.initial(0, ALL_FEATURES)
         try:
-            memory._train(
+            train_on(
+                memory.selector,
                 policy,
                 [generated[i] for i in indices],
                 [gen_envs[i] for i in indices],
@@ -319,7 +327,7 @@ def generated_run(
             return {"questions": float(len(indices)), "policy_f1": 0.0, "top1_f1": 0.0}
         ours = [
             prf(
-                [h.record.id for h in memory._choose(gen_envs[i], policy).memories],
+                [h.record.id for h in memory.selector.choose(gen_envs[i], policy).memories],
                 generated[i].required,
             )[2]
             for i in indices
@@ -347,7 +355,7 @@ def generated_run(
                 "top-2": list(env.pool)[:2],
                 "top-3": list(env.pool)[:3],
                 "untrained default (top-1 fallback)": [
-                    h.record.id for h in memory._choose(env, None).memories
+                    h.record.id for h in memory.selector.choose(env, None).memories
                 ],
             }
             for name, policy, gate in (
@@ -358,12 +366,14 @@ def generated_run(
                 chosen = (
                     []
                     if policy is None
-                    else [h.record.id for h in memory._choose(env, policy).memories]
+                    else [h.record.id for h in memory.selector.choose(env, policy).memories]
                 )
                 greedy = (
                     []
                     if policy is None
-                    else [h.record.id for h in memory._choose(env, policy, "greedy").memories]
+                    else [
+                        h.record.id for h in memory.selector.choose(env, policy, "greedy").memories
+                    ]
                 )
                 rows[label] = chosen
                 rows[f"{label}, greedy walk"] = greedy
@@ -725,7 +735,7 @@ def main() -> None:
         loaded[sample["sample_id"]] = list(ids)
     embedder.save()
     envs = [
-        memory._environment(ex.question, ex.user_id, NOW, memory.activate)
+        memory.selector.environment(ex.question, ex.user_id, NOW, memory.activate)
         for ex, _ in tqdm(data, desc="walk environments")
     ]
     embedder.save()
@@ -736,7 +746,7 @@ def main() -> None:
         ex = data[i][0]
         for policy in (None, probe):
             public = memory.select(ex.question, ex.user_id, now=NOW, policy=policy)
-            cached = memory._choose(envs[i], policy)
+            cached = memory.selector.choose(envs[i], policy)
             assert [h.record.id for h in public.memories] == [
                 h.record.id for h in cached.memories
             ], ex.question

@@ -48,7 +48,6 @@ from memories_core.errors import (
     InvalidInputError,
     LLMError,
     MemoriesError,
-    SearchKeyError,
 )
 from memories_core.types import (
     Job,
@@ -157,6 +156,8 @@ class Derivation:
             with their own reasons), run inside the same transaction after the records are
             added: they commit with the job's completion, or not at all (EMG-RAG §4.2 edits).
             Store calls only; no model calls.
+        index: Whether the added records get vectors (``False``: kept for the mechanism's
+            own lookups only, e.g. DPeM's working notes).
     """
 
     add: Sequence[MemoryRecord] = ()
@@ -164,6 +165,7 @@ class Derivation:
     state: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     reason: str | None = None
     apply: Callable[[], None] | None = None
+    index: bool = True
 
 
 @dataclass(frozen=True)
@@ -1161,36 +1163,99 @@ class MemoryEngine:
             self._commit(job, result)
         except _JobGone:
             logger.info("job %s was finished by another worker; its result is dropped", job.id)
-        except SearchKeyError as exc:
-            # A derivation with a bad search key commits nothing; the job stays pending.
+        except InvalidInputError as exc:
+            # A derivation with a bad search key, or with another user's records, commits
+            # nothing; the job stays pending.
             self._fail(job, job.kind, exc)
         return True
 
     def _commit(self, job: Job, result: Derivation | None) -> None:
         replaced: list[str] = []
-        try:
-            with self.store.transaction():
-                if not self.store.finish_job(job.id):
-                    raise _JobGone(job.id)
-                if result is not None:
-                    if result.add:
-                        self._check_keys(result.add)
-                        self.store.add(list(result.add), indexed=True)
-                    if result.replace:
-                        replaced = self._with_keys(job.user_id, result.replace)
-                        self.store.delete(replaced, user_id=job.user_id)
-                    if result.state:
-                        self.store.update_state(
-                            job.user_id, result.state, at=self.clock.now(), reason=result.reason
-                        )
-                    if result.apply is not None:
-                        result.apply()
-        except _JobGone:
-            raise
+        with self.store.transaction():
+            if not self.store.finish_job(job.id):
+                raise _JobGone(job.id)
+            if result is not None:
+                replaced = self._write_derivation(job.user_id, result)
         if replaced:
             self._drop_vectors(job.user_id, replaced)
-        if result is not None and result.add:
+        if result is not None and result.add and result.index:
             self._index_pending()
+
+    def write_derivation(
+        self,
+        user_id: str,
+        derivation: Derivation,
+        *,
+        job: Job | None = None,
+        index: bool = True,
+    ) -> bool:
+        """Commit a mechanism's writes by the rules of a job's derivation, in one transaction.
+
+        For writes a mechanism makes itself (under its user lock, or from a public method)
+        rather than by returning a :class:`Derivation` from its job. The rules:
+
+        * isolation: every added record must be ``user_id``'s, and replaced or changed ids
+          are looked up among ``user_id``'s records only;
+        * search keys are checked (:class:`~memories_core.errors.SearchKeyError`), and a
+          replaced record takes its search keys and its vectors with it;
+        * deletion: without ``job``, a deletion of ``user_id`` left pending (tombstone) is
+          finished first, as a save does, so the write is not purged with the old data;
+          with ``job`` (a write from inside a running job) nothing is written if the job is
+          gone or the user is being deleted: a deleted user's job never writes again;
+        * the added records are indexed after the commit (``index=False``, or a derivation
+          with ``index=False``: left pending, e.g. while the caller holds the user's lock).
+
+        Joins a transaction the caller holds (all commit, or none).
+
+        Returns:
+            Whether the writes were made (``False`` only for a job that is gone).
+
+        Raises:
+            InvalidInputError: on a bad user id, a record of another user, or a ``job`` of
+                another user (nothing is written).
+            SearchKeyError: if a search key points to a missing record or another user's.
+        """
+        check_user_id(user_id)
+        if job is not None and job.user_id != user_id:
+            raise InvalidInputError("a job writes for its own user only")
+        if job is None:
+            self._finish_deletion(user_id)
+        with self.store.transaction():
+            if job is not None and not self._job_alive(job):
+                logger.info("job %s is gone (finished, or its user deleted); no write", job.id)
+                return False
+            replaced = self._write_derivation(user_id, derivation)
+        if replaced:
+            self._drop_vectors(user_id, replaced)
+        if index and derivation.index and derivation.add:
+            self._index_pending()
+        return True
+
+    def _job_alive(self, job: Job) -> bool:
+        """Whether ``job`` is still pending and its user not being deleted."""
+        if self.store.is_deleting(job.user_id):
+            return False
+        pending = self.store.jobs(user_id=job.user_id, mechanisms=[job.mechanism], key=job.key)
+        return any(j.id == job.id for j in pending)
+
+    def _write_derivation(self, user_id: str, result: Derivation) -> list[str]:
+        """The store writes of ``result`` for ``user_id`` (inside a transaction); replaced ids."""
+        if any(r.user_id != user_id for r in result.add):
+            raise InvalidInputError(f"a derivation for {user_id!r} adds another user's records")
+        replaced: list[str] = []
+        if result.add:
+            self._check_keys(result.add)
+            self.store.add(list(result.add), indexed=result.index)
+        if result.replace:
+            replaced = self._with_keys(user_id, result.replace)
+            self.store.delete(replaced, user_id=user_id)
+        if result.state:
+            self.store.update_state(
+                user_id, result.state, at=self.clock.now(), reason=result.reason
+            )
+        if result.apply is not None:
+            result.apply()
+        return replaced
 
     def _fail(self, job: Job, label: str, exc: BaseException) -> None:
         self.count_failure(label)
@@ -1394,6 +1459,18 @@ class MemoryEngine:
         check_user_id(user_id)
         self.store.mark_deleting(user_id, at=self.clock.now())
         self._purge(user_id, vacuum=vacuum)
+
+    def finish_deletion(self, user_id: str) -> bool:
+        """Finish a deletion of ``user_id`` left pending (by a crash); whether there was one.
+
+        Every write path does this before writing (:meth:`save`, :meth:`write_derivation`);
+        a mechanism that reads the user's state to plan a write calls it before reading.
+        """
+        check_user_id(user_id)
+        if not self.store.is_deleting(user_id):
+            return False
+        self._purge(user_id, vacuum=False)
+        return True
 
     def _finish_deletion(self, user_id: str) -> None:
         if self.store.is_deleting(user_id):

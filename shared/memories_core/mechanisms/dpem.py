@@ -50,7 +50,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
-from memories_core.engine import JobFailed, check_k, check_query, check_scope, default_llm
+from memories_core.engine import (
+    Derivation,
+    JobFailed,
+    check_k,
+    check_query,
+    check_scope,
+    default_llm,
+)
 from memories_core.errors import ConfigurationError, LLMError, ParseError
 from memories_core.grounding import find_ungrounded, log_rejection
 from memories_core.mechanisms.base import MemoryBase
@@ -527,7 +534,8 @@ class DualProcessMemory(MemoryBase):
             payload["notes"] = self._grounded(notes, dialogue, "note")[: self.working_capacity]
             self.engine.update_job(job, payload)
         notes = tuple(str(n) for n in payload["notes"])
-        self._write_working(user_id, round_no, notes)
+        if not self._write_working(job, round_no, notes):
+            return None  # the job is gone (its user deleted meanwhile): nothing more to write
         if "knowledge" not in payload:
             items = self._ask(KNOWLEDGE, KnowledgeInput(notes), "knowledge") if notes else ()
             payload["knowledge"] = self._grounded(items, dialogue, "knowledge")
@@ -538,7 +546,7 @@ class DualProcessMemory(MemoryBase):
             payload["types"] = list(types)
             self.engine.update_job(job, payload)
         typed = list(zip(knowledge, (str(t) for t in payload["types"]), strict=True))
-        self._memorize(user_id, round_no, typed)
+        self._memorize(job, round_no, typed)
         return None
 
     def _grounded(self, items: Sequence[str], dialogue: Sequence[str], what: str) -> list[str]:
@@ -557,30 +565,43 @@ class DualProcessMemory(MemoryBase):
             self.engine.count_failure("grounding")
         return kept
 
-    def _write_working(self, user_id: str, round_no: int, notes: Sequence[str]) -> None:
-        """Replace the working memory with this iteration's notes (unless a newer one ran)."""
+    def _write_working(self, job: Job, round_no: int, notes: Sequence[str]) -> bool:
+        """Replace the working memory with this iteration's notes (unless a newer one ran).
+
+        One engine write (:meth:`~memories_core.engine.MemoryEngine.write_derivation`): the
+        old notes are replaced with their search keys, and nothing is written once the job
+        is gone (its user deleted while the model ran). Returns whether the job is alive.
+        """
+        user_id = job.user_id
         now = self.clock.now()
         with self.engine.user_lock(user_id), self.engine.transaction():
             current = self.engine.records(user_id, where={"kind": NOTE_KIND})
             if any(int(r.state.attrs.get("round", 0)) > round_no for r in current):
-                return
-            if current:
-                self.store.delete([r.id for r in current], user_id=user_id)
+                return True
             records = [
                 MemoryRecord(new_id(), user_id, NOTE_KIND, note, now, metadata={"round": round_no})
                 for note in notes[: self.working_capacity]
             ]
-            if records:
-                self.store.add(records, indexed=False)
-                self.engine.update_state(
-                    user_id,
-                    {r.id: {"tier": WORKING, "attrs": {"round": round_no}} for r in records},
+            return self.engine.write_derivation(
+                user_id,
+                Derivation(
+                    add=records,
+                    replace=[r.id for r in current],
+                    state={r.id: {"tier": WORKING, "attrs": {"round": round_no}} for r in records},
                     reason=f"dpem: notes of round {round_no}",
-                    at=now,
-                )
+                    index=False,
+                ),
+                job=job,
+            )
 
-    def _memorize(self, user_id: str, round_no: int, typed: Sequence[tuple[str, str]]) -> None:
-        """Executive process: merge into the flag table, promote at theta, refresh STM."""
+    def _memorize(self, job: Job, round_no: int, typed: Sequence[tuple[str, str]]) -> None:
+        """Executive process: merge into the flag table, promote at theta, refresh STM.
+
+        The new items and the flag-table changes are one engine write
+        (:meth:`~memories_core.engine.MemoryEngine.write_derivation`, indexed after the
+        user's lock is released); nothing is written once the job is gone.
+        """
+        user_id = job.user_id
         now = self.clock.now()
         with self.engine.user_lock(user_id), self.engine.transaction():
             log = self._log(user_id)
@@ -619,8 +640,6 @@ class DualProcessMemory(MemoryBase):
             for item in dropped:
                 touched.discard(item)
                 fresh.pop(item, None)
-            if fresh:
-                self.store.add(list(fresh.values()), indexed=True)
             changes = {
                 item: {
                     "tier": tiers[item],
@@ -632,10 +651,18 @@ class DualProcessMemory(MemoryBase):
                 }
                 for item in touched
             }
-            if changes:
-                self.engine.update_state(
-                    user_id, changes, reason=f"dpem: memorized round {round_no}", at=now
-                )
+            written = self.engine.write_derivation(
+                user_id,
+                Derivation(
+                    add=list(fresh.values()),
+                    state=changes,
+                    reason=f"dpem: memorized round {round_no}",
+                ),
+                job=job,
+                index=False,
+            )
+            if not written:
+                return
             stale = [item for item in dropped if item not in fresh and item in tiers]
             if stale:
                 self.engine.delete_records(user_id, stale, reason=f"dpem: STM refresh {round_no}")
