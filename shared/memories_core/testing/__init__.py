@@ -52,7 +52,8 @@ process, so it must live in an importable module (any pytest test module is).
             return MyMemory(path=path, llm=llm, embedder=HashingEmbedder(dimension=64))
 
 The factory receives ``path=None`` for an in-memory memory (``storages`` says which storages
-the storage-agnostic tests run on) and an LLM that the suite controls: a scripted model that
+the storage-agnostic tests run on: in memory by default; reopen, erasure, crash and isolation
+tests run on disk) and an LLM that the suite controls: a scripted model that
 follows the package's prompts (:func:`~memories_core.llms.rule_following.rule_following_reply`)
 or a :class:`FlakyLLM`. Each entry of ``known_failures`` marks the matching tests
 ``xfail(strict=False)`` with the entry as reason; a key is a test name (every parametrization),

@@ -74,6 +74,11 @@ def _glob_key(key: str, test_id: str) -> bool:
     return re.fullmatch(pattern, test_id) is not None
 
 
+def _every_storage(func: Callable[..., None]) -> Callable[..., None]:
+    func._contract_every_storage = True  # type: ignore[attr-defined]
+    return func
+
+
 def _disk_only(func: Callable[..., None]) -> Callable[..., None]:
     func._contract_disk_only = True  # type: ignore[attr-defined]
     return func

@@ -25,6 +25,7 @@ from memories_core.testing._scenario import (
     _derived,
     _disk_only,
     _duplicates,
+    _every_storage,
     _exchange,
     _glob_key,
     _Outcome,
@@ -56,8 +57,9 @@ class MechanismContract:
 
     Subclasses implement :meth:`make_memory` and set the flags; every ``test_*`` method is
     inherited and collected by pytest. Storage-agnostic tests run once per entry of
-    :attr:`storages`; tests that need files (reopen, erasure, crashes) run on disk only; the
-    per-case tests (each bad input, each garbage reply) on :attr:`cases_storage`.
+    :attr:`storages`; tests that need files (reopen, erasure, crashes) run on disk only,
+    isolation on disk as well; the per-case tests (each bad input, each garbage reply) on
+    :attr:`cases_storage`.
     """
 
     #: Whether the mechanism calls its LLM. If not, the suite checks that it never does.
@@ -68,7 +70,10 @@ class MechanismContract:
     #: before recalling, so derivation on save is what is checked).
     end_session_derives: ClassVar[bool] = False
     #: Storages the storage-agnostic tests run on: ``"memory"`` (``path=None``), ``"disk"``.
-    storages: ClassVar[tuple[str, ...]] = ("memory", "disk")
+    #: One by default: what a storage adds is checked once per store by the store contract
+    #: and by the disk tests here (reopen, erasure, crashes, and isolation, which runs on
+    #: disk too); the engine's reference mechanism sets both.
+    storages: ClassVar[tuple[str, ...]] = ("memory",)
     #: Storage the per-case tests (each bad input, each garbage reply) run on; ``None``: the
     #: first of :attr:`storages`. The cases check the mechanism's input validation and reply
     #: parsing, which do not depend on the storage; a store's own promises are checked once
@@ -137,6 +142,8 @@ class MechanismContract:
         if "storage" not in metafunc.fixturenames:
             return
         storages = self.storages
+        if getattr(function, "_contract_every_storage", False) and self.supports_disk:
+            storages = tuple(dict.fromkeys((*storages, "disk")))
         extra: list[Any] = []
         if getattr(function, "_contract_disk_only", False):
             storages = ("disk",)
@@ -235,6 +242,7 @@ class MechanismContract:
             _close(memory)
 
     # ------------------------------------------------------------------ 1. isolation
+    @_every_storage
     def test_isolation_between_tricky_user_ids(self, storage: str, tmp_path: Path) -> None:
         """Each tricky user recalls their own secret and never another user's."""
         memory = self._open(storage, tmp_path)
