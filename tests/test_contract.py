@@ -30,6 +30,8 @@ def _embedder() -> HashingEmbedder:
 
 
 class TestHistoryMemoryContract(MechanismContract):
+    # The engine's reference mechanism: every storage-agnostic test on both storages.
+    storages: ClassVar[tuple[str, ...]] = ("memory", "disk")
     known_failures: ClassVar[dict[str, str]] = {}
 
     def make_memory(self, path: Path | None, llm: LLM) -> Mechanism:

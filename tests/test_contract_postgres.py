@@ -1,11 +1,20 @@
-"""The contract suite on the networked backends: PostgreSQL + pgvector, PostgreSQL + Chroma server.
+"""Mechanisms and the record store on the networked backends: PostgreSQL + pgvector or Chroma.
 
-The embedded combinations (SQLite + embedded Chroma on disk, SQLite + numpy in memory) run
-in ``tests/test_contract*.py``; this module runs **every mechanism's** contract class from
-those modules again (issue 15, Build 7), unchanged, with the record store in PostgreSQL and
-the vectors in pgvector or in a Chroma server started with ``chroma run``: each class here is
-``(_OnPostgres or _OnPostgresAndChroma, <the mechanism's contract class>)``, generated at the
-end of the module (names ``Test<...>PostgresContract`` / ``Test<...>PostgresChromaContract``).
+Each mechanism's full contract runs on the default backend (``tests/test_contract*.py``:
+SQLite in memory + numpy, SQLite file + embedded Chroma). Here, on PostgreSQL (vectors in
+pgvector or in a Chroma server started with ``chroma run``):
+
+* the **store contract** (:class:`~memories_core.testing.StoreContract`) checks the
+  PostgreSQL record store once: isolation of tricky user ids, erasure, typed errors,
+  transactions, reopen, and SIGKILLed writers;
+* every mechanism's contract class runs as a **smoke**: k, isolation, reopen, erasure, an
+  LLM outage, garbage replies (the mixed set) and one bad input, so that each mechanism is
+  seen working on each backend. The per-user forgetting, async twins and the full tables of
+  bad inputs and garbage replies check the mechanism or the store, not the pair, and run
+  on the default backend and in the store contract. The crash test runs for the mechanisms
+  in :data:`CRASH_ON_SERVERS`. Each class here is ``(_OnPostgres or _OnPostgresAndChroma,
+  <the mechanism's contract class>)``, generated at the end of the module (names
+  ``Test<...>PostgresContract`` / ``Test<...>PostgresChromaContract``).
 
 How a mechanism that is built with ``path=`` lands on the servers: while the contract class's
 own ``make_memory`` runs, the engine's default storage factories (what ``MemoryEngine`` opens
@@ -38,10 +47,10 @@ import test_contract_emg
 import test_contract_memochat
 import test_contract_memorybank
 from memories_core import engine as engine_module
-from memories_core.backends import postgres_storage
+from memories_core.backends import PostgresRecordStore, postgres_storage
 from memories_core.embedders import HashingEmbedder
-from memories_core.interfaces import LLM, Mechanism
-from memories_core.testing import BAD_INPUT_CASES, MechanismContract, chroma_server
+from memories_core.interfaces import LLM, EngineStore, Mechanism
+from memories_core.testing import MechanismContract, StoreContract, chroma_server
 
 _DIM = 64
 # Schemas with this prefix are dropped at the end of the session (tests/conftest.py).
@@ -99,11 +108,22 @@ def _networked_defaults(vectors: str) -> Iterator[None]:
         yield
 
 
+#: Contract tests that check the mechanism or the store rather than the pair, and so run on
+#: the default backend (and in the store contract) only: not generated on the servers.
+NOT_ON_SERVERS = (
+    "test_clear_one_user_keeps_the_others",
+    "test_delete_user_keeps_the_others",
+    "test_async_twins_match_sync",
+    "test_kill_at_any_point_loses_nothing_acknowledged",
+)
+
+
 class _OnPostgres(MechanismContract):
-    """Runs every contract test of the class it is mixed into on PostgreSQL + pgvector."""
+    """Runs the smoke of the contract class it is mixed into on PostgreSQL + pgvector."""
 
     # A server has no in-memory variant: "memory" would only be another schema name.
     storages: ClassVar[tuple[str, ...]] = ("disk",)
+    smoke: ClassVar[bool] = True
     vectors: ClassVar[str] = "pgvector"
 
     @pytest.fixture(autouse=True)
@@ -126,33 +146,33 @@ def chroma_server_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int
         yield port
 
 
-#: The one case of each parametrised axis that every mechanism runs on the Chroma combination.
-_REPRESENTATIVE = {"case": next(iter(BAD_INPUT_CASES)), "garbage": "mixed"}
-
-
 @pytest.mark.server
 class _OnPostgresAndChroma(_OnPostgres):
-    """Runs the contract tests of the class it is mixed into on PostgreSQL + Chroma server.
-
-    Every test runs; of the two parametrised tests (34 bad inputs, 9 garbage replies: the
-    mechanism's validation and parsing, which the vector store does not change) a class with
-    ``all_cases = False`` runs one representative (the first bad input, the ``mixed`` garbage)
-    and skips the rest, with a reason, to keep CI time in bounds. They all run on
-    PostgreSQL + pgvector.
-    """
+    """Runs the smoke of the contract class it is mixed into on PostgreSQL + Chroma server."""
 
     vectors: ClassVar[str] = "chroma"
-    all_cases: ClassVar[bool] = True
 
     @pytest.fixture(autouse=True)
-    def _servers(
-        self, request: pytest.FixtureRequest, postgres_dsn: str, chroma_server_port: int
-    ) -> None:
+    def _servers(self, postgres_dsn: str, chroma_server_port: int) -> None:
         assert os.environ[_CHROMA_PORT_ENV] == str(chroma_server_port)
-        params = getattr(getattr(request.node, "callspec", None), "params", {})
-        for axis, kept in _REPRESENTATIVE.items():
-            if not self.all_cases and axis in params and params[axis] != kept:
-                pytest.skip(f"{axis} {params[axis]!r} runs on Postgres + pgvector (CI time)")
+
+
+# -- the record store contract on PostgreSQL ---------------------------------------------------
+
+
+class TestPostgresStoreContract(StoreContract):
+    """The PostgreSQL record store meets the store contract (a path names a schema)."""
+
+    storages: ClassVar[tuple[str, ...]] = ("disk",)
+
+    @pytest.fixture(autouse=True)
+    def _postgres(self, postgres_dsn: str) -> None:
+        assert os.environ["LLM_MEMORIES_TEST_DSN"]
+
+    def make_store(self, path: Path | None) -> EngineStore:
+        return PostgresRecordStore(
+            os.environ["LLM_MEMORIES_TEST_DSN"], schema=_name_for(path), pool_size=2
+        )
 
 
 # -- every mechanism's contract class, on both networked combinations --------------------------
@@ -170,8 +190,10 @@ CONTRACTS: tuple[type[MechanismContract], ...] = (
     test_contract_dpem.TestDualProcessMemoryContract,
     test_contract_emg.TestEMGContract,
 )
-#: Mechanisms that run every parametrised case on PostgreSQL + Chroma server too.
-ALL_CASES_ON_CHROMA = (
+#: Mechanisms whose crash test runs on the servers too: the plain engine (turns only) and one
+#: that derives records from jobs at session end, so both job claims and turn writes are
+#: killed mid-way on PostgreSQL (the store contract kills its own writers there as well).
+CRASH_ON_SERVERS = (
     test_contract.TestHistoryMemoryContract,
     test_contract_memorybank.TestMemoryBankContract,
 )
@@ -192,7 +214,11 @@ for _contract in CONTRACTS:
         _name = _networked_name(_contract, _combination)
         # Module-level and named: the crash test's child process imports it by name.
         _attrs: dict[str, Any] = {"__module__": __name__, "__qualname__": _name}
-        if _mixin is _OnPostgresAndChroma and _contract not in ALL_CASES_ON_CHROMA:
-            _attrs["all_cases"] = False
+        for _test in NOT_ON_SERVERS:
+            if _test == "test_kill_at_any_point_loses_nothing_acknowledged" and (
+                _contract in CRASH_ON_SERVERS and _mixin is _OnPostgres
+            ):
+                continue
+            _attrs[_test] = None  # not collected
         _cls = type(_name, (_mixin, _contract), _attrs)
         globals()[_name] = _cls
