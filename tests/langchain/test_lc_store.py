@@ -21,7 +21,7 @@ T0 = datetime(2026, 1, 5, 9, 0, tzinfo=timezone.utc)
 
 def make_store(clock: FixedClock | None = None) -> MemoryStore:
     memory = HistoryMemory(embedder=HashingEmbedder(), path=None, clock=clock or FixedClock(T0))
-    return MemoryStore(memory)
+    return MemoryStore(memory, user_label=0)
 
 
 class State(TypedDict):
