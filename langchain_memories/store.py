@@ -40,6 +40,7 @@ from langchain_memories.store_values import (
     value_matches,
 )
 from memories_core.agent_tools import engine_of
+from memories_core.interfaces import Clock
 from memories_core.engine import MAX_K, MemoryEngine
 from memories_core.errors import ConfigurationError, InvalidInputError
 from memories_core.retrieval import KEY_FOR, SEARCH_KEY_KIND
@@ -141,6 +142,7 @@ class MemoryStore(BaseStore):
             (used by :meth:`start_ttl_sweeper`). Expired items are never returned.
         user_label: Position of the user label in a namespace.
         path: Folder of the engine built when ``memory`` is ``None`` (``None``: in memory).
+        clock: Source of "now" of that engine (e.g. a ``FixedClock`` in tests).
 
     Instantiate:
         ```python
@@ -173,6 +175,7 @@ class MemoryStore(BaseStore):
         ttl_config: TTLConfig | None = None,
         user_label: int = 1,
         path: str | Path | None = None,
+        clock: Clock | None = None,
     ) -> None:
         if isinstance(user_label, bool) or not isinstance(user_label, int) or user_label < 0:
             raise ConfigurationError(f"user_label must be an int >= 0, got {user_label!r}")
@@ -187,14 +190,16 @@ class MemoryStore(BaseStore):
                     "index['embed'] is for a store that builds its engine (memory=None); this "
                     "memory's engine embeds with its own embedder"
                 )
-            if path is not None:
-                raise ConfigurationError("give either memory or path, not both")
+            if path is not None or clock is not None:
+                raise ConfigurationError(
+                    "path and clock are for a store that builds its engine (memory=None)"
+                )
             self.engine = engine_of(memory)
             self._owns_engine = False
         else:
             embed = config.get("embed")
             embedder = resolve_embedder(embed, dims) if embed is not None else None
-            self.engine = MemoryEngine(path=path, embedder=embedder)
+            self.engine = MemoryEngine(path=path, embedder=embedder, clock=clock)
             self._owns_engine = True
         dimension = self.engine.embedder.dimension
         if dims is not None and dims != dimension:
