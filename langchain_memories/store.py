@@ -40,9 +40,9 @@ from langchain_memories.store_values import (
     value_matches,
 )
 from memories_core.agent_tools import engine_of
-from memories_core.interfaces import Clock
 from memories_core.engine import MAX_K, MemoryEngine
 from memories_core.errors import ConfigurationError, InvalidInputError
+from memories_core.interfaces import Clock
 from memories_core.retrieval import KEY_FOR, SEARCH_KEY_KIND
 from memories_core.retrieval.keys import key_filter
 from memories_core.retrieval.pipeline import DenseSource, Pipeline

@@ -230,7 +230,7 @@ def resolve_embedder(embed: Any, dims: int | None) -> Embedder:
     if dims is not None and (isinstance(dims, bool) or not isinstance(dims, int) or dims < 1):
         raise ConfigurationError(f"index dims must be a positive int, got {dims!r}")
     if _core_embedder(embed):
-        return embed  # type: ignore[no-any-return]
+        return embed
     if isinstance(embed, str):
         name = embed.strip()
         provider, _, model = name.partition(":")

@@ -116,6 +116,7 @@ class StoreConformance:
 
     # -- put / get / delete
     def test_put_get_round_trip(self, store_factory: StoreFactory) -> None:
+        """A put value comes back from get unchanged, with its key, namespace and times."""
         store = self._make(store_factory)
         value = {"text": "Alice likes Thai food", "n": 3, "tags": ["food"], "x": {"y": None}}
         store.put(_ALICE, "food", value)
@@ -127,6 +128,7 @@ class StoreConformance:
         assert store.get(_BOB, "food") is None
 
     def test_overwrite_replaces_the_value(self, store_factory: StoreFactory) -> None:
+        """A second put of a key replaces the value and keeps one item."""
         store = self._make(store_factory)
         store.put(_ALICE, "k", {"v": 1, "old": True})
         first = store.get(_ALICE, "k")
@@ -138,6 +140,7 @@ class StoreConformance:
         assert [i.key for i in store.search(_ALICE)] == ["k"]
 
     def test_delete(self, store_factory: StoreFactory) -> None:
+        """A deleted item is gone from get and search; deleting a missing key is no error."""
         store = self._make(store_factory)
         store.put(_ALICE, "a", {"text": "gone soon"})
         store.put(_ALICE, "b", {"text": "stays"})
@@ -147,6 +150,7 @@ class StoreConformance:
         store.delete(_ALICE, "never-there")  # deleting a missing key is not an error
 
     def test_large_and_non_finite_numbers_round_trip(self, store_factory: StoreFactory) -> None:
+        """Integers of any size and infinite floats round-trip."""
         store = self._make(store_factory)
         store.put(_ALICE, "n", {"big": 2**80, "neg": -(2**70), "inf": math.inf, "f": 0.1})
         item = store.get(_ALICE, "n")
@@ -155,6 +159,7 @@ class StoreConformance:
         assert item.value["inf"] == math.inf and item.value["f"] == 0.1
 
     def test_unicode_labels_keys_and_values(self, store_factory: StoreFactory) -> None:
+        """Any non-empty label without '.' is accepted, Unicode included."""
         store = self._make(store_factory)
         namespace = ("mémoires", "ユーザー", "a b-c")
         store.put(namespace, "clé/1", {"texte": "café ☕"})
@@ -163,6 +168,7 @@ class StoreConformance:
         assert item.namespace == namespace
 
     def test_invalid_namespaces_raise_value_error(self, store_factory: StoreFactory) -> None:
+        """Namespaces LangGraph rejects raise a ValueError."""
         store = self._make(store_factory)
         for bad in [(), ("a.b", "c"), ("memories", ""), ("langgraph", "x")]:
             with pytest.raises(ValueError):
@@ -170,6 +176,7 @@ class StoreConformance:
 
     # -- namespaces
     def test_namespaces_are_separate(self, store_factory: StoreFactory) -> None:
+        """One key in two namespaces is two items; a prefix covers sub-namespaces."""
         store = self._make(store_factory)
         store.put(_ALICE, "k", {"who": "alice"})
         store.put(_BOB, "k", {"who": "bob"})
@@ -186,12 +193,14 @@ class StoreConformance:
         }
 
     def test_prefix_is_label_wise(self, store_factory: StoreFactory) -> None:
+        """A namespace prefix matches whole labels, never a label's prefix."""
         store = self._make(store_factory)
         store.put(("memories", "al"), "k", {"v": 1})
         store.put(("memories", "alice"), "k", {"v": 2})
         assert [i.value["v"] for i in store.search(("memories", "al"))] == [1]
 
     def test_list_namespaces(self, store_factory: StoreFactory) -> None:
+        """list_namespaces: sorted, prefix, suffix, '*' wildcard, max_depth, limit/offset."""
         store = self._make(store_factory)
         for namespace in [
             ("memories", "alice", "food"),
@@ -222,6 +231,7 @@ class StoreConformance:
 
     # -- search without a query
     def test_search_limit_offset_and_no_score(self, store_factory: StoreFactory) -> None:
+        """A search without a query pages with limit/offset and has no scores."""
         store = self._make(store_factory)
         for i in range(6):
             store.put(_ALICE, f"k{i}", {"n": i})
@@ -240,6 +250,7 @@ class StoreConformance:
         return sorted(i.key for i in store.search(prefix, filter=conditions, limit=50))
 
     def test_filters(self, store_factory: StoreFactory) -> None:
+        """Filters follow InMemoryStore: top-level keys, lists, nested dicts, operators, numbers."""
         store = self._make(store_factory)
         store.put(_ALICE, "a", {"n": 1, "tags": ["x", "y"], "user": {"level": "admin", "id": 7}})
         store.put(_ALICE, "b", {"n": 5, "tags": ["y"], "user": {"level": "guest", "id": 8}})
@@ -275,6 +286,7 @@ class StoreConformance:
         assert self._filtered(store, {"missing": {"$ne": 3}}, other) == ["d"]
 
     def test_unknown_operator_raises(self, store_factory: StoreFactory) -> None:
+        """An unknown filter operator raises a ValueError."""
         store = self._make(store_factory)
         store.put(_ALICE, "a", {"n": 1})
         with pytest.raises(ValueError):
@@ -282,6 +294,7 @@ class StoreConformance:
 
     # -- semantic search
     def test_query_ranks_by_similarity(self, store_factory: StoreFactory) -> None:
+        """A query ranks the prefix's items by similarity, best first; filters apply."""
         store = self._make(store_factory, _index(["text"]))
         texts = {
             "food": "Alice loves spicy Thai curry",
@@ -292,7 +305,7 @@ class StoreConformance:
             store.put(_ALICE, key, {"text": text})
         store.put(_BOB, "food", {"text": "Alice loves spicy Thai curry"})
         hits = store.search(_ALICE, query="Alice loves spicy Thai curry", limit=3)
-        assert [h.key for h in hits][0] == "food"
+        assert hits[0].key == "food"
         assert all(h.namespace == _ALICE for h in hits)
         self._check_scores([h.score for h in hits])
         assert hits[0].score is not None and hits[0].score > 0.99
@@ -302,6 +315,7 @@ class StoreConformance:
         assert [h.key for h in filtered] == ["job"]
 
     def test_query_offset_pages_the_ranking(self, store_factory: StoreFactory) -> None:
+        """offset/limit page the ranking of a query."""
         store = self._make(store_factory, _index(["text"]))
         for i in range(5):
             store.put(_ALICE, f"k{i}", {"text": f"note {i} about the garden " + "x" * i})
@@ -311,6 +325,7 @@ class StoreConformance:
         )
 
     def test_index_fields_and_per_put_index(self, store_factory: StoreFactory) -> None:
+        """Every configured field is indexed (the best counts); a put's list overrides."""
         store = self._make(store_factory, _index(["title", "body"]))
         store.put(_ALICE, "a", {"title": "gardening tips", "body": "water tomatoes at dawn"})
         store.put(_ALICE, "b", {"title": "travel plans", "body": "flight to Osaka in May"})
@@ -327,6 +342,7 @@ class StoreConformance:
         assert best is not None and all(s is None or s < best for s in others)
 
     def test_index_false_is_never_found_by_a_query(self, store_factory: StoreFactory) -> None:
+        """An item put with index=False is never scored by a query, yet is stored."""
         store = self._make(store_factory, _index(["text"]))
         store.put(_ALICE, "secret", {"text": "the vault code is 4711"}, index=False)
         store.put(_ALICE, "open", {"text": "the garden gate is green"})
@@ -340,6 +356,7 @@ class StoreConformance:
         ]
 
     def test_whole_value_is_indexed_by_default(self, store_factory: StoreFactory) -> None:
+        """Without fields the whole value is indexed."""
         store = self._make(store_factory, _index())
         store.put(_ALICE, "a", {"note": "pick up the dry cleaning", "when": "friday"})
         store.put(_ALICE, "b", {"note": "call the plumber about the leak"})
@@ -347,6 +364,7 @@ class StoreConformance:
 
     # -- batch and async
     def test_batch(self, store_factory: StoreFactory) -> None:
+        """Batch returns one result per operation, in order."""
         store = self._make(store_factory)
         results = store.batch(
             [PutOp(_ALICE, "a", {"v": 1}), PutOp(_ALICE, "b", {"v": 2}), PutOp(_BOB, "a", {})]
@@ -367,6 +385,7 @@ class StoreConformance:
         assert bob is not None and bob.value == {}  # type: ignore[union-attr]
 
     def test_async_twins(self, store_factory: StoreFactory) -> None:
+        """The async methods do what the sync ones do."""
         store = self._make(store_factory, _index(["text"]))
 
         async def run() -> None:
@@ -395,6 +414,7 @@ class StoreConformance:
         return store, advance
 
     def test_ttl_expires_items(self, store_factory: StoreFactory) -> None:
+        """An item with a TTL is gone once it expires; others stay."""
         store, advance = self._ttl_store(store_factory)
         store.put(_ALICE, "otp", {"code": "123"}, ttl=10)
         store.put(_ALICE, "keep", {"code": "456"})
@@ -406,6 +426,7 @@ class StoreConformance:
         assert store.get(_ALICE, "keep") is not None
 
     def test_ttl_refresh_on_read(self, store_factory: StoreFactory) -> None:
+        """A read with refresh_ttl extends the TTL; one without does not."""
         store, advance = self._ttl_store(store_factory)
         store.put(_ALICE, "a", {"v": 1}, ttl=10)
         store.put(_ALICE, "b", {"v": 2}, ttl=10)
@@ -420,6 +441,7 @@ class StoreConformance:
         assert store.get(_ALICE, "a") is not None
 
     def test_ttl_config_default_and_no_refresh(self, store_factory: StoreFactory) -> None:
+        """ttl_config's default_ttl applies; refresh_on_read=False reads do not extend."""
         store, advance = self._ttl_store(
             store_factory, {"default_ttl": 10, "refresh_on_read": False}
         )
