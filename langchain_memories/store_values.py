@@ -219,7 +219,8 @@ def resolve_embedder(embed: Any, dims: int | None) -> Embedder:
     deterministic hashing embedder), ``"minilm"`` (the bundled all-MiniLM-L6-v2) and
     ``"sentence-transformers:<model>"`` (a locally available model); any other string goes to
     LangChain's ``init_embeddings`` (``"openai:text-embedding-3-small"``) and needs that
-    provider's package.
+    provider's package. The vector length is probed with one embedding, so that the
+    store can reject an index ``dims`` unlike it.
 
     Raises:
         ConfigurationError: on an unusable ``embed`` or ``dims``.
@@ -248,16 +249,14 @@ def resolve_embedder(embed: Any, dims: int | None) -> Embedder:
             embeddings = ensure_embeddings(name)
         except Exception as exc:  # any provider failure is a configuration error
             raise ConfigurationError(f"cannot load embeddings {embed!r}: {exc}") from exc
-        return LangChainEmbedder(embeddings, name=name, dimension=dims)
+        return LangChainEmbedder(embeddings, name=name)
     if isinstance(embed, Embeddings):
-        return LangChainEmbedder(embed, dimension=dims)
+        return LangChainEmbedder(embed)
     if callable(embed):
         label = getattr(embed, "__qualname__", type(embed).__name__)
         module = getattr(embed, "__module__", "") or ""
         func: Callable[..., Any] = embed
-        return LangChainEmbedder(
-            ensure_embeddings(func), name=f"callable:{module}.{label}", dimension=dims
-        )
+        return LangChainEmbedder(ensure_embeddings(func), name=f"callable:{module}.{label}")
     raise ConfigurationError(
         "index embed must be an Embeddings, a function, a provider string or a core embedder, "
         f"got {type(embed).__name__}"

@@ -27,7 +27,10 @@ T0 = datetime(2026, 1, 5, 9, 0, tzinfo=timezone.utc)
 
 
 def _advance(clock: FixedClock) -> Callable[[float], None]:
-    return lambda minutes: clock.advance(timedelta(minutes=minutes))
+    def advance(minutes: float) -> None:
+        clock.advance(timedelta(minutes=minutes))
+
+    return advance
 
 
 def _with_embed(index: IndexConfig | None) -> dict[str, Any]:
