@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
@@ -12,7 +13,7 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from lc_fakes import chat_model, history_memory
 
 from langchain_memories import create_memory_tools
-from memories_core import HistoryMemory, MemoChatMemory, MissingUserError, Scope, Turn
+from memories_core import ChatMessage, HistoryMemory, MemoChatMemory, MissingUserError, Scope, Turn
 from memories_core.embedders import HashingEmbedder
 from memories_core.llms import ScriptedLLM
 from memories_core.prompts.memochat import rule_following_reply
@@ -150,7 +151,7 @@ def test_a_run_without_a_user_gets_a_tool_error_not_an_exception() -> None:
 def _memochat_that_chooses_none() -> MemoChatMemory:
     """MemoChat whose model writes memos by the rules but answers every memo choice NOTO."""
 
-    def reply(messages: list[Any]) -> str:
+    def reply(messages: Sequence[ChatMessage]) -> str:
         text = messages[-1].content
         noto = re.search(r"\((\d+)\) NOTO\.", text)
         if "Topic options" in text and noto:
