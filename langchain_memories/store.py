@@ -303,21 +303,24 @@ class MemoryStore(BaseStore):
 
     def _put_many(self, ops: Sequence[PutOp]) -> None:
         """Apply puts and deletes, one engine transaction per user (the last op of a key wins)."""
-        latest: dict[tuple[tuple[str, ...], str], PutOp] = {}
+        latest: dict[tuple[tuple[str, ...], str], tuple[PutOp, str]] = {}
+        encoded: dict[int, tuple[dict[str, Any], str]] = {}
         for op in ops:
-            self._owner(op.namespace)  # validate every op before writing any
+            owner = self._owner(op.namespace)  # validate every op before writing any
             if not isinstance(op.key, str):
                 raise InvalidInputError(f"a store key is a str, got {type(op.key).__name__}")
             if op.value is not None:
-                to_json_value(op.value)
-            latest[(op.namespace, op.key)] = op
+                encoded[id(op)] = to_json_value(op.value)
+            latest[(op.namespace, op.key)] = (op, owner)
         by_user: dict[str, list[PutOp]] = defaultdict(list)
-        for op in latest.values():
-            by_user[self._owner(op.namespace)].append(op)
+        for op, owner in latest.values():
+            by_user[owner].append(op)
         for user, user_ops in by_user.items():
-            self._put_user(user, user_ops)
+            self._put_user(user, user_ops, encoded)
 
-    def _put_user(self, user: str, ops: Sequence[PutOp]) -> None:
+    def _put_user(
+        self, user: str, ops: Sequence[PutOp], encoded: Mapping[int, tuple[dict[str, Any], str]]
+    ) -> None:
         deleted = [_record_id(op.namespace, op.key) for op in ops if op.value is None]
         if deleted:
             self.engine.delete_records(user, deleted, reason="store delete")
@@ -337,8 +340,7 @@ class MemoryStore(BaseStore):
         records: list[MemoryRecord] = []
         state: dict[str, dict[str, Any]] = {}
         for op, rid in zip(puts, ids, strict=True):
-            assert op.value is not None
-            value, text = to_json_value(op.value)
+            value, text = encoded[id(op)]
             fields = (
                 []
                 if op.index is False
@@ -389,19 +391,24 @@ class MemoryStore(BaseStore):
             emit_memory_event("memory_saved", {"user_id": user, "record_id": rid, "key": op.key})
 
     def _ranked(
-        self, user: str, op: SearchOp, where: dict[str, Any], wanted: int
+        self, user: str, op: SearchOp, wanted: int
     ) -> list[tuple[MemoryRecord, float | None]]:
-        """``user``'s items ranked for the query, filtered, at least ``wanted`` if there are."""
+        """``user``'s items ranked for the query, filtered, at least ``wanted`` if there are.
+
+        The namespace prefix and the value filter are applied to the ranking, not inside the
+        index: a user's items usually share one namespace, and an index-side filter costs a
+        metadata test per candidate; a selective prefix or filter reads deeper instead.
+        """
         assert op.query is not None
+        prefix = tuple(op.namespace_prefix)
         k = min(MAX_K, max(1, wanted))
         while True:
-            hits = self.engine.search(
-                op.query, user, k=k, kinds=[STORE_KIND], where=where or None, pipeline=_DENSE
-            )
+            hits = self.engine.search(op.query, user, k=k, kinds=[STORE_KIND], pipeline=_DENSE)
             kept = [
                 (h.record, finite_or_none(h.score))
                 for h in hits
-                if value_matches(json.loads(h.record.metadata[_VALUE]), op.filter)
+                if self._namespace(h.record)[: len(prefix)] == prefix
+                and value_matches(json.loads(h.record.metadata[_VALUE]), op.filter)
             ]
             if len(kept) >= wanted or len(hits) < k or k >= MAX_K:
                 return kept
@@ -418,7 +425,7 @@ class MemoryStore(BaseStore):
         hits: list[tuple[MemoryRecord, float | None]] = []
         for user in self._owners(prefix):
             if op.query and op.query.strip():
-                hits += self._ranked(user, op, where, wanted)
+                hits += self._ranked(user, op, wanted)
             else:
                 listed = self.engine.records(user, where={"kind": {"$in": _KINDS}, **where})
                 hits += [
