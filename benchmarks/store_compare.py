@@ -42,8 +42,8 @@ from langgraph.store.base import BaseStore, PutOp
 from langgraph.store.memory import InMemoryStore
 from machine_info import command_line, machine
 
-from langchain_memories import MemoryStore
-from memories_core.testing_store import HashingEmbeddings
+from langchain_memories import CoreEmbeddings, MemoryStore
+from memories_core.embedders import HashingEmbedder
 
 DEFAULT_OUT = Path(__file__).parent / "out" / "store_compare"
 NAMESPACE = ("memories", "alice")
@@ -107,7 +107,9 @@ def memory_store(path: Path | None) -> Iterator[BaseStore]:
 @contextmanager
 def in_memory_store() -> Iterator[BaseStore]:
     """LangGraph's InMemoryStore."""
-    yield InMemoryStore(index={"dims": DIMS, "embed": HashingEmbeddings(DIMS), "fields": ["text"]})
+    yield InMemoryStore(
+        index={"dims": DIMS, "embed": CoreEmbeddings(HashingEmbedder(DIMS)), "fields": ["text"]}
+    )
 
 
 @contextmanager
@@ -116,7 +118,8 @@ def postgres_store(dsn: str) -> Iterator[BaseStore]:
     from langgraph.store.postgres import PostgresStore  # type: ignore[import-not-found]
 
     with PostgresStore.from_conn_string(
-        dsn, index={"dims": DIMS, "embed": HashingEmbeddings(DIMS), "fields": ["text"]}
+        dsn,
+        index={"dims": DIMS, "embed": CoreEmbeddings(HashingEmbedder(DIMS)), "fields": ["text"]},
     ) as store:
         store.setup()
         yield store

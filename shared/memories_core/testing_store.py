@@ -13,7 +13,9 @@ open. Options a store may lack are class attributes: :attr:`StoreConformance.bou
 (scores are similarities in ``[0, 1]``) and TTL (run when the store's ``supports_ttl`` is
 true and the factory can move its clock).
 
-It needs the ``langchain`` extra (LangGraph).
+It needs the ``langchain`` extra: LangGraph's operation types are imported where a test uses
+them, so that importing the core never imports a framework. Stores are typed ``Any`` here
+for the same reason.
 
 Usage:
 
@@ -37,17 +39,23 @@ Usage:
 from __future__ import annotations
 
 import asyncio
+import importlib
 import math
 from collections.abc import Callable
 from typing import Any, ClassVar
 
 import pytest
-from langchain_core.embeddings import Embeddings
-from langgraph.store.base import BaseStore, GetOp, IndexConfig, PutOp, SearchOp, TTLConfig
 
 from memories_core.embedders import HashingEmbedder
+from memories_core.errors import MissingExtraError
 
-__all__ = ["DIMS", "HashingEmbeddings", "StoreConformance", "StoreFactory"]
+__all__ = ["DIMS", "StoreConformance", "StoreFactory", "hashing_embed"]
+
+#: A LangGraph ``BaseStore`` (typed loosely: the core does not import LangGraph).
+BaseStore = Any
+#: LangGraph's ``IndexConfig`` and ``TTLConfig`` (dicts).
+IndexConfig = dict[str, Any]
+TTLConfig = dict[str, Any]
 
 #: Vector length of the suite's embeddings.
 DIMS = 64
@@ -60,23 +68,27 @@ StoreFactory = Callable[
 ]
 
 
-class HashingEmbeddings(Embeddings):
-    """Deterministic LangChain embeddings (the package's hashing embedder), no model."""
+_EMBEDDER = HashingEmbedder(DIMS)
 
-    def __init__(self, dims: int = DIMS) -> None:
-        self._embedder = HashingEmbedder(dims)
 
-    def embed_documents(self, texts: list[str]) -> list[list[float]]:
-        """Embed texts."""
-        return [[float(x) for x in row] for row in self._embedder.embed_documents(texts)]
+def hashing_embed(texts: list[str]) -> list[list[float]]:
+    """Deterministic embeddings (the package's hashing embedder, :data:`DIMS` long), no model.
 
-    def embed_query(self, text: str) -> list[float]:
-        """Embed a query."""
-        return [float(x) for x in self._embedder.embed_query(text)]
+    An embedding function as LangGraph's ``index={"embed": ...}`` takes it.
+    """
+    return [[float(x) for x in row] for row in _EMBEDDER.embed_documents(list(texts))]
+
+
+def _ops() -> Any:
+    """LangGraph's store module (its operation types), imported where a test needs it."""
+    try:
+        return importlib.import_module("langgraph.store.base")
+    except ImportError as exc:
+        raise MissingExtraError("langgraph", "langchain") from exc
 
 
 def _index(fields: list[str] | None = None) -> IndexConfig:
-    config: IndexConfig = {"dims": DIMS, "embed": HashingEmbeddings()}
+    config: IndexConfig = {"dims": DIMS, "embed": hashing_embed}
     if fields is not None:
         config["fields"] = fields
     return config
@@ -365,6 +377,8 @@ class StoreConformance:
     # -- batch and async
     def test_batch(self, store_factory: StoreFactory) -> None:
         """Batch returns one result per operation, in order."""
+        ops = _ops()
+        GetOp, PutOp, SearchOp = ops.GetOp, ops.PutOp, ops.SearchOp
         store = self._make(store_factory)
         results = store.batch(
             [PutOp(_ALICE, "a", {"v": 1}), PutOp(_ALICE, "b", {"v": 2}), PutOp(_BOB, "a", {})]
@@ -379,10 +393,10 @@ class StoreConformance:
             ]
         )
         first, missing, found, bob = got
-        assert first is not None and first.value == {"v": 1}  # type: ignore[union-attr]
+        assert first is not None and first.value == {"v": 1}
         assert missing is None
-        assert [i.key for i in found] == ["b"]  # type: ignore[union-attr]
-        assert bob is not None and bob.value == {}  # type: ignore[union-attr]
+        assert [i.key for i in found] == ["b"]
+        assert bob is not None and bob.value == {}
 
     def test_async_twins(self, store_factory: StoreFactory) -> None:
         """The async methods do what the sync ones do."""
@@ -398,9 +412,10 @@ class StoreConformance:
             assert await store.alist_namespaces() == [_ALICE]
             await store.adelete(_ALICE, "a")
             assert await store.aget(_ALICE, "a") is None
-            results = await store.abatch([GetOp(_ALICE, "b"), SearchOp(_ALICE)])
+            ops = _ops()
+            results = await store.abatch([ops.GetOp(_ALICE, "b"), ops.SearchOp(_ALICE)])
             assert results[0] is not None
-            assert [i.key for i in results[1]] == ["b"]  # type: ignore[union-attr]
+            assert [i.key for i in results[1]] == ["b"]
 
         asyncio.run(run())
 

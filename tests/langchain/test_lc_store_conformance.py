@@ -11,17 +11,17 @@ import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
-from langgraph.store.base import BaseStore, IndexConfig, TTLConfig
+from langgraph.store.base import BaseStore, TTLConfig
 from langgraph.store.memory import InMemoryStore
 
 from langchain_memories import MemoryStore
 from memories_core import FixedClock
 from memories_core.embedders import HashingEmbedder
 from memories_core.engine import MemoryEngine
-from memories_core.testing_store import DIMS, HashingEmbeddings, StoreConformance, StoreFactory
+from memories_core.testing_store import DIMS, StoreConformance, StoreFactory, hashing_embed
 
 T0 = datetime(2026, 1, 5, 9, 0, tzinfo=timezone.utc)
 
@@ -33,10 +33,10 @@ def _advance(clock: FixedClock) -> Callable[[float], None]:
     return advance
 
 
-def _with_embed(index: IndexConfig | None) -> dict[str, Any]:
+def _with_embed(index: dict[str, Any] | None) -> dict[str, Any]:
     # MemoryStore always has a vector index: without an index configuration it embeds the
     # whole value, here with the suite's embeddings.
-    return dict(index) if index else {"dims": DIMS, "embed": HashingEmbeddings()}
+    return dict(index) if index else {"dims": DIMS, "embed": hashing_embed}
 
 
 class TestInMemoryStoreControl(StoreConformance):
@@ -45,9 +45,9 @@ class TestInMemoryStoreControl(StoreConformance):
     @pytest.fixture
     def store_factory(self) -> StoreFactory:
         def make(
-            index: IndexConfig | None, ttl_config: TTLConfig | None
+            index: dict[str, Any] | None, ttl_config: dict[str, Any] | None
         ) -> tuple[BaseStore, Callable[[float], None] | None]:
-            return InMemoryStore(index=index), None
+            return InMemoryStore(index=cast(Any, index)), None
 
         return make
 
@@ -70,12 +70,12 @@ class TestMemoryStoreEmbedded(StoreConformance, _Closing):
     @pytest.fixture
     def store_factory(self, tmp_path: Path, opened: list[MemoryStore]) -> StoreFactory:
         def make(
-            index: IndexConfig | None, ttl_config: TTLConfig | None
+            index: dict[str, Any] | None, ttl_config: dict[str, Any] | None
         ) -> tuple[BaseStore, Callable[[float], None] | None]:
             clock = FixedClock(T0)
             store = MemoryStore(
                 index=_with_embed(index),
-                ttl_config=ttl_config,
+                ttl_config=cast(TTLConfig | None, ttl_config),
                 path=tmp_path / uuid.uuid4().hex,
                 clock=clock,
             )
@@ -93,12 +93,12 @@ class TestMemoryStoreInMemory(StoreConformance, _Closing):
     @pytest.fixture
     def store_factory(self, opened: list[MemoryStore]) -> StoreFactory:
         def make(
-            index: IndexConfig | None, ttl_config: TTLConfig | None
+            index: dict[str, Any] | None, ttl_config: dict[str, Any] | None
         ) -> tuple[BaseStore, Callable[[float], None] | None]:
             clock = FixedClock(T0)
             engine = MemoryEngine(embedder=HashingEmbedder(DIMS), clock=clock)
             config = {k: v for k, v in _with_embed(index).items() if k != "embed"}
-            store = MemoryStore(engine, index=config, ttl_config=ttl_config)
+            store = MemoryStore(engine, index=config, ttl_config=cast(TTLConfig | None, ttl_config))
             opened.append(store)
             return store, _advance(clock)
 
@@ -116,7 +116,7 @@ class TestMemoryStorePostgres(StoreConformance, _Closing):
         from memories_core.backends import postgres_storage
 
         def make(
-            index: IndexConfig | None, ttl_config: TTLConfig | None
+            index: dict[str, Any] | None, ttl_config: dict[str, Any] | None
         ) -> tuple[BaseStore, Callable[[float], None] | None]:
             clock = FixedClock(T0)
             parts = postgres_storage(
@@ -127,7 +127,7 @@ class TestMemoryStorePostgres(StoreConformance, _Closing):
             )
             engine = MemoryEngine(**parts, embedder=HashingEmbedder(DIMS), clock=clock)
             config = {k: v for k, v in _with_embed(index).items() if k != "embed"}
-            store = MemoryStore(engine, index=config, ttl_config=ttl_config)
+            store = MemoryStore(engine, index=config, ttl_config=cast(TTLConfig | None, ttl_config))
             opened.append(store)
             return store, _advance(clock)
 
