@@ -87,8 +87,9 @@ def create_memory_tools(memory: Any, *, user_id: str | None = None, k: int = 5) 
         Four ``StructuredTool``s with typed argument schemas (sync and async).
 
     Raises:
-        MissingUserError: at construction on an empty ``user_id``; at run time (as a tool
-            error) when no user is fixed nor given by the run.
+        MissingUserError: at construction on an empty ``user_id``. At run time a missing
+            user is not raised: the tool returns the error message (an agent's
+            ``ToolMessage`` with ``status="error"``) and changes nothing.
     """
     if user_id is not None:
         Scope(user_id)  # reject an empty user id up front
@@ -107,7 +108,8 @@ def create_memory_tools(memory: Any, *, user_id: str | None = None, k: int = 5) 
         def call(**kwargs: Any) -> str:
             try:
                 return run(user(), **kwargs)
-            except ToolInputError as exc:
+            except (ToolInputError, MissingUserError) as exc:
+                # Both are the model's or the run's input: the agent gets a tool error.
                 raise ToolException(str(exc)) from exc
 
         return call
@@ -141,7 +143,7 @@ def create_memory_tools(memory: Any, *, user_id: str | None = None, k: int = 5) 
         (
             "search_memory",
             "Search the user's long-term memories; returns one JSON object per memory "
-            "(id, text, kind, created_at, score).",
+            "(id, text, kind, created_at, score from 0 to 1).",
             SearchMemoryInput,
             search,
         ),

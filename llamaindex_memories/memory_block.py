@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from llama_index.core.async_utils import asyncio_run
@@ -42,6 +42,18 @@ def messages_to_turns(messages: Sequence[ChatMessage]) -> list[Turn]:
         if role is not None and text and text.strip():
             turns.append(Turn(role, text))
     return turns
+
+
+def _token_counter() -> Callable[[str], int]:
+    """LlamaIndex's global tokenizer as a counter; ``len // 4`` if it cannot be loaded."""
+    try:
+        from llama_index.core.utils import get_tokenizer
+
+        tokenize = get_tokenizer()
+        tokenize("probe")
+    except Exception:  # an encoding that is not cached offline: estimate instead
+        return lambda text: (len(text) + 3) // 4
+    return lambda text: len(tokenize(text))
 
 
 def _latest_user_text(messages: Sequence[ChatMessage]) -> str | None:
@@ -130,6 +142,36 @@ class MemoryBlock(BaseMemoryBlock[str]):
         recall = await self.memory.arecall(query, scope, k=self.k)
         recall_event(self.memory, scope.user_id, query, recall)
         return recall.context
+
+    async def atruncate(self, content: str, tokens_to_truncate: int) -> str | None:
+        """Shorten the recalled context by about ``tokens_to_truncate`` tokens.
+
+        ``Memory`` calls this when its blocks and chat history exceed ``token_limit`` (for
+        blocks with ``priority`` above 0). The context lists the recalled records best first,
+        so whole lines are dropped from the end, the least relevant first, and the last line
+        left is cut word by word only if it alone is still over budget. Tokens are counted
+        with LlamaIndex's global tokenizer (``Memory``'s default), or as a quarter of the
+        characters when it cannot be loaded.
+
+        Returns:
+            The shortened context, or ``None`` when nothing of it fits.
+        """
+        if tokens_to_truncate <= 0:
+            return content
+        count = _token_counter()
+        budget = count(content) - tokens_to_truncate
+        if budget <= 0:
+            return None
+        lines = content.splitlines()
+        while len(lines) > 1 and count("\n".join(lines)) > budget:
+            lines.pop()
+        words = lines[0].split(" ") if lines else []
+        if len(lines) == 1:
+            while words and count(" ".join(words)) > budget:
+                words.pop()
+            lines = [" ".join(words)] if words else []
+        text = "\n".join(lines).strip()
+        return text or None
 
     async def _aput(self, messages: list[ChatMessage]) -> None:
         # Memory.aput tags flushed messages with its session id; use it unless one is set.

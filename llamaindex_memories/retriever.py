@@ -14,9 +14,12 @@ from memories_core.types import Recall, Scope, ScoredRecord
 
 __all__ = ["MemoryRetriever"]
 
-#: Bookkeeping metadata keys kept on each node but hidden from the LLM and the embedder.
+#: Bookkeeping metadata keys kept on each node but hidden from the LLM and the embedder:
+#: the library's (``ScoredRecord.to_metadata``) and those the engine writes on turns.
 _HIDDEN_KEYS = [
     "record_id",
+    "kind",
+    "created_at",
     "user_id",
     "session_id",
     "source_ids",
@@ -26,6 +29,9 @@ _HIDDEN_KEYS = [
     "recall_count",
     "last_recalled_at",
     "valid_until",
+    "role",
+    "speaker",
+    "batch_id",
 ]
 
 
@@ -34,7 +40,9 @@ def record_to_node(hit: ScoredRecord) -> NodeWithScore:
 
     Metadata: :meth:`~memories_core.types.ScoredRecord.to_metadata` (the record's own, then
     ``record_id``, ``kind``, ``score``, timestamps, state), the same keys as LangChain
-    documents; bookkeeping keys are hidden from the LLM and the embedder. The node's score is
+    documents. Bookkeeping keys (ids, kind, times, state, a turn's role, speaker and batch)
+    are hidden from the LLM and the embedder, so the text an LLM reads is the record's text
+    plus only the metadata the application gave it. The node's score is
     the record's ``relevance`` (its score mapped into ``[0, 1]``), since LlamaIndex treats
     node scores as similarities (e.g. ``SimilarityPostprocessor``'s cutoff).
     """

@@ -13,7 +13,12 @@ Rules every adapter keeps:
   :class:`ToolInputError` with a message meant for the model, and nothing changes; another
   user's id is reported exactly like an unknown one (existence is not revealed);
 * an update keeps the old text in the update history (``engine.history``), a forget is a
-  deletion with its reason in the history.
+  deletion with its reason in the history;
+* a search is the mechanism's own ``recall`` (MemoChat's memo choice, EMG's policy, a
+  MemoryBank's reinforcement all apply) plus the memories the agent saved through the tools,
+  merged by relevance, ``k`` results at most; given a bare engine, the engine's search.
+  Each hit's ``score`` is a similarity in ``[0, 1]``
+  (:attr:`~memories_core.types.ScoredRecord.relevance`), ``fused_score`` the pipeline's own.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from memories_core.errors import InvalidInputError
-from memories_core.types import MemoryRecord, check_user_id, new_id
+from memories_core.types import MemoryRecord, Scope, ScoredRecord, check_user_id, new_id
 
 if TYPE_CHECKING:
     from memories_core.engine import MemoryEngine
@@ -76,6 +81,7 @@ class MemoryToolbox:
 
     def __init__(self, memory: Any, *, k: int = 5, kinds: tuple[str, ...] | None = None) -> None:
         self.engine = engine_of(memory)
+        self.memory = memory
         self.k = k
         self.kinds = kinds
 
@@ -107,8 +113,26 @@ class MemoryToolbox:
         self.engine.add_records([record])
         return record
 
+    def _hits(self, user_id: str, query: str, k: int) -> list[ScoredRecord]:
+        recall = getattr(self.memory, "recall", None)
+        if not callable(recall) or self.memory is self.engine:
+            return self.engine.search(query, user_id, k=k, kinds=self.kinds)
+        found = list(recall(query, Scope(user_id), k=k).records)
+        # What the agent saved itself (kind AGENT_KIND) is the tools' own memory, which a
+        # mechanism's recall may not cover (HistoryMemory recalls turns): search it too.
+        if self.kinds is None or AGENT_KIND in self.kinds:
+            found += self.engine.search(query, user_id, k=k, kinds=[AGENT_KIND])
+        best: dict[str, ScoredRecord] = {}
+        for hit in sorted(found, key=lambda h: -h.relevance):
+            if self.kinds is None or hit.record.kind in self.kinds:
+                best.setdefault(hit.record.id, hit)
+        return list(best.values())[:k]
+
     def search(self, user_id: str, query: Any, *, k: int | None = None) -> list[dict[str, Any]]:
-        """The user's memories most relevant to ``query``: id, text, kind, date, score.
+        """The user's memories for ``query`` as the mechanism recalls them, best first.
+
+        Each hit: ``id``, ``text``, ``kind``, ``created_at``, ``score`` (in ``[0, 1]``) and
+        ``fused_score`` (the retrieval pipeline's unbounded score).
 
         Raises:
             ToolInputError: on an empty query or a bad ``k``.
@@ -118,14 +142,15 @@ class MemoryToolbox:
         wanted = self.k if k is None else k
         if isinstance(wanted, bool) or not isinstance(wanted, int) or not 1 <= wanted <= 50:
             raise ToolInputError("k must be a whole number from 1 to 50")
-        hits = self.engine.search(query, check_user_id(user_id), k=wanted, kinds=self.kinds)
+        hits = self._hits(check_user_id(user_id), query, wanted)
         return [
             {
                 "id": hit.record.id,
                 "text": hit.record.text,
                 "kind": hit.record.kind,
                 "created_at": hit.record.created_at.isoformat(),
-                "score": round(hit.score, 4),
+                "score": round(hit.relevance, 4),
+                "fused_score": round(hit.score, 4),
             }
             for hit in hits
         ]

@@ -13,7 +13,8 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.store.base import BaseStore, PutOp
 
 from langchain_memories import MemoryStore
-from memories_core import FixedClock, HistoryMemory, InvalidInputError
+from langchain_memories.store import SHARED_USER_ID
+from memories_core import ConfigurationError, FixedClock, HistoryMemory, InvalidInputError
 from memories_core.embedders import HashingEmbedder
 
 T0 = datetime(2026, 1, 5, 9, 0, tzinfo=timezone.utc)
@@ -21,7 +22,7 @@ T0 = datetime(2026, 1, 5, 9, 0, tzinfo=timezone.utc)
 
 def make_store(clock: FixedClock | None = None) -> MemoryStore:
     memory = HistoryMemory(embedder=HashingEmbedder(), path=None, clock=clock or FixedClock(T0))
-    return MemoryStore(memory)
+    return MemoryStore(memory, user_label=0)
 
 
 class State(TypedDict):
@@ -146,28 +147,177 @@ async def test_async_operations() -> None:
     assert await store.alist_namespaces() == [("alice", "a")]
 
 
-def test_langmem_tools_run_on_the_store() -> None:
+def test_langmem_agent_with_its_default_namespace_writes_the_users_memory(tmp_path: Any) -> None:
+    """LangMem's tools in a create_agent graph: items land in the user's own memory file."""
     langmem = pytest.importorskip("langmem")
+    from langchain.agents import create_agent
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+    from lc_fakes import chat_model
+
+    from memories_core.portable import export_user
+
+    store = MemoryStore(HistoryMemory(embedder=HashingEmbedder(), path=None, clock=FixedClock(T0)))
+    layout = ("memories", "{langgraph_user_id}")  # the namespace of LangMem's documentation
+    tools = [
+        langmem.create_manage_memory_tool(namespace=layout),
+        langmem.create_search_memory_tool(namespace=layout),
+    ]
+
+    def call(name: str, args: dict[str, Any], cid: str) -> AIMessage:
+        return AIMessage("", tool_calls=[{"name": name, "args": args, "id": cid}])
+
+    def run(user: str, *replies: AIMessage | str) -> list[str]:
+        agent = create_agent(model=chat_model(*replies), tools=tools, store=store)
+        state = agent.invoke(
+            {"messages": [HumanMessage("hi")]},
+            {"configurable": {"langgraph_user_id": user}},
+        )
+        return [m.text for m in state["messages"] if isinstance(m, ToolMessage)]
+
+    run(
+        "alice",
+        call("manage_memory", {"content": "Alice prefers window seats", "action": "create"}, "1"),
+        "noted",
+    )
+    run(
+        "bob", call("manage_memory", {"content": "Bob likes aisles", "action": "create"}, "1"), "ok"
+    )
+    found = run("alice", call("search_memory", {"query": "window seats"}, "1"), "done")
+    assert "window seats" in found[0] and "aisles" not in found[0]
+    # LangMem's namespace is ("memories", user): the user label is the second one.
+    assert sorted(store.engine.users()) == ["alice", "bob"]
+    (item,) = store.search(("memories", "alice"))
+    assert "window seats" in str(item.value)
+    archive = export_user(store.engine, "alice", tmp_path / "alice.zip")
+    import zipfile
+
+    with zipfile.ZipFile(archive) as zf:
+        dumped = "".join(zf.read(n).decode("utf-8", "replace") for n in zf.namelist())
+    assert "window seats" in dumped and "aisles" not in dumped
+    store.engine.delete_user("alice")
+    assert store.search(("memories", "alice")) == []
+    assert [i.value for i in store.search(("memories", "bob"))] != []
+
+
+def test_values_are_stored_as_json() -> None:
+    import dataclasses
+    import enum
+    import uuid as uuid_module
+
+    class Color(enum.Enum):
+        RED = "red"
+
+    @dataclasses.dataclass
+    class Point:
+        x: int
+
     store = make_store()
-    manage = langmem.create_manage_memory_tool(namespace=("{langgraph_user_id}", "memories"))
-    search = langmem.create_search_memory_tool(namespace=("{langgraph_user_id}", "memories"))
-    graph_input: dict[str, Any] = {}
+    ident = uuid_module.UUID(int=7)
+    store.put(
+        ("alice", "v"),
+        "k",
+        {"when": T0, "id": ident, "color": Color.RED, "tags": {"b"}, "p": Point(1), "t": (1, 2)},
+    )
+    item = store.get(("alice", "v"), "k")
+    assert item is not None
+    assert item.value == {
+        "when": T0.isoformat(),
+        "id": str(ident),
+        "color": "red",
+        "tags": ["b"],
+        "p": {"x": 1},
+        "t": [1, 2],
+    }
+    with pytest.raises(InvalidInputError):
+        store.put(("alice", "v"), "bad", {"blob": object()})
+    with pytest.raises(InvalidInputError):
+        store.batch(
+            [PutOp(("alice", "v"), "ok", {"a": 1}), PutOp(("alice", "v"), "x", {"b": b"1"})]
+        )
+    # Validation comes before any write: the good op of the failed batch was not applied.
+    assert store.get(("alice", "v"), "ok") is None
 
-    class S(TypedDict):
-        out: str
 
-    def node(state: S, config: RunnableConfig) -> dict[str, str]:
-        manage.invoke({"content": "Alice prefers window seats", "action": "create"})
-        found = search.invoke({"query": "seats"})
-        graph_input["found"] = found
-        return {"out": "done"}
+def test_filters_raise_only_where_langgraph_does() -> None:
+    store = make_store()
+    store.put(("alice", "f"), "a", {"n": 1, "s": "abc"})
+    store.put(("alice", "f"), "b", {"m": 2})
+    # A missing field never matches an order operator (no error).
+    assert [i.key for i in store.search(("alice",), filter={"n": {"$gte": 1}})] == ["a"]
+    with pytest.raises(InvalidInputError):
+        store.search(("alice",), filter={"s": {"$gt": 1}})  # text that is not a number
+    with pytest.raises(InvalidInputError):
+        store.search(("alice",), filter={"n": {"$in": [1]}})
 
-    builder = StateGraph(S)
-    builder.add_node("node", node)
-    builder.add_edge(START, "node")
-    graph = builder.compile(store=store)
-    graph.invoke({"out": ""}, {"configurable": {"langgraph_user_id": "alice"}})
-    assert "window seats" in str(graph_input["found"])
-    items = store.search(("alice", "memories"))
-    assert len(items) == 1 and "window seats" in str(items[0].value)
-    assert store.search(("bob",)) == []
+
+def test_user_label_position_and_shared_namespaces() -> None:
+    store = MemoryStore(HistoryMemory(embedder=HashingEmbedder(), path=None, clock=FixedClock(T0)))
+    store.put(("users", "alice", "prefs"), "k", {"v": 1})
+    store.put(("docs",), "k", {"v": 2})
+    assert store.engine.users() == sorted(["alice", SHARED_USER_ID])
+    assert store.list_namespaces() == [("docs",), ("users", "alice", "prefs")]
+    assert [i.value for i in store.search(("docs",))] == [{"v": 2}]
+    with pytest.raises(InvalidInputError):
+        store.put(("users", " "), "k", {"v": 1})  # the user label must be a user id
+    with pytest.raises(ConfigurationError):
+        MemoryStore(store.engine, user_label=-1)
+
+
+def test_index_configuration_arguments() -> None:
+    store = MemoryStore(index={"embed": "hashing:32", "fields": ["text"]}, clock=FixedClock(T0))
+    assert store.index_config["dims"] == 32 and store.index_config["fields"] == ["text"]
+    store.put(("memories", "alice"), "a", {"text": "tea with lemon"})
+    assert store.search(("memories", "alice"), query="lemon tea")[0].key == "a"
+    store.close()
+
+    calls: list[int] = []
+
+    def embed(texts: list[str]) -> list[list[float]]:
+        calls.append(len(texts))
+        return [[float(len(t)), 1.0, 0.0] for t in texts]
+
+    by_function = MemoryStore(index={"embed": embed, "dims": 3})
+    by_function.put(("memories", "alice"), "a", {"text": "x"})
+    assert calls and by_function.index_config["dims"] == 3
+    by_function.close()
+    with pytest.raises(ConfigurationError):
+        MemoryStore(index={"embed": embed, "dims": 4})  # dims unlike the vectors
+    with pytest.raises(ConfigurationError):
+        MemoryStore(make_store().engine, index={"embed": "hashing"})  # memory brings its own
+    with pytest.raises(ConfigurationError):
+        MemoryStore(index={"embed": "hashing", "field": ["text"]})  # unknown setting
+
+
+def test_sweep_ttl_deletes_expired_items_and_their_keys() -> None:
+    clock = FixedClock(T0)
+    store = MemoryStore(
+        index={"embed": "hashing", "fields": ["a", "b"]},
+        ttl_config={"default_ttl": 5, "sweep_interval_minutes": 1},
+        clock=clock,
+    )
+    store.put(("memories", "alice"), "tmp", {"a": "first field", "b": "second field"})
+    store.put(("memories", "alice"), "keep", {"a": "stays"}, ttl=None)
+    clock.advance(timedelta(minutes=6))
+    assert store.sweep_ttl() == 1
+    left = store.engine.records("alice")
+    assert [r.metadata.get("store.key") for r in left] == ["keep"]  # no orphan search keys
+    future = store.start_ttl_sweeper()
+    assert store.stop_ttl_sweeper(timeout=5) and future.result(timeout=5) is None
+    store.close()
+
+
+def test_items_of_the_previous_layout_stay_readable() -> None:
+    """Items written when the namespace's first label was the user (store.ns = the rest)."""
+    import dataclasses
+    import json as json_module
+
+    store = make_store()
+    namespace = ("alice", "profile")
+    store.put(namespace, "food", {"likes": "thai"})
+    (record,) = store.engine.records("alice", where={"kind": "store"})
+    meta = {k: v for k, v in record.metadata.items() if k != "store.namespace"}
+    meta["store.ns"] = json_module.dumps(["profile"])
+    store.engine.add_records([dataclasses.replace(record, metadata=meta)])
+    item = store.get(namespace, "food")
+    assert item is not None and item.namespace == namespace
+    assert store.list_namespaces() == [namespace]

@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import json
+import re
+from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
@@ -10,7 +13,10 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from lc_fakes import chat_model, history_memory
 
 from langchain_memories import create_memory_tools
-from memories_core import HistoryMemory, MissingUserError
+from memories_core import ChatMessage, HistoryMemory, MemoChatMemory, MissingUserError, Scope, Turn
+from memories_core.embedders import HashingEmbedder
+from memories_core.llms import ScriptedLLM
+from memories_core.prompts.memochat import rule_following_reply
 
 
 def call(name: str, args: dict[str, Any], cid: str = "c1") -> AIMessage:
@@ -124,10 +130,72 @@ def test_the_user_is_not_a_tool_argument_and_is_required() -> None:
     ]
     for tool in tools:
         assert "user_id" not in tool.args
-    with pytest.raises(MissingUserError):
-        tools[0].invoke({"text": "x"})
+    # Without a user the tool answers with an error message and writes nothing ...
+    assert "need a user id" in tools[0].invoke({"text": "x"})
+    assert memory.engine.users() == []
     with pytest.raises(MissingUserError):
         create_memory_tools(memory, user_id="")
+
+
+def test_a_run_without_a_user_gets_a_tool_error_not_an_exception() -> None:
+    memory = history_memory()
+    model = chat_model(call("save_memory", {"text": "Alice is vegetarian"}), "I could not save.")
+    agent = create_agent(model=model, tools=create_memory_tools(memory))
+    state = agent.invoke({"messages": [HumanMessage("remember I am vegetarian")]})
+    (reply,) = [m for m in state["messages"] if isinstance(m, ToolMessage)]
+    assert reply.status == "error" and "need a user id" in reply.text
+    assert state["messages"][-1].text == "I could not save."
+    assert memory.engine.users() == []
+
+
+def _memochat_that_chooses_none() -> MemoChatMemory:
+    """MemoChat whose model writes memos by the rules but answers every memo choice NOTO."""
+
+    def reply(messages: Sequence[ChatMessage]) -> str:
+        text = messages[-1].content
+        noto = re.search(r"\((\d+)\) NOTO\.", text)
+        if "Topic options" in text and noto:
+            return noto.group(1)
+        return rule_following_reply(messages) or ""
+
+    memory = MemoChatMemory(llm=ScriptedLLM(default=reply), embedder=HashingEmbedder(), max_lines=6)
+    memory.save(
+        [
+            Turn("user", "Next week I meet business partners in Japan. How should I bow?"),
+            Turn("assistant", "In Japan a business bow is about fifteen degrees."),
+            Turn("user", "Is a gift expected at a Japanese business meeting?"),
+            Turn("assistant", "A modest wrapped gift is polite at Japanese business meetings."),
+            Turn("user", "Can you factor the polynomial x squared minus five x plus six?"),
+            Turn("assistant", "The polynomial factors as (x - 2)(x - 3)."),
+        ],
+        Scope("ann"),
+    )
+    memory.engine.flush("ann")
+    return memory
+
+
+def test_search_tool_goes_through_the_mechanisms_recall() -> None:
+    memory = _memochat_that_chooses_none()
+    query = "business bow in Japan"
+    # The engine alone would answer; MemoChat's model chose none of the memos.
+    assert memory.engine.search(query, "ann", k=3)
+    assert memory.recall(query, Scope("ann")).records == ()
+    model = chat_model(call("search_memory", {"query": query}), "Nothing stored.")
+    agent = create_agent(model=model, tools=create_memory_tools(memory))
+    assert tool_replies(run(agent, "how do I bow?", "ann")) == ["No memories found."]
+
+
+def test_search_tool_honours_k_and_scores_are_similarities() -> None:
+    memory = history_memory()
+    tools = create_memory_tools(memory, user_id="alice")
+    for fact in ["Alice likes jazz", "Alice likes tea", "Alice likes hiking", "Alice likes chess"]:
+        tools[0].invoke({"text": fact})
+    model = chat_model(call("search_memory", {"query": "Alice likes jazz", "k": 2}), "ok")
+    (reply,) = tool_replies(run(create_agent(model=model, tools=tools), "?", "alice"))
+    hits = [json.loads(line) for line in reply.splitlines()]
+    assert len(hits) == 2 and hits[0]["text"] == "Alice likes jazz"
+    assert all(0.0 <= h["score"] <= 1.0 for h in hits)
+    assert hits[0]["score"] >= hits[1]["score"] and "fused_score" in hits[0]
 
 
 async def test_async_agent_and_custom_events() -> None:

@@ -240,3 +240,27 @@ def test_messages_to_turns_keeps_user_and_assistant_text_in_order(
     assert [t.content for t in turns] == kept
     assert {t.role for t in turns} <= {"user", "assistant"}
     assert [m.model_dump() for m in messages] == snapshot
+
+
+async def test_a_block_over_the_token_budget_is_truncated_not_dropped(
+    history: HistoryMemory,
+) -> None:
+    facts = [f"Alice fact number {i} is about her garden and the roses there" for i in range(8)]
+    for fact in facts:
+        history.save([Turn("user", fact)], Scope("alice"))
+    block = MemoryBlock(memory=history, user_id="alice", k=8, priority=1)
+    full = await block.aget([user("Alice garden roses fact")])
+    assert len(full.splitlines()) == 8
+    # Room for the question and part of the recalled context only.
+    memory = Memory.from_defaults(session_id="s", token_limit=120, memory_blocks=[block])
+    await memory.aput(user("Alice garden roses fact"))
+    messages = await memory.aget()
+    system = next(m.content for m in messages if m.role == MessageRole.SYSTEM)
+    assert system is not None
+    kept = [line for line in full.splitlines() if line in system]
+    assert kept and kept == full.splitlines()[: len(kept)] and len(kept) < 8
+    # The hook itself: whole lines from the end, None when nothing fits.
+    shorter = await block.atruncate(full, 30)
+    assert shorter is not None and full.startswith(shorter) and len(shorter) < len(full)
+    assert await block.atruncate(full, 10_000) is None
+    assert await block.atruncate(full, 0) == full

@@ -54,8 +54,11 @@ def test_node_carries_the_record(filled: HistoryMemory) -> None:
     assert meta["created_at"] == WHEN.isoformat()
     assert meta["mood"] == "happy"
     llm_view = hit.node.get_content(metadata_mode=MetadataMode.LLM)
-    assert "record_id" not in llm_view
-    assert "user: I love spicy Thai food" in llm_view
+    # The LLM reads the text and the application's own metadata, no bookkeeping.
+    assert llm_view == "mood: happy\n\nuser: I love spicy Thai food"
+    for internal in ("record_id", "batch_id", "role", "kind", "created_at", "score", "turn"):
+        assert internal not in llm_view
+    assert hit.node.get_content(metadata_mode=MetadataMode.EMBED) == llm_view
 
 
 def test_similarity_top_k(filled: HistoryMemory) -> None:

@@ -1,0 +1,134 @@
+"""LangGraph's BaseStore contract (memories_core.testing_store) on MemoryStore and a control.
+
+``InMemoryStore`` is LangGraph's own store: that it passes shows the suite asks only what
+LangGraph promises. ``MemoryStore`` runs it on the embedded default (SQLite and the embedded
+vector index in a folder), in memory, and on PostgreSQL with pgvector (postgres marker).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from langgraph.store.base import BaseStore, TTLConfig
+from langgraph.store.memory import InMemoryStore
+
+from langchain_memories import MemoryStore
+from memories_core import FixedClock
+from memories_core.embedders import HashingEmbedder
+from memories_core.engine import MemoryEngine
+from memories_core.testing_store import DIMS, StoreConformance, StoreFactory, hashing_embed
+
+T0 = datetime(2026, 1, 5, 9, 0, tzinfo=timezone.utc)
+
+
+def _advance(clock: FixedClock) -> Callable[[float], None]:
+    def advance(minutes: float) -> None:
+        clock.advance(timedelta(minutes=minutes))
+
+    return advance
+
+
+def _with_embed(index: dict[str, Any] | None) -> dict[str, Any]:
+    # MemoryStore always has a vector index: without an index configuration it embeds the
+    # whole value, here with the suite's embeddings.
+    return dict(index) if index else {"dims": DIMS, "embed": hashing_embed}
+
+
+class TestInMemoryStoreControl(StoreConformance):
+    """LangGraph's own store (no TTL: those tests skip)."""
+
+    @pytest.fixture
+    def store_factory(self) -> StoreFactory:
+        def make(
+            index: dict[str, Any] | None, ttl_config: dict[str, Any] | None
+        ) -> tuple[BaseStore, Callable[[float], None] | None]:
+            return InMemoryStore(index=cast(Any, index)), None
+
+        return make
+
+
+class _Closing:
+    @pytest.fixture
+    def opened(self) -> Iterator[list[MemoryStore]]:
+        stores: list[MemoryStore] = []
+        yield stores
+        for store in stores:
+            store.close()
+            store.engine.close()
+
+
+class TestMemoryStoreEmbedded(StoreConformance, _Closing):
+    """The default storage: a folder with SQLite and the embedded vector index."""
+
+    bounded_scores = True
+
+    @pytest.fixture
+    def store_factory(self, tmp_path: Path, opened: list[MemoryStore]) -> StoreFactory:
+        def make(
+            index: dict[str, Any] | None, ttl_config: dict[str, Any] | None
+        ) -> tuple[BaseStore, Callable[[float], None] | None]:
+            clock = FixedClock(T0)
+            store = MemoryStore(
+                index=_with_embed(index),
+                ttl_config=cast(TTLConfig | None, ttl_config),
+                path=tmp_path / uuid.uuid4().hex,
+                clock=clock,
+            )
+            opened.append(store)
+            return store, _advance(clock)
+
+        return make
+
+
+class TestMemoryStoreInMemory(StoreConformance, _Closing):
+    """An engine without a folder (numpy index), given as the memory."""
+
+    bounded_scores = True
+
+    @pytest.fixture
+    def store_factory(self, opened: list[MemoryStore]) -> StoreFactory:
+        def make(
+            index: dict[str, Any] | None, ttl_config: dict[str, Any] | None
+        ) -> tuple[BaseStore, Callable[[float], None] | None]:
+            clock = FixedClock(T0)
+            engine = MemoryEngine(embedder=HashingEmbedder(DIMS), clock=clock)
+            config = {k: v for k, v in _with_embed(index).items() if k != "embed"}
+            store = MemoryStore(engine, index=config, ttl_config=cast(TTLConfig | None, ttl_config))
+            opened.append(store)
+            return store, _advance(clock)
+
+        return make
+
+
+@pytest.mark.postgres
+class TestMemoryStorePostgres(StoreConformance, _Closing):
+    """PostgreSQL records and pgvector vectors (a fresh schema per store)."""
+
+    bounded_scores = True
+
+    @pytest.fixture
+    def store_factory(self, postgres_dsn: str, opened: list[MemoryStore]) -> StoreFactory:
+        from memories_core.backends import postgres_storage
+
+        def make(
+            index: dict[str, Any] | None, ttl_config: dict[str, Any] | None
+        ) -> tuple[BaseStore, Callable[[float], None] | None]:
+            clock = FixedClock(T0)
+            parts = postgres_storage(
+                postgres_dsn,
+                dimension=DIMS,
+                schema=f"lmt_{uuid.uuid4().hex[:20]}",
+                pool_size=2,
+            )
+            engine = MemoryEngine(**parts, embedder=HashingEmbedder(DIMS), clock=clock)
+            config = {k: v for k, v in _with_embed(index).items() if k != "embed"}
+            store = MemoryStore(engine, index=config, ttl_config=cast(TTLConfig | None, ttl_config))
+            opened.append(store)
+            return store, _advance(clock)
+
+        return make
