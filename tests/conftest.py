@@ -13,6 +13,15 @@ from typing import Any
 from urllib.parse import urlparse
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Property tests check behaviour, not speed: on a loaded 2-core machine one example can take
+# longer than Hypothesis's 200 ms deadline, or generating inputs can look "too slow". Neither
+# says anything about the code under test (timing targets live in benchmarks/).
+settings.register_profile(
+    "llm-memories", deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile("llm-memories")
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

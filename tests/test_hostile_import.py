@@ -1,6 +1,6 @@
 """A memory file is untrusted input: hostile files are refused with a typed error and no trace.
 
-The suite itself is :mod:`memories_core.testing_hostile`; it runs here on SQLite (on disk,
+The suite itself is :mod:`memories_core.testing.hostile`; it runs here on SQLite (on disk,
 artifacts in files) and on PostgreSQL with pgvector.
 """
 
@@ -26,7 +26,7 @@ from memories_core.portable import (
     export_user,
     import_user,
 )
-from memories_core.testing_hostile import _bomb, _trace, check_hostile_imports, pickle_payload
+from memories_core.testing.hostile import _bomb, _trace, check_hostile_imports, pickle_payload
 from memories_core.types import GraphEdge, GraphNode, JobSpec, MemoryRecord, new_id
 
 T0 = datetime(2026, 1, 5, 9, 0, tzinfo=timezone.utc)

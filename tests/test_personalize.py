@@ -270,7 +270,7 @@ def test_an_imported_checkpoint_is_never_resumed(tmp_path: Path, tiny: Any) -> N
 
 
 def test_serving_loads_safetensors_weights_only(tmp_path: Path, tiny: Any) -> None:
-    from memories_core.testing_hostile import pickle_payload
+    from memories_core.testing.hostile import pickle_payload
 
     personalizer = build(tmp_path / "m", tiny, max_steps=4)
     personalizer.train("ann", progress=False)

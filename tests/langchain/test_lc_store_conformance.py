@@ -1,4 +1,4 @@
-"""LangGraph's BaseStore contract (memories_core.testing_store) on MemoryStore and a control.
+"""LangGraph's BaseStore contract (memories_core.testing.langgraph_store) on MemoryStore.
 
 ``InMemoryStore`` is LangGraph's own store: that it passes shows the suite asks only what
 LangGraph promises. ``MemoryStore`` runs it on the embedded default (SQLite and the embedded
@@ -21,7 +21,12 @@ from langchain_memories import MemoryStore
 from memories_core import FixedClock
 from memories_core.embedders import HashingEmbedder
 from memories_core.engine import MemoryEngine
-from memories_core.testing_store import DIMS, StoreConformance, StoreFactory, hashing_embed
+from memories_core.testing.langgraph_store import (
+    DIMS,
+    StoreConformance,
+    StoreFactory,
+    hashing_embed,
+)
 
 T0 = datetime(2026, 1, 5, 9, 0, tzinfo=timezone.utc)
 

@@ -79,8 +79,11 @@ bad input), :mod:`~memories_core.testing.doubles` (scripted, failing, taught and
 and :func:`rule_following_reply`), :mod:`~memories_core.testing.mechanism_contract`,
 :mod:`~memories_core.testing.store_contract` (the same promises for a record store, once per
 backend), :mod:`~memories_core.testing.crash` (writers killed after their acknowledgements)
-and :mod:`~memories_core.testing.servers` (a ``chroma run`` server). Every name is importable
-from ``memories_core.testing`` itself.
+and :mod:`~memories_core.testing.servers` (a ``chroma run`` server); every name of these is
+importable from ``memories_core.testing`` itself. Two suites are imported from their own
+modules: :mod:`~memories_core.testing.hostile` (hostile memory files: every one refused with a
+typed error, leaving nothing behind) and :mod:`~memories_core.testing.langgraph_store`
+(LangGraph's ``BaseStore`` contract, for ``MemoryStore`` and a control store).
 
 Importing this package imports neither pytest nor any framework; pytest is imported only while
 tests are collected.

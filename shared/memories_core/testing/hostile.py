@@ -17,7 +17,7 @@ keys, NaN, integers beyond 64 bits, oversize texts, bad times and states).
 
 Run it on every record store::
 
-    from memories_core.testing_hostile import check_hostile_imports
+    from memories_core.testing.hostile import check_hostile_imports
 
     checked = check_hostile_imports(engine, good_file, tmp_path, other_user="bob")
 """

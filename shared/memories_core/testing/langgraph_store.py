@@ -23,7 +23,7 @@ Usage:
 
     # tests/langchain/test_my_store_conformance.py
     import pytest
-    from memories_core.testing_store import StoreConformance, StoreFactory
+    from memories_core.testing.langgraph_store import StoreConformance, StoreFactory
 
     class TestMyStore(StoreConformance):
         bounded_scores = True
