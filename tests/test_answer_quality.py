@@ -364,3 +364,31 @@ def test_a_letter_choice_is_scored_as_its_option() -> None:
     assert score_answer(item, f"({letter})") == (1.0, 0.0)
     single = QAItem("conv:1", "conv", LocomoQA("Pet?", "Miso", 4, ()))
     assert score_answer(single, "Miso") == (1.0, 1.0)
+
+
+def test_llm_written_rows_are_compared_with_raw_turns_per_category_and_cost() -> None:
+    bench = _load_benchmark()
+
+    def row(name: str, f1: float, temporal: float, written: float, read: float) -> dict:
+        return {
+            "mechanism": name,
+            "f1": f1,
+            "questions": 10,
+            "turns": 20,
+            "write_tokens_per_turn": written,
+            "reader_prompt_tokens": read,
+            "by_category": {"temporal": {"n": 4, "f1": temporal}},
+        }
+
+    rows = [
+        row("none", 0.1, 0.0, 0.0, 100.0),
+        row("history", 0.3, 0.4, 0.0, 200.0),
+        row("summary", 0.25, 0.5, 50.0, 300.0),  # 300 + 50 * 20 / 10 = 400 tokens/q
+    ]
+    text = bench.versus_raw_turns(rows)  # type: ignore[attr-defined]
+    summary = next(line for line in text.splitlines() if line.startswith("| summary"))
+    cells = [cell.strip() for cell in summary.strip("|").split("|")]
+    assert cells[1] == "-0.050"  # loses overall
+    assert "+0.100" in cells  # wins on temporal questions
+    assert cells[-1] == "2.0x"
+    assert bench.versus_raw_turns(rows[:2]) == ""  # type: ignore[attr-defined]

@@ -36,9 +36,26 @@ def test_turns_are_rendered_and_recalled_best_first(memory: HistoryMemory) -> No
     recall = memory.recall("what food does alice like to eat", ALICE, k=1)
     assert len(recall.records) == 1
     assert recall.records[0].record.text == "user: I love spicy Thai food, especially green curry"
-    assert recall.context == "user: I love spicy Thai food, especially green curry"
+    said = recall.records[0].record.created_at
+    assert recall.context == (
+        f"[{said.day} {said:%B %Y, %H:%M}] user: I love spicy Thai food, especially green curry"
+    )
     assert recall.records[0].record.kind == "turn"
     assert recall.records[0].record.metadata["role"] == "user"
+
+
+def test_context_carries_when_each_turn_was_said_unless_dates_are_off() -> None:
+    when = datetime(2023, 5, 8, 13, 56, tzinfo=timezone.utc)
+    dated = HistoryMemory(embedder=HashingEmbedder())
+    bare = HistoryMemory(embedder=HashingEmbedder(), show_dates=False)
+    for memory in (dated, bare):
+        memory.save([Turn("user", "I went to the support group", timestamp=when)], ALICE)
+        memory.save([Turn("user", "I painted a sunrise last week")], ALICE)
+    query = "when did alice go to the support group"
+    assert dated.recall(query, ALICE, k=1).context == (
+        "[8 May 2023, 13:56] user: I went to the support group"
+    )
+    assert bare.recall(query, ALICE, k=1).context == "user: I went to the support group"
 
 
 def test_default_k_is_three_and_k_overrides(memory: HistoryMemory) -> None:

@@ -75,7 +75,7 @@ def test_new_session_id_closes_and_summarizes_previous_session() -> None:
     assert record.session_id == "s1"
     assert record.text == "The user talked about this: I am training for a marathon in April"
     assert len(record.source_ids) == 2
-    assert recall.context.startswith("[2026-01-05] ")
+    assert recall.context.startswith("[5 January 2026] ")
 
 
 def test_explicit_end_session_and_idle_gap() -> None:

@@ -11,7 +11,7 @@ from memories_core.types import ensure_utc, utcnow
 if TYPE_CHECKING:
     from memories_core.interfaces import Clock
 
-__all__ = ["FixedClock", "SystemClock", "resolve_now"]
+__all__ = ["FixedClock", "SystemClock", "memory_time", "resolve_now"]
 
 
 def resolve_now(now: datetime | None = None, clock: Clock | None = None) -> datetime:
@@ -29,6 +29,22 @@ def resolve_now(now: datetime | None = None, clock: Clock | None = None) -> date
     if clock is not None:
         return ensure_utc(clock.now())
     return utcnow()
+
+
+def memory_time(when: datetime, *, time_of_day: bool = True) -> str:
+    """How a memory's time is shown to a model: ``"8 May 2023, 13:56"`` (UTC).
+
+    Written the way people (and the "today is" line of a prompt) write dates, so that a model
+    answering "when ...?" from its memories answers in that form; ISO dates were copied
+    verbatim into answers (LoCoMo QA, BENCHMARKS.md "Answer quality").
+
+    Args:
+        when: The time (naive values are taken to be UTC).
+        time_of_day: Append ``", HH:MM"``.
+    """
+    when = ensure_utc(when)
+    day = f"{when.day} {when:%B %Y}"
+    return f"{day}, {when:%H:%M}" if time_of_day else day
 
 
 class SystemClock:

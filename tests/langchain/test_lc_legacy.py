@@ -46,7 +46,7 @@ def test_llm_chain_with_custom_keys() -> None:
     )
     assert out["text"] == "Avoid peanuts."
     facts = llm.prompts[-1].split("Known facts:\n", 1)[1].split("\nQ:", 1)[0]
-    assert f"user: {FACT}" in facts.splitlines()
+    assert any(line.endswith(f"] user: {FACT}") for line in facts.splitlines())
 
 
 def test_return_messages_for_chat_prompts() -> None:

@@ -137,7 +137,9 @@ def test_custom_template() -> None:
     agent = make_agent(model, memory_mw)
     agent.invoke(ask(FACT))
     agent.invoke(ask("Which food?"))
-    assert model.last_system_text.startswith("<memories>user: My favourite food")
+    text = model.last_system_text
+    assert text.startswith("<memories>[") and text.endswith("</memories>")
+    assert "] user: My favourite food" in text.splitlines()[0]
 
 
 def test_nothing_recalled_leaves_request_unchanged() -> None:

@@ -138,5 +138,6 @@ def test_history_memory_runs_on_a_llamaindex_embedder() -> None:
     memory = HistoryMemory(embedder=LlamaIndexEmbedder(CoreEmbedding(HashingEmbedder())))
     memory.save([Turn("user", "I love Thai food"), Turn("user", "I own a red bike")], Scope("a"))
     recall = memory.recall("what food do I love?", Scope("a"), k=1)
-    assert recall.context == "user: I love Thai food"
+    assert recall.context.endswith("] user: I love Thai food")
+    assert recall.context.count("\n") == 0
     memory.close()

@@ -149,7 +149,7 @@ def test_memorybank_block_forgets_on_schedule_and_restores_in_a_chat_engine() ->
         bank.save([Turn("user", "I visited a museum.", timestamp=clock.now())], Scope("gary"))
         return bank
 
-    line = f"[{NOW:%Y-%m-%d %H:%M}] user: My sister Ann lives in Lisbon."
+    line = f"[{NOW.day} {NOW:%B %Y, %H:%M}] user: My sister Ann lives in Lisbon."
     assert line in ask(replay(), "default")  # no query-time decay by default
     bank = replay(archive_below=0.05)  # the day-60 consolidation archives it
     assert line not in ask(bank, "archived")

@@ -37,7 +37,7 @@ async def test_aget_recalls_with_the_latest_user_message(
     history.save([Turn("user", "My sister lives in Lisbon")], Scope("alice"))
     messages = [user("my sister visits soon"), assistant("Nice!"), user("what food do I love?")]
     context = await block.aget(messages)
-    assert context.splitlines()[0] == "user: I love spicy Thai food"
+    assert context.splitlines()[0].endswith("] user: I love spicy Thai food")
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from memories_core.clock import memory_time
 from memories_core.engine import (
     Derivation,
     DeriveMode,
@@ -65,6 +66,10 @@ class MemoryBase:
         name: Name on the engine (default: the mechanism's :attr:`mechanism_name`).
         derive: Where derivations run (engine option): ``"background"`` (default; call
             :meth:`flush` to wait for them) or ``"inline"`` (inside ``save``).
+        show_dates: Prefix each memory in a recall's rendered context with when it was said
+            or formed (``[8 May 2023, 13:56] ...``), so the model can answer "when" questions
+            and resolve "yesterday" in a remembered turn. Default on: measured on LoCoMo QA
+            (BENCHMARKS.md, answer quality); ``False`` renders the bare texts.
 
     Raises:
         ConfigurationError: on contradictory arguments or ``k`` out of range.
@@ -95,6 +100,7 @@ class MemoryBase:
         allow_embedder_change: bool = False,
         name: str | None = None,
         derive: DeriveMode | None = None,
+        show_dates: bool = True,
     ) -> None:
         try:
             check_k(k)
@@ -126,6 +132,7 @@ class MemoryBase:
         self.engine: MemoryEngine = engine
         self._owns_engine = getattr(self, "_owns_engine", False)
         self.default_k = k
+        self.show_dates = bool(show_dates)
         self.fusion = fusion
         self.pipeline = pipeline
         self.llm = llm
@@ -373,8 +380,17 @@ class MemoryBase:
         self._on_delete_user(user_id)
 
     def _render(self, hits: Sequence[ScoredRecord]) -> str:
-        """Render recalled records as one prompt block (hook); one record a line."""
-        return "\n".join(hit.record.text for hit in hits)
+        """Render recalled records as one prompt block (hook); one record a line.
+
+        With :attr:`show_dates`, each line starts with the record's time, in the format
+        MemoryBank's timestamped memory uses (Zhong et al. §2.1), so every mechanism's
+        context carries the dates a reader needs for temporal questions.
+        """
+        if not self.show_dates:
+            return "\n".join(hit.record.text for hit in hits)
+        return "\n".join(
+            f"[{memory_time(hit.record.created_at)}] {hit.record.text}" for hit in hits
+        )
 
     def _llm(self, scope: Scope) -> LLM:
         """The model serving ``scope`` (``engine.llm_for`` hook, else this memory's)."""

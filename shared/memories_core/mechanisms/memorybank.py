@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-from memories_core.clock import resolve_now
+from memories_core.clock import memory_time, resolve_now
 from memories_core.engine import Derivation, JobFailed, check_scope, default_llm
 from memories_core.errors import ConfigurationError, InvalidInputError, LLMError, ParseError
 from memories_core.grounding import find_ungrounded, log_rejection
@@ -309,10 +309,9 @@ class MemoryBankMemory(MemoryBase):
         for hit in hits:
             record = hit.record
             if record.kind == "turn":
-                lines.append(f"[{record.created_at:%Y-%m-%d %H:%M}] {record.text}")
+                lines.append(f"[{memory_time(record.created_at)}] {record.text}")
             else:
-                day = record.metadata.get("day", f"{record.created_at:%Y-%m-%d}")
-                lines.append(f"[{day}, summary of the day] {record.text}")
+                lines.append(f"[{_day_label(record)}, summary of the day] {record.text}")
         return "\n".join(lines)
 
     def _on_recalled(self, hits: list[ScoredRecord], now: datetime) -> None:
@@ -711,3 +710,13 @@ OUTPUT_TOKENS: dict[str, int] = {
 
 def _scope(scope: Any) -> Scope:
     return check_scope(scope)
+
+
+def _day_label(record: MemoryRecord) -> str:
+    """The day a daily record covers, shown as people write it (``"8 May 2023"``)."""
+    day = record.metadata.get("day")
+    try:
+        when = datetime.fromisoformat(str(day)) if day else record.created_at
+    except ValueError:
+        return str(day)
+    return memory_time(when, time_of_day=False)

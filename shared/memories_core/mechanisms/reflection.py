@@ -411,7 +411,7 @@ class SelfReflectiveMemory:
         self, query: str, scope: Scope, *, k: int | None = None, now: datetime | None = None
     ) -> Recall:
         """Recall through the wrapped mechanism, reflecting on the candidates."""
-        return _to_recall(query, self.reflect(query, scope, k=k, now=now))
+        return _to_recall(query, self.reflect(query, scope, k=k, now=now), self.base)
 
     def clear(self, scope: Scope) -> None:
         """Clear through the wrapped mechanism."""
@@ -436,15 +436,26 @@ class SelfReflectiveMemory:
         self, query: str, scope: Scope, *, k: int | None = None, now: datetime | None = None
     ) -> Recall:
         """Async twin of :meth:`recall`."""
-        return _to_recall(query, await self.areflect(query, scope, k=k, now=now))
+        return _to_recall(query, await self.areflect(query, scope, k=k, now=now), self.base)
 
     def __getattr__(self, name: str) -> Any:
         # Mechanism-specific operations (end_session, retry_pending, usage, ...) stay reachable.
         return getattr(self.base, name)
 
 
-def _to_recall(query: str, result: ReflectionResult[ScoredRecord]) -> Recall:
-    context = result.memory or "\n".join(hit.record.text for hit in result.items)
+def _to_recall(query: str, result: ReflectionResult[ScoredRecord], base: Any = None) -> Recall:
+    """The reflection's answer as a recall.
+
+    The context is the model's composed memory when it wrote one, else the items rendered as
+    the base memory renders them (dates included).
+    """
+    render = getattr(base, "_render", None)
+    fallback = (
+        render(result.items)
+        if callable(render)
+        else "\n".join(hit.record.text for hit in result.items)
+    )
+    context = result.memory or fallback
     return Recall(query=query, records=tuple(result.items), context=context)
 
 

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from typing import Any, ClassVar
 
+from memories_core.clock import memory_time
 from memories_core.engine import Derivation, JobFailed, default_llm
 from memories_core.errors import LLMError, ParseError
 from memories_core.interfaces import LLM
@@ -144,7 +145,10 @@ class SummaryMemory(MemoryBase):
                     self.store.set_state(_LEGACY_PENDING, None, user_id=user_id)
 
     def _render(self, hits: Sequence[ScoredRecord]) -> str:
-        return "\n".join(f"[{hit.record.created_at:%Y-%m-%d}] {hit.record.text}" for hit in hits)
+        return "\n".join(
+            f"[{memory_time(hit.record.created_at, time_of_day=False)}] {hit.record.text}"
+            for hit in hits
+        )
 
 
 def _fit(lines: list[str], limit: int) -> list[str]:
