@@ -387,6 +387,46 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _tokens_per_question(row: dict[str, Any]) -> float:
+    """Model tokens per question: the reader's prompt plus memory writing, amortised."""
+    spent = float(row["reader_prompt_tokens"])
+    if row["questions"]:
+        spent += row["write_tokens_per_turn"] * row["turns"] / row["questions"]
+    return spent
+
+
+def versus_raw_turns(rows: Sequence[dict[str, Any]], raw: str = "history") -> str:
+    """Where each LLM-written memory beats or loses to raw turns, per category, at what cost.
+
+    One line per LLM-written row: its F1 minus the raw-turn row's (``history``), overall and
+    per category, and the ratio of model tokens per question (reader prompt plus writing,
+    amortised over the questions). Empty when either side was not run.
+    """
+    by_name = {row["mechanism"]: row for row in rows}
+    base = by_name.get(raw)
+    written = [row for row in rows if row["mechanism"] in LLM_WRITTEN]
+    if base is None or not written:
+        return ""
+    categories = [CATEGORY_NAMES[c] for c in sorted(CATEGORY_NAMES)]
+    head = ["mechanism", "dF1", *[f"dF1 {c}" for c in categories], "tokens/q ratio"]
+    lines = [
+        f"LLM-written memory minus raw turns (`{raw}`):",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    for row in written:
+        cells = [row["mechanism"], f"{row['f1'] - base['f1']:+.3f}"]
+        for c in categories:
+            mine, theirs = row["by_category"].get(c), base["by_category"].get(c)
+            cells.append(f"{mine['f1'] - theirs['f1']:+.3f}" if mine and theirs else "-")
+        base_cost = _tokens_per_question(base)
+        ratio = _tokens_per_question(row) / base_cost if base_cost else math.nan
+        cells.append(f"{ratio:.1f}x")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def last_line(rows: Sequence[dict[str, Any]]) -> str:
     """``best memory F1 0.xxx (<mechanism>) vs no memory F1 0.yyy vs full context F1 0.zzz``."""
     by_name = {row["mechanism"]: row for row in rows}
@@ -413,9 +453,7 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for row in rows:
-        per_question = row["reader_prompt_tokens"]
-        if row["questions"]:
-            per_question += row["write_tokens_per_turn"] * row["turns"] / row["questions"]
+        per_question = _tokens_per_question(row)
         ax.scatter(per_question, row["f1"], s=40)
         ax.annotate(
             row["mechanism"],
@@ -516,6 +554,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     write_json_atomic(out / "locomo_qa.json", {"meta": meta, "rows": rows})
     text = table(rows)
+    versus = versus_raw_turns(rows)
+    if versus:
+        text = f"{text}\n\n{versus}"
     (out / "locomo_qa.md").write_text(
         f"Command: `{meta['command']}`\n\nReader and writer: {meta['reader_writer']}; judge: "
         f"{judge_name or 'none'}; {len(items)} questions; wall {wall / 60:.1f} min.\n\n{text}\n",
