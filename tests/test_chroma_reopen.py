@@ -200,3 +200,49 @@ def test_a_second_instance_in_the_process_sees_the_first_ones_writes(tmp_path: P
 def test_bad_reachability_settings_are_refused(arg: str, value: object) -> None:
     with pytest.raises(ConfigurationError, match=arg):
         ChromaIndex(**{arg: value})  # type: ignore[arg-type]
+
+
+def _collection_key(index: ChromaIndex) -> str:
+    from memories_core.backends.chroma_exact import _key_of
+
+    return index._on_collection(USER, False, _key_of, "")
+
+
+def test_pinned_ids_are_kept_on_disk_restored_after_a_restart_and_erased_with_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import json
+
+    from memories_core.backends.chroma_exact import _MIRRORS
+    from memories_core.backends.chroma_reach import PINS_FILE
+
+    folder = tmp_path / "chroma"
+    ids = [f"r{i}" for i in range(20)]
+    vectors = _near_duplicates(20, 0.01)
+    index = ChromaIndex(path=folder, exact_below=0, open_check=0)
+    index.add(ids, vectors, _meta(20))
+    # The graph "loses" r3 (forced): a probe pins it and writes it down.
+    monkeypatch.setattr(ChromaIndex, "_probe_in", lambda self, c, wanted, k: {"r3"} & set(wanted))
+    assert index.probe(ids, user_id=USER) == {"r3"}
+    key = _collection_key(index)
+    assert json.loads((folder / PINS_FILE).read_text()) == {key: ["r3"]}
+    index.close()
+
+    _MIRRORS.forget(key)  # a new process: nothing pinned in memory
+    monkeypatch.undo()
+    again = ChromaIndex(path=folder, exact_below=0, open_check=0)  # no sampled check either
+    assert {hit for hit, _ in again.search(vectors[3], user_id=USER, k=5)} >= {"r3"}
+    pinned = _MIRRORS.pinned(key)
+    assert pinned is not None and "r3" in pinned.ids  # restored from the file, not re-found
+
+    again.delete(["r3"], user_id=USER)
+    assert not (folder / PINS_FILE).exists()  # no deleted id stays in the file
+    again.close()
+
+    (folder / PINS_FILE).write_text('{"x": [1, 2]', encoding="utf-8")  # damaged
+    third = ChromaIndex(path=folder, exact_below=0, open_check=0)
+    with caplog.at_level("WARNING"):
+        assert len(third.search(vectors[5], user_id=USER, k=3)) == 3
+    assert "damaged Chroma pins file" in caplog.text
+    third.delete_user(USER)
+    third.close()

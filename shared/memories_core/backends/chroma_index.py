@@ -632,6 +632,7 @@ class ChromaIndex(ChromaReachability, ChromaVerification, ChromaErasure):
                             self._guard(collection.delete, ids=id_list[start : start + self._batch])
                     finally:
                         _MIRRORS.written(key, removed=id_list, limit=self._exact_below)
+                        self._forget_pins(key, id_list)
                     # A bulk delete can cut the graph's paths to other records: check a sample.
                     bulk = len(id_list) >= _BULK_DELETE
                     if bulk and self._local and self._exact(collection) is None:
@@ -662,6 +663,7 @@ class ChromaIndex(ChromaReachability, ChromaVerification, ChromaErasure):
             dropped = self._collections.pop(user_id, None) or self._open_by_name(name)
             if dropped is not None:
                 _MIRRORS.forget(_key_of(dropped))  # no deleted vector stays in memory
+                self._forget_pins(_key_of(dropped))  # nor a pinned id on disk
             self._drop_collection(self._user_collection_name(user_id))
             self.erase_deleted()
             self._sweep_late_segment_folders()
@@ -689,6 +691,7 @@ class ChromaIndex(ChromaReachability, ChromaVerification, ChromaErasure):
         with self._lock:
             for dropped in self._collections.values():
                 _MIRRORS.forget(_key_of(dropped))
+            self._write_pins({})  # every collection goes: so do their pinned ids
             self._collections.clear()
             self._dimension = None
             for name in self._own_collection_names():

@@ -3,14 +3,21 @@
 Embedded Chroma can leave records out of its HNSW graph (see :mod:`chroma_exact`). A user with
 at most ``exact_below`` vectors is searched exactly over an in-process mirror; a larger
 collection is sampled on its first open in a process, and records its graph cannot reach are
-pinned (scored exactly and merged into every later search). Mixed into the Chroma index.
+pinned (scored exactly and merged into every later search). On a persistent index the pinned
+ids are also written to ``llm_memories_pins.json`` in the index folder (atomically), and
+re-pinned when the collection is next opened, so a repair holds across restarts; deletes
+remove their ids from that file. The file is untrusted input: anything malformed in it is
+ignored (logged), never executed.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,6 +30,11 @@ __all__ = ["ChromaReachability"]
 
 logger = logging.getLogger("memories_core.backends.chroma_index")
 
+#: File in a persistent index's folder holding each collection's pinned record ids.
+PINS_FILE = "llm_memories_pins.json"
+#: Largest pins file read (bytes); a bigger one is ignored as damaged.
+_PINS_MAX_BYTES = 64 * 1024 * 1024
+
 
 class ChromaReachability:
     """Exact search of small collections and pinning of lost records (mixed into the index).
@@ -33,6 +45,7 @@ class ChromaReachability:
     """
 
     _exact_below: int
+    _folder: Path | None
     _open_check: int
     _local: bool
     _checked: set[str]
@@ -86,9 +99,11 @@ class ChromaReachability:
     def _check_on_open(self, collection: Any) -> None:
         """Sample a large collection's reachability once per instance (its first open here)."""
         key = _key_of(collection)
-        if self._open_check and key not in self._checked:
+        if key not in self._checked:
             self._checked.add(key)
-            self._check_sample(collection)
+            self._restore_pins(collection)
+            if self._open_check:
+                self._check_sample(collection)
 
     def _check_sample(self, collection: Any) -> None:
         """Probe up to ``open_check`` records sampled from the collection; pin the lost."""
@@ -119,6 +134,7 @@ class ChromaReachability:
                     np.asarray(got["embeddings"], dtype=np.float32),
                     [dict(m or {}) for m in got["metadatas"]],
                 )
+                self._remember_pins(_key_of(collection), held)
             logger.warning(
                 "Chroma's HNSW graph cannot reach %d of %d checked records of collection %s; "
                 "they are searched exactly from now on",
@@ -138,3 +154,86 @@ class ChromaReachability:
         if self._local:
             return self._pin_lost(collection, wanted, k)
         return self._probe_in(collection, wanted, k)
+
+    # -- pins on disk ------------------------------------------------------------------------
+
+    def _pins_path(self) -> Path | None:
+        folder = getattr(self, "_folder", None)
+        return Path(folder) / PINS_FILE if folder is not None else None
+
+    def _read_pins(self) -> dict[str, list[str]]:
+        """The pins file, validated: ``{collection key: [record id, ...]}``.
+
+        Returns ``{}`` if the file is absent or malformed (a malformed file is logged and
+        ignored).
+        """
+        path = self._pins_path()
+        if path is None or not path.is_file():
+            return {}
+        try:
+            if path.stat().st_size > _PINS_MAX_BYTES:
+                raise ValueError("too large")
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if not isinstance(data, dict) or not all(
+                isinstance(k, str) and isinstance(v, list) and all(isinstance(i, str) for i in v)
+                for k, v in data.items()
+            ):
+                raise ValueError("not a mapping of collection keys to id lists")
+        except (OSError, ValueError) as exc:
+            logger.warning("ignoring the damaged Chroma pins file %s: %s", path, exc)
+            return {}
+        return {str(k): [str(i) for i in v] for k, v in data.items()}
+
+    def _write_pins(self, pins: dict[str, list[str]]) -> None:
+        """Write the pins file atomically (temporary file, fsync, rename); remove it if empty."""
+        path = self._pins_path()
+        if path is None:
+            return
+        kept = {key: ids for key, ids in pins.items() if ids}
+        if not kept:
+            path.unlink(missing_ok=True)
+            return
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump(kept, handle, sort_keys=True)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+
+    def _remember_pins(self, key: str, ids: Iterable[str]) -> None:
+        """Add ``ids`` to the collection's pinned ids on disk."""
+        if self._pins_path() is None:
+            return
+        pins = self._read_pins()
+        pins[key] = sorted({*pins.get(key, ()), *ids})
+        self._write_pins(pins)
+
+    def _forget_pins(self, key: str, ids: Iterable[str] | None = None) -> None:
+        """Drop ``ids`` (all of the collection's when ``None``) from the pins file."""
+        path = self._pins_path()
+        if path is None or not path.is_file():
+            return
+        pins = self._read_pins()
+        if key not in pins:
+            return
+        if ids is None:
+            del pins[key]
+        else:
+            gone = set(ids)
+            pins[key] = [i for i in pins[key] if i not in gone]
+        self._write_pins(pins)
+
+    def _restore_pins(self, collection: Any) -> None:
+        """Re-pin the ids the pins file holds for ``collection`` (those it still stores)."""
+        ids = self._read_pins().get(_key_of(collection))
+        if not ids:
+            return
+        got = self._guard(collection.get, ids=ids, include=["embeddings", "metadatas"])
+        held = [str(vid) for vid in got.get("ids") or []]
+        if held:
+            _MIRRORS.pin(
+                _key_of(collection),
+                held,
+                np.asarray(got["embeddings"], dtype=np.float32),
+                [dict(m or {}) for m in got["metadatas"]],
+            )
