@@ -558,8 +558,13 @@ class MechanismContract:
         memory = self.make_memory(path, self.make_llm())
         try:
             for index, user in enumerate(CRASH_USERS):
-                self._retry_after_leases(memory, user)
                 mine = {i for i in acked if i % 2 == index}
+                if self.end_session_derives:
+                    # A writer may die before it ends a session; the restarted app ends it
+                    # (or its idle gap does), and that is when these mechanisms derive.
+                    for session in sorted({f"s{i // 4}" for i in mine}):
+                        memory.end_session(Scope(user, session))
+                self._retry_after_leases(memory, user)
                 listings = self.stored_turns(memory, Scope(user))
                 if listings is None:
                     for i in sorted(mine):
