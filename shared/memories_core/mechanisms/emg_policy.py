@@ -9,39 +9,10 @@ from __future__ import annotations
 
 import warnings
 
-from memories_core.mechanisms.emg.policy import (
-    ALL_FEATURES,
-    EXTRA_FEATURES,
-    HIDDEN,
-    PAPER_FEATURES,
-    STATE_SIZE,
-    Episode,
-    SelectionPolicy,
-    calibrate,
-    expected_f1,
-    expected_f1_size,
-    reinforce,
-    rouge_l,
-    selection_f1,
-    warm_start,
-)
+from memories_core.mechanisms.emg import policy as _policy
+from memories_core.mechanisms.emg.policy import *  # noqa: F403 (the alias re-exports all)
 
-__all__ = [
-    "ALL_FEATURES",
-    "EXTRA_FEATURES",
-    "HIDDEN",
-    "PAPER_FEATURES",
-    "STATE_SIZE",
-    "Episode",
-    "SelectionPolicy",
-    "calibrate",
-    "expected_f1",
-    "expected_f1_size",
-    "reinforce",
-    "rouge_l",
-    "selection_f1",
-    "warm_start",
-]
+__all__ = list(_policy.__all__)
 
 warnings.warn(
     "memories_core.mechanisms.emg_policy is deprecated; import from "
