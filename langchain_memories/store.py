@@ -291,6 +291,11 @@ class MemoryStore(BaseStore):
         for user, changes in by_user.items():
             self.engine.update_state(user, changes, reason="store ttl refreshed")
 
+    @staticmethod
+    def _value_matches(record: MemoryRecord, conditions: Mapping[str, Any] | None) -> bool:
+        """Whether the item's stored value matches a filter (decoded only when there is one)."""
+        return not conditions or value_matches(json.loads(record.metadata[_VALUE]), conditions)
+
     # -- operations -----------------------------------------------------------------------------
     def _get(self, op: GetOp) -> Item | None:
         user = self._owner(op.namespace)
@@ -408,7 +413,7 @@ class MemoryStore(BaseStore):
                 (h.record, finite_or_none(h.score))
                 for h in hits
                 if self._namespace(h.record)[: len(prefix)] == prefix
-                and value_matches(json.loads(h.record.metadata[_VALUE]), op.filter)
+                and self._value_matches(h.record, op.filter)
             ]
             if len(kept) >= wanted or len(hits) < k or k >= MAX_K:
                 return kept
@@ -428,11 +433,7 @@ class MemoryStore(BaseStore):
                 hits += self._ranked(user, op, wanted)
             else:
                 listed = self.engine.records(user, where={"kind": {"$in": _KINDS}, **where})
-                hits += [
-                    (r, None)
-                    for r in self._live(listed)
-                    if value_matches(json.loads(r.metadata[_VALUE]), op.filter)
-                ]
+                hits += [(r, None) for r in self._live(listed) if self._value_matches(r, op.filter)]
         # Namespaces of the shared owner or short legacy ones: the prefix must still match.
         hits = [h for h in hits if self._namespace(h[0])[: len(prefix)] == prefix]
         if op.query and op.query.strip():
