@@ -1,4 +1,4 @@
-"""Versioned schemas (issue 15, item 5): stores of earlier releases open and upgrade.
+"""Versioned schemas: stores of earlier releases open and upgrade.
 
 The fixtures ``tests/fixtures/store_v1.sqlite3`` and ``store_v2.sqlite3`` were written by the
 code of those releases (``tests/fixtures/make_schema_fixtures.py``). An embedder change with a

@@ -1,4 +1,4 @@
-"""The embedded default under several processes (issue 15, item 4), with real subprocesses.
+"""The embedded default under several processes, with real subprocesses.
 
 * SQLite (WAL, ``BEGIN IMMEDIATE`` writes, a busy timeout) is shared safely: concurrent
   saves of one user from several processes lose and duplicate nothing, and each job's

@@ -270,7 +270,7 @@ def test_hybrid_retriever_k_prefix() -> None:
     store.close()
 
 
-# -- defect 9: the only lexical hit ------------------------------------------------------
+# -- the only lexical hit ---------------------------------------------------------------
 
 
 def test_the_only_lexical_hit_ranks_first(backend: InMemoryBackend) -> None:

@@ -275,7 +275,7 @@ def test_json_parsers_reject_copied_placeholders(
         spec.parse(raw, inputs)
 
 
-# -- defect 8: refusals and degenerate summaries -----------------------------------------------
+# -- refusals and degenerate summaries ------------------------------------------------------
 
 REFUSALS = [
     "I'm sorry, I cannot summarize this conversation.",
@@ -303,7 +303,7 @@ def test_summary_parser_keeps_a_quoted_apology() -> None:
     assert parse_session_summary(text, dialogue) == text
 
 
-# -- defect 7: prompt injection ----------------------------------------------------------------
+# -- prompt injection -----------------------------------------------------------------------
 
 
 def test_user_turn_with_forged_decision_is_decided_not_pending() -> None:

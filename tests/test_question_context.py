@@ -1,4 +1,4 @@
-"""Question-answer context spreading (issue 9, third pass).
+"""Question-answer context spreading.
 
 A turn right after a question inherits ``after_question_weight`` of the question's score, and
 a turn that only asks keeps ``question_weight`` of its own. Checked by hand on

@@ -1,4 +1,4 @@
-"""Query-side rerankers (issue 9, item 1): the temporal boost and the entity boost.
+"""Query-side rerankers: the temporal boost and the entity boost.
 
 Through the pipeline over the in-memory reference backend and through ``engine.search``
 with the deterministic HashingEmbedder.

@@ -91,7 +91,7 @@ def test_zscore_fuse_edge_cases() -> None:
     assert [i for i, _ in zscore_fuse(([("a", 1.0), ("b", 3.0)], []), (1, 1))] == ["b", "a"]
     # Equal scores give z = 0 and keep first-seen order...
     assert zscore_fuse(([("a", 2.0), ("b", 2.0)],), (1,)) == [("a", 0.0), ("b", 0.0)]
-    # ...but being returned still beats being missed (defect 9: the only lexical hit).
+    # ...but being returned still beats being missed (the only lexical hit).
     fused = dict(zscore_fuse(([("a", 0.9), ("b", 0.8), ("c", 0.7)], [("c", 3.2)]), (1, 1)))
     # Dense z: a +1.22, c -1.22; the lexical hit c gains half a unit on a (it used to gain
     # 0), two units when the lexical side was asked for more than it found.

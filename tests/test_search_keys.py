@@ -1,4 +1,4 @@
-"""Index-side search keys through the engine's public API (issue 9, item 2).
+"""Index-side search keys through the engine's public API.
 
 A search key is a record ``kind="search_key"`` whose ``metadata["key_for"]`` names a record
 of the same user; a key hit counts for its target, keys are never returned, filters apply to
