@@ -50,6 +50,9 @@ class MemoChatAware:
 class TestMemoChatContract(MechanismContract):
     needs_llm = True
     derives_records = True
+    # A session end writes the buffer into a memo (Lu et al. §3.1); a killed writer may never
+    # end its session, so the restarted app does.
+    end_session_derives = True
     # With a model, recall returns the memos it chose (possibly none: NOTO), Lu et al. §3.2.
     fills_k = False
     known_failures: ClassVar[dict[str, str]] = {}
@@ -63,6 +66,7 @@ class TestMemoChatContract(MechanismContract):
 class TestMemoChatLLMFreeContract(MechanismContract):
     needs_llm = False
     derives_records = True
+    end_session_derives = True
     known_failures: ClassVar[dict[str, str]] = {}
 
     def make_memory(self, path: Path | None, llm: LLM) -> Mechanism:
