@@ -1,55 +1,39 @@
-"""The portable memory file: one user's whole memory in one versioned file.
-
-:func:`export_user` writes everything the engine keeps of one user, and nothing of anybody
-else: records with their state and index status, the update history, pending jobs, the
-per-user key-value state (open session, mechanism bookkeeping), graph nodes and edges,
-artifacts (their bytes) and the embedder's identity, with the vectors when the index can
-give them back. :func:`import_user` restores it into any engine: with the same embedder the
-stored vectors are reused (nothing is embedded again); with another embedder the records are
-re-embedded. The round trip is exact: records, state, history, graph and artifacts compare
-equal after export and import into a fresh engine.
-
-The file is a zip archive (a user's memory file is private and portable, as the
-conditional-memory paper asks for):
-
-* ``manifest.json``: ``format`` (:data:`FORMAT`), ``version`` (:data:`VERSION`), ``user_id``,
-  ``exported_at``, ``embedder`` (name, dimension) and counts;
-* ``records.jsonl``, ``history.jsonl``, ``jobs.jsonl``, ``graph.json``, ``state.json``;
-* ``vectors.npy`` + ``vector_ids.json`` (optional);
-* ``artifacts/<n>/...`` with ``artifacts.json`` naming each artifact's folder.
-
-Works for every mechanism, because it works on the engine (``memory.engine``).
-
-A memory file is untrusted input. :func:`import_user` reads and validates the whole file
-before it writes anything: the zip's size (members, expanded bytes, compression ratio, within
-:class:`ImportLimits`), the manifest (format, version, the user id it names, counts), and every
-row through the rules ``save`` applies (text length, metadata keys and values, timestamps,
-finite numbers). Then it writes in one store transaction, with artifacts staged beside it
-and vectors added after it commits, so that a refused or failed import leaves nothing and a
-retry of a good file works. Nothing in a file is unpickled, and a training checkpoint
-(an artifact named ``*.checkpoint``) is neither exported nor imported: only a checkpoint this
-store wrote itself may be resumed.
-"""
+"""Reading a memory file: the whole file is validated before anything is written."""
 
 from __future__ import annotations
 
 import builtins
 import io
 import json
-import logging
 import math
 import re
 import zipfile
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
 import numpy as np
 
-from memories_core.errors import BackendError, InvalidInputError, MemoriesError
+from memories_core.errors import InvalidInputError
+from memories_core.portable.format import (
+    _ARTIFACT_MEMBER,
+    _COUNTS,
+    _INDEX_STATES,
+    _LIBRARY_META_KEYS,
+    _MANIFEST_BYTES,
+    _REQUIRED,
+    _SHA256,
+    _VECTOR_MEMBERS,
+    CHECKPOINT_SUFFIX,
+    FORMAT,
+    MIN_VERSION,
+    VERSION,
+    ImportLimits,
+    _fail,
+)
 from memories_core.types import (
     MAX_META_INT,
     MIN_META_INT,
@@ -58,369 +42,13 @@ from memories_core.types import (
     Job,
     MemoryRecord,
     RecordState,
-    StateChange,
     check_metadata,
     check_user_id,
     clean_text,
     ensure_utc,
 )
 
-if TYPE_CHECKING:
-    from memories_core.artifacts import ArtifactInfo, StagedArtifact
-    from memories_core.engine import MemoryEngine
-
-logger = logging.getLogger(__name__)
-
-__all__ = [
-    "FORMAT",
-    "MIN_VERSION",
-    "VERSION",
-    "ImportLimits",
-    "ImportReport",
-    "MemoryFileError",
-    "UserExistsError",
-    "export_user",
-    "import_user",
-    "read_manifest",
-]
-
-#: The ``format`` field of every manifest.
-FORMAT = "llm-memories/user"
-#: The file format version this module writes (and the newest it reads).
-VERSION = 1
-#: The oldest file format version this module reads (there is no version 0).
-MIN_VERSION = 1
-
-#: Artifacts whose name ends so are resumable training state (MaLP's
-#: ``malp/lora.checkpoint``): valid only in the store that wrote them, never exported or
-#: imported, so that a checkpoint a file brings is never resumed.
-CHECKPOINT_SUFFIX = ".checkpoint"
-
-
-class UserExistsError(MemoriesError):
-    """The target store holds the user already and ``on_conflict="refuse"`` was asked."""
-
-
-class MemoryFileError(InvalidInputError):
-    """A memory file that is refused: damaged, too large, of another version, or invalid.
-
-    Nothing of it was written. The message names the member and row at fault.
-    """
-
-
-@dataclass(frozen=True)
-class ImportLimits:
-    """Bounds :func:`import_user` checks before it reads a member of a memory file.
-
-    The defaults fit a memory of a million records; a service importing uploads may lower
-    them.
-
-    Attributes:
-        max_members: Members of the zip archive.
-        max_member_bytes: Expanded size of one member.
-        max_total_bytes: Expanded size of all members together.
-        max_ratio: Largest expanded/compressed ratio of a member larger than
-            ``ratio_floor`` (a zip bomb expands a thousandfold; memory files compress
-            about tenfold).
-        ratio_floor: Members smaller than this many expanded bytes are not ratio-checked.
-        max_records: Records in the file.
-        max_rows: Rows of each other table (history, jobs, graph nodes, graph edges,
-            state keys, artifacts).
-        max_id_chars: Length of a record, job, node or edge id.
-        max_depth: Nesting of JSON values (metadata, payloads, state).
-    """
-
-    max_members: int = 20_000
-    max_member_bytes: int = 1 << 30
-    max_total_bytes: int = 4 << 30
-    max_ratio: float = 200.0
-    ratio_floor: int = 1 << 20
-    max_records: int = 1_000_000
-    max_rows: int = 5_000_000
-    max_id_chars: int = 256
-    max_depth: int = 32
-
-    def __post_init__(self) -> None:
-        for name in (
-            "max_members",
-            "max_member_bytes",
-            "max_total_bytes",
-            "ratio_floor",
-            "max_records",
-            "max_rows",
-            "max_id_chars",
-            "max_depth",
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidInputError(f"ImportLimits.{name} must be a positive int")
-        if not isinstance(self.max_ratio, (int, float)) or not self.max_ratio >= 1:
-            raise InvalidInputError("ImportLimits.max_ratio must be a number >= 1")
-
-
-@dataclass(frozen=True)
-class ImportReport:
-    """What :func:`import_user` did.
-
-    Attributes:
-        user_id: The user imported.
-        records: Records added.
-        skipped: Records skipped (already present, ``on_conflict="merge"``).
-        reembedded: Whether the records were embedded again (the embedder differs or the file
-            holds no vectors).
-        history: History entries added.
-        jobs: Pending jobs added.
-        artifacts: Artifacts added.
-        dropped: Artifacts of the file left out (training checkpoints, see
-            :data:`CHECKPOINT_SUFFIX`).
-    """
-
-    user_id: str
-    records: int
-    skipped: int
-    reembedded: bool
-    history: int
-    jobs: int
-    artifacts: int
-    dropped: tuple[str, ...] = field(default=())
-
-
-def _engine(memory_or_engine: Any) -> MemoryEngine:
-    from memories_core.engine import MemoryEngine
-
-    engine = getattr(memory_or_engine, "engine", memory_or_engine)
-    if not isinstance(engine, MemoryEngine):
-        raise InvalidInputError(
-            f"expected a MemoryEngine or a memory with .engine, got {type(memory_or_engine)}"
-        )
-    return engine
-
-
-def _iso(value: datetime | None) -> str | None:
-    return None if value is None else value.isoformat()
-
-
-def _record_json(record: MemoryRecord, index_state: str | None) -> dict[str, Any]:
-    return {
-        "id": record.id,
-        "kind": record.kind,
-        "text": record.text,
-        "created_at": record.created_at.isoformat(),
-        "session_id": record.session_id,
-        "metadata": dict(record.metadata),
-        "source_ids": list(record.source_ids),
-        "state": record.state.to_json(),
-        "index": index_state,
-    }
-
-
-def _history_json(change: StateChange) -> dict[str, Any]:
-    return {
-        "record_id": change.record_id,
-        "at": change.at.isoformat(),
-        "old": dict(change.old),
-        "new": dict(change.new),
-        "reason": change.reason,
-    }
-
-
-def _job_json(job: Job) -> dict[str, Any]:
-    return {
-        "id": job.id,
-        "mechanism": job.mechanism,
-        "kind": job.kind,
-        "key": job.key,
-        "payload": dict(job.payload),
-        "attempts": job.attempts,
-        "last_error": job.last_error,
-        "next_attempt_at": job.next_attempt_at.isoformat(),
-        "created_at": job.created_at.isoformat(),
-    }
-
-
-def _jsonl(rows: builtins.list[dict[str, Any]]) -> str:
-    return "".join(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n" for row in rows)
-
-
-# -- backend access the EngineStore protocol does not offer ------------------------------------
-# The SQLite store keeps per-user key-value state and exact record state / job rows; the
-# protocol has no bulk read or exact write for them, so these helpers use its connection
-# when the store is the SQLite one, and fall back to the protocol otherwise.
-
-
-def _user_state(engine: MemoryEngine, user_id: str) -> dict[str, Any]:
-    return dict(engine.store.user_state(user_id))
-
-
-def _read_vectors(engine: MemoryEngine, user_id: str, ids: builtins.list[str]) -> Any:
-    """The stored vectors of ``ids`` (rows in that order), or ``None`` if not all readable."""
-    read = getattr(engine.index, "vectors", None)
-    if not ids or not callable(read):
-        return None
-    by_id = read(ids, user_id=user_id)
-    if any(i not in by_id for i in ids):
-        return None
-    return np.stack([np.asarray(by_id[i], dtype=np.float32) for i in ids])
-
-
-# -- export -----------------------------------------------------------------------------------
-
-
-def export_user(memory_or_engine: Any, user_id: str, path: str | Path) -> Path:
-    """Write everything ``user_id``'s memory holds to one portable file.
-
-    Args:
-        memory_or_engine: A :class:`~memories_core.engine.MemoryEngine` or any memory with
-            an ``.engine`` (every mechanism of this package).
-        user_id: Whose memory to export; nothing of another user is written.
-        path: The file to write (a zip archive; conventionally ``*.memories.zip``).
-
-    Returns:
-        The path written.
-
-    A training checkpoint (an artifact named ``*.checkpoint``) is left out: it is resumable
-    state of this store, not memory.
-
-    Raises:
-        InvalidInputError: on an empty or reserved user id.
-    """
-    engine = _engine(memory_or_engine)
-    check_user_id(user_id)
-    engine.index_pending()  # so that the file carries vectors for everything indexable
-    records = engine.records(user_id)
-    index_states = engine.store.index_states(user_id)
-    ids = [r.id for r in records if index_states.get(r.id) == "indexed"]
-    vectors = _read_vectors(engine, user_id, ids)
-    history = engine.history(user_id)
-    jobs = engine.pending(user_id)
-    nodes = engine.store.graph_nodes(user_id)
-    edges = engine.store.graph_edges(user_id)
-    artifacts = [
-        a for a in engine.artifacts.list(user_id) if not a.name.endswith(CHECKPOINT_SUFFIX)
-    ]
-    target = Path(path)
-    if target.is_dir():
-        raise InvalidInputError(f"{target} is a folder; give the path of the file to write")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    manifest = {
-        "format": FORMAT,
-        "version": VERSION,
-        "user_id": user_id,
-        "exported_at": engine.clock.now().isoformat(),
-        "embedder": {"name": engine.embedder.name, "dimension": engine.embedder.dimension},
-        "counts": {
-            "records": len(records),
-            "history": len(history),
-            "jobs": len(jobs),
-            "graph_nodes": len(nodes),
-            "graph_edges": len(edges),
-            "artifacts": len(artifacts),
-            "vectors": 0 if vectors is None else len(ids),
-        },
-    }
-    tmp = target.with_name(target.name + ".tmp")
-    try:
-        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-            _write_members(
-                archive,
-                manifest,
-                [_record_json(r, index_states.get(r.id)) for r in records],
-                history,
-                jobs,
-                (nodes, edges),
-                _user_state(engine, user_id),
-                None if vectors is None else (ids, vectors),
-                artifacts,
-            )
-        tmp.replace(target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return target
-
-
-def _write_members(
-    archive: zipfile.ZipFile,
-    manifest: dict[str, Any],
-    records: builtins.list[dict[str, Any]],
-    history: builtins.list[StateChange],
-    jobs: builtins.list[Job],
-    graph: tuple[builtins.list[GraphNode], builtins.list[GraphEdge]],
-    user_state: dict[str, Any],
-    vectors: tuple[builtins.list[str], Any] | None,
-    artifacts: builtins.list[ArtifactInfo],
-) -> None:
-    """Write every member of a memory file (see the module docstring for the layout)."""
-    nodes, edges = graph
-    archive.writestr("manifest.json", json.dumps(manifest, indent=2, sort_keys=True))
-    archive.writestr("records.jsonl", _jsonl(records))
-    archive.writestr("history.jsonl", _jsonl([_history_json(h) for h in history]))
-    archive.writestr("jobs.jsonl", _jsonl([_job_json(j) for j in jobs]))
-    archive.writestr(
-        "graph.json",
-        json.dumps(
-            {
-                "nodes": [
-                    {"id": n.id, "kind": n.kind, "label": n.label, "data": dict(n.data)}
-                    for n in nodes
-                ],
-                "edges": [
-                    {
-                        "id": e.id,
-                        "source": e.source,
-                        "target": e.target,
-                        "relation": e.relation,
-                        "record_id": e.record_id,
-                        "data": dict(e.data),
-                    }
-                    for e in edges
-                ],
-            },
-            ensure_ascii=False,
-            sort_keys=True,
-        ),
-    )
-    archive.writestr("state.json", json.dumps(user_state, ensure_ascii=False))
-    if vectors is not None:
-        ids, matrix = vectors
-        buffer = io.BytesIO()
-        np.save(buffer, matrix, allow_pickle=False)
-        archive.writestr("vectors.npy", buffer.getvalue())
-        archive.writestr("vector_ids.json", json.dumps(ids))
-    listing = []
-    for n, info in enumerate(artifacts):
-        files = sorted(p for p in info.path.rglob("*") if p.is_file())
-        for file in files:
-            archive.write(file, f"artifacts/{n}/{file.relative_to(info.path).as_posix()}")
-        listing.append(
-            {
-                "name": info.name,
-                "folder": str(n),
-                "created_at": info.created_at.isoformat(),
-                "meta": dict(info.meta),
-                "sha256": info.sha256,
-            }
-        )
-    archive.writestr("artifacts.json", json.dumps(listing, ensure_ascii=False))
-
-
-# -- reading an untrusted file ----------------------------------------------------------------
-
-_TABLES = ("records.jsonl", "history.jsonl", "jobs.jsonl")
-_JSON_MEMBERS = ("manifest.json", "graph.json", "state.json", "artifacts.json")
-_REQUIRED = frozenset({*_TABLES, *_JSON_MEMBERS})
-_VECTOR_MEMBERS = frozenset({"vectors.npy", "vector_ids.json"})
-_ARTIFACT_MEMBER = re.compile(r"artifacts/(0|[1-9][0-9]{0,8})/(.+)")
-_COUNTS = ("records", "history", "jobs", "graph_nodes", "graph_edges", "artifacts", "vectors")
-_INDEX_STATES = frozenset({"indexed", "pending", "failed"})
-#: Turn metadata the library writes itself (``save``); accepted in a file's records.
-_LIBRARY_META_KEYS = frozenset({"role", "speaker", "batch_id"})
-_MANIFEST_BYTES = 1 << 20
-_SHA256 = re.compile(r"[0-9a-f]{64}")
-
-
-def _fail(where: str, problem: str) -> MemoryFileError:
-    return MemoryFileError(f"memory file refused: {where}: {problem}")
+__all__ = ["read_manifest"]
 
 
 def _refuse_constant(name: str) -> Any:
@@ -552,9 +180,6 @@ def _artifact_file_name(file: str, where: str, limits: ImportLimits) -> str:
     return file
 
 
-# -- row validation: the rules of save ----------------------------------------------------------
-
-
 def _fields(
     row: Any, where: str, required: frozenset[str], optional: frozenset[str] = frozenset()
 ) -> dict[str, Any]:
@@ -646,6 +271,8 @@ def _json_object(value: Any, where: str, depth: int) -> dict[str, Any]:
 _RECORD_FIELDS = frozenset(
     {"id", "kind", "text", "created_at", "session_id", "metadata", "source_ids", "state", "index"}
 )
+
+
 _STATE_FIELDS = frozenset(
     {
         "strength",
@@ -1079,185 +706,3 @@ def read_manifest(path: str | Path, *, limits: ImportLimits | None = None) -> di
         reader = _Reader(archive, limits or ImportLimits())
         reader.check_archive()
         return _manifest(reader.load_json("manifest.json", _MANIFEST_BYTES), "manifest.json")
-
-
-# -- import -----------------------------------------------------------------------------------
-
-
-def import_user(
-    memory_or_engine: Any,
-    path: str | Path,
-    *,
-    on_conflict: Literal["refuse", "merge"] = "refuse",
-    user_id: str | None = None,
-    limits: ImportLimits | None = None,
-) -> ImportReport:
-    """Restore a memory file written by :func:`export_user`: validated first, then atomic.
-
-    The whole file is read and checked before anything is written (see the module
-    docstring and :class:`ImportLimits`); then records, their state, history, jobs, graph,
-    per-user state and the artifact registry are written in one store transaction, with the
-    artifacts' files staged beside it (removed if it fails). Vectors of the file are added
-    after the commit when the embedder is the same; a failure there leaves the records
-    pending, and the next indexing embeds them. A refused or failed import leaves nothing,
-    so importing the good file afterwards works.
-
-    Args:
-        memory_or_engine: The target engine or a memory with ``.engine``.
-        path: The memory file.
-        on_conflict: If the target already holds the user: ``"refuse"`` raises
-            :class:`UserExistsError` (nothing is written); ``"merge"`` adds what is missing
-            (records, history entries, jobs, graph nodes and edges, artifacts, state keys by
-            id or name) and keeps what the target has.
-        user_id: The user the file must belong to (a service importing an upload for its
-            signed-in user); a file naming another user is refused. ``None``: any user.
-        limits: Size limits (default :class:`ImportLimits`).
-
-    Returns:
-        What was imported.
-
-    Raises:
-        MemoryFileError: on a file that is damaged, too large, of another format version,
-            names a reserved or unexpected user, or holds a row ``save`` would refuse;
-            also when a record id of the file belongs to another user of the target.
-        InvalidInputError: on bad arguments, or a file that cannot be read.
-        UserExistsError: if the user exists and ``on_conflict="refuse"``.
-        BackendError: if the store fails while writing (nothing is kept).
-    """
-    if on_conflict not in ("refuse", "merge"):
-        raise InvalidInputError(f"on_conflict must be 'refuse' or 'merge', got {on_conflict!r}")
-    if user_id is not None:
-        check_user_id(user_id)
-    if limits is not None and not isinstance(limits, ImportLimits):
-        raise InvalidInputError(f"limits must be ImportLimits, got {type(limits).__name__}")
-    engine = _engine(memory_or_engine)
-    memory_file = _read_file(path, limits or ImportLimits(), expected_user=user_id)
-    with memory_file.reader.archive, engine.user_lock(memory_file.user_id):
-        return _write(engine, memory_file, on_conflict)
-
-
-def _refuse_existing(engine: MemoryEngine, user_id: str, on_conflict: str) -> None:
-    if on_conflict != "refuse":
-        return
-    if engine.store.list(user_id=user_id, limit=1) or engine.artifacts.list(user_id):
-        raise UserExistsError(
-            f"this memory holds user {user_id!r} already; pass on_conflict='merge' to merge "
-            "the file into it, or delete the user first"
-        )
-
-
-def _write(engine: MemoryEngine, file: _MemoryFile, on_conflict: str) -> ImportReport:
-    user_id = file.user_id
-    engine._finish_deletion(user_id)  # a delete_user interrupted earlier ends first
-    _refuse_existing(engine, user_id, on_conflict)
-    same_embedder = file.manifest["embedder"] == {
-        "name": engine.embedder.name,
-        "dimension": engine.embedder.dimension,
-    }
-    vectors = file.vectors if same_embedder and file.vectors is not None else {}
-    have_artifacts = {a.name for a in engine.artifacts.list(user_id)}
-    staged: list[tuple[_Artifact, StagedArtifact]] = []
-    try:
-        for artifact in file.artifacts:
-            if artifact.name in have_artifacts:
-                continue
-            data = {name: file.reader.read(info.filename) for name, info in artifact.files.items()}
-            done = engine.artifacts.stage(user_id, artifact.name, data)
-            staged.append((artifact, done))
-            if done.sha256 != artifact.sha256:
-                raise _fail(
-                    f"artifacts/{artifact.folder}/", "its files do not match their checksum"
-                )
-        with engine.transaction():
-            written = _write_rows(engine, file, on_conflict, staged)
-    except BaseException as exc:
-        for _, done in staged:
-            engine.artifacts.discard(done)
-        if type(exc) is InvalidInputError:  # the store refused a row (another user's id)
-            raise _fail("records.jsonl", str(exc)) from exc
-        if isinstance(exc, MemoriesError) or not isinstance(exc, Exception):
-            raise
-        raise BackendError(f"the memory file could not be written: {exc}") from exc
-    added = {r.id for r in file.records} - written.present
-    reuse = [r for r in file.records if r.id in added and file.index[r.id] and r.id in vectors]
-    if reuse:
-        from memories_core.retrieval import index_metadata
-
-        try:
-            engine.index.add(
-                [r.id for r in reuse],
-                np.stack([vectors[r.id] for r in reuse]).astype(np.float32),
-                [index_metadata(r) for r in reuse],
-            )
-            engine.store.mark_indexed([r.id for r in reuse])
-        except Exception:
-            engine.count_failure("index")
-            logger.warning("imported vectors not stored; the records stay pending", exc_info=True)
-    engine.index_pending()
-    new = [r for r in file.records if r.id in added]
-    return ImportReport(
-        user_id=user_id,
-        records=len(new),
-        skipped=len(file.records) - len(new),
-        reembedded=any(file.index[r.id] is not None and r.id not in vectors for r in new),
-        history=written.history,
-        jobs=written.jobs,
-        artifacts=len(staged),
-        dropped=file.dropped,
-    )
-
-
-@dataclass(frozen=True)
-class _Written:
-    """What one import transaction wrote: ids already present, history and jobs added."""
-
-    present: set[str]
-    history: int
-    jobs: int
-
-
-def _write_rows(
-    engine: MemoryEngine,
-    file: _MemoryFile,
-    on_conflict: str,
-    staged: builtins.list[tuple[_Artifact, StagedArtifact]],
-) -> _Written:
-    """Everything but vectors and artifact bytes, inside the caller's transaction."""
-    user_id = file.user_id
-    store = engine.store
-    _refuse_existing(engine, user_id, on_conflict)  # again, inside the transaction
-    present = {r.id for r in store.get([r.id for r in file.records], user_id=user_id)}
-    new = [r for r in file.records if r.id not in present]
-    store.add([r for r in new if file.index[r.id] is not None], indexed=True)
-    store.add([r for r in new if file.index[r.id] is None], indexed=False)
-    store.restore_state(user_id, {r.id: r.state for r in new})
-    have = {
-        _History(h.record_id, h.at, dict(h.old), dict(h.new), h.reason).key()
-        for h in store.history(user_id)
-    }
-    history = [h for h in file.history if h.key() not in have]
-    for h in history:
-        store.add_history(user_id, h.record_id, old=h.old, new=h.new, at=h.at, reason=h.reason)
-    jobs = int(store.restore_jobs(user_id, file.jobs))
-    node_ids = {n.id for n in store.graph_nodes(user_id)}
-    edge_ids = {e.id for e in store.graph_edges(user_id)}
-    store.put_graph(
-        user_id,
-        nodes=[n for n in file.nodes if n.id not in node_ids],
-        edges=[e for e in file.edges if e.id not in edge_ids],
-    )
-    for key, value in file.state.items():
-        if store.get_state(key, user_id=user_id) is None:
-            store.set_state(key, value, user_id=user_id)
-    for artifact, done in staged:
-        # The original write time: the registry entry is part of the round trip.
-        store.register_artifact(
-            user_id,
-            artifact.name,
-            folder=done.folder,
-            size=done.size,
-            sha256=done.sha256,
-            at=artifact.created_at,
-            meta=artifact.meta,
-        )
-    return _Written(present=present, history=len(history), jobs=jobs)

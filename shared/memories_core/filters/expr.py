@@ -1,38 +1,4 @@
-"""The one filter language of the package: parsed once, evaluated in Python, translated to SQL.
-
-A filter is a mapping, e.g.::
-
-    {"kind": "turn", "created_at": {"$gte": since}, "$or": [{"topic": "food"}, {"n": {"$gt": 2}}]}
-
-:func:`compile_filter` validates it and returns a small immutable tree (:class:`FilterExpr`)
-that every backend uses: :meth:`FilterExpr.matches` evaluates it against any record-like
-value source, :meth:`FilterExpr.to_sql` translates it for SQLite or PostgreSQL, and
-:meth:`FilterExpr.split` keeps the part a partial backend (a vector index) can pre-filter on.
-
-Keys (the field namespace of records):
-
-* record fields ``id``, ``kind``, ``session_id`` (text) and ``created_at`` (datetime);
-* state fields ``strength``, ``recall_count`` (numbers), ``last_recalled_at``, ``valid_from``,
-  ``valid_until`` (datetimes), ``tier`` (text), ``archived`` (bool);
-* ``attrs.<name>``: a key of the state's ``attrs`` JSON;
-* any other key: a key of the record's ``metadata`` JSON.
-
-Operators: equality shorthand ``{"k": v}``, ``$eq``, ``$ne``, ``$in`` / ``$nin`` (lists),
-``$gt`` / ``$gte`` / ``$lt`` / ``$lte`` (numbers or datetimes), ``$exists`` (bool), and
-``$and`` / ``$or`` (non-empty lists of filters). Several keys, or several operators on one
-key, are AND-ed.
-
-Semantics, identical in every backend:
-
-* A missing key, ``None``, JSON ``null`` and SQL ``NULL`` match nothing except
-  ``$exists: False``; in particular ``$ne`` and ``$nin`` do not match missing keys.
-* Comparison operators (``$ne`` and ``$nin`` included) only ever match scalar values;
-  a JSON list or object is present (for ``$exists``) but never compares.
-* ``True`` never equals ``1`` and a string never equals a number; ``int`` and ``float``
-  compare numerically.
-* A datetime compares with datetime fields; on a metadata (or ``attrs``) key it compares
-  with the ISO-8601 UTC string of :func:`to_iso` (how metadata stores datetimes).
-"""
+"""The filter language: a ``where`` mapping compiled into an expression, matched in Python."""
 
 from __future__ import annotations
 
@@ -56,8 +22,8 @@ __all__ = [
     "ColumnType",
     "Condition",
     "FilterExpr",
-    "PostgresTranslator",
-    "SQLiteTranslator",
+    "Scalar",
+    "ValueGetter",
     "compile_filter",
     "from_micros",
     "index_prefilter",
@@ -67,8 +33,13 @@ __all__ = [
     "to_micros",
 ]
 
+
 ColumnType = Literal["text", "int", "real", "bool", "datetime"]
+
+
 Scalar = str | int | float | bool | datetime
+
+
 ValueGetter = Callable[[str], Any]
 
 
@@ -92,6 +63,7 @@ class _Missing:
 #: Returned by a value getter for a key the record does not have.
 MISSING: Final = _Missing()
 
+
 #: Immutable record fields and their types.
 RECORD_FIELDS: Final[Mapping[str, ColumnType]] = {
     "id": "text",
@@ -99,6 +71,8 @@ RECORD_FIELDS: Final[Mapping[str, ColumnType]] = {
     "session_id": "text",
     "created_at": "datetime",
 }
+
+
 #: Mutable state fields (table ``record_state``) and their types.
 STATE_FIELDS: Final[Mapping[str, ColumnType]] = {
     "strength": "real",
@@ -109,8 +83,13 @@ STATE_FIELDS: Final[Mapping[str, ColumnType]] = {
     "valid_until": "datetime",
     "archived": "bool",
 }
+
+
 FIELD_TYPES: Final[Mapping[str, ColumnType]] = {**RECORD_FIELDS, **STATE_FIELDS}
+
+
 ATTRS_PREFIX: Final = "attrs."
+
 
 # Keys that may not appear in a filter at all, with the reason.
 _FORBIDDEN_KEYS = {
@@ -118,15 +97,24 @@ _FORBIDDEN_KEYS = {
     "text": "text is not a filterable field (use a text search)",
     "source_ids": "source_ids is not a filterable field",
 }
+
+
 _COMPARISONS = {"$eq": "eq", "$ne": "ne", "$gt": "gt", "$gte": "gte", "$lt": "lt", "$lte": "lte"}
+
+
 _OPERATORS = {**_COMPARISONS, "$in": "in", "$nin": "nin", "$exists": "exists"}
+
+
 _RANGES = frozenset({"gt", "gte", "lt", "lte"})
+
+
 _INT64 = (-(2**63), 2**63 - 1)
+
+
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
 _MICROSECOND = timedelta(microseconds=1)
-
-
-# -- values ---------------------------------------------------------------------------------
 
 
 def _utc(value: datetime) -> datetime:
@@ -193,9 +181,6 @@ def _order(got: Any, want: Scalar) -> int | None:
     else:
         return None
     return (left > right) - (left < right)
-
-
-# -- the expression tree --------------------------------------------------------------------
 
 
 class FilterExpr(ABC):
@@ -270,6 +255,9 @@ class FilterExpr(ABC):
             InvalidInputError: if the filter names a field the query does not provide
                 (e.g. a state field when ``columns`` maps only the records table).
         """
+        # The translators build on these classes: imported here, not at module level.
+        from memories_core.filters.sql import _TRANSLATORS
+
         translator = _TRANSLATORS.get(dialect)
         if translator is None:
             raise InvalidInputError(f"no SQL translation for dialect {dialect!r}")
@@ -342,9 +330,6 @@ class AnyOf(FilterExpr):
 
     def fields(self) -> frozenset[str]:  # noqa: D102
         return frozenset().union(*(part.fields() for part in self.parts))
-
-
-# -- parsing and validation -----------------------------------------------------------------
 
 
 def compile_filter(where: Mapping[str, Any] | FilterExpr | None) -> FilterExpr | None:
@@ -489,9 +474,6 @@ def _fits(value: Scalar, kind: ColumnType) -> bool:
     return _is_number(value)
 
 
-# -- value sources --------------------------------------------------------------------------
-
-
 def is_index_field(key: str) -> bool:
     """Whether a vector index's metadata can answer ``key``: ``kind``, ``session_id``, metadata.
 
@@ -564,253 +546,3 @@ def record_getter(record: Any) -> ValueGetter:
         return record.metadata.get(key, MISSING)
 
     return get
-
-
-# -- SQL ------------------------------------------------------------------------------------
-
-
-class SQLiteTranslator:
-    """Translates a :class:`FilterExpr` into a SQLite condition.
-
-    Column fields compare their SQL values directly (datetimes as microseconds, bools as
-    0/1). JSON keys use ``json_type`` to keep the typing of the Python evaluator
-    (``json_extract`` alone maps ``true`` to 1) and ``json_extract`` for the value.
-
-    Another dialect (e.g. Postgres with ``jsonb_typeof`` / ``->>``) subclasses this and
-    overrides the JSON hooks (:meth:`json_type`, :meth:`json_value`, the type-name
-    attributes) and :attr:`placeholder`; the operator logic is shared.
-    """
-
-    placeholder = "?"
-    #: Placeholder of a number compared with a JSON number (a dialect may cast it).
-    number_placeholder = "?"
-    #: SQL literal of a condition that is never true.
-    false_sql = "0"
-    #: ``json_type`` results for JSON numbers, text, true, false, and every scalar.
-    number_types: tuple[str, ...] = ("integer", "real")
-    text_types: tuple[str, ...] = ("text",)
-    true_types: tuple[str, ...] = ("true",)
-    false_types: tuple[str, ...] = ("false",)
-    null_type = "null"
-
-    def __init__(
-        self,
-        columns: Mapping[str, tuple[str, ColumnType]],
-        metadata_column: str,
-        attrs_column: str | None = None,
-    ) -> None:
-        self.columns = columns
-        self.metadata_column = metadata_column
-        self.attrs_column = attrs_column
-
-    # -- dialect hooks ----------------------------------------------------------------------
-
-    def json_path(self, key: str) -> str:
-        """The JSON path parameter that addresses the top-level ``key``."""
-        return f'$."{key}"'
-
-    def json_type(self, column: str, key: str) -> tuple[str, list[Any]]:
-        """SQL for the JSON type name of ``column[key]`` (``NULL`` when absent)."""
-        return f"json_type({column}, {self.placeholder})", [self.json_path(key)]
-
-    def json_value(self, column: str, key: str) -> tuple[str, list[Any]]:
-        """SQL for the SQL value of the scalar ``column[key]``."""
-        return f"json_extract({column}, {self.placeholder})", [self.json_path(key)]
-
-    def json_number(self, column: str, key: str) -> tuple[str, list[Any]]:
-        """SQL for ``column[key]`` compared as a number (used under a number type check)."""
-        return self.json_value(column, key)
-
-    def json_text(self, column: str, key: str) -> tuple[str, list[Any]]:
-        """SQL for ``column[key]`` compared as text (used under a text type check)."""
-        return self.json_value(column, key)
-
-    # -- translation ------------------------------------------------------------------------
-
-    def translate(self, expr: FilterExpr) -> tuple[str, list[Any]]:
-        """``(condition, params)`` for ``expr``."""
-        if isinstance(expr, (AllOf, AnyOf)):
-            joiner = " AND " if isinstance(expr, AllOf) else " OR "
-            sqls: list[str] = []
-            params: list[Any] = []
-            for part in expr.parts:
-                sql, more = self.translate(part)
-                sqls.append(sql)
-                params += more
-            return "(" + joiner.join(sqls) + ")", params
-        assert isinstance(expr, Condition)
-        column = self.columns.get(expr.key)
-        if column is not None:
-            return self._column_condition(expr, *column)
-        if expr.key in FIELD_TYPES:
-            raise InvalidInputError(f"this store cannot filter on {expr.key!r}")
-        if expr.key.startswith(ATTRS_PREFIX):
-            if self.attrs_column is None:
-                raise InvalidInputError(f"this store cannot filter on {expr.key!r}")
-            return self._json_condition(expr, self.attrs_column, expr.key[len(ATTRS_PREFIX) :])
-        return self._json_condition(expr, self.metadata_column, expr.key)
-
-    def _column_condition(
-        self, cond: Condition, sql: str, kind: ColumnType
-    ) -> tuple[str, list[Any]]:
-        p = self.placeholder
-        present = f"{sql} IS NOT NULL"
-        if cond.op == "exists":
-            return (present if cond.value else f"{sql} IS NULL"), []
-        if cond.op in ("in", "nin"):
-            values = [v for v in (self._column_param(w, kind) for w in cond.value) if v is not None]
-            if cond.op == "in":
-                if not values:
-                    return self.false_sql, []
-                return f"{sql} IN ({', '.join(p for _ in values)})", values
-            if not values:
-                return present, []
-            return f"({present} AND {sql} NOT IN ({', '.join(p for _ in values)}))", values
-        value = self._column_param(cond.value, kind)
-        if cond.op == "ne":
-            return (present, []) if value is None else (f"({present} AND {sql} <> {p})", [value])
-        if value is None or (cond.op in _RANGES and kind in ("text", "bool")):
-            return self.false_sql, []  # a value of another type never compares
-        symbol = {"eq": "=", "gt": ">", "gte": ">=", "lt": "<", "lte": "<="}[cond.op]
-        return f"{sql} {symbol} {p}", [value]
-
-    @staticmethod
-    def _column_param(value: Scalar, kind: ColumnType) -> Any:
-        """The SQL parameter for ``value`` in a column of ``kind``, ``None`` if never equal."""
-        if kind == "text":
-            return value if isinstance(value, str) else None
-        if kind == "bool":
-            return int(value) if isinstance(value, bool) else None
-        if kind == "datetime":
-            return to_micros(value) if isinstance(value, datetime) else None
-        return value if _is_number(value) else None
-
-    def _json_condition(self, cond: Condition, column: str, key: str) -> tuple[str, list[Any]]:
-        type_sql, type_params = self.json_type(column, key)
-        if cond.op == "exists":
-            symbol = "<>" if cond.value else "="
-            return f"COALESCE({type_sql}, '{self.null_type}') {symbol} '{self.null_type}'", [
-                *type_params
-            ]
-        if cond.op in ("eq", "in"):
-            values = (cond.value,) if cond.op == "eq" else cond.value
-            return self._json_in(values, column, key)
-        if cond.op in ("ne", "nin"):
-            values = (cond.value,) if cond.op == "ne" else cond.value
-            sql, params = self._json_in(values, column, key)
-            scalars = self._types(
-                self.number_types + self.text_types + self.true_types + self.false_types
-            )
-            # On a present scalar, the IN condition is never NULL, so NOT is exact.
-            return f"({type_sql} IN {scalars} AND NOT {sql})", [*type_params, *params]
-        symbol = {"gt": ">", "gte": ">=", "lt": "<", "lte": "<="}[cond.op]
-        if isinstance(cond.value, datetime):
-            types, param = self.text_types, to_iso(cond.value)
-            value_sql, value_params = self.json_text(column, key)
-            mark = self.placeholder
-        else:
-            types, param = self.number_types, cond.value
-            value_sql, value_params = self.json_number(column, key)
-            mark = self.number_placeholder
-        return (
-            f"({type_sql} IN {self._types(types)} AND {value_sql} {symbol} {mark})",
-            [*type_params, *value_params, param],
-        )
-
-    def _json_in(self, values: Sequence[Scalar], column: str, key: str) -> tuple[str, list[Any]]:
-        """Condition: ``column[key]`` equals one of ``values`` (typed), never NULL."""
-        type_sql, type_params = self.json_type(column, key)
-        bool_types = tuple(
-            dict.fromkeys(
-                t
-                for v in values
-                if isinstance(v, bool)
-                for t in (self.true_types if v else self.false_types)
-            )
-        )
-        numbers = [v for v in values if _is_number(v)]
-        texts = [to_iso(v) if isinstance(v, datetime) else v for v in values if _is_text(v)]
-        clauses: list[str] = []
-        params: list[Any] = []
-        if bool_types:
-            clauses.append(f"{type_sql} IN {self._types(bool_types)}")
-            params += type_params
-        groups = (
-            (self.number_types, numbers, self.json_number, self.number_placeholder),
-            (self.text_types, texts, self.json_text, self.placeholder),
-        )
-        for types, group, typed_value, mark in groups:
-            if group:
-                value_sql, value_params = typed_value(column, key)
-                marks = ", ".join(mark for _ in group)
-                clauses.append(f"({type_sql} IN {self._types(types)} AND {value_sql} IN ({marks}))")
-                params += [*type_params, *value_params, *group]
-        if not clauses:
-            return self.false_sql, []
-        # COALESCE: json_type is NULL for an absent key, and this may sit under a NOT.
-        return "COALESCE(" + " OR ".join(clauses) + f", {self.false_sql})", params
-
-    @staticmethod
-    def _types(names: Sequence[str]) -> str:
-        return "(" + ", ".join(f"'{name}'" for name in names) + ")"
-
-
-def _is_text(value: Scalar) -> bool:
-    return isinstance(value, (str, datetime))
-
-
-class PostgresTranslator(SQLiteTranslator):
-    """Translates a :class:`FilterExpr` into a PostgreSQL condition (psycopg ``%s`` style).
-
-    JSON columns are of type ``json`` (kept as written, so numbers round-trip exactly).
-    The JSON type of a key is ``json_typeof`` with booleans split into ``'true'`` and
-    ``'false'`` (as SQLite's ``json_type`` does); values are read with ``->>`` and converted
-    only under a ``CASE`` that checked the type first (Postgres does not promise to evaluate
-    ``AND`` left to right, so a bare ``::numeric`` could meet a string). Numbers compare as
-    ``numeric`` (exact for 64-bit integers; a float parameter compares by its shortest
-    decimal form, as ``json.dumps`` writes it), text with ``COLLATE "C"`` (code-point
-    order, as in Python and SQLite). Bool columns are ``boolean``; datetime columns hold
-    integer microseconds (:func:`to_micros`), as in SQLite.
-    """
-
-    placeholder = "%s"
-    number_placeholder = "%s::numeric"
-    false_sql = "FALSE"
-    number_types = ("number",)
-    text_types = ("string",)
-
-    def json_type(self, column: str, key: str) -> tuple[str, list[Any]]:  # noqa: D102
-        return (
-            f"(CASE json_typeof({column} -> %s::text) WHEN 'boolean' THEN ({column} ->> %s::text) "
-            f"ELSE json_typeof({column} -> %s::text) END)",
-            [key, key, key],
-        )
-
-    def json_value(self, column: str, key: str) -> tuple[str, list[Any]]:  # noqa: D102
-        return f"({column} ->> %s::text)", [key]
-
-    def json_number(self, column: str, key: str) -> tuple[str, list[Any]]:  # noqa: D102
-        return (
-            f"(CASE WHEN json_typeof({column} -> %s::text) = 'number' "
-            f"THEN ({column} ->> %s::text)::numeric END)",
-            [key, key],
-        )
-
-    def json_text(self, column: str, key: str) -> tuple[str, list[Any]]:  # noqa: D102
-        return (
-            f"(CASE WHEN json_typeof({column} -> %s::text) = 'string' "
-            f'THEN ({column} ->> %s::text) END) COLLATE "C"',
-            [key, key],
-        )
-
-    @staticmethod
-    def _column_param(value: Scalar, kind: ColumnType) -> Any:
-        if kind == "bool":
-            return value if isinstance(value, bool) else None
-        return SQLiteTranslator._column_param(value, kind)
-
-
-_TRANSLATORS: dict[str, type[SQLiteTranslator]] = {
-    "sqlite": SQLiteTranslator,
-    "postgres": PostgresTranslator,
-}
