@@ -55,9 +55,9 @@ from memories_core import (
 )
 from memories_core.interfaces import Embedder
 from memories_core.llms import ScriptedLLM
-from memories_core.llms.rule_following import is_worth_remembering, rule_following_reply
 from memories_core.prompts import conditional as conditional_prompts
 from memories_core.prompts import summary as summary_prompts
+from memories_core.prompts.rule_following import is_worth_remembering, rule_following_reply
 from memories_core.types import ChatMessage
 from memories_core.usage import Usage, estimate_tokens
 

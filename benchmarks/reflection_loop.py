@@ -50,8 +50,8 @@ from memories_core.evaluation import CATEGORY_NAMES, LocomoConversation, LocomoQ
 from memories_core.interfaces import LLM
 from memories_core.llms import ScriptedLLM
 from memories_core.llms.base import BaseLLM, LLMResult
-from memories_core.llms.rule_following import rule_following_reply
 from memories_core.prompts.reflection import parse_reflection
+from memories_core.prompts.rule_following import rule_following_reply
 from memories_core.types import ChatMessage
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

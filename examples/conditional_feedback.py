@@ -27,7 +27,7 @@ from memories_core import ConditionalMemory, ConditionalReply, LLMError, ParseEr
 from memories_core.embedders import HashingEmbedder, SentenceTransformerEmbedder
 from memories_core.interfaces import LLM, Embedder
 from memories_core.llms import ScriptedLLM
-from memories_core.llms.rule_following import rule_following_reply
+from memories_core.prompts.rule_following import rule_following_reply
 
 
 def choose(local: bool, model: str = "smollm2-135m") -> tuple[LLM, Embedder, str]:

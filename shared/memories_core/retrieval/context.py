@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 from memories_core.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from memories_core.retrieval.pipeline import RecallContext, RecallRequest
+    from memories_core.retrieval.base import RecallContext, RecallRequest
     from memories_core.types import MemoryRecord
 
 from memories_core.retrieval.fusion import Ranking

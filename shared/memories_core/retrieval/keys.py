@@ -34,8 +34,8 @@ import numpy as np
 import numpy.typing as npt
 
 from memories_core.errors import ConfigurationError, SearchKeyError
+from memories_core.retrieval.base import RecallBackend, Where, filters_match
 from memories_core.retrieval.fusion import Ranking
-from memories_core.retrieval.pipeline import RecallBackend, Where, filters_match
 from memories_core.types import MemoryRecord
 
 __all__ = [

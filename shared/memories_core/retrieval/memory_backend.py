@@ -18,9 +18,9 @@ import numpy.typing as npt
 from memories_core.backends import SQLiteRecordStore
 from memories_core.errors import InvalidInputError
 from memories_core.interfaces import Clock, Embedder
+from memories_core.retrieval.base import Where, filters_match
 from memories_core.retrieval.context import adjacent_rows, rows_of
 from memories_core.retrieval.fusion import Ranking
-from memories_core.retrieval.pipeline import Where, filters_match
 from memories_core.retrieval.store_backend import merge_rankings, split_kinds
 from memories_core.types import MemoryRecord, new_id
 

@@ -17,8 +17,8 @@ import numpy as np
 import numpy.typing as npt
 
 from memories_core.errors import ConfigurationError
+from memories_core.retrieval.base import RecallContext, RecallRequest
 from memories_core.retrieval.fusion import Ranking
-from memories_core.retrieval.pipeline import RecallContext, RecallRequest
 from memories_core.types import MemoryRecord
 
 __all__ = [

@@ -19,9 +19,9 @@ import numpy as np
 import numpy.typing as npt
 
 from memories_core.interfaces import Clock, Embedder, Filter, RecordStore, VectorIndex
+from memories_core.retrieval.base import Where
 from memories_core.retrieval.context import adjacent_rows, rows_of
 from memories_core.retrieval.fusion import Ranking
-from memories_core.retrieval.pipeline import Where
 from memories_core.types import MemoryRecord
 
 __all__ = ["StoreBackend", "merge_rankings", "split_kinds"]

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
 from memories_core.errors import ConfigurationError
+from memories_core.retrieval.base import RecallContext, RecallRequest
 from memories_core.retrieval.fusion import Ranking
-from memories_core.retrieval.pipeline import RecallContext, RecallRequest
 
 __all__ = ["DEFAULT_TEMPORAL_WEIGHT", "TemporalBoost", "TimeWindow", "parse_time_window"]
 

@@ -54,7 +54,7 @@ process, so it must live in an importable module (any pytest test module is).
 The factory receives ``path=None`` for an in-memory memory (``storages`` says which storages
 the storage-agnostic tests run on: in memory by default; reopen, erasure, crash and isolation
 tests run on disk) and an LLM that the suite controls: a scripted model that
-follows the package's prompts (:func:`~memories_core.llms.rule_following.rule_following_reply`)
+follows the package's prompts (:func:`~memories_core.prompts.rule_following.rule_following_reply`)
 or a :class:`FlakyLLM`. Each entry of ``known_failures`` marks the matching tests
 ``xfail(strict=False)`` with the entry as reason; a key is a test name (every parametrization),
 a full test id (``"test_x[memory]"``) or a pattern with ``*`` (``"test_x[*-metadata-nan]"``).

@@ -26,8 +26,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from memories_core.llms.rule_following import rule_following_reply
 from memories_core.llms.scripted import ScriptedLLM
+from memories_core.prompts.rule_following import rule_following_reply
 from memories_core.testing._scenario import _BASE_TIME, _exchange
 from memories_core.types import ChatMessage, Scope, Turn
 

@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 from memories_core.errors import LLMError
 from memories_core.interfaces import LLM
 from memories_core.llms.base import BaseLLM, LLMResult
-from memories_core.llms.rule_following import UNKNOWN_PROMPT_REPLY, rule_following_reply
 from memories_core.llms.scripted import ScriptedLLM
+from memories_core.prompts.rule_following import UNKNOWN_PROMPT_REPLY, rule_following_reply
 from memories_core.testing.cases import GARBAGE_REPLIES
 from memories_core.types import ChatMessage
 
@@ -31,7 +31,7 @@ __all__ = [
 class FlakyLLM(ScriptedLLM):
     """A scripted model whose health the test switches: ``"ok"``, ``"fail"`` or ``"garbage"``.
 
-    ``"ok"`` answers like :func:`~memories_core.llms.rule_following.rule_following_reply`,
+    ``"ok"`` answers like :func:`~memories_core.prompts.rule_following.rule_following_reply`,
     ``"fail"`` raises :class:`~memories_core.errors.LLMError` on every call (an outage), and
     ``"garbage"`` cycles through ``garbage`` (default: every reply of :data:`GARBAGE_REPLIES`).
 
@@ -63,8 +63,8 @@ class FlakyLLM(ScriptedLLM):
 class TaughtLLM(BaseLLM):
     """The suite's model taught a mechanism's own prompts.
 
-    :func:`~memories_core.llms.rule_following.rule_following_reply` answers only the prompts
-    it knows; where it says so (:data:`~memories_core.llms.rule_following.UNKNOWN_PROMPT_REPLY`),
+    :func:`~memories_core.prompts.rule_following.rule_following_reply` answers only the prompts
+    it knows; where it says so (:data:`~memories_core.prompts.rule_following.UNKNOWN_PROMPT_REPLY`),
     this wrapper answers with ``reply`` instead, as the model would if it knew them. Outages
     and garbage replies of ``inner`` (e.g. :class:`FlakyLLM`) pass through unchanged, so a
     new mechanism runs the whole contract suite with only its own offline stand-in.

@@ -1,0 +1,201 @@
+"""The import graph of ``memories_core`` has no circles.
+
+The graph is read from the source with ``ast``: an edge is a module-level import of another
+``memories_core`` module. Imports under ``if TYPE_CHECKING:`` and inside functions do not
+run when the module is imported, so they do not count. Two granularities are checked: single
+modules, and the top-level parts of the package (``memories_core.retrieval``,
+``memories_core.llms``, ...) with every module folded into its part.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import memories_core
+
+ROOT = Path(memories_core.__file__).parent
+PACKAGE = "memories_core"
+
+
+def _modules() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for path in ROOT.rglob("*.py"):
+        parts = [PACKAGE, *path.relative_to(ROOT).with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return any(
+        isinstance(node, ast.Name | ast.Attribute)
+        and (getattr(node, "id", None) or getattr(node, "attr", None)) == "TYPE_CHECKING"
+        for node in ast.walk(test)
+    )
+
+
+def _module_level_imports(body: Iterable[ast.stmt]) -> Iterable[ast.Import | ast.ImportFrom]:
+    """Import statements that run when the module is imported (not functions, not typing)."""
+    for node in body:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+        elif isinstance(node, ast.If):
+            if not _is_type_checking(node.test):
+                yield from _module_level_imports(node.body)
+            yield from _module_level_imports(node.orelse)
+        elif isinstance(node, ast.Try):
+            yield from _module_level_imports(node.body)
+            for handler in node.handlers:
+                yield from _module_level_imports(handler.body)
+            yield from _module_level_imports(node.orelse)
+            yield from _module_level_imports(node.finalbody)
+        elif isinstance(node, ast.With):
+            yield from _module_level_imports(node.body)
+
+
+def _targets(node: ast.Import | ast.ImportFrom, name: str, is_package: bool, known: set[str]):
+    if isinstance(node, ast.Import):
+        for alias in node.names:
+            parts = alias.name.split(".")
+            while parts and ".".join(parts) not in known:
+                parts.pop()
+            if parts:
+                yield ".".join(parts)
+        return
+    if node.level:
+        base = name.split(".") if is_package else name.split(".")[:-1]
+        base = base[: len(base) - (node.level - 1)]
+        module = ".".join([*base, *([node.module] if node.module else [])])
+    else:
+        module = node.module or ""
+    for alias in node.names:
+        submodule = f"{module}.{alias.name}"
+        if submodule in known:
+            yield submodule
+        elif module in known:
+            yield module
+
+
+def import_graph() -> dict[str, set[str]]:
+    """``module -> modules it imports at module level``, for every module of the package."""
+    modules = _modules()
+    known = set(modules)
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        is_package = path.name == "__init__.py"
+        for node in _module_level_imports(tree.body):
+            graph[name].update(_targets(node, name, is_package, known))
+        graph[name].discard(name)
+    return graph
+
+
+def folded(graph: Mapping[str, set[str]]) -> dict[str, set[str]]:
+    """The graph with every module folded into its top-level part of the package."""
+
+    def part(name: str) -> str:
+        return ".".join(name.split(".")[:2])
+
+    parts: dict[str, set[str]] = {part(name): set() for name in graph}
+    for name, targets in graph.items():
+        parts[part(name)].update(part(t) for t in targets if part(t) != part(name))
+    return parts
+
+
+def cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one member (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    found: list[list[str]] = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_module_imports_itself_back() -> None:
+    graph = import_graph()
+    assert len(graph) > 100  # the whole package was read
+    assert cycles(graph) == []
+
+
+def test_no_part_of_the_package_imports_itself_back() -> None:
+    parts = folded(import_graph())
+    assert {"memories_core.llms", "memories_core.prompts", "memories_core.retrieval"} <= set(parts)
+    assert cycles(parts) == []
+
+
+def test_the_named_circles_are_gone() -> None:
+    """Prompts build on the LLM layer, retrieval parts on ``retrieval.base``, not back."""
+    graph = import_graph()
+    parts = folded(graph)
+    assert "memories_core.prompts" not in parts["memories_core.llms"]
+    assert "memories_core.retrieval" not in parts["memories_core.embedders"]
+    for name in ("context", "entity", "temporal", "store_backend", "keys", "rerankers"):
+        assert "memories_core.retrieval.pipeline" not in graph[f"memories_core.retrieval.{name}"]
+
+
+def test_the_checker_finds_a_circle() -> None:
+    """The cycle finder is not vacuous: a planted circle (and only it) is reported."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles(
+        folded(
+            {
+                "memories_core.x.a": {"memories_core.y.b"},
+                "memories_core.y.b": {"memories_core.x.c"},
+                "memories_core.x.c": set(),
+            }
+        )
+    ) == [["memories_core.x", "memories_core.y"]]
+
+
+def test_type_checking_and_function_imports_do_not_count(tmp_path: Path) -> None:
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "import memories_core.errors\n"
+        "if TYPE_CHECKING:\n    import memories_core.engine\n"
+        "def f():\n    import memories_core.types\n"
+    )
+    tree = ast.parse(source)
+    names = {
+        target
+        for node in _module_level_imports(tree.body)
+        for target in _targets(node, "memories_core.x", False, set(_modules()))
+    }
+    assert names == {"memories_core.errors"}
