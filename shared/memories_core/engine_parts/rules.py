@@ -1,0 +1,271 @@
+"""What the engine checks and returns: inputs, derivations, job policy, hooks, reports."""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Literal
+
+from memories_core.errors import (
+    ConfigurationError,
+    InvalidInputError,
+    MemoriesError,
+)
+from memories_core.types import (
+    Job,
+    JobSpec,
+    MemoryRecord,
+    Scope,
+    Turn,
+)
+
+if TYPE_CHECKING:
+    pass
+
+__all__ = [
+    "MAX_K",
+    "Derivation",
+    "DeriveMode",
+    "JobFailed",
+    "JobPolicy",
+    "MechanismHooks",
+    "VerifyReport",
+    "check_k",
+    "check_query",
+    "check_scope",
+    "check_turns",
+    "default_derive",
+    "turn_from_record",
+    "turn_metadata",
+]
+
+#: The engine's log records keep the engine's logger name, whichever part writes them.
+logger = logging.getLogger("memories_core.engine")
+
+#: Largest ``k`` a recall accepts.
+MAX_K = 10_000
+
+
+#: Where derivations run: a background thread of the engine, or inside ``save``.
+DeriveMode = Literal["background", "inline"]
+
+
+_DERIVE_DEFAULT: contextvars.ContextVar[DeriveMode] = contextvars.ContextVar(
+    "memories_derive_default", default="background"
+)
+
+
+@contextmanager
+def default_derive(mode: DeriveMode) -> Iterator[None]:
+    """Make ``mode`` the ``derive`` of engines built inside the block that give none.
+
+    For test suites and scripts written for one mode: e.g. a suite that checks derivation
+    rules step by step builds every engine with ``derive="inline"`` this way. An engine's
+    own ``derive=`` argument always wins.
+
+    Raises:
+        ConfigurationError: for a mode other than ``"background"`` or ``"inline"``.
+    """
+    if mode not in ("background", "inline"):
+        raise ConfigurationError(f"derive must be 'background' or 'inline', got {mode!r}")
+    token = _DERIVE_DEFAULT.set(mode)
+    try:
+        yield
+    finally:
+        _DERIVE_DEFAULT.reset(token)
+
+
+_EMBEDDER_STATE_KEY = "embedder"
+
+
+_SESSION_KEY = "engine.session"
+
+
+class JobFailed(MemoriesError):
+    """Raised by a job handler for a failure it has a name for (counted in ``usage.failures``).
+
+    Args:
+        label: The failure's name (e.g. ``"decision"``, ``"record"``).
+        message: What went wrong.
+    """
+
+    def __init__(self, label: str, message: str) -> None:
+        super().__init__(message)
+        self.label = label
+
+
+class _JobGone(Exception):
+    """The job was finished by another worker meanwhile; roll back what this one derived."""
+
+
+@dataclass(frozen=True)
+class Derivation:
+    """What a job produced, committed in one transaction with the job's completion.
+
+    Attributes:
+        add: New records (indexed for vector search).
+        replace: Ids of the user's records deleted in the same transaction (e.g. an older
+            summary of the same session).
+        state: State changes, record id -> ``{field: value}``.
+        reason: Reason kept in the update history for ``state``.
+        apply: Further store writes of the mechanism (graph nodes and edges, state changes
+            with their own reasons), run inside the same transaction after the records are
+            added: they commit with the job's completion, or not at all (EMG-RAG §4.2 edits).
+            Store calls only; no model calls.
+        index: Whether the added records get vectors (``False``: kept for the mechanism's
+            own lookups only, e.g. DPeM's working notes).
+    """
+
+    add: Sequence[MemoryRecord] = ()
+    replace: Sequence[str] = ()
+    state: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    reason: str | None = None
+    apply: Callable[[], None] | None = None
+    index: bool = True
+
+
+@dataclass(frozen=True)
+class JobPolicy:
+    """How pending work is retried: a budget per run, exponential backoff, leases.
+
+    Attributes:
+        retry_budget: Older due jobs a save may retry after running its own new jobs.
+        base_backoff: Wait after a job's first failure; doubles with every failure.
+        max_backoff: Longest wait between attempts.
+        lease: How long a claimed job is reserved for the worker running it; a worker that
+            died frees it when the lease ends.
+    """
+
+    retry_budget: int = 4
+    base_backoff: timedelta = timedelta(seconds=10)
+    max_backoff: timedelta = timedelta(hours=1)
+    lease: timedelta = timedelta(minutes=5)
+
+    def retry_at(self, now: datetime, attempts: int) -> datetime:
+        """When a job that has failed ``attempts + 1`` times may run again."""
+        delay = self.base_backoff * (2 ** min(attempts, 30))
+        return now + min(delay, self.max_backoff)
+
+
+@dataclass(frozen=True)
+class MechanismHooks:
+    """What a mechanism tells the engine when it attaches.
+
+    Attributes:
+        name: Unique name on this engine; jobs are stored under it.
+        index_turns: Whether raw turns need vectors (a mechanism that recalls turns).
+        on_turns: Jobs to create for freshly written turns (runs inside the write
+            transaction; must not call a model).
+        on_session_end: Jobs to create when a session ends (inside the transaction).
+        run_job: Runs one job: model calls happen here, outside every lock. Returns what
+            to commit, or ``None`` for nothing. Raises to fail the attempt.
+        on_delete_user: Removes the mechanism's own data of a user kept outside the store.
+        deferred: Its jobs are long (e.g. training an adapter): a save or a session end
+            never runs them; an explicit :meth:`MemoryEngine.run_pending` (a worker) does.
+    """
+
+    name: str
+    index_turns: bool = False
+    on_turns: Callable[[Sequence[MemoryRecord]], Iterable[JobSpec]] | None = None
+    on_session_end: Callable[[str, str], Iterable[JobSpec]] | None = None
+    run_job: Callable[[Job], Derivation | None] | None = None
+    on_delete_user: Callable[[str], None] | None = None
+    deferred: bool = False
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """What :meth:`MemoryEngine.verify` found (and repaired, if asked).
+
+    Attributes:
+        users: Users checked.
+        missing: Record ids marked indexed whose vector is absent from the index.
+        orphans: Vector ids with no record behind them.
+        unreachable: Ids whose vector is stored but not found by a query with itself: a
+            damaged index (seen after kills), or, at scale, an approximate-search miss of HNSW
+            (about 0.5% of records at 20k synthetic vectors with ``ef_search`` 100); repair
+            re-adds them.
+        failed: Ids the index refused earlier.
+        repaired: Whether the problems were repaired (re-indexed, orphans removed).
+    """
+
+    users: int = 0
+    missing: tuple[str, ...] = ()
+    orphans: tuple[str, ...] = ()
+    unreachable: tuple[str, ...] = ()
+    failed: tuple[str, ...] = ()
+    repaired: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """Whether store and index agree."""
+        return not (self.missing or self.orphans or self.unreachable or self.failed)
+
+
+def check_scope(scope: Any) -> Scope:
+    """Return ``scope`` if it is a :class:`Scope`, else raise :class:`InvalidInputError`."""
+    if not isinstance(scope, Scope):
+        raise InvalidInputError(f"scope must be a Scope, got {type(scope).__name__}")
+    return scope
+
+
+def check_turns(turns: Any) -> list[Turn]:
+    """Return ``turns`` as a list of :class:`Turn` (one Turn is accepted too).
+
+    Raises:
+        InvalidInputError: for ``None``, a string, or anything that is not Turns.
+    """
+    if isinstance(turns, Turn):
+        return [turns]
+    if turns is None or isinstance(turns, (str, bytes, Mapping)):
+        raise InvalidInputError("turns must be a sequence of Turn objects")
+    try:
+        out = list(turns)
+    except TypeError as exc:
+        raise InvalidInputError(f"turns must be a sequence of Turn, got {turns!r}") from exc
+    for turn in out:
+        if not isinstance(turn, Turn):
+            raise InvalidInputError(f"turns must be Turn objects, got {type(turn).__name__}")
+    return out
+
+
+def check_k(k: Any) -> int:
+    """Validate a result count: an int in ``1..MAX_K``."""
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
+        raise InvalidInputError(f"k must be an int from 1 to {MAX_K}, got {k!r}")
+    return k
+
+
+def check_query(query: Any) -> str:
+    """Validate a query: a non-empty string."""
+    if not isinstance(query, str) or not query.strip():
+        raise InvalidInputError("query is empty or only whitespace")
+    return query
+
+
+def turn_metadata(turn: Turn, batch_id: str) -> dict[str, Any]:
+    """The stored metadata of a turn: the caller's plus ``role``, ``speaker``, ``batch_id``."""
+    meta: dict[str, Any] = dict(turn.metadata)
+    meta["role"] = turn.role
+    if turn.speaker:
+        meta["speaker"] = turn.speaker
+    meta["batch_id"] = batch_id
+    return meta
+
+
+def turn_from_record(record: MemoryRecord) -> Turn:
+    """Rebuild the :class:`Turn` a ``"turn"`` record was stored from."""
+    meta = dict(record.metadata)
+    role = str(meta.pop("role", "user"))
+    speaker = meta.pop("speaker", None)
+    meta.pop("batch_id", None)
+    label = speaker or role
+    prefix = f"{label}: "
+    content = record.text[len(prefix) :] if record.text.startswith(prefix) else record.text
+    return Turn(
+        role=role, content=content, speaker=speaker, timestamp=record.created_at, metadata=meta
+    )
