@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from memories_core.cli.commands import (
     ID_WIDTH,
@@ -20,9 +20,6 @@ from memories_core.cli.commands import (
     _users,
 )
 from memories_core.cli.opening import _EMBEDDERS, embedder_spec
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["build_parser"]
 

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from memories_core.engine_parts.indexing import EngineIndexing
 from memories_core.engine_parts.rules import _SESSION_KEY, check_scope
 from memories_core.types import (
     Scope,
     check_user_id,
 )
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["EngineDeletion"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from memories_core.background import JobCounts, WorkStatus
 from memories_core.engine_parts.rules import MAX_K, Derivation, JobFailed, _JobGone, logger
@@ -19,9 +19,6 @@ from memories_core.types import (
     JobSpec,
     check_user_id,
 )
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["EngineJobs"]
 

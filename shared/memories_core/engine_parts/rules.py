@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from memories_core.errors import (
     ConfigurationError,
@@ -22,9 +22,6 @@ from memories_core.types import (
     Scope,
     Turn,
 )
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = [
     "MAX_K",

@@ -8,13 +8,10 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from memories_core.errors import ConfigurationError, InvalidInputError, MissingExtraError
 from memories_core.types import ChatMessage
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = [
     "ADAPTER_ARTIFACT",

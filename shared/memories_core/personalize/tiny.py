@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from memories_core.personalize.setup import require_personalize
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["tiny_model"]
 
