@@ -194,3 +194,65 @@ def test_emg_questions_of_a_user_deleted_meanwhile_are_not_kept() -> None:
     assert memory.engine.artifacts.get(USER, TRAINING_GENERATED) is None
     assert memory.engine.pending(USER) == []
     memory.close()
+
+
+# ----------------------------------------------------------------------------- state and artifacts
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("", 1), ("k", float("nan")), ("k", {"a": object()}), ("k", [float("inf")])],
+)
+def test_user_state_is_checked_before_it_is_written(
+    engine: MemoryEngine, key: str, value: Any
+) -> None:
+    with pytest.raises(InvalidInputError):
+        engine.set_user_state(USER, key, value)
+    assert engine.store.get_state(key, user_id=USER) is None
+
+
+def test_user_state_finishes_a_pending_deletion_first(engine: MemoryEngine) -> None:
+    engine.add_records([note(USER, "before the crash")])
+    engine.set_user_state(USER, "dpem.rounds", 3)
+    engine.store.mark_deleting(USER, at=T0)
+    engine.set_user_state(USER, "dpem.log", {"last_round": 1})
+    assert not engine.store.is_deleting(USER) and engine.records(USER) == []
+    assert engine.store.get_state("dpem.rounds", user_id=USER) is None
+    assert engine.store.get_state("dpem.log", user_id=USER) == {"last_round": 1}
+
+
+def test_an_artifact_of_a_user_being_deleted_is_not_written(engine: MemoryEngine) -> None:
+    engine.add_records([note(USER)])
+    assert engine.put_artifact(USER, "kept", {"a.json": b"1"}) is not None
+    engine.store.mark_deleting(USER, at=T0)
+    assert engine.put_artifact(USER, "late", {"a.json": b"2"}) is None
+    assert not engine.store.is_deleting(USER)
+    assert engine.artifacts.get(USER, "late") is None and engine.artifacts.get(USER, "kept") is None
+
+
+def test_dpem_round_counter_goes_through_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DPeM's round counter and log are user state written by the engine, checked there."""
+    memory = dpem()
+    written: list[str] = []
+    real = memory.engine.set_user_state
+
+    def spy(user_id: str, key: str, value: Any) -> None:
+        written.append(key)
+        real(user_id, key, value)
+
+    monkeypatch.setattr(memory.engine, "set_user_state", spy)
+    say(memory, "I have type 2 diabetes.", 0)
+    assert memory.rounds(USER) == 1
+    assert len(set(written)) == 2  # the round counter (at save) and the log (after the round)
+    memory.close()
+
+
+def test_emg_examples_of_a_user_being_deleted_are_not_kept() -> None:
+    """The archive's writes go through the engine: a pending deletion wins over them."""
+    from memories_core.mechanisms.emg import TRAINING_GENERATED
+
+    memory = emg()
+    memory.add_memories(USER, [hotel("Amsterdam")])
+    memory.engine.store.mark_deleting(USER, at=T0)
+    assert memory.archive.keep_generated(USER, [], seen=["m1"], at=T0) == 0
+    assert memory.engine.artifacts.get(USER, TRAINING_GENERATED) is None
+    assert not memory.engine.store.is_deleting(USER) and memory.memories(USER) == []
+    memory.close()

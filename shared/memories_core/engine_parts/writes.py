@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -22,7 +23,7 @@ from memories_core.types import (
 )
 
 if TYPE_CHECKING:
-    pass
+    from memories_core.artifacts import ArtifactInfo
 
 __all__ = ["EngineWrites"]
 
@@ -197,6 +198,52 @@ class EngineWrites(EngineJobs):
             )
         self._index_pending()
         return True
+
+    def set_user_state(self, user_id: str, key: str, value: Any) -> None:
+        """Write one key of ``user_id``'s key-value state (a mechanism's bookkeeping).
+
+        The rules of every engine write apply: the user id is checked, the key must be a
+        non-empty string and the value JSON with finite numbers (checked before anything is
+        written), a deletion of the user left pending is finished first, and the write joins
+        a transaction the caller holds (so a hook's write commits with the turns it was
+        planned for, or not at all). ``None`` removes the key.
+
+        Raises:
+            InvalidInputError: on a bad user id, key or value (nothing is written).
+        """
+        check_user_id(user_id)
+        if not isinstance(key, str) or not key.strip():
+            raise InvalidInputError(f"a state key must be a non-empty string, got {key!r}")
+        try:
+            json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise InvalidInputError(f"state {key!r} must be JSON with finite numbers") from exc
+        self._finish_deletion(user_id)
+        with self.store.transaction():
+            self.store.set_state(key, value, user_id=user_id)
+
+    def put_artifact(
+        self,
+        owner: str,
+        name: str,
+        files: Mapping[str, bytes],
+        *,
+        meta: Mapping[str, Any] | None = None,
+    ) -> ArtifactInfo | None:
+        """Write (or replace) an artifact of ``owner``: a user, or a store-wide owner.
+
+        An owner being deleted gets nothing: the deletion is finished and ``None`` returned,
+        so a background job (a model call, a training run) that outlives a ``delete_user``
+        cannot leave that user's data behind. Otherwise the artifact store's rules apply
+        (names checked, files staged and registered atomically).
+
+        Raises:
+            InvalidInputError: on a bad owner, name or file name (nothing is written).
+        """
+        if self.store.is_deleting(owner):
+            self._finish_deletion(owner)
+            return None
+        return self.artifacts.put(owner, name, files, meta=meta)
 
     def delete_records(
         self, user_id: str, ids: Sequence[str], *, reason: str | None = None, erase: bool = False

@@ -506,7 +506,7 @@ class DualProcessMemory(MemoryBase):
             round_no += 1
             payload = {"round": round_no, "turn_ids": [r.id for r in exchange]}
             specs.append(JobSpec(self.name, "iteration", f"round:{round_no}", payload))
-        self.store.set_state(self._round_key, round_no, user_id=user_id)
+        self.engine.set_user_state(user_id, self._round_key, round_no)
         return specs
 
     def _coordinator(self) -> LLM:
@@ -669,7 +669,7 @@ class DualProcessMemory(MemoryBase):
             if _mark_processed(log, round_no):
                 log["processed"] = log.get("processed", 0) + 1
             log["last_round"] = max(log.get("last_round", 0), round_no)
-            self.store.set_state(self._log_key, log, user_id=user_id)
+            self.engine.set_user_state(user_id, self._log_key, log)
         if fresh:
             self.engine.index_pending()
 

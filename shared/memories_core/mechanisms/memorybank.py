@@ -484,7 +484,7 @@ class MemoryBankMemory(MemoryBase):
             if newest < opened:
                 closing.add(newest)
         if open_day != opened:
-            self.store.set_state(self._open_day_key, open_day, user_id=user_id)
+            self.engine.set_user_state(user_id, self._open_day_key, open_day)
         return self._day_jobs(closing)
 
     def _session_jobs(self, user_id: str, session_id: str) -> Iterable[JobSpec]:

@@ -101,7 +101,7 @@ class PolicyArchive:
     ) -> None:
         """Save a policy for the whole store (``user_id=None``) or for one user; clear staleness."""
         owner = STORE_OWNER if user_id is None else check_user_id(user_id)
-        self.engine.artifacts.put(
+        self.engine.put_artifact(
             owner,
             POLICY_ARTIFACT,
             {"policy.json": policy.to_json().encode("utf-8")},
@@ -158,7 +158,7 @@ class PolicyArchive:
                 if info is None or user_id not in info.meta.get("contributors", ()):
                     continue
                 remaining = [c for c in info.meta.get("contributors", ()) if c != user_id]
-                artifacts.put(
+                self.engine.put_artifact(
                     owner,
                     STALE_ARTIFACT,
                     {"stale.json": b'{"reason": "a contributing user was deleted"}'},
@@ -182,7 +182,7 @@ class PolicyArchive:
         name = TRAINING_STORE if user_id is None else TRAINING_OWN
         for uid in sorted({e.user_id for e in examples}):
             mine = [e for e in examples if e.user_id == uid]
-            self.engine.artifacts.put(
+            self.engine.put_artifact(
                 uid,
                 name,
                 {"examples.json": examples_json(mine, when).encode("utf-8")},
@@ -224,7 +224,7 @@ class PolicyArchive:
         kept = {e.question.strip().lower(): e for e in self.generated(user_id)}
         for example in examples:
             kept.setdefault(example.question.strip().lower(), example)
-        self.engine.artifacts.put(
+        self.engine.put_artifact(
             user_id,
             TRAINING_GENERATED,
             {"examples.json": examples_json(list(kept.values()), at).encode()},

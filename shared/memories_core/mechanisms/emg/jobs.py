@@ -153,7 +153,7 @@ def _train_job(memory: EMGMemory, *, progress: bool) -> TrainingReport | None:
         return None
     total = memory.archive.generated_total()
     report = memory.train_and_check(examples, progress=progress)
-    engine.artifacts.put(
+    engine.put_artifact(
         STORE_OWNER,
         LAST_TRAINING,
         {"last.json": json.dumps(dict(report.held_out)).encode()},
