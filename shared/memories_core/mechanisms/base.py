@@ -14,10 +14,10 @@ the storage options (``path``, ``embedder``, ...) to let the mechanism build its
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from memories_core.clock import memory_time
 from memories_core.engine import (
@@ -31,6 +31,8 @@ from memories_core.engine import (
     turn_from_record,
 )
 from memories_core.errors import ConfigurationError
+from memories_core.prompts.overrides import PromptOverrides
+from memories_core.prompts.spec import PromptSpec
 from memories_core.types import Job, JobSpec, MemoryRecord, Recall, Scope, ScoredRecord, Turn
 
 if TYPE_CHECKING:
@@ -42,6 +44,9 @@ if TYPE_CHECKING:
 __all__ = ["MemoryBase", "flush_memory", "memory_status", "turn_from_record"]
 
 _UNSET: Any = object()
+
+In = TypeVar("In")
+Out = TypeVar("Out")
 
 
 class MemoryBase:
@@ -70,12 +75,20 @@ class MemoryBase:
             or formed (``[8 May 2023, 13:56] ...``), so the model can answer "when" questions
             and resolve "yesterday" in a remembered turn. Default on: measured on LoCoMo QA
             (BENCHMARKS.md, answer quality); ``False`` renders the bare texts.
+        prompts: System instructions to use instead of the defaults, ``{prompt name:
+            text}`` or a :class:`~memories_core.prompts.overrides.PromptOverrides`; the names
+            are those of :attr:`prompt_specs`, and an override must keep the output format
+            its parser reads (checked here, before anything is opened).
 
     Raises:
         ConfigurationError: on contradictory arguments or ``k`` out of range.
+        PromptOverrideError: on an override of no prompt of the mechanism, or one that
+            drops its output format (a ``ConfigurationError``).
         EmbedderMismatchError: if ``embedder`` differs from the store's.
     """
 
+    #: The prompts this mechanism runs (their names are the keys of ``prompts=``).
+    prompt_specs: ClassVar[tuple[PromptSpec[Any, Any], ...]] = ()
     #: Default name on the engine; pending jobs are stored under it.
     mechanism_name: ClassVar[str] = "memory"
     #: Record kinds this mechanism recalls (searched together, on one score scale).
@@ -101,11 +114,13 @@ class MemoryBase:
         name: str | None = None,
         derive: DeriveMode | None = None,
         show_dates: bool = True,
+        prompts: PromptOverrides | Mapping[str, str] | None = None,
     ) -> None:
         try:
             check_k(k)
         except Exception as exc:
             raise ConfigurationError(f"k must be a positive int, got {k!r}") from exc
+        self.prompt_overrides = PromptOverrides.of(prompts).check(self.prompt_specs)
         own: dict[str, Any] = {
             "path": path,
             "embedder": embedder,
@@ -147,6 +162,10 @@ class MemoryBase:
                 on_delete_user=self._delete_user_data,
             )
         )
+
+    def prompt_spec(self, spec: PromptSpec[In, Out]) -> PromptSpec[In, Out]:
+        """``spec`` as this mechanism runs it: with the caller's override, if any."""
+        return self.prompt_overrides.apply(spec)
 
     # ------------------------------------------------------------------ parts (read-only)
     @property

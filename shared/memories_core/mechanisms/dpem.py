@@ -275,6 +275,7 @@ class DualProcessMemory(MemoryBase):
     """
 
     mechanism_name: ClassVar[str] = "dpem"
+    prompt_specs: ClassVar[tuple[PromptSpec[Any, Any], ...]] = (NOTES, KNOWLEDGE, TYPING)
     recall_kinds: ClassVar[tuple[str, ...]] = (KNOWLEDGE_KIND,)
     index_turns: ClassVar[bool] = False
 
@@ -517,7 +518,9 @@ class DualProcessMemory(MemoryBase):
 
     def _ask(self, spec: PromptSpec[Any, T], inputs: Any, label: str) -> T:
         try:
-            return run_spec(self._coordinator(), spec, inputs, retries=self.retries)
+            return run_spec(
+                self._coordinator(), self.prompt_spec(spec), inputs, retries=self.retries
+            )
         except (LLMError, ParseError) as exc:
             raise JobFailed(label, f"DPeM {label} failed: {exc}") from exc
 

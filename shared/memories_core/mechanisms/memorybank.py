@@ -32,8 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
@@ -45,17 +44,17 @@ from memories_core.grounding import find_ungrounded, log_rejection
 from memories_core.interfaces import LLM
 from memories_core.mechanisms.base import MemoryBase
 from memories_core.mechanisms.forgetting import ForgetPolicy, ForgettingCurve, choose_forgotten
-from memories_core.parsing import generate_parsed
 from memories_core.prompts.memorybank import (
-    build_daily_portrait_messages,
-    build_daily_summary_messages,
-    build_global_portrait_messages,
-    build_global_summary_messages,
-    parse_portrait,
-    parse_summary,
+    DAILY_PORTRAIT_PROMPT,
+    DAILY_SUMMARY_PROMPT,
+    GLOBAL_PORTRAIT_PROMPT,
+    GLOBAL_SUMMARY_PROMPT,
+    PROMPTS,
+    DayInput,
+    DaysInput,
 )
+from memories_core.prompts.spec import PromptSpec, run_spec
 from memories_core.types import (
-    ChatMessage,
     Job,
     JobSpec,
     MemoryRecord,
@@ -85,7 +84,7 @@ DAILY_PORTRAIT = "daily_portrait"
 GLOBAL_SUMMARY = "global_summary"
 GLOBAL_PORTRAIT = "global_portrait"
 
-T = TypeVar("T")
+In = TypeVar("In")
 
 
 @dataclass(frozen=True)
@@ -120,10 +119,6 @@ def _as_day(day: str | date | datetime) -> str:
         except ValueError as exc:
             raise InvalidInputError(f"day must be YYYY-MM-DD, got {day!r}") from exc
     raise InvalidInputError(f"day must be a date, datetime or YYYY-MM-DD, got {day!r}")
-
-
-def _parse_with(parse: Callable[[str, Sequence[str]], str], source: list[str], out: str) -> str:
-    return parse(out, source)
 
 
 def _stable_key(record: MemoryRecord) -> str:
@@ -191,6 +186,7 @@ class MemoryBankMemory(MemoryBase):
     """
 
     mechanism_name: ClassVar[str] = "memorybank"
+    prompt_specs: ClassVar[tuple[PromptSpec[Any, Any], ...]] = PROMPTS
     recall_kinds: ClassVar[tuple[str, ...]] = ("turn", DAILY_SUMMARY)
     index_turns: ClassVar[bool] = True
 
@@ -547,19 +543,14 @@ class MemoryBankMemory(MemoryBase):
             payload = {"day": day, "basis": basis}
         if "summary" not in payload:
             payload["summary"] = self._ask(
-                llm,
-                build_daily_summary_messages(day, dialogue),
-                lambda out: parse_summary(out, dialogue),
-                "memorybank.daily_summary",
-                f"daily summary of {day}",
+                llm, DAILY_SUMMARY_PROMPT, DayInput(day, tuple(dialogue)), f"daily summary of {day}"
             )
             self.engine.update_job(job, payload)
         if "portrait" not in payload:
             payload["portrait"] = self._ask(
                 llm,
-                build_daily_portrait_messages(day, dialogue),
-                lambda out: parse_portrait(out, dialogue),
-                "memorybank.daily_portrait",
+                DAILY_PORTRAIT_PROMPT,
+                DayInput(day, tuple(dialogue)),
                 f"personality note of {day}",
             )
             self.engine.update_job(job, payload)
@@ -621,10 +612,10 @@ class MemoryBankMemory(MemoryBase):
         """
         out: list[MemoryRecord] = []
         steps = (
-            (GLOBAL_SUMMARY, DAILY_SUMMARY, build_global_summary_messages, parse_summary),
-            (GLOBAL_PORTRAIT, DAILY_PORTRAIT, build_global_portrait_messages, parse_portrait),
+            (GLOBAL_SUMMARY, DAILY_SUMMARY, GLOBAL_SUMMARY_PROMPT),
+            (GLOBAL_PORTRAIT, DAILY_PORTRAIT, GLOBAL_PORTRAIT_PROMPT),
         )
-        for kind, daily_kind, build, parse in steps:
+        for kind, daily_kind, spec in steps:
             fresh = dailies.get(daily_kind)
             if fresh is None:
                 continue
@@ -635,13 +626,7 @@ class MemoryBankMemory(MemoryBase):
             ]
             daily = sorted([*daily, fresh], key=lambda r: (str(r.metadata.get("day")), r.id))
             lines = _fit([f"[{r.metadata.get('day')}] {r.text}" for r in daily], 12_000)
-            text = self._ask(
-                llm,
-                build(lines),
-                functools.partial(_parse_with, parse, lines),
-                f"memorybank.{kind}",
-                kind.replace("_", " "),
-            )
+            text = self._ask(llm, spec, DaysInput(tuple(lines)), kind.replace("_", " "))
             if self._grounded(text, lines, kind, rejected) is None:
                 continue
             out.append(
@@ -657,18 +642,14 @@ class MemoryBankMemory(MemoryBase):
             )
         return out
 
-    @staticmethod
-    def _ask(
-        llm: LLM,
-        messages: list[ChatMessage],
-        parse: Callable[[str], T],
-        label: str,
-        what: str,
-    ) -> T:
+    def _ask(self, llm: LLM, spec: PromptSpec[In, str], inputs: In, what: str) -> str:
+        """Run one of the four prompts (with the caller's override, if any) for a job."""
         try:
-            return generate_parsed(llm, messages, parse, max_tokens=OUTPUT_TOKENS.get(label))
+            return run_spec(
+                llm, self.prompt_spec(spec), inputs, max_tokens=OUTPUT_TOKENS.get(spec.name)
+            )
         except (LLMError, ParseError) as exc:
-            raise JobFailed(label, f"{what} failed: {exc}") from exc
+            raise JobFailed(spec.name, f"{what} failed: {exc}") from exc
 
 
 def _carried_over(

@@ -264,6 +264,7 @@ def _notes_reply(inputs: NotesInput) -> str:
 #: Learning, JSON twin: ``{"notes": [...]}``.
 NOTES_JSON: PromptSpec[NotesInput, tuple[str, ...]] = PromptSpec(
     name="dpem.notes.json",
+    system=NOTES_JSON_SYSTEM,
     build=lambda i: [
         ChatMessage("system", NOTES_JSON_SYSTEM + json_instruction(NotesAnswer)),
         ChatMessage("user", _notes_request(i)),
@@ -277,6 +278,7 @@ NOTES_JSON: PromptSpec[NotesInput, tuple[str, ...]] = PromptSpec(
 #: Learning (rehearsal process, step 1): ``nts = C(d_i)``, tagged ``<Note>:`` lines.
 NOTES: PromptSpec[NotesInput, tuple[str, ...]] = PromptSpec(
     name="dpem.notes",
+    system=NOTES_SYSTEM,
     build=lambda i: [ChatMessage("system", NOTES_SYSTEM), ChatMessage("user", _notes_request(i))],
     parse=parse_notes,
     stand_in=_notes_reply,
@@ -379,6 +381,7 @@ def _knowledge_reply(inputs: KnowledgeInput) -> str:
 #: Summarizing, JSON twin: ``{"knowledge": [...]}``.
 KNOWLEDGE_JSON: PromptSpec[KnowledgeInput, tuple[str, ...]] = PromptSpec(
     name="dpem.knowledge.json",
+    system=KNOWLEDGE_JSON_SYSTEM,
     build=lambda i: [
         ChatMessage("system", KNOWLEDGE_JSON_SYSTEM + json_instruction(KnowledgeAnswer)),
         ChatMessage("user", _knowledge_request(i)),
@@ -392,6 +395,7 @@ KNOWLEDGE_JSON: PromptSpec[KnowledgeInput, tuple[str, ...]] = PromptSpec(
 #: Summarizing (rehearsal process, step 2): the relevant notes ``nt+`` as knowledge items.
 KNOWLEDGE: PromptSpec[KnowledgeInput, tuple[str, ...]] = PromptSpec(
     name="dpem.knowledge",
+    system=KNOWLEDGE_SYSTEM,
     build=lambda i: [
         ChatMessage("system", KNOWLEDGE_SYSTEM),
         ChatMessage("user", _knowledge_request(i)),
@@ -501,6 +505,7 @@ def _typing_request(inputs: TypingInput) -> str:
 #: Typing, JSON twin: ``{"types": [{"item": 1, "type": "user-specific"}, ...]}``.
 TYPING_JSON: PromptSpec[TypingInput, tuple[KnowledgeType, ...]] = PromptSpec(
     name="dpem.typing.json",
+    system=TYPING_JSON_SYSTEM,
     build=lambda i: [
         ChatMessage("system", TYPING_JSON_SYSTEM + json_instruction(TypingAnswer)),
         ChatMessage("user", _typing_request(i)),
@@ -516,6 +521,7 @@ TYPING_JSON: PromptSpec[TypingInput, tuple[KnowledgeType, ...]] = PromptSpec(
 #: Typing (executive process): user-specific or common-sense, one per knowledge item.
 TYPING: PromptSpec[TypingInput, tuple[KnowledgeType, ...]] = PromptSpec(
     name="dpem.typing",
+    system=TYPING_SYSTEM,
     build=lambda i: [ChatMessage("system", TYPING_SYSTEM), ChatMessage("user", _typing_request(i))],
     parse=parse_types,
     stand_in=lambda i: "\n".join(f"<Type {n}>: {t}" for n, t in enumerate(_types_stand_in(i), 1)),

@@ -1,6 +1,8 @@
 """Prompts of MemoryBank's hierarchical summaries and portraits (Zhong et al., §2.1).
 
-Four tasks, each a system instruction plus the untrusted input fenced in a tagged section:
+Four tasks, each a :class:`~memories_core.prompts.spec.PromptSpec` (:data:`PROMPTS`, named
+``memorybank.*`` and overridable through ``prompts=``): a system instruction plus the
+untrusted input fenced in a tagged section:
 
 * :func:`build_daily_summary_messages`: one day's dialogue -> a daily event summary
   ("Hierarchical Event Summary": summarise the events and key information of the day);
@@ -22,17 +24,25 @@ prompts offline (for tests, examples and cost benchmarks, as
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from memories_core.errors import ParseError
-from memories_core.prompts.spec import fence, read_section
+from memories_core.prompts.spec import PromptSpec, fence, read_section
 from memories_core.types import ChatMessage
 
 __all__ = [
+    "DAILY_PORTRAIT_PROMPT",
     "DAILY_PORTRAIT_SYSTEM",
+    "DAILY_SUMMARY_PROMPT",
     "DAILY_SUMMARY_SYSTEM",
+    "GLOBAL_PORTRAIT_PROMPT",
     "GLOBAL_PORTRAIT_SYSTEM",
+    "GLOBAL_SUMMARY_PROMPT",
     "GLOBAL_SUMMARY_SYSTEM",
+    "PROMPTS",
+    "DayInput",
+    "DaysInput",
     "build_daily_portrait_messages",
     "build_daily_summary_messages",
     "build_global_portrait_messages",
@@ -72,6 +82,9 @@ GLOBAL_PORTRAIT_SYSTEM = (
     "interests, how to respond to them well). At most four sentences. Reply with the "
     "portrait only."
 )
+
+#: A parser of a summary or portrait: ``(reply, source lines) -> text``.
+Parse = Callable[[str, Sequence[str]], str]
 
 _TASKS = {
     DAILY_SUMMARY_SYSTEM: "dialogue",
@@ -410,3 +423,89 @@ def memorybank_reply(messages: Sequence[ChatMessage]) -> str:
     if interests:
         portrait += " Interests: " + "; ".join(interests) + "."
     return portrait
+
+
+# ----------------------------------------------------------------------------- specs
+@dataclass(frozen=True)
+class DayInput:
+    """One day's dialogue: the input of the daily summary and the daily portrait (§2.1).
+
+    Attributes:
+        day: The day, ``YYYY-MM-DD``.
+        dialogue: The day's utterances, rendered ``"speaker: content"``, oldest first.
+    """
+
+    day: str
+    dialogue: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class DaysInput:
+    """Every day's daily records: the input of the global summary and portrait (§2.1).
+
+    Attributes:
+        lines: Daily records rendered ``"[YYYY-MM-DD] text"``, oldest first.
+    """
+
+    lines: tuple[str, ...]
+
+
+def _day_spec(
+    name: str, system: str, build: Callable[[str, Sequence[str]], list[ChatMessage]], parse: Parse
+) -> PromptSpec[DayInput, str]:
+    return PromptSpec(
+        name=name,
+        build=lambda i: build(i.day, i.dialogue),
+        parse=lambda text, i: parse(text, i.dialogue),
+        stand_in=lambda i: memorybank_reply(build(i.day, i.dialogue)),
+        system=system,
+    )
+
+
+def _days_spec(
+    name: str, system: str, build: Callable[[Sequence[str]], list[ChatMessage]], parse: Parse
+) -> PromptSpec[DaysInput, str]:
+    return PromptSpec(
+        name=name,
+        build=lambda i: build(i.lines),
+        parse=lambda text, i: parse(text, i.lines),
+        stand_in=lambda i: memorybank_reply(build(i.lines)),
+        system=system,
+    )
+
+
+#: One day's dialogue -> that day's event summary ("Hierarchical Event Summary").
+DAILY_SUMMARY_PROMPT = _day_spec(
+    "memorybank.daily_summary",
+    DAILY_SUMMARY_SYSTEM,
+    build_daily_summary_messages,
+    parse_summary,
+)
+#: One day's dialogue -> that day's personality and emotion note ("Dynamic Personality").
+DAILY_PORTRAIT_PROMPT = _day_spec(
+    "memorybank.daily_portrait",
+    DAILY_PORTRAIT_SYSTEM,
+    build_daily_portrait_messages,
+    parse_portrait,
+)
+#: The daily summaries -> one global event summary.
+GLOBAL_SUMMARY_PROMPT = _days_spec(
+    "memorybank.global_summary",
+    GLOBAL_SUMMARY_SYSTEM,
+    build_global_summary_messages,
+    parse_summary,
+)
+#: The daily notes -> a short, general user portrait.
+GLOBAL_PORTRAIT_PROMPT = _days_spec(
+    "memorybank.global_portrait",
+    GLOBAL_PORTRAIT_SYSTEM,
+    build_global_portrait_messages,
+    parse_portrait,
+)
+#: MemoryBank's four prompts, in the order a day is consolidated.
+PROMPTS = (
+    DAILY_SUMMARY_PROMPT,
+    DAILY_PORTRAIT_PROMPT,
+    GLOBAL_SUMMARY_PROMPT,
+    GLOBAL_PORTRAIT_PROMPT,
+)

@@ -146,6 +146,9 @@ class PromptSpec(Generic[In, Out]):
         max_tokens: Default generation limit for this prompt (``None``: the model's default).
         structured: The JSON twin of a tagged prompt (same input and output types), used when
             the model offers structured output.
+        system: The default system instruction :attr:`build` puts in the system message, if
+            the prompt may be overridden (:class:`~memories_core.prompts.overrides.
+            PromptOverrides`); ``None``: not overridable.
     """
 
     name: str
@@ -155,6 +158,7 @@ class PromptSpec(Generic[In, Out]):
     response_model: type[pydantic.BaseModel] | None = None
     max_tokens: int | None = None
     structured: PromptSpec[In, Out] | None = None
+    system: str | None = None
 
     def json_schema(self) -> dict[str, Any] | None:
         """The JSON schema of :attr:`response_model` (``None`` for tagged prompts)."""

@@ -44,7 +44,7 @@ from memories_core.mechanisms.emg.schema import (
 from memories_core.mechanisms.emg.selection import Selector
 from memories_core.mechanisms.emg.taxonomy import build_taxonomy, labels_of
 from memories_core.prompts.emg import EXTRACT, ExtractedMemory, ExtractInput, MemoryLine
-from memories_core.prompts.spec import run_spec
+from memories_core.prompts.spec import PromptSpec, run_spec
 from memories_core.types import (
     Job,
     JobSpec,
@@ -121,6 +121,7 @@ class EMGMemory(MemoryBase):
     """
 
     mechanism_name: ClassVar[str] = "emg"
+    prompt_specs: ClassVar[tuple[PromptSpec[Any, Any], ...]] = (EXTRACT,)
     recall_kinds: ClassVar[tuple[str, ...]] = (MEMORY_KIND,)
     index_turns: ClassVar[bool] = False
 
@@ -248,7 +249,7 @@ class EMGMemory(MemoryBase):
         llm = self._llm(Scope(user_id))
         try:
             memories: list[ExtractedMemory] | None = run_spec(
-                llm, EXTRACT, inputs, retries=self.retries
+                llm, self.prompt_spec(EXTRACT), inputs, retries=self.retries
             )
         except LLMError as exc:
             raise JobFailed("extract", f"extraction of turn {turn.id} failed: {exc}") from exc

@@ -113,6 +113,7 @@ def _answer_stand_in(inputs: AnswerInput) -> str:
 #: Question + selected memories -> answer (§4.3, §4.4 question answering).
 ANSWER: PromptSpec[AnswerInput, str] = PromptSpec(
     name="emg.answer",
+    system=ANSWER_SYSTEM,
     build=build_answer_messages,
     parse=parse_answer,
     stand_in=_answer_stand_in,
@@ -181,6 +182,7 @@ def _autofill_stand_in(inputs: AutofillInput) -> str:
 #: Form field + selected memories -> value or null (§4.4 autofill forms).
 AUTOFILL: PromptSpec[AutofillInput, str | None] = PromptSpec(
     name="emg.autofill",
+    system=AUTOFILL_SYSTEM,
     build=build_autofill_messages,
     parse=parse_autofill,
     stand_in=_autofill_stand_in,

@@ -455,6 +455,7 @@ def _read_extract(user: str) -> ExtractInput:
 #: Raw text -> memories with type, subclass, entities, relation and times (A.1 step 2).
 EXTRACT: PromptSpec[ExtractInput, list[ExtractedMemory]] = PromptSpec(
     name="emg.extract",
+    system=EXTRACT_SYSTEM,
     build=build_extract_messages,
     parse=parse_extract,
     stand_in=_extract_stand_in,

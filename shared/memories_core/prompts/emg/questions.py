@@ -244,6 +244,7 @@ def _read_questions(user: str) -> QuestionsInput:
 #: A session of memories -> question-answer pairs with their required memories (A.1 step 3).
 QUESTIONS: PromptSpec[QuestionsInput, list[GeneratedQuestion]] = PromptSpec(
     name="emg.questions",
+    system=QUESTIONS_SYSTEM,
     build=build_questions_messages,
     parse=parse_questions,
     stand_in=_questions_stand_in,
