@@ -29,10 +29,10 @@ BOXES = {
         6.8,
         11.6,
         1.35,
-        "Mechanisms (one module each): History, Summary, Conditional, MultiView, "
-        "SelfReflective;\nnext: MemoChat, MemoryBank, DPeM, EMG-RAG. Each attaches "
+        "Mechanisms (one module or package each): History, Summary, Conditional, MultiView,\n"
+        "SelfReflective, MemoChat, MemoryBank, DPeM, EMG-RAG, MaLP. Each attaches "
         "MechanismHooks (on_turns -> jobs,\non_session_end -> jobs, run_job -> "
-        "Derivation, on_delete_user) and sets recall kinds, pipeline, render",
+        "Derivation, on_delete_user); sets recall kinds, pipeline, render, prompts=",
         "#e8f3e1",
     ),
     "write": (
@@ -102,7 +102,7 @@ ARROWS = [
 def main() -> None:
     fig, ax = plt.subplots(figsize=(12, 9.8))
     ax.set_xlim(0, 12)
-    ax.set_ylim(0, 9.7)
+    ax.set_ylim(-0.6, 9.7)
     ax.axis("off")
     for x, y, w, h, text, colour in BOXES.values():
         ax.add_patch(
@@ -112,6 +112,14 @@ def main() -> None:
     for start, end in ARROWS:
         ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=14, color="#333"))
     ax.text(0.2, 3.75, "MemoryEngine", fontsize=11, weight="bold")
+    ax.text(
+        0.2,
+        -0.35,
+        "MemoryEngine = engine.py (constructor, hooks, locks, close) on the layers of "
+        "engine_parts/: rules < reads < indexing < deletion < search < jobs < writes",
+        fontsize=8.6,
+        family="monospace",
+    )
     ax.add_patch(
         FancyBboxPatch(
             (0.05, 0.25),

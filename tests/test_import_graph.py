@@ -199,3 +199,12 @@ def test_type_checking_and_function_imports_do_not_count(tmp_path: Path) -> None
         for target in _targets(node, "memories_core.x", False, set(_modules()))
     }
     assert names == {"memories_core.errors"}
+
+
+def test_no_module_is_over_800_lines() -> None:
+    """A concern that outgrows one module becomes a package (re-exporting its old names)."""
+    sizes = {
+        name: len(path.read_text(encoding="utf-8").splitlines())
+        for name, path in _modules().items()
+    }
+    assert {name: n for name, n in sizes.items() if n > 800} == {}
