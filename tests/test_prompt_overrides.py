@@ -171,3 +171,44 @@ def test_a_mechanism_without_overridable_prompts_refuses_any_override() -> None:
 
     with pytest.raises(PromptOverrideError, match="no prompt named"):
         HistoryMemory(embedder=HashingEmbedder(dimension=64), prompts={"summary": "x"})
+
+
+def test_summary_override_reaches_the_model() -> None:
+    from memories_core import SummaryMemory
+
+    text = "Summarise the session for the user's coach. One sentence."
+    llm = ScriptedLLM.from_rules(
+        [(lambda messages: messages[0].content == text, "The user moved to Porto.")]
+    )
+    memory = SummaryMemory(
+        llm=llm,
+        embedder=HashingEmbedder(dimension=64),
+        clock=FixedClock(T0),
+        derive="inline",
+        prompts={"summary.session": text},
+    )
+    scope = Scope("ann", "s1")
+    memory.save([Turn("user", "I moved to Porto last week.", timestamp=T0)], scope)
+    memory.end_session(scope)
+    assert [r.text for r in memory.engine.records("ann", where={"kind": "summary"})] == [
+        "The user moved to Porto."
+    ]
+    assert [call[0].content for call in llm.calls] == [text]
+    memory.close()
+
+
+def test_conditional_overrides_keep_the_tags_their_parsers_read() -> None:
+    from memories_core import ConditionalMemory
+
+    with pytest.raises(PromptOverrideError, match="'<Decision>'"):
+        ConditionalMemory(
+            llm=ScriptedLLM(default="<Decision>: no"),
+            embedder=HashingEmbedder(dimension=64),
+            prompts={"conditional.decision": "Decide whether the turn is worth keeping."},
+        )
+    kept = ConditionalMemory(
+        llm=ScriptedLLM(default="<Decision>: no"),
+        embedder=HashingEmbedder(dimension=64),
+        prompts={"conditional.decision": "Keep it? Reply `<Decision>: yes` or `<Decision>: no`."},
+    )
+    kept.close()

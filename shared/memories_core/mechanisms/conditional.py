@@ -43,7 +43,7 @@ from memories_core.prompts.conditional import (
     RespondInput,
     render_record,
 )
-from memories_core.prompts.spec import run_spec
+from memories_core.prompts.spec import PromptSpec, run_spec
 from memories_core.retrieval.keys import KEY_FOR, SEARCH_KEY_KIND
 from memories_core.types import Job, JobSpec, MemoryRecord, Recall, Scope, Turn, new_id
 
@@ -98,6 +98,11 @@ class ConditionalMemory(MemoryBase):
     """
 
     mechanism_name: ClassVar[str] = "conditional"
+    prompt_specs: ClassVar[tuple[PromptSpec[Any, Any], ...]] = (
+        DECISION,
+        RESPOND_AND_DECIDE,
+        RECORD,
+    )
     recall_kinds: ClassVar[tuple[str, ...]] = ("conditional",)
     index_turns: ClassVar[bool] = False
 
@@ -162,7 +167,7 @@ class ConditionalMemory(MemoryBase):
         (stored_user,) = self.engine.write_turns([user_turn], scope)
         parsed = run_spec(
             llm or self._llm(scope),
-            RESPOND_AND_DECIDE,
+            self.prompt_spec(RESPOND_AND_DECIDE),
             RespondInput(
                 user_turn.content,
                 memory=recall.context,
@@ -247,7 +252,7 @@ class ConditionalMemory(MemoryBase):
             try:
                 decision = run_spec(
                     writer,
-                    DECISION,
+                    self.prompt_spec(DECISION),
                     DecisionInput(content, _content(previous) if previous else None),
                     retries=retries,
                 )
@@ -259,7 +264,12 @@ class ConditionalMemory(MemoryBase):
             return None
         dialogue = [r.text for r in context] + [turn.text]
         try:
-            note = run_spec(writer, RECORD, RecordInput(tuple(dialogue), content), retries=retries)
+            note = run_spec(
+                writer,
+                self.prompt_spec(RECORD),
+                RecordInput(tuple(dialogue), content),
+                retries=retries,
+            )
         except (LLMError, ParseError) as exc:
             raise JobFailed("record", f"record for turn {turn_id} failed: {exc}") from exc
         rejection = find_ungrounded({"summary": note.summary, "note": note.note}, dialogue)

@@ -23,7 +23,7 @@ from memories_core.engine import Derivation, JobFailed, default_llm
 from memories_core.errors import LLMError, ParseError
 from memories_core.interfaces import LLM
 from memories_core.mechanisms.base import MemoryBase
-from memories_core.prompts.spec import run_spec
+from memories_core.prompts.spec import PromptSpec, run_spec
 from memories_core.prompts.summary import SESSION_SUMMARY, SummaryInput
 from memories_core.types import Job, JobSpec, MemoryRecord, Scope, ScoredRecord, new_id
 
@@ -65,6 +65,7 @@ class SummaryMemory(MemoryBase):
     """
 
     mechanism_name: ClassVar[str] = "summary"
+    prompt_specs: ClassVar[tuple[PromptSpec[Any, Any], ...]] = (SESSION_SUMMARY,)
     recall_kinds: ClassVar[tuple[str, ...]] = ("summary",)
     index_turns: ClassVar[bool] = False
 
@@ -115,7 +116,7 @@ class SummaryMemory(MemoryBase):
         try:
             text = run_spec(
                 self._llm(Scope(user_id, session_id)),
-                SESSION_SUMMARY,
+                self.prompt_spec(SESSION_SUMMARY),
                 SummaryInput(tuple(dialogue)),
             )
         except (LLMError, ParseError) as exc:

@@ -475,6 +475,7 @@ def _parse_record_json(text: str, inputs: RecordInput) -> ConditionalNote:
 #: Table 17, step 2, as JSON: ``{"decision": "yes"|"no"}``.
 DECISION_JSON: PromptSpec[DecisionInput, bool] = PromptSpec(
     name="conditional.decision.json",
+    system=DECIDE_JSON_SYSTEM,
     build=lambda i: _decision_messages(
         DECIDE_JSON_SYSTEM,
         'Should this user input be remembered? Answer {"decision": "yes"} or {"decision": "no"}.',
@@ -492,6 +493,7 @@ DECISION_JSON: PromptSpec[DecisionInput, bool] = PromptSpec(
 #: Table 17, step 2: is this user turn worth remembering? (``<Decision>: yes|no``)
 DECISION: PromptSpec[DecisionInput, bool] = PromptSpec(
     name="conditional.decision",
+    system=DECIDE_SYSTEM,
     build=lambda i: build_decision_messages(i.user_input, previous_reply=i.previous_reply),
     parse=lambda text, i: parse_decision(text, i.user_input),
     stand_in=_decision_stand_in,
@@ -517,6 +519,7 @@ def _respond_json_messages(i: RespondInput) -> list[ChatMessage]:
 #: Table 17 as JSON: ``{"respond": ..., "decision": "yes"|"no"}``.
 RESPOND_AND_DECIDE_JSON: PromptSpec[RespondInput, RespondDecision] = PromptSpec(
     name="conditional.respond_and_decide.json",
+    system=RESPOND_JSON_SYSTEM,
     build=_respond_json_messages,
     parse=_parse_respond_json,
     stand_in=lambda i: RespondAnswer(
@@ -529,6 +532,7 @@ RESPOND_AND_DECIDE_JSON: PromptSpec[RespondInput, RespondDecision] = PromptSpec(
 #: Table 17 whole: the response and the hidden decision in one call.
 RESPOND_AND_DECIDE: PromptSpec[RespondInput, RespondDecision] = PromptSpec(
     name="conditional.respond_and_decide",
+    system=RESPOND_SYSTEM,
     build=_respond_messages,
     parse=lambda text, i: parse_respond_and_decision(text, i.user_input),
     stand_in=lambda i: (
@@ -541,6 +545,7 @@ RESPOND_AND_DECIDE: PromptSpec[RespondInput, RespondDecision] = PromptSpec(
 #: Table 18 as JSON: ``{"context", "summary", "note"}``.
 RECORD_JSON: PromptSpec[RecordInput, ConditionalNote] = PromptSpec(
     name="conditional.record.json",
+    system=RECORD_JSON_SYSTEM,
     build=lambda i: _with_system(
         build_record_messages(i.dialogue_context, i.user_input), RECORD_JSON_SYSTEM
     ),
@@ -555,6 +560,7 @@ RECORD_JSON: PromptSpec[RecordInput, ConditionalNote] = PromptSpec(
 #: Table 18: the memory record (``<Context>``, ``<Summary>``, ``<Note>``).
 RECORD: PromptSpec[RecordInput, ConditionalNote] = PromptSpec(
     name="conditional.record",
+    system=RECORD_SYSTEM,
     build=lambda i: build_record_messages(i.dialogue_context, i.user_input),
     parse=lambda text, i: parse_record(text, i.user_input),
     stand_in=_record_stand_in,

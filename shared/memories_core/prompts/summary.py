@@ -160,6 +160,7 @@ def _stand_in(inputs: SummaryInput) -> str:
 #: The session summary as JSON: ``{"summary": ...}``.
 SESSION_SUMMARY_JSON: PromptSpec[SummaryInput, str] = PromptSpec(
     name="summary.session.json",
+    system=JSON_SYSTEM,
     build=lambda i: _messages(JSON_SYSTEM, i.dialogue, "Summarize the dialogue above in JSON."),
     parse=lambda text, i: parse_session_summary(
         parse_model(text, SummaryAnswer, i.dialogue).summary, i.dialogue
@@ -172,6 +173,7 @@ SESSION_SUMMARY_JSON: PromptSpec[SummaryInput, str] = PromptSpec(
 #: One session's summary, plain prose (Yuan et al. §3.1; MemoryBank's instruction).
 SESSION_SUMMARY: PromptSpec[SummaryInput, str] = PromptSpec(
     name="summary.session",
+    system=SYSTEM,
     build=lambda i: build_session_summary_messages(i.dialogue),
     parse=lambda text, i: parse_session_summary(text, i.dialogue),
     stand_in=_stand_in,
