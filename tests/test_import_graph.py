@@ -10,6 +10,7 @@ modules, and the top-level parts of the package (``memories_core.retrieval``,
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -79,8 +80,12 @@ def _targets(node: ast.Import | ast.ImportFrom, name: str, is_package: bool, kno
             yield module
 
 
-def import_graph() -> dict[str, set[str]]:
-    """``module -> modules it imports at module level``, for every module of the package."""
+@functools.cache
+def import_graph() -> dict[str, frozenset[str]]:
+    """``module -> modules it imports at module level``, for every module of the package.
+
+    Read once per test session (callers must not change it).
+    """
     modules = _modules()
     known = set(modules)
     graph: dict[str, set[str]] = {name: set() for name in modules}
@@ -90,10 +95,10 @@ def import_graph() -> dict[str, set[str]]:
         for node in _module_level_imports(tree.body):
             graph[name].update(_targets(node, name, is_package, known))
         graph[name].discard(name)
-    return graph
+    return {name: frozenset(targets) for name, targets in graph.items()}
 
 
-def folded(graph: Mapping[str, set[str]]) -> dict[str, set[str]]:
+def folded(graph: Mapping[str, Iterable[str]]) -> dict[str, set[str]]:
     """The graph with every module folded into its top-level part of the package."""
 
     def part(name: str) -> str:
@@ -105,7 +110,7 @@ def folded(graph: Mapping[str, set[str]]) -> dict[str, set[str]]:
     return parts
 
 
-def cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
+def cycles(graph: Mapping[str, Iterable[str]]) -> list[list[str]]:
     """Strongly connected components with more than one member (Tarjan, iterative)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
