@@ -126,20 +126,20 @@ class PromptOverrides:
             PromptOverrideError: on an unknown name, a prompt that cannot be overridden, or
                 an instruction missing a marker of the output format.
         """
-        known = {}
+        known: dict[str, PromptSpec[object, object]] = {}
         for spec in specs:
             known[spec.name] = spec
             if spec.structured is not None:
                 known[spec.structured.name] = spec.structured
         for name, text in self.system.items():
-            spec = known.get(name)
-            if spec is None:
+            found = known.get(name)
+            if found is None:
                 raise PromptOverrideError(
                     f"no prompt named {name!r} here; the prompts are {sorted(known)}"
                 )
-            if spec.system is None:
+            if found.system is None:
                 raise PromptOverrideError(f"prompt {name!r} cannot be overridden")
-            missing = sorted(m for m in format_markers(spec) if m not in text)
+            missing = sorted(m for m in format_markers(found) if m not in text)
             if missing:
                 raise PromptOverrideError(
                     f"the override of {name!r} drops the output format its parser reads: "
