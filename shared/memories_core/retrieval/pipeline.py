@@ -446,8 +446,10 @@ class Pipeline:
 
 def _load(ranked: Ranking, ctx: RecallContext, k: int) -> list[ScoredRecord]:
     """Load ranked ids in order; drop unknown, foreign and no-longer-matching records."""
+    from memories_core.filters import compile_filter, record_getter
+
     request = ctx.request
-    where = request.filter
+    expr = compile_filter(request.filter)  # once per recall (filters_match compiles per call)
     hits: list[ScoredRecord] = []
     ids = list(dict.fromkeys(item for item, _ in ranked))
     scores = dict(reversed(ranked))  # the first (best) score of a duplicate id wins
@@ -460,6 +462,6 @@ def _load(ranked: Ranking, ctx: RecallContext, k: int) -> list[ScoredRecord]:
         hits += [
             ScoredRecord(record=records[item], score=float(scores[item]))
             for item in chunk
-            if item in records and filters_match(records[item], where)
+            if item in records and (expr is None or expr.matches(record_getter(records[item])))
         ]
     return hits[:k]
