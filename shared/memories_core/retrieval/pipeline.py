@@ -233,6 +233,8 @@ class RecallContext:
         self.backend = backend
         self._vectors: dict[str, npt.NDArray[np.float32]] = {}
         self._records: dict[str, MemoryRecord | None] = {}
+        #: Record id -> cosine of the query, for the records the dense source returned.
+        self.similarity: dict[str, float] = {}
 
     def embed_query(self, text: str) -> npt.NDArray[np.float32]:
         """The query's embedding (computed once per text)."""
@@ -405,6 +407,10 @@ class Pipeline:
         depth = self.candidate_depth(request.k)
         active = [source for source in self.sources if source.weight > 0]
         rankings = [source.candidates(request, ctx, depth) for source in active]
+        for source, found in zip(active, rankings, strict=True):
+            if isinstance(source, DenseSource):  # its scores are cosines (best first)
+                for item, score in found:
+                    ctx.similarity.setdefault(item, float(score))
         ranked: Ranking
         if len(active) == 1:
             # One source: its own scores; a duplicate id keeps its first (best) score.
@@ -460,7 +466,11 @@ def _load(ranked: Ranking, ctx: RecallContext, k: int) -> list[ScoredRecord]:
             break
         records = ctx.load(chunk, user_id=request.user_id)
         hits += [
-            ScoredRecord(record=records[item], score=float(scores[item]))
+            ScoredRecord(
+                record=records[item],
+                score=float(scores[item]),
+                similarity=ctx.similarity.get(item),
+            )
             for item in chunk
             if item in records and (expr is None or expr.matches(record_getter(records[item])))
         ]
