@@ -133,7 +133,9 @@ def exact_top(
         return []
     usable = index_prefilter(where)  # compiled once per search, not once per row
     norm = float(np.linalg.norm(query)) or 1.0
-    scores = matrix @ (np.asarray(query, dtype=np.float32) / norm)
+    # einsum's own loop, not BLAS: BLAS threads wait on each other on a busy machine (10k x
+    # 256 rows at load 6 on 2 cores: median 20 ms with ``@``, 1 ms with einsum).
+    scores = np.einsum("ij,j->i", matrix, np.asarray(query, dtype=np.float32) / norm)
     total = len(ids)
     fetch = min(total, max(4 * k, 64))
     while True:
