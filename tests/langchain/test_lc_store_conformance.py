@@ -141,12 +141,28 @@ class TestMemoryStorePostgres(StoreConformance, _Closing):
         return make
 
 
+try:
+    from psycopg.errors import InvalidTextRepresentation as _JSON_REFUSED
+except ImportError:  # the Postgres tests skip without psycopg
+    _JSON_REFUSED = Exception  # type: ignore[assignment,misc]
+
+
 @pytest.mark.postgres
 class TestPostgresStoreControl(StoreConformance):
     """LangGraph's own PostgresStore (pgvector), a schema per store: a second control.
 
-    Its clock is the database's, so the TTL tests skip.
+    Its clock is the database's, so the TTL tests skip. PostgreSQL's JSON has no ``Infinity``
+    or ``NaN``, so the two tests that put non-finite floats fail there (strict xfail: they
+    must keep failing for that reason only); ``InMemoryStore`` and ``MemoryStore`` pass them.
     """
+
+    @pytest.mark.xfail(strict=True, raises=_JSON_REFUSED, reason="no Infinity in Postgres JSON")
+    def test_large_and_non_finite_numbers_round_trip(self, store_factory: StoreFactory) -> None:
+        super().test_large_and_non_finite_numbers_round_trip(store_factory)
+
+    @pytest.mark.xfail(strict=True, raises=_JSON_REFUSED, reason="no Infinity in Postgres JSON")
+    def test_filters(self, store_factory: StoreFactory) -> None:
+        super().test_filters(store_factory)
 
     @pytest.fixture
     def store_factory(self, postgres_dsn: str) -> Iterator[StoreFactory]:
