@@ -125,11 +125,15 @@ def test_node_score_is_the_cosine_of_an_exact_match(history: HistoryMemory) -> N
 
 
 def test_similarity_cutoff_keeps_the_best_exact_match(
-    filled: HistoryMemory, recording_llm: RecordingLLM
+    history: HistoryMemory, recording_llm: RecordingLLM
 ) -> None:
+    # Alice's only memory: its fused score is 0.0 (one hit), which a logistic map puts at
+    # 0.5, under the cutoff; its cosine is 1.0. Bob's memory is never a candidate.
+    history.save([Turn("user", "I play the cello on Sundays", timestamp=WHEN)], Scope("alice"))
+    history.save([Turn("user", "My sister lives in Lisbon", timestamp=WHEN)], Scope("bob"))
     recording_llm.replies = ["On Sundays."]
     engine = RetrieverQueryEngine.from_args(
-        MemoryRetriever(filled, "alice", similarity_top_k=4),
+        MemoryRetriever(history, "alice", similarity_top_k=4),
         llm=recording_llm,
         node_postprocessors=[SimilarityPostprocessor(similarity_cutoff=0.8)],
     )
