@@ -39,7 +39,10 @@ class MemoryRetriever(BaseRetriever):
     Works with every mechanism of ``memories_core`` (anything that meets the ``Mechanism``
     protocol): the query goes to ``memory.recall(query, Scope(user_id, session_id), k=k)`` and
     each recalled record becomes a ``Document`` whose ``page_content`` is the record text and
-    whose ``metadata`` holds ``id``, ``kind``, ``score`` (higher is more relevant),
+    whose ``metadata`` holds ``record_id``, ``kind``, ``relevance`` (a similarity in
+    ``[0, 1]``: the cosine of the query to the record when dense search found it, 1.0 for
+    its own text, else the logistic map of the pipeline's score), ``score`` and
+    ``fused_score`` (the pipeline's own, unbounded; the documents' order),
     ``created_at`` (ISO 8601, UTC), ``session_id``, ``user_id``, ``source_ids`` and the
     record's own metadata. Only ``user_id``'s memories are ever returned.
 
@@ -78,7 +81,7 @@ class MemoryRetriever(BaseRetriever):
         ```python
         docs = retriever.invoke("what food do I like?")
         docs = retriever.invoke("what food do I like?", k=1)  # override k per call
-        print(docs[0].page_content, docs[0].metadata["score"])
+        print(docs[0].page_content, docs[0].metadata["relevance"])
         ```
 
     Async:

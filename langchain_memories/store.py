@@ -102,6 +102,13 @@ def _matches(namespace: tuple[str, ...], condition: MatchCondition) -> bool:
     return all(p == "*" or p == n for p, n in zip(path, part, strict=True))
 
 
+def _emit_each(name: str, events: Sequence[dict[str, Any]]) -> None:
+    """Dispatch one event per item; outside a run the first tells, and the rest are skipped."""
+    for data in events:
+        if not emit_memory_event(name, data):
+            return
+
+
 class MemoryStore(BaseStore):
     """LangGraph long-term memory on the engine of any ``memories_core`` mechanism.
 
@@ -329,8 +336,7 @@ class MemoryStore(BaseStore):
         deleted = [_record_id(op.namespace, op.key) for op in ops if op.value is None]
         if deleted:
             self.engine.delete_records(user, deleted, reason="store delete")
-            for rid in deleted:
-                emit_memory_event("memory_forgotten", {"user_id": user, "record_id": rid})
+            _emit_each("memory_forgotten", [{"user_id": user, "record_id": rid} for rid in deleted])
         puts = [op for op in ops if op.value is not None]
         if not puts:
             return
@@ -392,8 +398,13 @@ class MemoryStore(BaseStore):
         # Items, their keys and their TTLs in one transaction: a crash cannot leave an item
         # that never expires, or the keys of an older version of an item.
         self.engine.add_records(records, replace=old_keys, state=state or None, reason="store put")
-        for op, rid in zip(puts, ids, strict=True):
-            emit_memory_event("memory_saved", {"user_id": user, "record_id": rid, "key": op.key})
+        _emit_each(
+            "memory_saved",
+            [
+                {"user_id": user, "record_id": rid, "key": op.key}
+                for op, rid in zip(puts, ids, strict=True)
+            ],
+        )
 
     def _ranked(
         self, user: str, op: SearchOp, wanted: int

@@ -24,6 +24,7 @@ _HIDDEN_KEYS = [
     "session_id",
     "source_ids",
     "score",
+    "fused_score",
     "relevance",
     "strength",
     "recall_count",
@@ -42,9 +43,12 @@ def record_to_node(hit: ScoredRecord) -> NodeWithScore:
     ``record_id``, ``kind``, ``score``, timestamps, state), the same keys as LangChain
     documents. Bookkeeping keys (ids, kind, times, state, a turn's role, speaker and batch)
     are hidden from the LLM and the embedder, so the text an LLM reads is the record's text
-    plus only the metadata the application gave it. The node's score is
-    the record's ``relevance`` (its score mapped into ``[0, 1]``), since LlamaIndex treats
-    node scores as similarities (e.g. ``SimilarityPostprocessor``'s cutoff).
+    plus only the metadata the application gave it. The node's score is the record's
+    :attr:`~memories_core.types.ScoredRecord.relevance`, a similarity in ``[0, 1]``, since
+    LlamaIndex treats node scores as similarities (e.g. ``SimilarityPostprocessor``'s
+    cutoff): the cosine of the query to the record when dense search found it (1.0 for
+    its own text), else the logistic map of the pipeline's score. The pipeline's own
+    score stays in the metadata (``score`` and ``fused_score``).
     """
     record = hit.record
     metadata = hit.to_metadata()

@@ -442,16 +442,31 @@ class ScoredRecord:
     """A record with its retrieval score (higher is more relevant).
 
     ``score`` is on the scale of the pipeline that produced it (fused ranks, reranker logits,
-    decayed similarities), so it is unbounded; :attr:`relevance` maps it into ``[0, 1]`` for
-    frameworks that expect a similarity there.
+    decayed similarities), so it is unbounded; :attr:`relevance` is a similarity in
+    ``[0, 1]`` for frameworks that expect one there.
+
+    Attributes:
+        record: The record.
+        score: The pipeline's own score (the ranking order).
+        similarity: Cosine similarity of the query to the record's vector when the dense
+            source returned the record (through a search key: the best of its texts);
+            ``None`` for a record that only another source or a reranker brought in.
     """
 
     record: MemoryRecord
     score: float
+    similarity: float | None = None
 
     @property
     def relevance(self) -> float:
-        """``score`` mapped into ``[0, 1]`` by the logistic function (same order; 0.5 at 0)."""
+        """A similarity in ``[0, 1]``: the dense cosine when known, else the score mapped.
+
+        With :attr:`similarity`, the cosine clamped into ``[0, 1]`` (as LangGraph stores
+        score: an exact match is 1.0, so a similarity cutoff keeps it). Without it,
+        ``score`` mapped by the logistic function (monotone in ``score``; 0.5 at 0).
+        """
+        if self.similarity is not None and not math.isnan(self.similarity):
+            return min(1.0, max(0.0, float(self.similarity)))
         if self.score >= 0:
             return 1.0 / (1.0 + math.exp(-self.score))
         z = math.exp(self.score)  # no overflow for very negative scores
@@ -461,8 +476,9 @@ class ScoredRecord:
         """The metadata an adapter attaches to a document or node, the same in every adapter.
 
         The record's own metadata comes first; the library's keys are written last, so free
-        metadata can never spoof them: ``record_id``, ``kind``, ``score``, ``relevance``
-        (``score`` in ``[0, 1]``), ``created_at``
+        metadata can never spoof them: ``record_id``, ``kind``, ``score`` and
+        ``fused_score`` (the pipeline's own score), ``relevance`` (a similarity in
+        ``[0, 1]``, :attr:`relevance`), ``created_at``
         (ISO 8601, UTC), ``session_id``, ``user_id``, ``source_ids``, and the state fields
         ``strength``, ``recall_count``, ``last_recalled_at``, ``valid_until``.
         """
@@ -473,6 +489,7 @@ class ScoredRecord:
             record_id=record.id,
             kind=record.kind,
             score=self.score,
+            fused_score=self.score,
             relevance=self.relevance,
             created_at=record.created_at.isoformat(),
             session_id=record.session_id,

@@ -108,3 +108,13 @@ def test_works_over_summary_memory() -> None:
     assert docs[0].page_content == "The user said they love spicy Thai food"
     assert len(docs[0].metadata["source_ids"]) == 1
     assert llm.usage.calls == 1
+
+
+def test_relevance_is_the_cosine_and_the_fused_score_is_kept() -> None:
+    mem = history_memory()
+    mem.save([Turn("user", "I adopted a cat named Miso")], Scope("carol"))
+    (doc,) = MemoryRetriever(memory=mem, user_id="carol").invoke("user: I adopted a cat named Miso")
+    meta = doc.metadata
+    # A single hit's fused score is 0.0; its relevance is the cosine (1.0 for its own text).
+    assert meta["relevance"] == pytest.approx(1.0, abs=1e-4)
+    assert meta["fused_score"] == meta["score"]

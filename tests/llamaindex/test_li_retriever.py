@@ -6,6 +6,7 @@ from datetime import datetime, timezone
 
 import pytest
 from li_fakes import RecordingLLM
+from llama_index.core.postprocessor import SimilarityPostprocessor
 from llama_index.core.query_engine import RetrieverQueryEngine
 from llama_index.core.schema import MetadataMode, NodeWithScore
 
@@ -56,7 +57,8 @@ def test_node_carries_the_record(filled: HistoryMemory) -> None:
     llm_view = hit.node.get_content(metadata_mode=MetadataMode.LLM)
     # The LLM reads the text and the application's own metadata, no bookkeeping.
     assert llm_view == "mood: happy\n\nuser: I love spicy Thai food"
-    for internal in ("record_id", "batch_id", "role", "kind", "created_at", "score", "turn"):
+    hidden = ("record_id", "batch_id", "role", "kind", "created_at", "score", "turn")
+    for internal in (*hidden, "fused_score", "relevance"):
         assert internal not in llm_view
     assert hit.node.get_content(metadata_mode=MetadataMode.EMBED) == llm_view
 
@@ -110,3 +112,37 @@ async def test_query_engine_async(filled: HistoryMemory, recording_llm: Recordin
     prompt = recording_llm.prompts[-1]
     assert "pepperoni" in prompt
     assert "Thai" not in prompt
+
+
+def test_node_score_is_the_cosine_of_an_exact_match(history: HistoryMemory) -> None:
+    # One record: its fused score is 0.0 (a z-score of a single hit), but its node score is
+    # the cosine of the query to its vector, 1.0 for the record's own text.
+    history.save([Turn("user", "I play the cello on Sundays", timestamp=WHEN)], Scope("alice"))
+    (hit,) = MemoryRetriever(history, "alice").retrieve("user: I play the cello on Sundays")
+    assert hit.score == pytest.approx(1.0, abs=1e-4)
+    assert hit.node.metadata["fused_score"] == hit.node.metadata["score"]
+    assert hit.node.metadata["relevance"] == pytest.approx(hit.score)
+
+
+def test_similarity_cutoff_keeps_the_best_exact_match(
+    history: HistoryMemory, recording_llm: RecordingLLM
+) -> None:
+    # Alice's only memory: its fused score is 0.0 (one hit), which a logistic map puts at
+    # 0.5, under the cutoff; its cosine is 1.0. Bob's memory is never a candidate.
+    history.save([Turn("user", "I play the cello on Sundays", timestamp=WHEN)], Scope("alice"))
+    history.save([Turn("user", "My sister lives in Lisbon", timestamp=WHEN)], Scope("bob"))
+    recording_llm.replies = ["On Sundays."]
+    engine = RetrieverQueryEngine.from_args(
+        MemoryRetriever(history, "alice", similarity_top_k=4),
+        llm=recording_llm,
+        node_postprocessors=[SimilarityPostprocessor(similarity_cutoff=0.8)],
+    )
+    response = engine.query("user: I play the cello on Sundays")
+    assert str(response) == "On Sundays."
+    kept = [n.node.get_content() for n in response.source_nodes]
+    # The exact match passes the cutoff; the other memories are dissimilar and are dropped.
+    assert kept == ["user: I play the cello on Sundays"]
+    assert "cello" in recording_llm.prompts[-1]
+    assert "Lisbon" not in recording_llm.prompts[-1]
+    for node in response.source_nodes:
+        assert node.score is not None and 0.8 <= node.score <= 1.0

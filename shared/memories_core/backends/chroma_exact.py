@@ -33,7 +33,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from memories_core.backends.numpy_index import matches_filter
+from memories_core.backends.numpy_index import _metadata_getter
+from memories_core.filters import index_prefilter
 from memories_core.interfaces import Filter
 
 __all__ = ["Mirror", "MirrorRegistry", "exact_top"]
@@ -120,16 +121,43 @@ def exact_top(
     k: int,
     where: Filter | None,
 ) -> list[tuple[str, float]]:
-    """Brute-force cosine top ``k`` over unit rows, ties broken by id."""
+    """Brute-force cosine top ``k`` over unit rows that match ``where``, ties broken by id.
+
+    Every row is scored (one matrix product), then the filter is tested in score order on
+    the best rows only, widening fourfold until ``k`` rows pass or every row was tested:
+    the usual filter (a record kind) passes nearly every row, so a search tests about
+    ``k`` metadata, not the whole collection. A widening round takes every row tying with
+    the last one it takes, so the answer equals filtering every row first.
+    """
     if not ids:
         return []
-    rows = [row for row, meta in enumerate(metas) if not where or matches_filter(meta, where)]
-    if not rows:
-        return []
+    usable = index_prefilter(where)  # compiled once per search, not once per row
     norm = float(np.linalg.norm(query)) or 1.0
-    scores = matrix[rows] @ (np.asarray(query, dtype=np.float32) / norm)
-    ranked = sorted(zip(rows, scores.tolist(), strict=True), key=lambda p: (-p[1], ids[p[0]]))
-    return [(ids[row], float(score)) for row, score in ranked[:k]]
+    # einsum's own loop, not BLAS: BLAS threads wait on each other on a busy machine (10k x
+    # 256 rows at load 6 on 2 cores: median 20 ms with ``@``, 1 ms with einsum).
+    scores = np.einsum("ij,j->i", matrix, np.asarray(query, dtype=np.float32) / norm)
+    total = len(ids)
+    fetch = min(total, max(4 * k, 64))
+    while True:
+        rows = _best_rows(scores, fetch)
+        ranked = sorted(rows, key=lambda row: (-float(scores[row]), ids[row]))
+        kept: list[int] = []
+        for row in ranked:
+            if usable is None or usable.matches(_metadata_getter(metas[row])):
+                kept.append(row)
+                if len(kept) == k:
+                    break
+        if len(kept) >= k or len(rows) >= total:
+            return [(ids[row], float(scores[row])) for row in kept]
+        fetch = min(total, fetch * 4)
+
+
+def _best_rows(scores: npt.NDArray[np.float32], fetch: int) -> list[int]:
+    """The rows scoring at least the ``fetch``-th best score (ties with it included)."""
+    if fetch >= scores.shape[0]:
+        return list(range(scores.shape[0]))
+    threshold = np.partition(scores, scores.shape[0] - fetch)[scores.shape[0] - fetch]
+    return np.flatnonzero(scores >= threshold).tolist()
 
 
 class MirrorRegistry:

@@ -61,6 +61,11 @@ _T = TypeVar("_T")
 # Users with at most this many vectors are searched exactly (in-process mirror, brute force)
 # instead of through the HNSW graph, which can lose records (see chroma_exact.py).
 _EXACT_BELOW = 2000
+# A mirror the process already holds (loaded, or started empty with the user's first write
+# here) is kept and searched exactly up to this many vectors: it costs memory, not a read.
+# Exact search of 10k hashed vectors takes about 1 ms; a graph query through Chroma's
+# client 10-600 ms on a busy 2-core machine (benchmarks/store_compare.py).
+_KEEP_EXACT_BELOW = 20_000
 # Records whose reachability a large collection's first open in a process checks.
 _OPEN_CHECK = 200
 # Deletes of at least this many ids of a large user are followed by a sampled check.
@@ -131,7 +136,10 @@ class ChromaIndex(ChromaReachability, ChromaVerification, ChromaErasure):
         therefore searched by brute force over an in-process mirror of their vectors and
         metadata (loaded with one ``get`` on the user's first search in the process, then
         kept current by this index's writes; :mod:`memories_core.backends.chroma_exact`),
-        so every stored record is reachable. For a larger user, the first open in a process
+        so every stored record is reachable. A mirror the process holds already (loaded,
+        or started empty when the user's first vector was written here) is kept and
+        searched exactly until the user passes 20,000 vectors (or ``exact_below`` if
+        larger), since keeping it costs only memory. For a larger user, the first open in a process
         probes ``open_check`` sampled records, every ``add`` probes the records it wrote,
         and a delete of 32 ids or more probes a sample again; a record found unreachable is
         *pinned*: every later search of the user scores it exactly and merges it into the
@@ -248,6 +256,8 @@ class ChromaIndex(ChromaReachability, ChromaVerification, ChromaErasure):
         # Mirrors need every write to pass through this process: not for a Chroma server.
         self._local = self._folder is not None or self._ephemeral
         self._exact_below = exact_below if self._local else 0
+        # Size past which a held mirror is dropped (the user then goes through the graph).
+        self._keep_exact = max(self._exact_below, _KEEP_EXACT_BELOW) if self._exact_below else 0
         self._open_check = open_check
         # Collections (by UUID) whose reachability this instance has checked on open.
         self._checked: set[str] = set()
@@ -453,6 +463,7 @@ class ChromaIndex(ChromaReachability, ChromaVerification, ChromaErasure):
             def run(collection: Any) -> None:
                 # Upserts are idempotent: a retry on a re-resolved collection rewrites all.
                 key = _key_of(collection)
+                self._seed_mirror(collection)
                 for start in range(0, len(rows), self._batch):
                     chunk = rows[start : start + self._batch]
                     chunk_ids = [id_list[row] for row in chunk]
@@ -470,7 +481,7 @@ class ChromaIndex(ChromaReachability, ChromaVerification, ChromaErasure):
                     _MIRRORS.written(
                         key,
                         upserted=(chunk_ids, matrix[chunk], chunk_metas),
-                        limit=self._exact_below,
+                        limit=self._keep_exact,
                     )
                 if self._local and (self._exact_below == 0 or _MIRRORS.is_large(key)):
                     self._pin_lost(collection, [id_list[row] for row in rows])
@@ -638,7 +649,7 @@ class ChromaIndex(ChromaReachability, ChromaVerification, ChromaErasure):
                         for start in range(0, len(id_list), self._batch):
                             self._guard(collection.delete, ids=id_list[start : start + self._batch])
                     finally:
-                        _MIRRORS.written(key, removed=id_list, limit=self._exact_below)
+                        _MIRRORS.written(key, removed=id_list, limit=self._keep_exact)
                         self._forget_pins(key, id_list)
                     # A bulk delete can cut the graph's paths to other records: check a sample.
                     bulk = len(id_list) >= _BULK_DELETE

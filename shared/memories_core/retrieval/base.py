@@ -201,6 +201,8 @@ class RecallContext:
         self.backend = backend
         self._vectors: dict[str, npt.NDArray[np.float32]] = {}
         self._records: dict[str, MemoryRecord | None] = {}
+        #: Record id -> cosine of the query, for the records the dense source returned.
+        self.similarity: dict[str, float] = {}
 
     def embed_query(self, text: str) -> npt.NDArray[np.float32]:
         """The query's embedding (computed once per text)."""

@@ -183,6 +183,10 @@ class Pipeline:
         depth = self.candidate_depth(request.k)
         active = [source for source in self.sources if source.weight > 0]
         rankings = [source.candidates(request, ctx, depth) for source in active]
+        for source, found in zip(active, rankings, strict=True):
+            if isinstance(source, DenseSource):  # its scores are cosines (best first)
+                for item, score in found:
+                    ctx.similarity.setdefault(item, float(score))
         ranked: Ranking
         if len(active) == 1:
             # One source: its own scores; a duplicate id keeps its first (best) score.
@@ -224,8 +228,10 @@ class Pipeline:
 
 def _load(ranked: Ranking, ctx: RecallContext, k: int) -> list[ScoredRecord]:
     """Load ranked ids in order; drop unknown, foreign and no-longer-matching records."""
+    from memories_core.filters import compile_filter, record_getter
+
     request = ctx.request
-    where = request.filter
+    expr = compile_filter(request.filter)  # once per recall (filters_match compiles per call)
     hits: list[ScoredRecord] = []
     ids = list(dict.fromkeys(item for item, _ in ranked))
     scores = dict(reversed(ranked))  # the first (best) score of a duplicate id wins
@@ -236,8 +242,12 @@ def _load(ranked: Ranking, ctx: RecallContext, k: int) -> list[ScoredRecord]:
             break
         records = ctx.load(chunk, user_id=request.user_id)
         hits += [
-            ScoredRecord(record=records[item], score=float(scores[item]))
+            ScoredRecord(
+                record=records[item],
+                score=float(scores[item]),
+                similarity=ctx.similarity.get(item),
+            )
             for item in chunk
-            if item in records and filters_match(records[item], where)
+            if item in records and (expr is None or expr.matches(record_getter(records[item])))
         ]
     return hits[:k]

@@ -1,0 +1,92 @@
+"""ChromaIndex exact search: as filtering every row first, kept for users written here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from memories_core.backends import ChromaIndex
+
+DIM = 16
+USER = "u"
+
+
+def _unit(matrix: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+    return (matrix / np.linalg.norm(matrix, axis=-1, keepdims=True)).astype(np.float32)
+
+
+def _reference(
+    ids: list[str],
+    vectors: npt.NDArray[np.float32],
+    kinds: list[str],
+    query: npt.NDArray[np.float32],
+    k: int,
+    kind: str | None,
+) -> list[str]:
+    """Every matching row scored, sorted by (-cosine, id): what an exact search returns."""
+    scores = _unit(vectors) @ _unit(query)
+    rows = [row for row in range(len(ids)) if kind is None or kinds[row] == kind]
+    rows.sort(key=lambda row: (-float(scores[row]), ids[row]))
+    return [ids[row] for row in rows[:k]]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_exact_search_equals_filtering_every_row_first(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = 400
+    vectors = rng.standard_normal((n, DIM)).astype(np.float32)
+    vectors[100:130] = vectors[99]  # exact duplicates: ties broken by id
+    kinds = ["note" if i % 37 == 0 else "turn" for i in range(n)]  # notes are rare
+    ids = [f"r{(i * 7919) % n:04d}" for i in range(n)]  # id order unlike row order
+    index = ChromaIndex()
+    try:
+        for start in range(0, n, 150):
+            rows = slice(start, start + 150)
+            metas: list[dict[str, Any]] = [{"user_id": USER, "kind": kind} for kind in kinds[rows]]
+            index.add(ids[rows], vectors[rows], metas)
+        queries = [rng.standard_normal(DIM).astype(np.float32), vectors[99]]
+        for query in queries:
+            for kind in (None, "turn", "note", "missing"):
+                for k in (1, 10, 40, 500):
+                    where = None if kind is None else {"kind": kind}
+                    got = index.search(query, user_id=USER, k=k, where=where)
+                    assert [vid for vid, _ in got] == _reference(
+                        ids, vectors, kinds, query, k, kind
+                    )
+                    scores = [score for _, score in got]
+                    assert scores == sorted(scores, reverse=True)
+    finally:
+        index.close()
+
+
+def test_a_user_written_in_this_process_stays_exact_past_exact_below(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    base = rng.standard_normal(DIM).astype(np.float32)
+    # Near-duplicates: the vectors an HNSW graph is known to lose.
+    vectors = _unit(base + 0.02 * rng.standard_normal((300, DIM)).astype(np.float32))
+    ids = [f"r{i}" for i in range(300)]
+    index = ChromaIndex(path=tmp_path / "chroma", exact_below=20, open_check=0)
+    try:
+        for start in range(0, 300, 60):
+            rows = slice(start, start + 60)
+            index.add(ids[rows], vectors[rows], [{"user_id": USER, "kind": "turn"}] * 60)
+        collection = index._collections[USER]
+        queried: list[dict[str, Any]] = []
+        original = collection.query
+
+        def spy(**kwargs: Any) -> Any:
+            queried.append(kwargs)
+            return original(**kwargs)
+
+        collection.query = spy
+        for vid, vector in zip(ids, vectors, strict=True):
+            top = index.search(vector, user_id=USER, k=1)
+            assert top[0][0] == vid and top[0][1] == pytest.approx(1.0, abs=1e-5)
+        assert queried == []  # searched exactly in process memory, never through the graph
+        assert index.probe(ids, user_id=USER) == set()
+    finally:
+        index.close()
