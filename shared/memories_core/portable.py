@@ -16,6 +16,8 @@ conditional-memory paper asks for):
   ``exported_at``, ``embedder`` (name, dimension) and counts;
 * ``records.jsonl``, ``history.jsonl``, ``jobs.jsonl``, ``graph.json``, ``state.json``;
 * ``vectors.npy`` + ``vector_ids.json`` (optional);
+* ``token_vectors.jsonl`` + ``token_vectors.npy`` (optional, version 2): the records'
+  late-interaction token vectors (:mod:`memories_core.token_vectors`);
 * ``artifacts/<n>/...`` with ``artifacts.json`` naming each artifact's folder.
 
 Works for every mechanism, because it works on the engine (``memory.engine``).
@@ -49,7 +51,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from memories_core import token_vectors as stored_tokens
 from memories_core.errors import BackendError, InvalidInputError, MemoriesError
+from memories_core.token_vectors import TokenVectors, TokenVectorStore
 from memories_core.types import (
     MAX_META_INT,
     MIN_META_INT,
@@ -86,8 +90,9 @@ __all__ = [
 
 #: The ``format`` field of every manifest.
 FORMAT = "llm-memories/user"
-#: The file format version this module writes (and the newest it reads).
-VERSION = 1
+#: The newest file format version this module writes and reads: 2 adds the optional
+#: late-interaction token vectors; a file without them is still written as version 1.
+VERSION = 2
 #: The oldest file format version this module reads (there is no version 0).
 MIN_VERSION = 1
 
@@ -291,6 +296,7 @@ def export_user(memory_or_engine: Any, user_id: str, path: str | Path) -> Path:
     index_states = engine.store.index_states(user_id)
     ids = [r.id for r in records if index_states.get(r.id) == "indexed"]
     vectors = _read_vectors(engine, user_id, ids)
+    token_vectors = stored_tokens.export_rows(engine.store, user_id)
     history = engine.history(user_id)
     jobs = engine.pending(user_id)
     nodes = engine.store.graph_nodes(user_id)
@@ -302,21 +308,24 @@ def export_user(memory_or_engine: Any, user_id: str, path: str | Path) -> Path:
     if target.is_dir():
         raise InvalidInputError(f"{target} is a folder; give the path of the file to write")
     target.parent.mkdir(parents=True, exist_ok=True)
+    counts = {
+        "records": len(records),
+        "history": len(history),
+        "jobs": len(jobs),
+        "graph_nodes": len(nodes),
+        "graph_edges": len(edges),
+        "artifacts": len(artifacts),
+        "vectors": 0 if vectors is None else len(ids),
+    }
+    if token_vectors is not None:
+        counts["token_vectors"] = token_vectors[stored_tokens.ROWS_MEMBER].count(b"\n")
     manifest = {
         "format": FORMAT,
-        "version": VERSION,
+        "version": 1 if token_vectors is None else 2,
         "user_id": user_id,
         "exported_at": engine.clock.now().isoformat(),
         "embedder": {"name": engine.embedder.name, "dimension": engine.embedder.dimension},
-        "counts": {
-            "records": len(records),
-            "history": len(history),
-            "jobs": len(jobs),
-            "graph_nodes": len(nodes),
-            "graph_edges": len(edges),
-            "artifacts": len(artifacts),
-            "vectors": 0 if vectors is None else len(ids),
-        },
+        "counts": counts,
     }
     tmp = target.with_name(target.name + ".tmp")
     try:
@@ -332,6 +341,8 @@ def export_user(memory_or_engine: Any, user_id: str, path: str | Path) -> Path:
                 None if vectors is None else (ids, vectors),
                 artifacts,
             )
+            for name, data in (token_vectors or {}).items():
+                archive.writestr(name, data)
         tmp.replace(target)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -410,6 +421,7 @@ _TABLES = ("records.jsonl", "history.jsonl", "jobs.jsonl")
 _JSON_MEMBERS = ("manifest.json", "graph.json", "state.json", "artifacts.json")
 _REQUIRED = frozenset({*_TABLES, *_JSON_MEMBERS})
 _VECTOR_MEMBERS = frozenset({"vectors.npy", "vector_ids.json"})
+_TOKEN_MEMBERS = frozenset({stored_tokens.ROWS_MEMBER, stored_tokens.VALUES_MEMBER})
 _ARTIFACT_MEMBER = re.compile(r"artifacts/(0|[1-9][0-9]{0,8})/(.+)")
 _COUNTS = ("records", "history", "jobs", "graph_nodes", "graph_edges", "artifacts", "vectors")
 _INDEX_STATES = frozenset({"indexed", "pending", "failed"})
@@ -479,7 +491,7 @@ class _Reader:
             if match is not None:
                 file = _artifact_file_name(match.group(2), name, self.limits)
                 self.artifact_members.setdefault(match.group(1), {})[file] = info
-            elif name not in _REQUIRED and name not in _VECTOR_MEMBERS:
+            elif name not in _REQUIRED and name not in _VECTOR_MEMBERS | _TOKEN_MEMBERS:
                 raise _fail(name, "not a member of the memory file format")
         missing = sorted(_REQUIRED - set(self.members))
         if missing:
@@ -487,6 +499,9 @@ class _Reader:
         vectors = _VECTOR_MEMBERS & set(self.members)
         if vectors and vectors != _VECTOR_MEMBERS:
             raise _fail("archive", "vectors.npy and vector_ids.json come together")
+        tokens = _TOKEN_MEMBERS & set(self.members)
+        if tokens and tokens != _TOKEN_MEMBERS:
+            raise _fail("archive", "token_vectors.jsonl and token_vectors.npy come together")
 
     def read(self, name: str, limit: int | None = None) -> bytes:
         """A member's bytes, read no further than its declared (and checked) size."""
@@ -854,6 +869,7 @@ class _MemoryFile:
     edges: builtins.list[GraphEdge]
     state: dict[str, Any]
     vectors: dict[str, np.ndarray] | None
+    token_vectors: builtins.list[TokenVectors]
     artifacts: builtins.list[_Artifact]
     dropped: tuple[str, ...]
     reader: _Reader
@@ -886,8 +902,9 @@ def _manifest(value: Any, where: str) -> dict[str, Any]:
     embedder = _fields(data["embedder"], f"{where} embedder", frozenset({"name", "dimension"}))
     _str(embedder["name"], f"{where} embedder.name", limit=1000)
     _int(embedder["dimension"], f"{where} embedder.dimension", low=1, high=1 << 20)
-    counts = _fields(data["counts"], f"{where} counts", frozenset(_COUNTS))
-    for name in _COUNTS:
+    optional = frozenset({"token_vectors"}) if version >= 2 else frozenset()
+    counts = _fields(data["counts"], f"{where} counts", frozenset(_COUNTS), optional)
+    for name in (*_COUNTS, *sorted(optional & set(counts))):
         _int(counts[name], f"{where} counts.{name}")
     return data
 
@@ -945,6 +962,15 @@ def _read_archive(
     }
     artifacts, dropped = _artifacts(reader, limits)
     vectors = _vectors(reader, manifest, index)
+    token_vectors: list[TokenVectors] = []
+    if stored_tokens.ROWS_MEMBER in reader.members:
+        if manifest["version"] < 2:
+            raise _fail(stored_tokens.ROWS_MEMBER, "token vectors need format version 2")
+        token_vectors = stored_tokens.read_rows(
+            reader.read, set(index), max_rows=limits.max_records, fail=_fail
+        )
+    if counts.get("token_vectors", 0) != len(token_vectors):
+        raise _fail("manifest.json counts", "token_vectors does not match the file")
     actual = {
         "records": len(records),
         "history": len(history),
@@ -970,6 +996,7 @@ def _read_archive(
         edges=edges,
         state=user_state,
         vectors=vectors,
+        token_vectors=token_vectors,
         artifacts=artifacts,
         dropped=dropped,
         reader=reader,
@@ -1231,6 +1258,9 @@ def _write_rows(
     store.add([r for r in new if file.index[r.id] is not None], indexed=True)
     store.add([r for r in new if file.index[r.id] is None], indexed=False)
     store.restore_state(user_id, {r.id: r.state for r in new})
+    if file.token_vectors and isinstance(store, TokenVectorStore):
+        added = {r.id for r in new}
+        store.put_token_vectors(user_id, [t for t in file.token_vectors if t.record_id in added])
     have = {
         _History(h.record_id, h.at, dict(h.old), dict(h.new), h.reason).key()
         for h in store.history(user_id)

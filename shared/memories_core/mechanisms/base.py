@@ -147,6 +147,10 @@ class MemoryBase:
                 on_delete_user=self._delete_user_data,
             )
         )
+        # A late-interaction stage: the turns' token vectors are encoded by a pending job.
+        from memories_core.retrieval.late_vectors import attach_token_vectors
+
+        attach_token_vectors(engine, self.name, pipeline, self.recall_kinds)
 
     # ------------------------------------------------------------------ parts (read-only)
     @property
