@@ -133,7 +133,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=13)
     parser.add_argument("--torch-threads", type=int, default=1)
     parser.add_argument("--name", default="late_persist")
+    parser.add_argument("--report-only", action="store_true", help="redo md/png from the JSON")
     args = parser.parse_args(argv)
+    if args.report_only:
+        result = json.loads((OUT / f"{args.name}.json").read_text())
+        (OUT / f"{args.name}.md").write_text(report(result))
+        plot(result, OUT / f"{args.name}.png")
+        return
 
     from tqdm.auto import tqdm
 
@@ -193,7 +199,9 @@ def main(argv: list[str] | None = None) -> None:
         samples: dict[str, list[float]] = {name: [] for name in calls}
         for query in tqdm(queries[2:], desc="recalls"):
             for name, call in calls.items():
-                samples[name].append(timed(lambda c=call, q=query: c(q)))
+                start = time.perf_counter()
+                call(query)
+                samples[name].append(time.perf_counter() - start)
         warm = {name: percentiles(s) for name, s in samples.items()}
         result["reopen"] = {
             "first_recall_with_model_load_ms": round(1000 * first_with_load, 1),
@@ -216,8 +224,10 @@ def main(argv: list[str] | None = None) -> None:
 def report(result: dict[str, Any]) -> str:
     ingest_rows = result["ingest"]
     lines = [
-        f"`{result['command']}`; load average {result['load_average']['start']} at start, "
-        f"{result['load_average']['end']} at end (a shared 2-core machine: loaded figures).",
+        f"`{result['command']}`; load average "
+        f"{' / '.join(f'{v:.1f}' for v in result['load_average']['start'])} at start, "
+        f"{' / '.join(f'{v:.1f}' for v in result['load_average']['end'])} at end "
+        "(1 / 5 / 15 min; a shared 2-core machine: loaded figures).",
         "",
         "| ingest | turns | turns/s (vectors done) | save() returns s | SQLite bytes per record "
         "| int8 payload per record |",

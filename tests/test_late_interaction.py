@@ -251,7 +251,7 @@ def test_prefetch_reads_no_record_it_was_given_again() -> None:
         loads.append(list(ids))
         return real_load(ids, user_id=user_id)
 
-    backend.load = counting_load  # type: ignore[method-assign]
+    backend.load = counting_load  # type: ignore[method-assign,assignment]
     encoder = FakeEncoder()
     reranker = LateInteractionReranker(encoder, context=True)
     assert reranker.prefetch(backend, "ana", records) == len(TEXTS)

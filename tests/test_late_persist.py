@@ -30,6 +30,7 @@ from memories_core.retrieval.late_interaction import (
 from memories_core.retrieval.late_vectors import rebuild_token_vectors
 from memories_core.token_vectors import (
     TokenVectors,
+    TokenVectorStore,
     encoder_tag,
     quantize,
     text_digest,
@@ -98,8 +99,14 @@ def fill(memory: HistoryMemory, user: str = "ana", turns: list[str] = TURNS) -> 
     return memory.engine.records(user)
 
 
+def vector_store(memory: HistoryMemory) -> TokenVectorStore:
+    store = memory.engine.store
+    assert isinstance(store, TokenVectorStore)
+    return store
+
+
 def stored(memory: HistoryMemory, user: str = "ana") -> dict[str, TokenVectors]:
-    return {row.record_id: row for row in memory.engine.store.token_vector_rows(user)}
+    return {row.record_id: row for row in vector_store(memory).token_vector_rows(user)}
 
 
 def test_save_jobs_store_compact_vectors_of_every_turn(tmp_path: Path) -> None:
@@ -194,7 +201,7 @@ def test_users_never_read_each_others_vectors(tmp_path: Path) -> None:
     encoder = CountingEncoder()
     memory = memory_at(tmp_path, encoder)
     ana = fill(memory)
-    store = memory.engine.store
+    store = vector_store(memory)
     tag = encoder_tag("counting")
     assert store.token_vectors("bo", [r.id for r in ana], encoder=tag) == {}
     row = next(iter(stored(memory).values()))
@@ -357,7 +364,7 @@ def test_maxsim_pool_is_maxsim_of_each_stored_record() -> None:
 def test_stored_rows_are_checked() -> None:
     row = quantize("r", "0" * 32, "1" * 32, np.ones((2, 3)))
     with pytest.raises(InvalidInputError):
-        TokenVectors("r", "0" * 32, "1" * 32, row.data.astype(np.int16), 1.0)  # type: ignore[arg-type]
+        TokenVectors("r", "0" * 32, "1" * 32, row.data.astype(np.int16), 1.0)
     with pytest.raises(InvalidInputError):
         TokenVectors("r", "0" * 32, "1" * 32, row.data, float("nan"))
     with pytest.raises(InvalidInputError):
@@ -407,7 +414,7 @@ def test_postgres_keeps_vectors_across_reopen_and_erases_them(
     reopened.recall("what is the cat called", Scope("ana"), k=3)
     assert encoder.documents == []
     assert (
-        reopened.engine.store.token_vectors(
+        vector_store(reopened).token_vectors(
             "bo", [r.id for r in records], encoder=encoder_tag("counting")
         )
         == {}
