@@ -19,6 +19,7 @@ A memory file carries the stored vectors too (:mod:`memories_core.token_vectors`
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -39,11 +40,13 @@ JOB_KIND = "token_vectors"
 
 def late_stages(pipeline: Pipeline | None) -> list[LateInteractionReranker]:
     """The late-interaction rerankers of ``pipeline`` (none for ``None``)."""
-    from memories_core.retrieval.late_interaction import LateInteractionReranker
-
-    if pipeline is None:
+    # No stage can be one unless its module was imported: building a memory without the
+    # reranker does not import it (and its ONNX helpers).
+    module = sys.modules.get("memories_core.retrieval.late_interaction")
+    if pipeline is None or module is None:
         return []
-    return [stage for stage in pipeline.rerankers if isinstance(stage, LateInteractionReranker)]
+    kind = module.LateInteractionReranker
+    return [stage for stage in pipeline.rerankers if isinstance(stage, kind)]
 
 
 def attach_token_vectors(
