@@ -136,9 +136,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--report-only", action="store_true", help="redo md/png from the JSON")
     args = parser.parse_args(argv)
     if args.report_only:
-        result = json.loads((OUT / f"{args.name}.json").read_text())
-        (OUT / f"{args.name}.md").write_text(report(result))
-        plot(result, OUT / f"{args.name}.png")
+        saved: dict[str, Any] = json.loads((OUT / f"{args.name}.json").read_text())
+        (OUT / f"{args.name}.md").write_text(report(saved))
+        plot(saved, OUT / f"{args.name}.png")
         return
 
     from tqdm.auto import tqdm
