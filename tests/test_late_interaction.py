@@ -150,7 +150,7 @@ def test_vectors_are_computed_once_per_record_and_reused() -> None:
     encoded = len(encoder.documents)
     assert encoded == len(TEXTS) == len(reranker.cache)
     tokens = sum(FakeEncoder._rows(text).shape[0] for text in TEXTS)
-    assert reranker.cache.nbytes == tokens * DIM * 2  # float16
+    assert reranker.cache.nbytes == tokens * DIM  # int8, as stored
     assert ranked(pipeline, backend, "Pixel zebra toy") == first
     ranked(pipeline, backend, "hiking boots")
     assert len(encoder.documents) == encoded  # documents: cached; queries: encoded each time
@@ -222,7 +222,7 @@ def test_with_a_pool_a_smaller_k_is_a_prefix_of_a_larger_one() -> None:
     memory.close()
 
 
-def test_prefetch_encodes_a_users_records_so_recall_finds_them_cached() -> None:
+def test_save_jobs_encode_the_turns_so_prefetch_and_recall_encode_nothing() -> None:
     encoder = FakeEncoder()
     reranker = LateInteractionReranker(encoder, candidates=3, pool=20, context=True)
     memory = HistoryMemory(
@@ -231,13 +231,12 @@ def test_prefetch_encodes_a_users_records_so_recall_finds_them_cached() -> None:
     for user in ("ana", "bo"):
         memory.save([Turn("user", f"{user} likes tea"), Turn("assistant", "noted")], Scope(user))
         memory.save([Turn("user", f"{user} has a cat named Pixel")], Scope(user))
-    assert memory.prefetch("ana", progress=False) == 3
-    assert {user for user, _ in list(reranker.cache._entries)} == {"ana"}
+    assert memory.flush() == 0
+    assert len(encoder.documents) == 6  # every turn of both users, by the save jobs
     assert "user: ana likes tea assistant: noted" in encoder.documents  # with its context
-    assert memory.prefetch("ana", progress=False) == 0  # already cached
-    encoded = len(encoder.documents)
+    assert memory.prefetch("ana", progress=False) == 0  # stored already
     memory.recall("what is the cat called", Scope("ana"), k=2)
-    assert len(encoder.documents) == encoded  # every candidate was prefetched
+    assert len(encoder.documents) == 6  # every candidate had its vectors
     assert HistoryMemory(embedder=HashingEmbedder()).prefetch("ana", progress=False) == 0
     memory.close()
 
@@ -252,7 +251,7 @@ def test_prefetch_reads_no_record_it_was_given_again() -> None:
         loads.append(list(ids))
         return real_load(ids, user_id=user_id)
 
-    backend.load = counting_load  # type: ignore[method-assign]
+    backend.load = counting_load  # type: ignore[method-assign,assignment]
     encoder = FakeEncoder()
     reranker = LateInteractionReranker(encoder, context=True)
     assert reranker.prefetch(backend, "ana", records) == len(TEXTS)
@@ -263,12 +262,12 @@ def test_prefetch_reads_no_record_it_was_given_again() -> None:
 
 
 def test_cache_is_bounded_in_bytes_least_recently_used_first() -> None:
-    cache = TokenVectorCache(max_bytes=3 * 4 * 8 * 2)  # three 4 x 8 float16 matrices
+    cache = TokenVectorCache(max_bytes=3 * 4 * 8)  # three 4 x 8 int8 matrices
     for i in range(4):
         cache.put("ana", f"r{i}", "d", np.ones((4, 8), dtype=np.float32))
     assert len(cache) == 3 and ("ana", "r0") not in cache
     assert cache.get("ana", "r1", "other digest") is None  # a stale digest is dropped
-    assert ("ana", "r1") not in cache and cache.nbytes == 2 * 4 * 8 * 2
+    assert ("ana", "r1") not in cache and cache.nbytes == 2 * 4 * 8
     with pytest.raises(ConfigurationError):
         TokenVectorCache(max_bytes=0)
 

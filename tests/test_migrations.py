@@ -59,16 +59,16 @@ def raw_version(path: Path) -> int:
 def test_fixtures_are_the_old_versions() -> None:
     assert raw_version(FIXTURES / "store_v1.sqlite3") == 1
     assert raw_version(FIXTURES / "store_v2.sqlite3") == 2
-    assert SCHEMA_VERSION == 4
+    assert SCHEMA_VERSION == 5
 
 
 def test_a_version_1_store_opens_and_upgrades(tmp_path: Path) -> None:
     path = copy_fixture(1, tmp_path)
     store = SQLiteRecordStore(path)
     try:
-        assert store.applied_migrations == [2, 3, 4]
-        assert store.schema_version() == 4
-        assert [v for v, _ in store.schema_history()] == [2, 3, 4]
+        assert store.applied_migrations == [2, 3, 4, 5]
+        assert store.schema_version() == 5
+        assert [v for v, _ in store.schema_history()] == [2, 3, 4, 5]
         # Nothing of the old data is lost or mixed between users.
         assert [r.id for r in store.list(user_id="alice")] == ["a1", "a2", "a3"]
         summary = store.get(["a3"], user_id="alice")[0]
@@ -97,7 +97,7 @@ def test_a_version_1_store_opens_and_upgrades(tmp_path: Path) -> None:
 def test_a_version_2_store_keeps_its_engine_data_and_runs_in_an_engine(tmp_path: Path) -> None:
     path = copy_fixture(2, tmp_path)
     store = SQLiteRecordStore(path)
-    assert store.applied_migrations == [3, 4]
+    assert store.applied_migrations == [3, 4, 5]
     a3 = store.get(["a3"], user_id="alice")[0]
     assert (a3.state.strength, a3.state.tier) == (2.5, "core")
     assert [h.reason for h in store.history("alice", record_id="a3")] == ["recalled"]
@@ -153,11 +153,11 @@ def test_a_failing_step_rolls_the_whole_upgrade_back(tmp_path: Path) -> None:
 def test_every_sqlite_step_is_idempotent(tmp_path: Path) -> None:
     conn = sqlite3.connect(tmp_path / "x.sqlite3", isolation_level=None)
     driver = SQLiteSchemaDriver(conn)
-    assert migrate(driver, SQLITE_MIGRATIONS) == [1, 2, 3, 4]
+    assert migrate(driver, SQLITE_MIGRATIONS) == [1, 2, 3, 4, 5]
     conn.execute("INSERT INTO state (user_id, key, value) VALUES ('', 'k', '1')")
     # As if the version had been lost: every step runs again over the existing schema.
     conn.execute("PRAGMA user_version = 0")
-    assert migrate(driver, SQLITE_MIGRATIONS) == [1, 2, 3, 4]
+    assert migrate(driver, SQLITE_MIGRATIONS) == [1, 2, 3, 4, 5]
     assert conn.execute("SELECT value FROM state").fetchall() == [("1",)]
     conn.close()
 
@@ -221,9 +221,9 @@ def test_processes_opening_an_old_store_at_once_upgrade_it_once(tmp_path: Path) 
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err
         outs.append(out.strip())
-    assert sorted(outs) == ["[2, 3, 4] 4 3"] + ["[] 4 3"] * 3
+    assert sorted(outs) == ["[2, 3, 4, 5] 5 3"] + ["[] 5 3"] * 3
     store = SQLiteRecordStore(path)
-    assert [v for v, _ in store.schema_history()] == [2, 3, 4]
+    assert [v for v, _ in store.schema_history()] == [2, 3, 4, 5]
     store.close()
 
 

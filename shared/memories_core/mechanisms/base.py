@@ -162,6 +162,10 @@ class MemoryBase:
                 on_delete_user=self._delete_user_data,
             )
         )
+        # A late-interaction stage: the turns' token vectors are encoded by a pending job.
+        from memories_core.retrieval.late_vectors import attach_token_vectors
+
+        attach_token_vectors(engine, self.name, pipeline, self.recall_kinds)
 
     def prompt_spec(self, spec: PromptSpec[In, Out]) -> PromptSpec[In, Out]:
         """``spec`` as this mechanism runs it: with the caller's override, if any."""
@@ -335,11 +339,12 @@ class MemoryBase:
         return self.engine.reindex(progress=progress)
 
     def prefetch(self, user_id: str, *, progress: bool = True) -> int:
-        """Fill this memory's per-record reranker caches for ``user_id`` ahead of recalls.
+        """Prepare this memory's per-record reranker data for ``user_id`` ahead of recalls.
 
-        Useful after a bulk import or a restart with the optional late-interaction reranker
-        (its token vectors live in memory), so the first recalls do not pay the cold cost.
-        Returns how many records were prepared (0 without such a reranker).
+        With the optional late-interaction reranker, every record gets token vectors of the
+        current encoder (stored with the record when the store keeps them; save jobs do this
+        for new turns already), else its in-process cache is filled. Returns how many records
+        were prepared now (0 without such a reranker, or when all had theirs).
         """
         if self.pipeline is None:
             return 0

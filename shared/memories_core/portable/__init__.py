@@ -16,6 +16,8 @@ conditional-memory paper asks for):
   ``exported_at``, ``embedder`` (name, dimension) and counts;
 * ``records.jsonl``, ``history.jsonl``, ``jobs.jsonl``, ``graph.json``, ``state.json``;
 * ``vectors.npy`` + ``vector_ids.json`` (optional);
+* ``token_vectors.jsonl`` + ``token_vectors.npy`` (optional, version 2): the records'
+  late-interaction token vectors (:mod:`memories_core.token_vectors`);
 * ``artifacts/<n>/...`` with ``artifacts.json`` naming each artifact's folder.
 
 Works for every mechanism, because it works on the engine (``memory.engine``).

@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from memories_core import token_vectors as stored_tokens
 from memories_core.errors import InvalidInputError
-from memories_core.portable.format import CHECKPOINT_SUFFIX, FORMAT, VERSION, _engine
+from memories_core.portable.format import CHECKPOINT_SUFFIX, FORMAT, _engine
 from memories_core.types import (
     GraphEdge,
     GraphNode,
@@ -111,6 +112,7 @@ def export_user(memory_or_engine: Any, user_id: str, path: str | Path) -> Path:
     index_states = engine.store.index_states(user_id)
     ids = [r.id for r in records if index_states.get(r.id) == "indexed"]
     vectors = _read_vectors(engine, user_id, ids)
+    token_vectors = stored_tokens.export_rows(engine.store, user_id)
     history = engine.history(user_id)
     jobs = engine.pending(user_id)
     nodes = engine.store.graph_nodes(user_id)
@@ -122,21 +124,24 @@ def export_user(memory_or_engine: Any, user_id: str, path: str | Path) -> Path:
     if target.is_dir():
         raise InvalidInputError(f"{target} is a folder; give the path of the file to write")
     target.parent.mkdir(parents=True, exist_ok=True)
+    counts = {
+        "records": len(records),
+        "history": len(history),
+        "jobs": len(jobs),
+        "graph_nodes": len(nodes),
+        "graph_edges": len(edges),
+        "artifacts": len(artifacts),
+        "vectors": 0 if vectors is None else len(ids),
+    }
+    if token_vectors is not None:
+        counts["token_vectors"] = token_vectors[stored_tokens.ROWS_MEMBER].count(b"\n")
     manifest = {
         "format": FORMAT,
-        "version": VERSION,
+        "version": 1 if token_vectors is None else 2,
         "user_id": user_id,
         "exported_at": engine.clock.now().isoformat(),
         "embedder": {"name": engine.embedder.name, "dimension": engine.embedder.dimension},
-        "counts": {
-            "records": len(records),
-            "history": len(history),
-            "jobs": len(jobs),
-            "graph_nodes": len(nodes),
-            "graph_edges": len(edges),
-            "artifacts": len(artifacts),
-            "vectors": 0 if vectors is None else len(ids),
-        },
+        "counts": counts,
     }
     tmp = target.with_name(target.name + ".tmp")
     try:
@@ -152,6 +157,8 @@ def export_user(memory_or_engine: Any, user_id: str, path: str | Path) -> Path:
                 None if vectors is None else (ids, vectors),
                 artifacts,
             )
+            for name, data in (token_vectors or {}).items():
+                archive.writestr(name, data)
         tmp.replace(target)
     except BaseException:
         tmp.unlink(missing_ok=True)

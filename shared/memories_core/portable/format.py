@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from memories_core import token_vectors as stored_tokens
 from memories_core.errors import InvalidInputError, MemoriesError
 
 if TYPE_CHECKING:
@@ -28,8 +29,9 @@ __all__ = [
 FORMAT = "llm-memories/user"
 
 
-#: The file format version this module writes (and the newest it reads).
-VERSION = 1
+#: The newest file format version this module writes and reads: 2 adds the optional
+#: late-interaction token vectors; a file without them is still written as version 1.
+VERSION = 2
 
 
 #: The oldest file format version this module reads (there is no version 0).
@@ -155,6 +157,7 @@ _REQUIRED = frozenset({*_TABLES, *_JSON_MEMBERS})
 
 
 _VECTOR_MEMBERS = frozenset({"vectors.npy", "vector_ids.json"})
+_TOKEN_MEMBERS = frozenset({stored_tokens.ROWS_MEMBER, stored_tokens.VALUES_MEMBER})
 
 
 _ARTIFACT_MEMBER = re.compile(r"artifacts/(0|[1-9][0-9]{0,8})/(.+)")

@@ -19,6 +19,7 @@ from memories_core.portable.format import (
     _fail,
 )
 from memories_core.portable.reader import _Artifact, _History, _MemoryFile, _read_file
+from memories_core.token_vectors import TokenVectorStore
 from memories_core.types import (
     check_user_id,
 )
@@ -179,6 +180,9 @@ def _write_rows(
     store.add([r for r in new if file.index[r.id] is not None], indexed=True)
     store.add([r for r in new if file.index[r.id] is None], indexed=False)
     store.restore_state(user_id, {r.id: r.state for r in new})
+    if file.token_vectors and isinstance(store, TokenVectorStore):
+        added = {r.id for r in new}
+        store.put_token_vectors(user_id, [t for t in file.token_vectors if t.record_id in added])
     have = {
         _History(h.record_id, h.at, dict(h.old), dict(h.new), h.reason).key()
         for h in store.history(user_id)

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from memories_core import token_vectors as stored_tokens
 from memories_core.errors import InvalidInputError
 from memories_core.portable.format import (
     _ARTIFACT_MEMBER,
@@ -26,6 +27,7 @@ from memories_core.portable.format import (
     _MANIFEST_BYTES,
     _REQUIRED,
     _SHA256,
+    _TOKEN_MEMBERS,
     _VECTOR_MEMBERS,
     CHECKPOINT_SUFFIX,
     FORMAT,
@@ -34,6 +36,7 @@ from memories_core.portable.format import (
     ImportLimits,
     _fail,
 )
+from memories_core.token_vectors import TokenVectors
 from memories_core.types import (
     MAX_META_INT,
     MIN_META_INT,
@@ -107,7 +110,7 @@ class _Reader:
             if match is not None:
                 file = _artifact_file_name(match.group(2), name, self.limits)
                 self.artifact_members.setdefault(match.group(1), {})[file] = info
-            elif name not in _REQUIRED and name not in _VECTOR_MEMBERS:
+            elif name not in _REQUIRED and name not in _VECTOR_MEMBERS | _TOKEN_MEMBERS:
                 raise _fail(name, "not a member of the memory file format")
         missing = sorted(_REQUIRED - set(self.members))
         if missing:
@@ -115,6 +118,9 @@ class _Reader:
         vectors = _VECTOR_MEMBERS & set(self.members)
         if vectors and vectors != _VECTOR_MEMBERS:
             raise _fail("archive", "vectors.npy and vector_ids.json come together")
+        tokens = _TOKEN_MEMBERS & set(self.members)
+        if tokens and tokens != _TOKEN_MEMBERS:
+            raise _fail("archive", "token_vectors.jsonl and token_vectors.npy come together")
 
     def read(self, name: str, limit: int | None = None) -> bytes:
         """A member's bytes, read no further than its declared (and checked) size."""
@@ -481,6 +487,7 @@ class _MemoryFile:
     edges: builtins.list[GraphEdge]
     state: dict[str, Any]
     vectors: dict[str, np.ndarray] | None
+    token_vectors: builtins.list[TokenVectors]
     artifacts: builtins.list[_Artifact]
     dropped: tuple[str, ...]
     reader: _Reader
@@ -513,8 +520,9 @@ def _manifest(value: Any, where: str) -> dict[str, Any]:
     embedder = _fields(data["embedder"], f"{where} embedder", frozenset({"name", "dimension"}))
     _str(embedder["name"], f"{where} embedder.name", limit=1000)
     _int(embedder["dimension"], f"{where} embedder.dimension", low=1, high=1 << 20)
-    counts = _fields(data["counts"], f"{where} counts", frozenset(_COUNTS))
-    for name in _COUNTS:
+    optional = frozenset({"token_vectors"}) if version >= 2 else frozenset()
+    counts = _fields(data["counts"], f"{where} counts", frozenset(_COUNTS), optional)
+    for name in (*_COUNTS, *sorted(optional & set(counts))):
         _int(counts[name], f"{where} counts.{name}")
     return data
 
@@ -572,6 +580,15 @@ def _read_archive(
     }
     artifacts, dropped = _artifacts(reader, limits)
     vectors = _vectors(reader, manifest, index)
+    token_vectors: list[TokenVectors] = []
+    if stored_tokens.ROWS_MEMBER in reader.members:
+        if manifest["version"] < 2:
+            raise _fail(stored_tokens.ROWS_MEMBER, "token vectors need format version 2")
+        token_vectors = stored_tokens.read_rows(
+            reader.read, set(index), max_rows=limits.max_records, fail=_fail
+        )
+    if counts.get("token_vectors", 0) != len(token_vectors):
+        raise _fail("manifest.json counts", "token_vectors does not match the file")
     actual = {
         "records": len(records),
         "history": len(history),
@@ -597,6 +614,7 @@ def _read_archive(
         edges=edges,
         state=user_state,
         vectors=vectors,
+        token_vectors=token_vectors,
         artifacts=artifacts,
         dropped=dropped,
         reader=reader,

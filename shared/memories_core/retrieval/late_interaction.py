@@ -21,21 +21,36 @@ its ``pool``, lets the pool's best join the head, and blends MaxSim with the fus
 that block (both min-max normalised, ``weight`` on MaxSim), as the cross-encoder reranker
 does; it can score a dialogue turn together with the turn before it (``context``, see
 :class:`~memories_core.retrieval.cross_encoder.BlendedCrossEncoderReranker`).
-:func:`late_interaction_pipeline` adds it to a pipeline that fetches deep enough, and
-:meth:`LateInteractionReranker.prefetch` (through ``memory.prefetch(user_id)``) encodes a
-user's records ahead of the first recalls.
+:func:`late_interaction_pipeline` adds it to a pipeline that fetches deep enough.
 
-Caching. Token vectors are kept in a :class:`TokenVectorCache` keyed by ``(user id,
-record id)`` and tagged with a digest of the encoder's name and the exact text encoded, so:
+Where the token vectors live. A record's vectors depend only on its text (and, with
+``context``, the text before it), so they are computed once and kept with the record:
+
+* when a memory whose pipeline has this stage saves turns, a pending job of the engine
+  (:mod:`memories_core.retrieval.late_vectors`, off the save's transaction, batched per
+  save) encodes them and writes them to the record store, int8 with a per-record scale
+  (:mod:`memories_core.token_vectors`; table ``token_vectors`` of the SQL stores);
+* a recall reads its whole pool's vectors from the store in one query and encodes only
+  records that have none (records derived later, imported without them, or edited), then
+  writes those back: a memory reopened in a new process has no cold start;
+* a :class:`TokenVectorCache` in process memory (LRU, bounded in bytes) is an optional
+  accelerator in front of the store; with a store that keeps no token vectors it is the
+  only copy, and :meth:`LateInteractionReranker.prefetch` (``memory.prefetch(user_id)``)
+  fills it ahead of the first recalls.
+
+Each vector row is tagged with a digest of the encoder's name and one of the exact text
+encoded, so:
 
 * an edited record (or an edited previous turn, with ``context``) has a new digest: its
-  stale vectors are dropped and recomputed on the next recall that ranks it;
-* a record that is deleted is never loaded by a recall, so its vectors are never used; they
-  are dropped when a recall finds the id gone, when the cache evicts them (LRU, bounded in
-  bytes), or at once by :meth:`TokenVectorCache.invalidate`; a mechanism's
-  ``delete_user`` calls :meth:`LateInteractionReranker.forget_user`;
-* users never share entries: the user id is part of the key, and only records the recall
-  context loaded for the requesting user are scored.
+  stale vectors are ignored, recomputed on the next recall that ranks it and overwritten;
+* vectors of another encoder are never read; after a model change
+  :func:`~memories_core.retrieval.late_vectors.rebuild_token_vectors` re-encodes everyone,
+  with a progress bar;
+* a deleted record's stored vectors are deleted with it (and a user's with
+  ``delete_user``); cached ones are dropped when a recall finds the id gone, when the cache
+  evicts them, or by ``delete_user`` and ``clear``;
+* users never share vectors: every store query names the user, the user id is part of the
+  cache key, and only records the recall context loaded for the requesting user are scored.
 
 .. code-block:: python
 
@@ -47,7 +62,7 @@ record id)`` and tagged with a digest of the encoder's name and the exact text e
 
 from __future__ import annotations
 
-import hashlib
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -60,7 +75,7 @@ import numpy as np
 import numpy.typing as npt
 
 from memories_core.embedders.base import l2_normalise
-from memories_core.errors import ConfigurationError, InvalidInputError
+from memories_core.errors import ConfigurationError, InvalidInputError, MemoriesError
 from memories_core.retrieval.context import DEFAULT_CONTEXT_GAP
 from memories_core.retrieval.cross_encoder import (
     _positive_int,
@@ -77,6 +92,13 @@ from memories_core.retrieval.pipeline import (
     RecallBackend,
     RecallContext,
     RecallRequest,
+)
+from memories_core.token_vectors import (
+    TokenVectors,
+    TokenVectorStore,
+    encoder_tag,
+    quantize,
+    text_digest,
 )
 from memories_core.types import MemoryRecord
 
@@ -100,8 +122,12 @@ __all__ = [
     "late_interaction_pipeline",
     "late_interaction_reranker",
     "maxsim",
+    "maxsim_pool",
     "pool_head",
+    "token_vector_store",
 ]
+
+logger = logging.getLogger(__name__)
 
 #: Candidates of the fused ranking re-scored per recall. This, the weight, ``context`` and
 #: the encoder's ``markers`` were chosen together by leave-one-conversation-out
@@ -129,8 +155,8 @@ DEFAULT_LATE_POOL = 250
 #: Candidates per source (``Pipeline.depth``) that :func:`late_interaction_pipeline` asks
 #: for, so that the pool exists (measured with the pool above).
 DEFAULT_LATE_DEPTH = 150
-#: Bytes of token vectors a default cache keeps: float16, about 56 KB per LoCoMo turn encoded
-#: with its previous turn (~73 word pieces x 384), so about 1,150 records.
+#: Bytes of token vectors a default cache keeps: int8, about 28 KB per LoCoMo turn encoded
+#: with its previous turn (~73 word pieces x 384), so about 2,300 records.
 DEFAULT_CACHE_BYTES = 64 * 1024 * 1024
 #: The name the bundled model's vectors are tagged with.
 BUNDLED_COLBERT_NAME = "answerai-colbert-small-v1 (int8 onnx, 384-d hidden states)"
@@ -296,16 +322,21 @@ class OnnxLateInteractionEncoder:
         return f"OnnxLateInteractionEncoder({self.name!r}, threads={self.threads})"
 
 
+#: Encoder and digest tag of vectors given to the cache as floats (not stored).
+_NO_TAG = "0" * 32
+
+
 def _digest(encoder: str, text: str) -> str:
-    return hashlib.blake2b(f"{encoder}\x00{text}".encode(), digest_size=16).hexdigest()
+    return text_digest(encoder, text)
 
 
 class TokenVectorCache:
-    """Per-record token vectors (float16), LRU, bounded in bytes, thread-safe.
+    """Per-record token vectors (int8 with a scale, as stored), LRU, bounded in bytes.
 
-    Entries are keyed by ``(user id, record id)`` and tagged with the digest of the encoder
+    An optional accelerator in front of the store (which keeps every record's vectors):
+    entries are keyed by ``(user id, record id)`` and tagged with the digest of the encoder
     name and the text that was encoded; :meth:`get` with another digest drops the entry
-    (the record or its context changed) and misses.
+    (the record or its context changed) and misses. Thread-safe.
 
     Args:
         max_bytes: Bytes of vectors kept; the least recently used entries go first.
@@ -313,15 +344,13 @@ class TokenVectorCache:
 
     def __init__(self, max_bytes: int = DEFAULT_CACHE_BYTES) -> None:
         self.max_bytes = _positive_int("max_bytes", max_bytes)
-        self._entries: OrderedDict[tuple[str, str], tuple[str, npt.NDArray[np.float16]]] = (
-            OrderedDict()
-        )
+        self._entries: OrderedDict[tuple[str, str], tuple[str, TokenVectors]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
 
-    def get(self, user_id: str, record_id: str, digest: str) -> npt.NDArray[np.float16] | None:
+    def get(self, user_id: str, record_id: str, digest: str) -> TokenVectors | None:
         """The vectors of ``record_id`` if they were computed from the same text."""
         key = (user_id, record_id)
         with self._lock:
@@ -336,17 +365,24 @@ class TokenVectorCache:
             return None
 
     def put(
-        self, user_id: str, record_id: str, digest: str, vectors: npt.NDArray[np.floating]
-    ) -> npt.NDArray[np.float16]:
-        """Keep ``vectors`` (stored as float16) for ``record_id``; returns what is kept."""
-        kept = np.ascontiguousarray(vectors, dtype=np.float16)
-        kept.setflags(write=False)
+        self,
+        user_id: str,
+        record_id: str,
+        digest: str,
+        vectors: npt.NDArray[np.floating] | TokenVectors,
+    ) -> TokenVectors:
+        """Keep ``vectors`` for ``record_id`` (floats are quantized as the store keeps them)."""
+        if isinstance(vectors, TokenVectors):
+            kept = vectors
+        else:
+            kept = quantize(record_id, _NO_TAG, _NO_TAG, vectors)
+        kept.data.setflags(write=False)
         key = (user_id, record_id)
         with self._lock:
             if key in self._entries:
                 self._drop(key)
             self._entries[key] = (digest, kept)
-            self._bytes += kept.nbytes
+            self._bytes += kept.data.nbytes
             while self._bytes > self.max_bytes and len(self._entries) > 1:
                 self._drop(next(iter(self._entries)))
         return kept
@@ -354,7 +390,7 @@ class TokenVectorCache:
     def _drop(self, key: tuple[str, str]) -> None:
         entry = self._entries.pop(key, None)
         if entry is not None:
-            self._bytes -= entry[1].nbytes
+            self._bytes -= entry[1].data.nbytes
 
     def invalidate(self, user_id: str, record_ids: Sequence[str]) -> int:
         """Drop the vectors of ``record_ids`` of ``user_id``; returns how many were kept."""
@@ -395,6 +431,47 @@ def maxsim(query: npt.NDArray[np.float32], text: npt.NDArray[np.floating]) -> fl
     return float((query @ np.asarray(text, dtype=np.float32).T).max(axis=1).sum())
 
 
+def maxsim_pool(
+    query: npt.NDArray[np.float32], pool: Sequence[TokenVectors]
+) -> npt.NDArray[np.float64]:
+    """:func:`maxsim` of ``query`` with every record of ``pool``, in one matrix product.
+
+    The pool's int8 rows are concatenated into one float32 matrix (one conversion per
+    recall, not one per record), multiplied by the query once, and each record's segment
+    of columns is reduced by ``np.maximum.reduceat``. A record's scale is applied to its
+    maxima: ``max(q . (s k)) = s max(q . k)`` for ``s > 0``.
+    """
+    if not pool:
+        return np.zeros(0, dtype=np.float64)
+    matrix = np.concatenate([item.data for item in pool], axis=0, dtype=np.float32)
+    sizes = np.fromiter((item.tokens for item in pool), dtype=np.int64, count=len(pool))
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    products = np.asarray(query, dtype=np.float32) @ matrix.T
+    best = np.maximum.reduceat(products, starts, axis=1)
+    scales = np.fromiter((item.scale for item in pool), dtype=np.float64, count=len(pool))
+    return best.sum(axis=0, dtype=np.float64) * scales
+
+
+def token_vector_store(backend: object) -> TokenVectorStore | None:
+    """The record store behind a recall backend, if it keeps token vectors.
+
+    Follows the wrappers a recall passes through (the run's context, the search-key
+    backend, the engine's store backend) to the record store; ``None`` when there is none
+    (the reranker then keeps vectors in its cache only).
+    """
+    node: object | None = backend
+    for _ in range(8):
+        if node is None:
+            return None
+        if isinstance(node, TokenVectorStore):
+            return node
+        store = getattr(node, "store", None)
+        if isinstance(store, TokenVectorStore):
+            return store
+        node = getattr(node, "inner", None) or getattr(node, "backend", None)
+    return None
+
+
 def pool_head(scored: Sequence[str], values: Sequence[float], candidates: int) -> list[str]:
     """The block :class:`LateInteractionReranker` re-orders (its ``pool`` rule).
 
@@ -409,14 +486,19 @@ def pool_head(scored: Sequence[str], values: Sequence[float], candidates: int) -
 
 @dataclass(frozen=True)
 class LateInteractionReranker:
-    """Reranker: blend MaxSim over cached token vectors with the fused scores of the head.
+    """Reranker: blend MaxSim over stored token vectors with the fused scores of the head.
 
     The best ``candidates`` of the incoming ranking are re-scored:
     ``score' = weight * unit(MaxSim) + (1 - weight) * unit(fused)`` (min-max over the
     block), the rest keep their order below it. Re-ranking a first-stage head with
-    late interaction is ColBERT's re-ranking mode (Khattab & Zaharia, 2020, §3.5). A
-    record's vectors are computed the first time a recall ranks it and then reused (see the
-    module docstring for how they are invalidated).
+    late interaction is ColBERT's re-ranking mode (Khattab & Zaharia, 2020, §3.5).
+
+    Where a record's vectors come from, in order: the in-process :attr:`cache`; the record
+    store, when it keeps token vectors (:class:`~memories_core.token_vectors.TokenVectorStore`,
+    the SQL stores; one query for the whole pool), which the save's pending job filled;
+    the encoder, for a record that has none yet (or whose text or previous turn changed),
+    after which they are written back to the store. So a memory reopened in a new process
+    encodes nothing on its first recall. See the module docstring for invalidation.
 
     With ``pool`` larger than ``candidates``, MaxSim also scores the fused ranking down to
     ``pool`` and the ``candidates`` best of those below the head join the block (with their
@@ -433,7 +515,8 @@ class LateInteractionReranker:
         context: Encode each turn together with the record before it (as the cross-encoder
             reranker's ``context``).
         context_gap: Records without a session id are neighbours up to this far apart.
-        cache: Where token vectors are kept (one per reranker unless shared on purpose).
+        cache: In-process accelerator in front of the store (one per reranker unless
+            shared on purpose).
         pool: How deep MaxSim scores the fused ranking (``0`` or at most ``candidates``:
             the head only).
     """
@@ -453,30 +536,57 @@ class LateInteractionReranker:
         if not isinstance(self.encoder, LateInteractionEncoder):
             raise ConfigurationError("encoder needs name, encode_query and encode_document")
 
+    @property
+    def encoder_tag(self) -> str:
+        """The tag stored vectors of this reranker's encoder carry."""
+        return encoder_tag(self.encoder.name)
+
     def vectors(
-        self, user_id: str, head: Sequence[str], texts: Sequence[str]
-    ) -> list[npt.NDArray[np.float16]]:
-        """Token vectors of ``head`` (encoded from ``texts``), from the cache or computed."""
-        return self._vectors(user_id, head, texts)[0]
+        self,
+        user_id: str,
+        head: Sequence[str],
+        texts: Sequence[str],
+        store: TokenVectorStore | None = None,
+    ) -> list[TokenVectors]:
+        """Token vectors of ``head`` (encoded from ``texts``): cached, stored or computed."""
+        return self._vectors(user_id, head, texts, store)[0]
 
     def _vectors(
-        self, user_id: str, head: Sequence[str], texts: Sequence[str]
-    ) -> tuple[list[npt.NDArray[np.float16]], int]:
+        self,
+        user_id: str,
+        head: Sequence[str],
+        texts: Sequence[str],
+        store: TokenVectorStore | None,
+    ) -> tuple[list[TokenVectors], int]:
         """:meth:`vectors`, and how many of them were encoded now."""
         name = self.encoder.name
-        out = []
-        encoded = 0
-        for item, text in zip(head, texts, strict=True):
-            digest = _digest(name, text)
-            found = self.cache.get(user_id, item, digest)
-            if found is None:
-                rows = np.asarray(self.encoder.encode_document(text), dtype=np.float32)
-                if rows.ndim != 2 or not len(rows):
-                    raise ConfigurationError(f"encoder returned shape {rows.shape} for a text")
-                found = self.cache.put(user_id, item, digest, rows)
-                encoded += 1
-            out.append(found)
-        return out, encoded
+        tag = encoder_tag(name)
+        digests = [_digest(name, text) for text in texts]
+        found: dict[int, TokenVectors] = {}
+        for i, (item, digest) in enumerate(zip(head, digests, strict=True)):
+            hit = self.cache.get(user_id, item, digest)
+            if hit is not None:
+                found[i] = hit
+        lacking = [i for i in range(len(head)) if i not in found]
+        if lacking and store is not None:
+            stored = _read_stored(store, user_id, [head[i] for i in lacking], tag)
+            for i in lacking:
+                row = stored.get(head[i])
+                if row is not None and row.digest == digests[i]:
+                    found[i] = self.cache.put(user_id, head[i], digests[i], row)
+        fresh: list[TokenVectors] = []
+        for i in range(len(head)):
+            if i in found:
+                continue
+            rows = np.asarray(self.encoder.encode_document(texts[i]), dtype=np.float32)
+            if rows.ndim != 2 or not len(rows):
+                raise ConfigurationError(f"encoder returned shape {rows.shape} for a text")
+            made = quantize(head[i], tag, digests[i], rows)
+            found[i] = self.cache.put(user_id, head[i], digests[i], made)
+            fresh.append(made)
+        if fresh and store is not None:
+            _write_stored(store, user_id, fresh)
+        return [found[i] for i in range(len(head))], len(fresh)
 
     def prefetch(
         self,
@@ -487,13 +597,15 @@ class LateInteractionReranker:
         progress: bool = False,
         chunk: int = 256,
     ) -> int:
-        """Encode and cache the token vectors of ``user_id``'s ``records`` ahead of recalls.
+        """Make sure ``user_id``'s ``records`` have token vectors of this encoder.
 
         The texts are those a recall would score (with ``context``, after the record before
-        each), so later recalls find every candidate cached and pay only the warm cost.
-        Records already cached are skipped; the cache's byte bound still applies. The
-        records come loaded (``MemoryEngine.prefetch`` lists them), so only the links
-        between neighbours are read from ``backend``.
+        each). Records whose stored (or cached) vectors match are skipped; the others are
+        encoded and written to the store behind ``backend`` (when it keeps token vectors)
+        and to the cache. The save's pending job calls this for the turns it wrote; after
+        an encoder change, :func:`~memories_core.retrieval.late_vectors.rebuild_token_vectors`
+        calls it for everyone. The records come loaded, so only the links between
+        neighbours are read from ``backend``.
 
         Args:
             backend: Where the records are (the engine's recall backend).
@@ -513,13 +625,14 @@ class LateInteractionReranker:
         ctx.remember(records)
         ids = [r.id for r in records if r.user_id == user_id]
         known = ctx.load(ids, user_id=user_id)
+        store = token_vector_store(backend)
         encoded = 0
         for start in tqdm(
             range(0, len(ids), chunk), desc="late-interaction vectors", disable=not progress
         ):
             part = ids[start : start + chunk]
             texts = context_pair_texts(part, known, request, ctx, self.context, self.context_gap)
-            encoded += self._vectors(user_id, part, texts)[1]
+            encoded += self._vectors(user_id, part, texts, store)[1]
         return encoded
 
     def rerank(self, ranking: Ranking, request: RecallRequest, ctx: RecallContext) -> Ranking:
@@ -536,18 +649,40 @@ class LateInteractionReranker:
             return [(item, float(scores[item])) for item in items]
         texts = context_pair_texts(scored, records, request, ctx, self.context, self.context_gap)
         query = np.asarray(self.encoder.encode_query(request.query), dtype=np.float32)
-        vectors = self.vectors(request.user_id, scored, texts)
-        value = {item: maxsim(query, rows) for item, rows in zip(scored, vectors, strict=True)}
+        pool = self.vectors(request.user_id, scored, texts, token_vector_store(ctx))
+        value = dict(zip(scored, maxsim_pool(query, pool).tolist(), strict=True))
         head = pool_head(scored, [value[item] for item in scored], self.candidates)
         return blend_head(items, scores, head, [value[item] for item in head], self.weight)
 
     def forget_user(self, user_id: str) -> None:
-        """Drop every cached vector of ``user_id`` (called by a mechanism's ``delete_user``)."""
+        """Drop every cached vector of ``user_id`` (called by a mechanism's ``delete_user``).
+
+        The stored ones go with the user's records (``delete_user``) or with each record.
+        """
         self.cache.forget_user(user_id)
 
     def invalidate(self, user_id: str, record_ids: Sequence[str]) -> None:
         """Drop the cached vectors of some of ``user_id``'s records."""
         self.cache.invalidate(user_id, record_ids)
+
+
+def _read_stored(
+    store: TokenVectorStore, user_id: str, ids: Sequence[str], tag: str
+) -> Mapping[str, TokenVectors]:
+    """The store's rows of ``ids``; a store that fails is skipped (the records are encoded)."""
+    try:
+        return store.token_vectors(user_id, ids, encoder=tag)
+    except (MemoriesError, ValueError):
+        logger.warning("reading stored token vectors failed; encoding instead", exc_info=True)
+        return {}
+
+
+def _write_stored(store: TokenVectorStore, user_id: str, rows: Sequence[TokenVectors]) -> None:
+    """Write freshly encoded rows back; a failure only costs a later re-encode."""
+    try:
+        store.put_token_vectors(user_id, rows)
+    except MemoriesError:
+        logger.warning("storing token vectors failed; they stay in the cache", exc_info=True)
 
 
 def late_interaction_reranker(

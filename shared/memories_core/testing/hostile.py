@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from memories_core.errors import MemoriesError
-from memories_core.portable import ImportLimits, import_user
+from memories_core.portable import VERSION, ImportLimits, import_user
 
 if TYPE_CHECKING:
     from memories_core.engine import MemoryEngine
@@ -263,7 +263,7 @@ def hostile_cases(
 
     manifest_case("version 0", lambda d: d.update(version=0))
     manifest_case("version -1", lambda d: d.update(version=-1))
-    manifest_case("a future version", lambda d: d.update(version=2))
+    manifest_case("a future version", lambda d: d.update(version=VERSION + 1))
     manifest_case("version as a string", lambda d: d.update(version="1"))
     manifest_case("version true", lambda d: d.update(version=True))
     manifest_case("another format", lambda d: d.update(format="other/thing"))

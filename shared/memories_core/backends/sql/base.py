@@ -40,6 +40,7 @@ class SQLBase:
         "artifacts",
         "state",
         "deletions",
+        "token_vectors",
     )
     owners_table: ClassVar[str] = "records"
 

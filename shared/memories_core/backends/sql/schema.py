@@ -160,6 +160,22 @@ def _add_claim_owner(connection: Any, dialect: str) -> None:
         connection.execute("ALTER TABLE jobs ADD COLUMN claimed_by TEXT")
 
 
+#: Late-interaction token vectors, one row per record (deleted with it): see
+#: :mod:`memories_core.backends.sql.token_vectors`.
+_SQLITE_TOKEN_VECTORS = """
+CREATE TABLE IF NOT EXISTS token_vectors (
+    seq INTEGER PRIMARY KEY REFERENCES records (seq) ON DELETE CASCADE,
+    user_id TEXT NOT NULL,
+    encoder TEXT NOT NULL,
+    digest TEXT NOT NULL,
+    tokens INTEGER NOT NULL,
+    dim INTEGER NOT NULL,
+    scale REAL NOT NULL,
+    data BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS token_vectors_user ON token_vectors (user_id, encoder);
+"""
+
 #: The SQLite store's schema history. A store written by an earlier release is upgraded at
 #: open, in one transaction.
 SQLITE_MIGRATIONS: tuple[Migration, ...] = (
@@ -180,6 +196,11 @@ SQLITE_MIGRATIONS: tuple[Migration, ...] = (
         4,
         "job claims name their owner process, so a dead worker's claim is taken over at once",
         run=_add_claim_owner,
+    ),
+    Migration(
+        5,
+        "late-interaction token vectors per record, kept with it",
+        {"sqlite": _SQLITE_TOKEN_VECTORS},
     ),
 )
 #: Schema version of SQLite stores written by this release.
@@ -298,6 +319,20 @@ POSTGRES_MIGRATIONS: tuple[str, ...] = (
     # 2: job claims name their owner process (memories_core.backends.claims), so a dead
     # worker's claim is taken over at once by a process of the same host.
     "ALTER TABLE jobs ADD COLUMN IF NOT EXISTS claimed_by text",
+    # 3: late-interaction token vectors per record (memories_core.backends.sql.token_vectors).
+    """
+    CREATE TABLE IF NOT EXISTS token_vectors (
+        seq bigint PRIMARY KEY REFERENCES records (seq) ON DELETE CASCADE,
+        user_id text NOT NULL,
+        encoder text NOT NULL,
+        digest text NOT NULL,
+        tokens integer NOT NULL,
+        dim integer NOT NULL,
+        scale double precision NOT NULL,
+        data bytea NOT NULL
+    );
+    CREATE INDEX IF NOT EXISTS token_vectors_user ON token_vectors (user_id, encoder);
+    """,
 )
 #: Schema version of PostgreSQL stores written by this release.
 POSTGRES_SCHEMA_VERSION = len(POSTGRES_MIGRATIONS)

