@@ -555,7 +555,7 @@ class MechanismContract:
     def _check_after_crashes(
         self, path: Path, acked: set[int], in_flight: set[int], where: str
     ) -> None:
-        memory = self.make_memory(path, self.make_llm())
+        memory: Any = self.make_memory(path, self.make_llm())
         try:
             for index, user in enumerate(CRASH_USERS):
                 mine = {i for i in acked if i % 2 == index}
