@@ -7,6 +7,7 @@ parser reads), and a bad one raises a typed error before anything is opened.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from memories_core.prompts.memorybank import (
 )
 from memories_core.prompts.overrides import PromptOverrideError, PromptOverrides, format_markers
 from memories_core.prompts.spec import run_spec
+from memories_core.types import ChatMessage
 
 T0 = datetime(2024, 5, 1, 9, 0, tzinfo=timezone.utc)
 NURSE = "You write the day's notes for a nurse. Plain prose, at most three sentences."
@@ -212,3 +214,128 @@ def test_conditional_overrides_keep_the_tags_their_parsers_read() -> None:
         prompts={"conditional.decision": "Keep it? Reply `<Decision>: yes` or `<Decision>: no`."},
     )
     kept.close()
+
+
+def obeying(
+    overrides: Mapping[str, str],
+    defaults: Mapping[str, str],
+    reply: Callable[[Sequence[ChatMessage]], str],
+    **kwargs: object,
+) -> ScriptedLLM:
+    """A scripted model that answers an overridden prompt as it answers the default one.
+
+    It records every call (``llm.calls``), so a test sees which instruction reached it.
+    """
+    back = {overrides[name]: defaults[name] for name in overrides}
+
+    def answer(messages: Sequence[ChatMessage]) -> str:
+        system = messages[0].content
+        return reply([ChatMessage("system", back.get(system, system)), *messages[1:]])
+
+    return ScriptedLLM(default=answer, **kwargs)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------ MemoChat
+MEMO_CHAT_TURNS = [
+    ("user", "I am reading about quantum entanglement and qubits."),
+    ("assistant", "Entangled qubits share one quantum state, even far apart."),
+    ("user", "Does quantum superposition mean a qubit is both zero and one?"),
+    ("assistant", "A qubit in superposition has amplitudes for zero and one."),
+    ("user", "Next week I meet business partners in Japan. How should I bow?"),
+    ("assistant", "In Japan a business bow is about fifteen degrees; hand cards with both hands."),
+    ("user", "Is a gift expected at a Japanese business meeting?"),
+    ("assistant", "A modest wrapped gift is polite at Japanese business meetings."),
+    ("user", "Can you factor the polynomial x squared minus five x plus six?"),
+    ("assistant", "The polynomial factors as (x - 2)(x - 3)."),
+]
+MEMO_OVERRIDES = {
+    "memochat.writing": "You keep a tutor's lesson notes: split the lines into topics.",
+    "memochat.retrieval": "You pick the lesson topics a student's question is about.",
+    "memochat.chat": "You are a patient tutor who remembers earlier lessons.",
+}
+
+
+def memochat_run(prompts: Mapping[str, str] | None) -> tuple[ScriptedLLM, list[str], str]:
+    """Fill a MemoChat memory, retrieve and respond; the model, memo topics and reply."""
+    from memories_core import MemoChatMemory
+    from memories_core.prompts import memochat
+
+    defaults = {spec.name: spec.system or "" for spec in memochat.PROMPTS}
+    llm = obeying(
+        prompts or {}, defaults, lambda messages: memochat.rule_following_reply(messages) or ""
+    )
+    memory = MemoChatMemory(llm=llm, embedder=HashingEmbedder(dimension=64), prompts=prompts)
+    scope = Scope("ann")
+    memory.save([Turn(role, text) for role, text in MEMO_CHAT_TURNS], scope)
+    topics = [m.topic for m in memory.memos(scope)]
+    reply = memory.respond("Which business etiquette did we talk about?", scope, save=False)
+    memory.close()
+    return llm, topics, reply
+
+
+def test_memochat_overrides_reach_the_model_for_each_of_its_prompts() -> None:
+    from memories_core.prompts.memochat import CHAT_SYSTEM, RETRIEVE_SYSTEM, WRITE_SYSTEM
+
+    llm, topics, reply = memochat_run(MEMO_OVERRIDES)
+    systems = [call[0].content for call in llm.calls]
+    # Memo writing, memo choice (inside respond) and the reply, each with its override.
+    assert systems == list(MEMO_OVERRIDES.values())
+    assert not {WRITE_SYSTEM, RETRIEVE_SYSTEM, CHAT_SYSTEM} & set(systems)
+    # The task text with the output format stays in the request: the memos are the same.
+    assert "Answer with JSON only" in llm.calls[0][-1].content
+    assert "answer N#M" in llm.calls[1][-1].content
+    assert (topics, reply) == memochat_run(None)[1:]
+    assert topics == ["quantum", "business", "factor"]
+    assert reply.startswith("From our memo on business")
+
+
+def test_memochat_without_overrides_sends_the_default_prompts() -> None:
+    from memories_core.prompts.memochat import CHAT_SYSTEM, RETRIEVE_SYSTEM, WRITE_SYSTEM
+
+    llm, _, _ = memochat_run(None)
+    assert [call[0].content for call in llm.calls] == [WRITE_SYSTEM, RETRIEVE_SYSTEM, CHAT_SYSTEM]
+
+
+def test_memochat_json_twin_override_reaches_a_structured_model() -> None:
+    from memories_core.mechanisms.memochat import LLMOptionSource, choose_memos
+    from memories_core.prompts.memochat import MEMO_RETRIEVAL, RETRIEVE_SYSTEM
+
+    text = "You pick the lesson topics a student's question is about, as JSON."
+    source = LLMOptionSource(
+        llm=ScriptedLLM(default='{"options": [1]}'), prompts={"memochat.retrieval.json": text}
+    )
+    spec = PromptOverrides.of(source.prompts).apply(MEMO_RETRIEVAL)
+    llm = ScriptedLLM(default='{"options": [1]}', structured_output=frozenset({"json_schema"}))
+    assert choose_memos(llm, "japan bowing", ["business. Bowing in Japan."], spec=spec) == [0]
+    assert [call[0].content for call in llm.calls] == [text]
+    # The tagged prompt keeps its default instruction.
+    plain = ScriptedLLM(default="1")
+    assert choose_memos(plain, "japan bowing", ["business. Bowing in Japan."], spec=spec) == [0]
+    assert plain.calls[0][0].content == RETRIEVE_SYSTEM
+
+
+@pytest.mark.parametrize(
+    ("prompts", "message"),
+    [
+        ({"memochat.chatt": "Be a tutor."}, "no prompt named 'memochat.chatt'"),
+        ({"memochat.writing": "Summarise the lesson for the tutor."}, "'topics'"),
+        ({"dpem.notes": "Take notes <Note>."}, "no prompt named"),
+    ],
+)
+def test_a_bad_memochat_override_is_refused_at_construction(
+    tmp_path: Path, prompts: dict[str, str], message: str
+) -> None:
+    from memories_core import MemoChatMemory
+    from memories_core.mechanisms.memochat import LLMOptionSource
+
+    folder = tmp_path / "memo"
+    with pytest.raises(PromptOverrideError, match=message):
+        MemoChatMemory(
+            llm=ScriptedLLM(default="1"),
+            path=folder,
+            embedder=HashingEmbedder(dimension=64),
+            prompts=prompts,
+        )
+    assert not folder.exists()
+    with pytest.raises(PromptOverrideError, match=r"no prompt named 'memochat\.chat'"):
+        LLMOptionSource(llm=ScriptedLLM(default="1"), prompts={"memochat.chat": "Be a tutor."})

@@ -12,6 +12,12 @@ output formats:
   the options (:func:`noto_position`; §3.2 inserts it at random); the answer is ``N#M``;
 * **chat with memo** (Table 8): Related Evidences, Recent Dialogs, User Input.
 
+Each is a :class:`~memories_core.prompts.spec.PromptSpec` (:data:`PROMPTS`:
+``memochat.writing``, ``memochat.retrieval`` with its JSON twin ``memochat.retrieval.json``,
+``memochat.chat``) whose system instruction may be overridden through
+``MemoChatMemory(prompts=...)``; the task text with the output format stays in the user
+message, after the material, so an override cannot lose it.
+
 Every piece of user or model text is untrusted: it goes inside a fenced section whose fence
 cannot occur in it (:func:`fence`), so it can neither close its section nor forge another.
 The parsers are tolerant (chatty prefixes, ``3 # 6``, ``Options: 2 and 4``, single-quoted or
@@ -36,12 +42,15 @@ from memories_core.types import ChatMessage
 
 __all__ = [
     "CHAT_SYSTEM",
+    "MEMO_CHAT",
     "MEMO_RETRIEVAL",
     "MEMO_RETRIEVAL_JSON",
     "MEMO_WRITING",
     "NOTO",
+    "PROMPTS",
     "RETRIEVE_SYSTEM",
     "WRITE_SYSTEM",
+    "ChatInput",
     "MemoSelectionAnswer",
     "MemoSpan",
     "MemoTopic",
@@ -490,6 +499,7 @@ MEMO_RETRIEVAL_JSON: PromptSpec[RetrievalInput, list[int]] = PromptSpec(
     ).model_dump_json(),
     response_model=MemoSelectionAnswer,
     max_tokens=64,
+    system=RETRIEVE_SYSTEM,
 )
 
 #: Table 7: which options the query relates to, answered ``N#M``; returns the chosen option
@@ -501,6 +511,7 @@ MEMO_RETRIEVAL: PromptSpec[RetrievalInput, list[int]] = PromptSpec(
     stand_in=_retrieval_stand_in,
     max_tokens=40,
     structured=MEMO_RETRIEVAL_JSON,
+    system=RETRIEVE_SYSTEM,
 )
 
 
@@ -636,4 +647,49 @@ MEMO_WRITING: PromptSpec[WritingInput, list[MemoSpan]] = PromptSpec(
     stand_in=_writing_stand_in,
     response_model=MemoWritingAnswer,
     max_tokens=600,
+    system=WRITE_SYSTEM,
 )
+
+
+# ----------------------------------------------------------------- chat with memo as a spec
+@dataclass(frozen=True)
+class ChatInput:
+    """Input of the chat-with-memo prompt (Table 8).
+
+    Attributes:
+        user_input: What the user just said (untrusted).
+        evidences: Memo entries (objects with ``topic``, ``summary`` and ``dialogs``) or
+            ready strings, shown as numbered Related Evidences.
+        recent: The most recent dialogue lines, oldest first.
+    """
+
+    user_input: str
+    evidences: tuple[Any, ...] = ()
+    recent: tuple[str, ...] = ()
+
+
+def _chat_stand_in(inputs: ChatInput) -> str:
+    reply = rule_following_reply(
+        build_chat_messages(inputs.user_input, inputs.evidences, inputs.recent)
+    )
+    assert reply is not None  # the stand-in knows this module's prompts
+    return reply
+
+
+def _parse_reply(text: str, inputs: ChatInput) -> str:
+    """The reply as the model wrote it, stripped (Table 8 asks for free text)."""
+    return text.strip()
+
+
+#: Chat with memo (Lu et al., Table 8) as a prompt spec: evidences, recent dialogs and the
+#: user input in, the bot's free-text reply out.
+MEMO_CHAT: PromptSpec[ChatInput, str] = PromptSpec(
+    name="memochat.chat",
+    build=lambda i: build_chat_messages(i.user_input, i.evidences, i.recent),
+    parse=_parse_reply,
+    stand_in=_chat_stand_in,
+    system=CHAT_SYSTEM,
+)
+
+#: MemoChat's prompts, in pipeline order (the names ``prompts=`` overrides).
+PROMPTS: tuple[PromptSpec[Any, Any], ...] = (MEMO_WRITING, MEMO_RETRIEVAL, MEMO_CHAT)

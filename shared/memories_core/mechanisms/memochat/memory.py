@@ -15,12 +15,15 @@ from memories_core.mechanisms.memochat.segmenting import extractive_memo, segmen
 from memories_core.mechanisms.memochat.signals import DEFAULT_THRESHOLD, _tokens, select_options
 from memories_core.mechanisms.reflection import DEFAULT_RECALL_BUDGET
 from memories_core.prompts.memochat import (
+    MEMO_CHAT,
+    MEMO_RETRIEVAL,
     MEMO_WRITING,
+    PROMPTS,
+    ChatInput,
     MemoSpan,
     WritingInput,
-    build_chat_messages,
 )
-from memories_core.prompts.spec import run_spec
+from memories_core.prompts.spec import PromptSpec, run_spec
 from memories_core.types import Job, JobSpec, MemoryRecord, Recall, Scope, ScoredRecord, new_id
 
 if TYPE_CHECKING:
@@ -63,10 +66,16 @@ class MemoChatMemory(MemoryBase):
             (``None``: no limit). Past it, or when the choice fails, a recall keeps the dense
             and lexical candidates and :meth:`retrieve` chooses LLM-free; counted in
             ``usage.failures["memo_choice"]``.
+        prompts: System instructions instead of the defaults, by prompt name:
+            ``memochat.writing`` (Table 6), ``memochat.retrieval`` and its JSON twin
+            ``memochat.retrieval.json`` (Table 7), ``memochat.chat`` (Table 8). Checked at
+            construction (:class:`~memories_core.prompts.overrides.PromptOverrides`); the
+            task text with the output format stays the package's.
         **kwargs: Engine or storage options of :class:`~memories_core.mechanisms.base.MemoryBase`.
     """
 
     mechanism_name: ClassVar[str] = "memochat"
+    prompt_specs: ClassVar[tuple[PromptSpec[Any, Any], ...]] = PROMPTS
     recall_kinds: ClassVar[tuple[str, ...]] = ("memo", "turn")
     index_turns: ClassVar[bool] = True
 
@@ -185,7 +194,13 @@ class MemoChatMemory(MemoryBase):
         texts = [h.record.text for h in hits]
         chosen: list[int] | None = None
         if self.mode == "llm":
-            chosen = choose_memos(self._llm(scope), query, texts, budget=self.budget)
+            chosen = choose_memos(
+                self._llm(scope),
+                query,
+                texts,
+                budget=self.budget,
+                spec=self.prompt_spec(MEMO_RETRIEVAL),
+            )
             if chosen is None:
                 # Documented fallback: a failed or late choice is made LLM-free.
                 self.engine.count_failure("memo_choice")
@@ -263,11 +278,16 @@ class MemoChatMemory(MemoryBase):
         return reply
 
     def chat_messages(self, user_input: str, scope: Scope, *, recent: int = 10) -> list[Any]:
-        """The Table 8 prompt for ``user_input``: related evidences, recent dialogs, input."""
+        """The Table 8 prompt for ``user_input``: related evidences, recent dialogs, input.
+
+        Built by :data:`~memories_core.prompts.memochat.MEMO_CHAT`, with the
+        ``memochat.chat`` override if one was given.
+        """
         scope = check_scope(scope)
         evidences = self.retrieve(user_input, scope)
         lines = [r.text for r in self._buffer(scope.user_id)][-recent:] if recent else []
-        return build_chat_messages(user_input, evidences, lines)
+        inputs = ChatInput(user_input, tuple(evidences), tuple(lines))
+        return self.prompt_spec(MEMO_CHAT).build(inputs)
 
     # ------------------------------------------------------------------ engine hooks
     def _turn_jobs(self, records: Sequence[MemoryRecord]) -> Iterable[JobSpec]:
@@ -312,7 +332,9 @@ class MemoChatMemory(MemoryBase):
         if self.mode == "llm":
             try:
                 spans = run_spec(
-                    self._llm(Scope(user_id)), MEMO_WRITING, WritingInput(tuple(lines))
+                    self._llm(Scope(user_id)),
+                    self.prompt_spec(MEMO_WRITING),
+                    WritingInput(tuple(lines)),
                 )
             except (LLMError, ParseError) as exc:
                 raise JobFailed("memochat", f"memo writing failed: {exc}") from exc

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -16,7 +16,8 @@ from memories_core.prompts.memochat import (
     RetrievalInput,
     noto_position,
 )
-from memories_core.prompts.spec import run_spec
+from memories_core.prompts.overrides import PromptOverrides
+from memories_core.prompts.spec import PromptSpec, run_spec
 
 if TYPE_CHECKING:
     from memories_core.interfaces import LLM
@@ -77,6 +78,14 @@ class LLMOptionSource:
         budget: Seconds a recall waits for the choice (``None``: no limit).
         on_failure: Called with ``"memo_choice"`` when the choice failed or timed out (the
             memory counts it in ``usage.failures``).
+        prompts: System instructions instead of the defaults (``memochat.retrieval``,
+            ``memochat.retrieval.json``), as for
+            :class:`~memories_core.mechanisms.memochat.MemoChatMemory`; checked at
+            construction.
+
+    Raises:
+        PromptOverrideError: on an override of another prompt, or one that drops the
+            output format.
     """
 
     llm: LLM
@@ -87,6 +96,12 @@ class LLMOptionSource:
     budget: float | None = DEFAULT_RECALL_BUDGET
     on_failure: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
     calls: list[int] = field(default_factory=list, compare=False, repr=False)
+    prompts: PromptOverrides | Mapping[str, str] | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        specs: tuple[PromptSpec[Any, Any], ...] = (MEMO_RETRIEVAL,)
+        overrides = PromptOverrides.of(self.prompts).check(specs)
+        object.__setattr__(self, "prompts", overrides)
 
     def candidates(self, request: RecallRequest, backend: RecallBackend, depth: int) -> Ranking:
         """Ask the LLM which pre-selected memos the query relates to."""
@@ -107,7 +122,9 @@ class LLMOptionSource:
             return []
         loaded = backend.load(ids, user_id=request.user_id)
         memos = [loaded[i] for i in ids if i in loaded]
-        chosen = choose_memos(self.llm, request.query, [m.text for m in memos], budget=self.budget)
+        spec = PromptOverrides.of(self.prompts).apply(MEMO_RETRIEVAL)
+        texts = [m.text for m in memos]
+        chosen = choose_memos(self.llm, request.query, texts, budget=self.budget, spec=spec)
         self.calls.append(len(memos))
         if chosen is None:
             if self.on_failure is not None:
@@ -117,14 +134,20 @@ class LLMOptionSource:
 
 
 def choose_memos(
-    llm: LLM, query: str, options: Sequence[str], *, budget: float | None = None
+    llm: LLM,
+    query: str,
+    options: Sequence[str],
+    *,
+    budget: float | None = None,
+    spec: PromptSpec[RetrievalInput, list[int]] = MEMO_RETRIEVAL,
 ) -> list[int] | None:
     """Ask ``llm`` which of ``options`` relate to ``query`` (0-based; ``None`` on failure).
 
     NOTO is shown at :func:`~memories_core.prompts.memochat.noto_position` (§3.2: a random
     place among the options, here reproducible); ``[]`` means the model chose NOTO.
     ``budget``: seconds to wait for the answer (a repair retry included); past it the
-    choice has failed (``None``).
+    choice has failed (``None``). ``spec``: the retrieval prompt as the caller runs it
+    (e.g. with an override, ``MemoChatMemory.prompt_spec(MEMO_RETRIEVAL)``).
     """
     if not options:
         return []
@@ -132,7 +155,7 @@ def choose_memos(
     noto = inputs.noto()
     try:
         picked = run_with_timeout(
-            lambda: run_spec(llm, MEMO_RETRIEVAL, inputs), budget, label="memo retrieval"
+            lambda: run_spec(llm, spec, inputs), budget, label="memo retrieval"
         )
     except (LLMError, ParseError) as exc:
         logger.warning("memo retrieval by the LLM failed: %s", exc)
