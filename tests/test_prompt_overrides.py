@@ -339,3 +339,87 @@ def test_a_bad_memochat_override_is_refused_at_construction(
     assert not folder.exists()
     with pytest.raises(PromptOverrideError, match=r"no prompt named 'memochat\.chat'"):
         LLMOptionSource(llm=ScriptedLLM(default="1"), prompts={"memochat.chat": "Be a tutor."})
+
+
+# ------------------------------------------------------------------- self-reflective retrieval
+JUDGE = (
+    "You are a health coach's assistant. If the candidate memories answer the question, "
+    'start with "<Memory>:" and copy them; else start with "<Query>:" and give keywords.'
+)
+
+
+def reflective_run(
+    prompts: Mapping[str, str] | None, question: str, **llm_kwargs: object
+) -> tuple[ScriptedLLM, str, list[str]]:
+    """Save two facts, recall ``question`` through the reflection: model, context, queries."""
+    from memories_core import HistoryMemory, SelfReflectiveMemory
+    from memories_core.prompts import reflection
+    from memories_core.prompts.rule_following import rule_following_reply
+
+    defaults = {"reflection": reflection.SYSTEM, "reflection.json": reflection.JSON_SYSTEM}
+    llm = obeying(prompts or {}, defaults, rule_following_reply, **llm_kwargs)
+    base = HistoryMemory(embedder=HashingEmbedder(dimension=64), clock=FixedClock(T0))
+    memory = SelfReflectiveMemory(base, llm, prompts=prompts)
+    scope = Scope("ann")
+    memory.save(
+        [Turn("user", "I am allergic to peanuts."), Turn("user", "My sister lives in Lisbon.")],
+        scope,
+    )
+    result = memory.reflect(question, scope, k=1)
+    base.close()
+    return llm, result.memory or "", result.queries
+
+
+def test_reflection_override_reaches_the_model_for_the_judgement_and_the_expansion() -> None:
+    from memories_core.prompts import reflection
+
+    # Enough: the judgement copies the memory.
+    llm, memory, queries = reflective_run({"reflection": JUDGE}, "Which peanuts allergy?")
+    assert [call[0].content for call in llm.calls] == [JUDGE]
+    assert "allergic to peanuts" in memory and len(queries) == 1
+    # Not enough: the same prompt's other outcome extends the query.
+    llm, memory, queries = reflective_run({"reflection": JUDGE}, "Where is the cinema?")
+    assert [call[0].content for call in llm.calls] == [JUDGE]
+    assert memory == "" and len(queries) == 2 and queries[1].startswith("Where is the cinema?")
+    # Without overrides the default instruction is sent, with the same outcome.
+    default_llm, _, default_queries = reflective_run(None, "Where is the cinema?")
+    assert [call[0].content for call in default_llm.calls] == [reflection.SYSTEM]
+    assert default_queries == queries
+
+
+def test_reflection_json_override_reaches_a_structured_model() -> None:
+    from memories_core.prompts import reflection
+
+    text = (
+        'Judge the memories for a health coach. Answer "enough", "memory" and "keywords".\\n'
+        + reflection.JSON_SYSTEM.split("\\n")[-1]
+    )
+    llm, memory, _ = reflective_run(
+        {"reflection.json": text},
+        "Which peanuts allergy?",
+        structured_output=frozenset({"json_schema"}),
+    )
+    assert [call[0].content for call in llm.calls] == [text]
+    assert "allergic to peanuts" in memory
+
+
+@pytest.mark.parametrize(
+    ("prompts", "message"),
+    [
+        ({"reflection": "Say whether the memories are enough."}, "'<Memory>', '<Query>'"),
+        ({"reflection.json": "Reply with JSON."}, "'enough', 'keywords', 'memory'"),
+        ({"reflexion": JUDGE}, "no prompt named"),
+    ],
+)
+def test_a_bad_reflection_override_is_refused_at_construction(
+    prompts: dict[str, str], message: str
+) -> None:
+    from memories_core import HistoryMemory, SelfReflectiveMemory
+    from memories_core.mechanisms.reflection import SelfReflectiveRetrieval
+
+    with pytest.raises(PromptOverrideError, match=message):
+        SelfReflectiveRetrieval(ScriptedLLM(default="x"), prompts=prompts)
+    base = HistoryMemory(embedder=HashingEmbedder(dimension=64))
+    with pytest.raises(PromptOverrideError, match=message):
+        SelfReflectiveMemory(base, ScriptedLLM(default="x"), prompts=prompts)
+    base.close()

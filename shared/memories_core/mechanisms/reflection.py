@@ -28,17 +28,18 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Awaitable, Callable, Generator, Sequence
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
-from typing import Any, Generic, TypeAlias, TypeVar
+from typing import Any, ClassVar, Generic, TypeAlias, TypeVar
 
 from memories_core.errors import ConfigurationError, LLMError, LLMTimeoutError, ParseError
 from memories_core.interfaces import LLM, LLMRouter, Mechanism
 from memories_core.llms.base import llm_for_scope, run_with_timeout
+from memories_core.prompts.overrides import PromptOverrides
 from memories_core.prompts.reflection import REFLECTION, ReflectionInput, ReflectionVerdict
-from memories_core.prompts.spec import arun_spec, run_spec
+from memories_core.prompts.spec import PromptSpec, arun_spec, run_spec
 from memories_core.types import Recall, Scope, ScoredRecord, Turn
 from memories_core.usage import MemoryUsage, UsageCounter
 
@@ -111,14 +112,32 @@ class SelfReflectiveRetrieval:
         max_rounds: Reflection rounds, hence query expansions, allowed (paper: 1).
         budget: Seconds one retrieval may wait on reflection calls in all (``None``: no
             limit). Past it the first search's candidates are returned.
+        prompts: System instructions instead of the defaults: ``reflection`` (Table 19's
+            tagged prompt; must keep ``<Memory>`` and ``<Query>``) and ``reflection.json``
+            (its JSON twin, for models with structured output; must keep the field names
+            ``enough``, ``memory``, ``keywords``). Both the "is it enough?" judgement and
+            the query expansion are this one prompt's two outcomes.
 
     Raises:
         ConfigurationError: if ``max_rounds`` is negative or ``budget`` not positive.
+        PromptOverrideError: on an override of another prompt, or one that drops the
+            output format (a ``ConfigurationError``).
     """
 
+    #: The prompts this loop runs (their names are the keys of ``prompts=``).
+    prompt_specs: ClassVar[tuple[PromptSpec[Any, Any], ...]] = (REFLECTION,)
+
     def __init__(
-        self, llm: LLM, *, max_rounds: int = 1, budget: float | None = DEFAULT_RECALL_BUDGET
+        self,
+        llm: LLM,
+        *,
+        max_rounds: int = 1,
+        budget: float | None = DEFAULT_RECALL_BUDGET,
+        prompts: PromptOverrides | Mapping[str, str] | None = None,
     ) -> None:
+        self.prompt_overrides = PromptOverrides.of(prompts).check(self.prompt_specs)
+        #: The reflection prompt as this loop runs it (with the caller's overrides).
+        self.spec = self.prompt_overrides.apply(REFLECTION)
         if max_rounds < 0:
             raise ConfigurationError("max_rounds must be >= 0")
         if budget is not None and (
@@ -162,7 +181,7 @@ class SelfReflectiveRetrieval:
             else:
                 try:
                     reply = run_with_timeout(
-                        partial(run_spec, model, REFLECTION, step.inputs),
+                        partial(run_spec, model, self.spec, step.inputs),
                         _left(deadline),
                         label="self-reflection",
                     )
@@ -195,7 +214,7 @@ class SelfReflectiveRetrieval:
                 try:
                     if left is not None and left <= 0:
                         raise LLMTimeoutError("self-reflection: no time left", timeout=0.0)
-                    reply = await asyncio.wait_for(arun_spec(model, REFLECTION, step.inputs), left)
+                    reply = await asyncio.wait_for(arun_spec(model, self.spec, step.inputs), left)
                 except TimeoutError as exc:
                     reply = (
                         exc
@@ -324,6 +343,11 @@ class SelfReflectiveMemory:
             per-user model); ``None`` from the hook means ``llm``.
         budget: Seconds a recall may wait on the reflection calls; past it the recall
             returns the first search's records (``None``: no limit).
+        prompts: Reflection instructions instead of the defaults (``reflection``,
+            ``reflection.json``), as for :class:`SelfReflectiveRetrieval`.
+
+    Raises:
+        PromptOverrideError: on a bad override (see :class:`SelfReflectiveRetrieval`).
     """
 
     def __init__(
@@ -334,9 +358,12 @@ class SelfReflectiveMemory:
         max_rounds: int = 1,
         llm_for: LLMRouter | None = None,
         budget: float | None = DEFAULT_RECALL_BUDGET,
+        prompts: PromptOverrides | Mapping[str, str] | None = None,
     ) -> None:
         self.base = base
-        self.reflection = SelfReflectiveRetrieval(llm, max_rounds=max_rounds, budget=budget)
+        self.reflection = SelfReflectiveRetrieval(
+            llm, max_rounds=max_rounds, budget=budget, prompts=prompts
+        )
         self.llm_for = llm_for
         # Every model that reflected (the default and routed ones), for usage.
         self._models: dict[int, LLM] = {id(llm): llm}

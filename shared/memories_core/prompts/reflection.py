@@ -10,6 +10,11 @@ carries the same two outcomes for models with structured output (see
 :mod:`memories_core.prompts.conditional` for the choice). The candidates are stored memories,
 hence untrusted like the user input: both are fenced and escaped, and both count as echoed
 text, so a stored turn holding ``<Memory>: ...`` cannot replace the model's verdict.
+
+Both instructions may be overridden by name (``reflection``, ``reflection.json``) through
+``SelfReflectiveRetrieval(prompts=...)`` or ``SelfReflectiveMemory(prompts=...)``; an
+override of the tagged prompt must keep ``<Memory>`` and ``<Query>``, one of the JSON twin
+its field names (:mod:`memories_core.prompts.overrides`).
 """
 
 from __future__ import annotations
@@ -224,6 +229,7 @@ REFLECTION_JSON: PromptSpec[ReflectionInput, ReflectionVerdict] = PromptSpec(
     stand_in=_json_stand_in,
     response_model=ReflectionAnswer,
     max_tokens=160,
+    system=JSON_SYSTEM,
 )
 
 #: Table 19: ``<Memory>: ...`` when the candidates suffice, else ``<Query>: k1, k2``.
@@ -234,4 +240,5 @@ REFLECTION: PromptSpec[ReflectionInput, ReflectionVerdict] = PromptSpec(
     stand_in=_stand_in,
     max_tokens=160,
     structured=REFLECTION_JSON,
+    system=SYSTEM,
 )
