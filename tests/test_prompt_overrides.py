@@ -423,3 +423,91 @@ def test_a_bad_reflection_override_is_refused_at_construction(
     with pytest.raises(PromptOverrideError, match=message):
         SelfReflectiveMemory(base, ScriptedLLM(default="x"), prompts=prompts)
     base.close()
+
+
+# ---------------------------------------------------------------- EMG answer, autofill, questions
+EMG_OVERRIDES = {
+    "emg.answer": "You answer a nurse's questions from the patient's memories. One sentence.",
+    "emg.autofill": 'You fill in a clinic form from the memories. Reply {"value": ...}.',
+    "emg.questions": 'You write quiz questions from the memories, as JSON "pairs".',
+}
+
+
+def emg_run(prompts: Mapping[str, str] | None) -> tuple[ScriptedLLM, list[object]]:
+    """Save three facts, then answer, autofill and generate questions: model, results."""
+    from memories_core.prompts import emg
+
+    defaults = {
+        "emg.extract": emg.EXTRACT_SYSTEM,
+        "emg.answer": emg.ANSWER_SYSTEM,
+        "emg.autofill": emg.AUTOFILL_SYSTEM,
+        "emg.questions": emg.QUESTIONS_SYSTEM,
+    }
+    llm = obeying(prompts or {}, defaults, emg_reply)
+    memory = EMGMemory(
+        llm=llm,
+        embedder=HashingEmbedder(dimension=64),
+        clock=FixedClock(T0),
+        derive="inline",
+        train_after=None,
+        prompts=prompts,
+    )
+    scope = Scope("ann")
+    memory.save(
+        [
+            Turn("user", "I booked the EK349 flight to Dubai.", timestamp=T0),
+            Turn("user", "My passport number is X1234567.", timestamp=T0),
+            Turn("user", "My sister Maria lives in Dubai.", timestamp=T0),
+        ],
+        scope,
+    )
+    llm.calls.clear()
+    results: list[object] = [
+        memory.answer("Which flight did I book?", scope).text,
+        memory.autofill(["passport number"], scope),
+        [(e.question, e.answer) for e in memory.generate_questions("ann")[0]],
+    ]
+    memory.close()
+    return llm, results
+
+
+def test_emg_answer_autofill_and_question_overrides_reach_the_model() -> None:
+    from memories_core.prompts import emg
+
+    llm, results = emg_run(EMG_OVERRIDES)
+    systems = {call[0].content for call in llm.calls}
+    assert systems == set(EMG_OVERRIDES.values())
+    assert not {emg.ANSWER_SYSTEM, emg.AUTOFILL_SYSTEM, emg.QUESTIONS_SYSTEM} & systems
+    # The requests are the package's; the obedient model answers them as before.
+    default_llm, default_results = emg_run(None)
+    assert results == default_results
+    assert {call[0].content for call in default_llm.calls} == {
+        emg.ANSWER_SYSTEM,
+        emg.AUTOFILL_SYSTEM,
+        emg.QUESTIONS_SYSTEM,
+    }
+    assert "EK349" in str(results[0]) and results[2]
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "kept"),
+    [
+        ("emg.autofill", "Fill in the form field from the memories.", "value"),
+        ("emg.questions", "Write quiz questions from the memories.", "pairs"),
+        ("emg.reminders", "Remind the user.", None),
+    ],
+)
+def test_a_bad_emg_override_is_refused_at_construction(
+    tmp_path: Path, name: str, text: str, kept: str | None
+) -> None:
+    folder = tmp_path / "emg"
+    with pytest.raises(PromptOverrideError) as caught:
+        EMGMemory(
+            llm=ScriptedLLM(default=emg_reply),
+            path=folder,
+            embedder=HashingEmbedder(dimension=64),
+            train_after=None,
+            prompts={name: text},
+        )
+    assert (repr(kept) if kept else "no prompt named") in str(caught.value)
+    assert not folder.exists()

@@ -19,7 +19,7 @@ from memories_core.prompts.emg import (
     AutofillInput,
     MemoryLine,
 )
-from memories_core.prompts.spec import run_spec
+from memories_core.prompts.spec import PromptSpec, run_spec
 from memories_core.types import MemoryRecord, ScoredRecord, ensure_utc
 
 if TYPE_CHECKING:
@@ -44,14 +44,21 @@ def render(hits: Sequence[ScoredRecord]) -> str:
     return "\n".join(memory_line(h.record).render() for h in hits)
 
 
-def answer(selection: Selection, llm: LLM, when: datetime) -> Answer:
+def answer(
+    selection: Selection,
+    llm: LLM,
+    when: datetime,
+    spec: PromptSpec[AnswerInput, str] = ANSWER,
+) -> Answer:
     """Answer ``selection.question`` from its memories (§4.3 ``LLM(Q ⊕ M)``, §4.4).
+
+    ``spec``: the answer prompt as the caller runs it (``EMGMemory`` passes its override).
 
     Raises:
         LLMError: if the model fails; ParseError: if its answer is empty or markup.
     """
     lines = tuple(memory_line(h.record) for h in selection.memories)
-    text = run_spec(llm, ANSWER, AnswerInput(selection.question, lines, when))
+    text = run_spec(llm, spec, AnswerInput(selection.question, lines, when))
     return Answer(selection.question, text, selection.memories)
 
 
@@ -67,13 +74,17 @@ def check_fields(fields: Sequence[str]) -> list[str]:
 
 
 def autofill(
-    fields: Sequence[str], select: Callable[[str], Selection], llm: LLM
+    fields: Sequence[str],
+    select: Callable[[str], Selection],
+    llm: LLM,
+    spec: PromptSpec[AutofillInput, str | None] = AUTOFILL,
 ) -> dict[str, str | None]:
     """Fill form fields from the user's memories (§4.4 autofill forms).
 
     Each field becomes the question "What is the user's <field>?", answered by ``select``;
     the model gives the value. A value no memory holds, or an unusable answer, gives ``None``
-    (documented graceful fallback); an outage raises ``LLMError``.
+    (documented graceful fallback); an outage raises ``LLMError``. ``spec``: the autofill
+    prompt as the caller runs it (``EMGMemory`` passes its override).
 
     Raises:
         InvalidInputError: on bad ``fields`` (see :func:`check_fields`).
@@ -83,7 +94,7 @@ def autofill(
         chosen = select(f"What is the user's {name}?")
         lines = tuple(memory_line(h.record) for h in chosen.memories)
         try:
-            out[name] = run_spec(llm, AUTOFILL, AutofillInput(name, lines))
+            out[name] = run_spec(llm, spec, AutofillInput(name, lines))
         except ParseError:
             out[name] = None
     return out

@@ -43,7 +43,15 @@ from memories_core.mechanisms.emg.schema import (
 )
 from memories_core.mechanisms.emg.selection import Selector
 from memories_core.mechanisms.emg.taxonomy import build_taxonomy, labels_of
-from memories_core.prompts.emg import EXTRACT, ExtractedMemory, ExtractInput, MemoryLine
+from memories_core.prompts.emg import (
+    ANSWER,
+    AUTOFILL,
+    EXTRACT,
+    QUESTIONS,
+    ExtractedMemory,
+    ExtractInput,
+    MemoryLine,
+)
 from memories_core.prompts.spec import PromptSpec, run_spec
 from memories_core.types import (
     Job,
@@ -101,6 +109,11 @@ class EMGMemory(MemoryBase):
         session_size: Consecutive memories shown together to the question writer (A.1).
         questions_per_session: Question-answer pairs asked per session.
         training: Settings of the automatic training (:meth:`train_policy` arguments).
+        prompts: System instructions instead of the defaults, by prompt name:
+            ``emg.extract``, ``emg.answer`` (:meth:`answer`, and the answers an LLM reward
+            scores in :meth:`train_policy`), ``emg.autofill`` and ``emg.questions``
+            (:meth:`generate_questions`); checked at construction (each must keep the JSON
+            field names its default names). Reminders use no prompt.
         **kwargs: Engine or storage options of :class:`~memories_core.mechanisms.base.MemoryBase`.
 
     Instantiate, save, ask:
@@ -121,7 +134,12 @@ class EMGMemory(MemoryBase):
     """
 
     mechanism_name: ClassVar[str] = "emg"
-    prompt_specs: ClassVar[tuple[PromptSpec[Any, Any], ...]] = (EXTRACT,)
+    prompt_specs: ClassVar[tuple[PromptSpec[Any, Any], ...]] = (
+        EXTRACT,
+        ANSWER,
+        AUTOFILL,
+        QUESTIONS,
+    )
     recall_kinds: ClassVar[tuple[str, ...]] = (MEMORY_KIND,)
     index_turns: ClassVar[bool] = False
 
@@ -491,6 +509,7 @@ class EMGMemory(MemoryBase):
             seed=seed,
             progress=progress,
             save=save,
+            answer_spec=self.prompt_spec(ANSWER),
         )
 
     def retrain_policy(
@@ -525,7 +544,12 @@ class EMGMemory(MemoryBase):
             The report; ``kept`` says whether the policy was saved, ``held_out`` the check.
         """
         return training.train_and_check(
-            self.selector, self.archive, examples, self.training, progress=progress
+            self.selector,
+            self.archive,
+            examples,
+            self.training,
+            progress=progress,
+            answer_spec=self.prompt_spec(ANSWER),
         )
 
     # ------------------------------------------------------------------ generated questions (A.1)
@@ -590,6 +614,7 @@ class EMGMemory(MemoryBase):
             retries=self.retries,
             on_rejected=lambda: self.engine.count_failure("questions"),
             progress=progress,
+            spec=self.prompt_spec(QUESTIONS),
         )
 
     def generated_examples(self, user_id: str) -> list[TrainingExample]:
@@ -668,7 +693,7 @@ class EMGMemory(MemoryBase):
         scope = check_scope(scope)
         when = ensure_utc(now) if now is not None else self.clock.now()
         chosen = self.select(question, scope, now=when)
-        return applications.answer(chosen, self._llm(scope), when)
+        return applications.answer(chosen, self._llm(scope), when, self.prompt_spec(ANSWER))
 
     async def aanswer(self, question: str, scope: Scope, *, now: datetime | None = None) -> Answer:
         """Async twin of :meth:`answer`."""
@@ -687,7 +712,10 @@ class EMGMemory(MemoryBase):
         applications.check_fields(fields)
         when = ensure_utc(now) if now is not None else self.clock.now()
         return applications.autofill(
-            fields, lambda question: self.select(question, scope, now=when), self._llm(scope)
+            fields,
+            lambda question: self.select(question, scope, now=when),
+            self._llm(scope),
+            self.prompt_spec(AUTOFILL),
         )
 
     def reminders(

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 from memories_core.errors import ParseError
 from memories_core.mechanisms.emg.applications import memory_line
 from memories_core.mechanisms.emg.schema import MEMORY_KIND, TrainingExample
-from memories_core.prompts.emg import QUESTIONS, QuestionsInput
-from memories_core.prompts.spec import run_spec
+from memories_core.prompts.emg import QUESTIONS, GeneratedQuestion, QuestionsInput
+from memories_core.prompts.spec import PromptSpec, run_spec
 from memories_core.types import MemoryRecord
 
 if TYPE_CHECKING:
@@ -53,8 +53,12 @@ def generate_questions(
     retries: int = 1,
     on_rejected: Callable[[], None] | None = None,
     progress: bool = False,
+    spec: PromptSpec[QuestionsInput, list[GeneratedQuestion]] = QUESTIONS,
 ) -> tuple[list[TrainingExample], int, int]:
     """Have ``llm`` write question-answer pairs about ``user_id``'s ``memories``.
+
+    ``spec``: the question-generation prompt as the caller runs it (``EMGMemory`` passes
+    its ``emg.questions`` override).
 
     A session whose reply stays unusable after ``retries`` repairs is skipped, counted as
     rejected and reported to ``on_rejected``; a session that gives no pair is rejected too.
@@ -78,7 +82,7 @@ def generate_questions(
             per_session,
         )
         try:
-            pairs = run_spec(llm, QUESTIONS, inputs, retries=retries)
+            pairs = run_spec(llm, spec, inputs, retries=retries)
         except ParseError:
             if on_rejected is not None:
                 on_rejected()

@@ -47,7 +47,7 @@ from memories_core.mechanisms.emg.schema import (
 )
 from memories_core.mechanisms.emg.selection import Selector, State, WalkEnvironment
 from memories_core.prompts.emg import ANSWER, AnswerInput
-from memories_core.prompts.spec import run_spec
+from memories_core.prompts.spec import PromptSpec, run_spec
 from memories_core.types import check_user_id, ensure_utc
 
 if TYPE_CHECKING:
@@ -98,8 +98,12 @@ def train_policy(
     seed: int = 0,
     progress: bool = True,
     save: bool = True,
+    answer_spec: PromptSpec[AnswerInput, str] = ANSWER,
 ) -> TrainingReport:
     """Train the store's (or ``user_id``'s) policy on ``examples``; see ``EMGMemory.train_policy``.
+
+    ``answer_spec`` is the answer prompt ``reward_llm`` answers with (the memory's, with its
+    ``emg.answer`` override).
 
     A user's own policy starts from the store's weights (when their features match) and
     inherits its contributors. With ``save`` the policy and each user's examples are kept
@@ -157,6 +161,7 @@ def train_policy(
         when=when,
         seed=seed,
         progress=progress,
+        answer_spec=answer_spec,
     )
     owner = STORE_OWNER if user_id is None else user_id
     if save:
@@ -182,6 +187,7 @@ def train_on(
     when: datetime,
     seed: int,
     progress: bool,
+    answer_spec: PromptSpec[AnswerInput, str] = ANSWER,
 ) -> TrainingReport:
     """WS + PG of ``policy`` (in place) on prepared environments, one per example.
 
@@ -234,7 +240,7 @@ def train_on(
         assert reward_llm is not None and example.answer is not None
         lines = tuple(memory_line(envs[index].pool[i]) for i in chosen)
         try:
-            text = run_spec(reward_llm, ANSWER, AnswerInput(example.question, lines, when))
+            text = run_spec(reward_llm, answer_spec, AnswerInput(example.question, lines, when))
         except (LLMError, ParseError):
             text = ""
         return rouge_l(text, example.answer)
@@ -352,6 +358,7 @@ def train_and_check(
     training: Mapping[str, Any],
     *,
     progress: bool = False,
+    answer_spec: PromptSpec[AnswerInput, str] = ANSWER,
 ) -> TrainingReport:
     """Train the store's policy on generated questions; keep it only if it beats top-1.
 
@@ -364,7 +371,7 @@ def train_and_check(
     train = [e for e in examples if not is_held_out(e)]
     if len(examples) < HOLD_OUT or not held or not train:
         held, train = list(examples), list(examples)
-    settings = {"progress": progress, **training, "save": False}
+    settings = {"progress": progress, **training, "save": False, "answer_spec": answer_spec}
     report = train_policy(selector, archive, train, **settings)
     assert report.policy is not None
     engine = selector.engine
