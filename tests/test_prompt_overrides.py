@@ -511,3 +511,29 @@ def test_a_bad_emg_override_is_refused_at_construction(
         )
     assert (repr(kept) if kept else "no prompt named") in str(caught.value)
     assert not folder.exists()
+
+
+def test_the_configuration_page_lists_every_overridable_prompt_and_what_it_must_keep() -> None:
+    from memories_core import ConditionalMemory, MemoChatMemory, SummaryMemory
+    from memories_core.mechanisms.reflection import SelfReflectiveRetrieval
+
+    page = (Path(__file__).parents[1] / "docs" / "configuration.md").read_text(encoding="utf-8")
+    section = page.split("## Prompt overrides", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ")]
+    owners = (
+        MemoryBankMemory,
+        DualProcessMemory,
+        ConditionalMemory,
+        SummaryMemory,
+        MemoChatMemory,
+        EMGMemory,
+        SelfReflectiveRetrieval,
+    )
+    for owner in owners:
+        for spec in owner.prompt_specs:
+            for variant in (spec, spec.structured):
+                if variant is None:
+                    continue
+                [row] = [r for r in rows if f"`{variant.name}`" in r]
+                for marker in format_markers(variant):
+                    assert f"`{marker}`" in row, (variant.name, marker)
