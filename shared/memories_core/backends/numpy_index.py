@@ -305,7 +305,9 @@ class NumpyIndex:
             if part is None or part.size == 0:
                 return []
             self._check_dimension(query.shape[0])
-            scores = part.matrix[: part.size] @ query
+            # einsum's own loop rather than BLAS, as the Chroma exact search scores: BLAS
+            # threads wait on each other on a busy machine (see ``chroma_exact``).
+            scores = np.einsum("ij,j->i", part.matrix[: part.size], query)
             order = (
                 _top(scores, k) if usable is None else self._filtered_top(part, scores, k, usable)
             )
