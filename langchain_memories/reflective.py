@@ -77,6 +77,9 @@ class SelfReflectiveRetriever(BaseRetriever):
             Judges the candidates; a LangChain chat model is bridged with ``LangChainLLM``.
         max_rounds: int
             Query expansions allowed (default 1, as in the paper; 0 disables reflection).
+        prompts: dict[str, str] | None
+            Prompt overrides by name (``reflection``, ``reflection.json``), checked at
+            construction (a refused one raises pydantic's ``ValidationError``).
 
     Instantiate:
         ```python
@@ -120,14 +123,20 @@ class SelfReflectiveRetriever(BaseRetriever):
     base_retriever: BaseRetriever = Field(description="The retriever whose results are judged.")
     llm: BaseChatModel | LLM = Field(description="Judges the candidates (chat model or core LLM).")
     max_rounds: int = Field(default=1, ge=0, description="Query expansions allowed (paper: 1).")
+    prompts: dict[str, str] | None = Field(
+        default=None,
+        description="Prompt overrides by name (`reflection`, `reflection.json`), checked at "
+        "construction (docs/configuration.md, prompt overrides).",
+    )
 
     _reflection: SelfReflectiveRetrieval = PrivateAttr()
 
     @model_validator(mode="after")
     def _build_reflection_loop(self) -> SelfReflectiveRetriever:
-        # Built once, so its usage counters accumulate across queries.
+        # Built once, so its usage counters accumulate across queries. A refused prompt
+        # override comes out as pydantic's ValidationError, like every invalid field.
         self._reflection = SelfReflectiveRetrieval(
-            as_core_llm(self.llm), max_rounds=self.max_rounds
+            as_core_llm(self.llm), max_rounds=self.max_rounds, prompts=self.prompts
         )
         return self
 

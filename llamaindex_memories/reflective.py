@@ -10,7 +10,7 @@ The loop, its prompt and its parsing live in :mod:`memories_core.mechanisms.refl
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from llama_index.core.base.base_retriever import BaseRetriever
@@ -83,6 +83,8 @@ class SelfReflectiveRetriever(BaseRetriever):
             core LLM.
         max_rounds: Query expansions allowed (paper: 1): one reflection call and at most two
             searches per query.
+        prompts: Prompt overrides by name (``reflection``, ``reflection.json``), checked here
+            (``PromptOverrideError``); see docs/configuration.md, prompt overrides.
 
     Instantiate and use in a query engine:
         .. code-block:: python
@@ -110,11 +112,14 @@ class SelfReflectiveRetriever(BaseRetriever):
         llm: LLM | LIBaseLLM,
         *,
         max_rounds: int = 1,
+        prompts: Mapping[str, str] | None = None,
         callback_manager: CallbackManager | None = None,
         verbose: bool = False,
     ) -> None:
         self._base = base_retriever
-        self._reflection = SelfReflectiveRetrieval(as_core_llm(llm), max_rounds=max_rounds)
+        self._reflection = SelfReflectiveRetrieval(
+            as_core_llm(llm), max_rounds=max_rounds, prompts=prompts
+        )
         super().__init__(callback_manager=callback_manager, verbose=verbose)
 
     @classmethod
@@ -163,6 +168,7 @@ class SelfReflectiveFilter(BaseNodePostprocessor):
     Key init args:
         llm: A LlamaIndex LLM (bridged with :class:`~llamaindex_memories.LlamaIndexLLM`) or a
             core LLM.
+        prompts: Prompt overrides by name (``reflection``, ``reflection.json``).
 
     Use in a query engine:
         .. code-block:: python
@@ -184,10 +190,12 @@ class SelfReflectiveFilter(BaseNodePostprocessor):
     )
     _reflection: SelfReflectiveRetrieval = PrivateAttr()
 
-    def __init__(self, llm: LLM | LIBaseLLM, **kwargs: Any) -> None:
+    def __init__(
+        self, llm: LLM | LIBaseLLM, *, prompts: Mapping[str, str] | None = None, **kwargs: Any
+    ) -> None:
         fields: dict[str, Any] = {**kwargs, "llm": llm}
         super().__init__(**fields)
-        self._reflection = SelfReflectiveRetrieval(self.llm, max_rounds=1)
+        self._reflection = SelfReflectiveRetrieval(self.llm, max_rounds=1, prompts=prompts)
 
     @field_validator("llm", mode="before")
     @classmethod

@@ -180,3 +180,44 @@ def test_in_an_lcel_chain() -> None:
     sent = answerer.prompts[-1][0].text
     assert "user: I am allergic to peanuts" in sent
     assert "Lisbon" not in sent  # the reflection dropped the irrelevant candidates
+
+
+#: An override of the reflection prompt (Table 19's instruction in a coach's words).
+COACH_JUDGE = (
+    "You help a health coach. If the candidate memories answer the question, start with "
+    '"<Memory>:" and copy them; else start with "<Query>:" and give keywords.'
+)
+
+
+def test_a_prompt_override_reaches_the_model_inside_an_lcel_chain() -> None:
+    judge = chat_model("<Memory>: I am allergic to peanuts")
+    reflective = SelfReflectiveRetriever(
+        base_retriever=vector_retriever(), llm=judge, prompts={"reflection": COACH_JUDGE}
+    )
+    prompt = ChatPromptTemplate.from_template("Memories:\n{context}\n\nQuestion: {question}")
+    answerer = chat_model("You are allergic to peanuts.")
+
+    def format_docs(docs: list[Document]) -> str:
+        return "\n".join(d.page_content for d in docs)
+
+    chain = (
+        {"context": reflective | format_docs, "question": RunnablePassthrough()} | prompt | answerer
+    )
+    chain.invoke("what am I allergic to?")
+    assert judge.prompts[0][0].text == COACH_JUDGE  # the override is the system message
+    assert "I am allergic to peanuts" in answerer.prompts[-1][0].text
+    assert "Lisbon" not in answerer.prompts[-1][0].text  # the judge's choice reached the chain
+
+
+def test_a_bad_prompt_override_is_refused_at_construction() -> None:
+    # A pydantic component: the refusal comes as ValidationError, naming what is missing.
+    with pytest.raises(ValidationError, match="<Memory>"):
+        SelfReflectiveRetriever(
+            base_retriever=vector_retriever(),
+            llm=chat_model(),
+            prompts={"reflection": "Say whether the memories are enough."},
+        )
+    with pytest.raises(ValidationError, match="no prompt named"):
+        SelfReflectiveRetriever(
+            base_retriever=vector_retriever(), llm=chat_model(), prompts={"reflexion": COACH_JUDGE}
+        )

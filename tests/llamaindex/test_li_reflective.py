@@ -224,3 +224,37 @@ def test_filter_needs_a_query_and_an_llm(recording_llm: RecordingLLM) -> None:
         SelfReflectiveFilter(llm=object())  # type: ignore[arg-type]
     assert SelfReflectiveFilter.class_name() == "SelfReflectiveFilter"
     assert "llm" not in reflect.model_dump()
+
+
+#: An override of the reflection prompt (Table 19's instruction in a receptionist's words).
+DESK_JUDGE = (
+    "You help an office receptionist. If the candidate memories answer the question, start "
+    'with "<Memory>:" and copy them; else start with "<Query>:" and give keywords.'
+)
+
+
+def test_a_prompt_override_reaches_the_model_in_a_query_engine(
+    spy: SpyRetriever, recording_llm: RecordingLLM
+) -> None:
+    judge = ScriptedLLM([f"<Memory>: {OFFICE}"])
+    retriever = SelfReflectiveRetriever(spy, llm=judge, prompts={"reflection": DESK_JUDGE})
+    response = RetrieverQueryEngine.from_args(retriever, llm=recording_llm).query(QUESTION)
+    assert judge.calls[0][0].content == DESK_JUDGE
+    assert texts(response.source_nodes) == [OFFICE]
+
+
+def test_filter_takes_a_prompt_override(index: VectorStoreIndex) -> None:
+    from memories_core.prompts.overrides import PromptOverrideError
+
+    judge = ScriptedLLM([f"<Memory>: {OFFICE}"])
+    keep = SelfReflectiveFilter(llm=judge, prompts={"reflection": DESK_JUDGE})
+    nodes = keep.postprocess_nodes(
+        index.as_retriever(similarity_top_k=2).retrieve(QUESTION), query_str=QUESTION
+    )
+    assert texts(nodes) == [OFFICE]
+    assert judge.calls[0][0].content == DESK_JUDGE
+    for bad in ({"reflection": "Are these enough?"}, {"reflexion": DESK_JUDGE}):
+        with pytest.raises(PromptOverrideError):
+            SelfReflectiveFilter(llm=judge, prompts=bad)
+        with pytest.raises(PromptOverrideError):
+            SelfReflectiveRetriever(index.as_retriever(), llm=judge, prompts=bad)
