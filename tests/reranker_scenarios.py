@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import re
+import zlib
 from dataclasses import replace
 from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from memories_core import HistoryMemory, Scope, Turn
 from memories_core.embedders import HashingEmbedder
@@ -17,6 +22,44 @@ CAT_TURNS = (
     "Cat videos are the best thing on the internet.",
 )
 CAT_QUESTION = "What is the name of my cat?"
+
+#: Dimension of :func:`word_vector`'s vectors.
+DIM = 64
+
+
+def word_vector(word: str) -> npt.NDArray[np.float32]:
+    """A fixed unit vector per word (a word's own direction; synonyms unknown)."""
+    rng = np.random.default_rng(zlib.crc32(word.encode()))
+    vector = rng.standard_normal(DIM).astype(np.float32)
+    return vector / np.linalg.norm(vector)
+
+
+class FakeEncoder:
+    """A late-interaction encoder standing in for the ONNX model: one unit vector per
+    lower-cased word, so MaxSim counts the query words a text holds. Records every text it
+    encodes (``queries``, ``documents``)."""
+
+    def __init__(self, name: str = "fake") -> None:
+        self._name = name
+        self.documents: list[str] = []
+        self.queries: list[str] = []
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @staticmethod
+    def _rows(text: str) -> npt.NDArray[np.float32]:
+        words = re.findall(r"[a-z]+", text.lower()) or ["empty"]
+        return np.stack([word_vector(w) for w in words])
+
+    def encode_query(self, text: str) -> npt.NDArray[np.float32]:
+        self.queries.append(text)
+        return self._rows(text)
+
+    def encode_document(self, text: str) -> npt.NDArray[np.float32]:
+        self.documents.append(text)
+        return self._rows(text)
 
 
 def with_reranker(reranker: Any) -> Pipeline:

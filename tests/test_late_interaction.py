@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
-import re
 import sys
-import zlib
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import numpy as np
-import numpy.typing as npt
 import pytest
 
 from memories_core import HistoryMemory, Scope, Turn
@@ -29,45 +26,14 @@ from memories_core.retrieval.late_interaction import (
 )
 from memories_core.retrieval.memory_backend import InMemoryBackend
 from memories_core.types import MemoryRecord
-from reranker_scenarios import top_answer_to_the_cat_question, with_reranker
+from reranker_scenarios import (
+    DIM,
+    FakeEncoder,
+    top_answer_to_the_cat_question,
+    with_reranker,
+)
 
 NOW = datetime(2024, 5, 1, tzinfo=timezone.utc)
-DIM = 64
-
-
-def word_vector(word: str) -> npt.NDArray[np.float32]:
-    """A fixed unit vector per word (a word's own direction; synonyms unknown)."""
-    rng = np.random.default_rng(zlib.crc32(word.encode()))
-    vector = rng.standard_normal(DIM).astype(np.float32)
-    return vector / np.linalg.norm(vector)
-
-
-class FakeEncoder:
-    """One unit vector per lower-cased word: MaxSim counts the query words a text holds."""
-
-    def __init__(self, name: str = "fake") -> None:
-        self._name = name
-        self.documents: list[str] = []
-        self.queries: list[str] = []
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @staticmethod
-    def _rows(text: str) -> npt.NDArray[np.float32]:
-        words = re.findall(r"[a-z]+", text.lower()) or ["empty"]
-        return np.stack([word_vector(w) for w in words])
-
-    def encode_query(self, text: str) -> npt.NDArray[np.float32]:
-        self.queries.append(text)
-        return self._rows(text)
-
-    def encode_document(self, text: str) -> npt.NDArray[np.float32]:
-        self.documents.append(text)
-        return self._rows(text)
-
-
 TEXTS = [
     "Ana: the weather was grey and rainy all week",
     "Ana: my sister visited and we cooked dinner",

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import re
 import zipfile
-import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -36,38 +34,7 @@ from memories_core.token_vectors import (
     text_digest,
 )
 from memories_core.types import MemoryRecord
-
-DIM = 64
-
-
-def word_vector(word: str) -> npt.NDArray[np.float32]:
-    rng = np.random.default_rng(zlib.crc32(word.encode()))
-    vector = rng.standard_normal(DIM).astype(np.float32)
-    return vector / np.linalg.norm(vector)
-
-
-class CountingEncoder:
-    """One unit vector per word; counts what it encodes (stands for the ONNX model)."""
-
-    def __init__(self, name: str = "counting") -> None:
-        self._name = name
-        self.documents: list[str] = []
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    def _rows(self, text: str) -> npt.NDArray[np.float32]:
-        words = re.findall(r"[a-z]+", text.lower()) or ["empty"]
-        return np.stack([word_vector(w) for w in words])
-
-    def encode_query(self, text: str) -> npt.NDArray[np.float32]:
-        return self._rows(text)
-
-    def encode_document(self, text: str) -> npt.NDArray[np.float32]:
-        self.documents.append(text)
-        return self._rows(text)
-
+from reranker_scenarios import FakeEncoder
 
 TURNS = [
     "my sister visited and we cooked dinner",
@@ -110,7 +77,7 @@ def stored(memory: HistoryMemory, user: str = "ana") -> dict[str, TokenVectors]:
 
 
 def test_save_jobs_store_compact_vectors_of_every_turn(tmp_path: Path) -> None:
-    encoder = CountingEncoder()
+    encoder = FakeEncoder("counting")
     memory = memory_at(tmp_path, encoder)
     records = fill(memory)
     rows = stored(memory)
@@ -132,13 +99,13 @@ def test_save_jobs_store_compact_vectors_of_every_turn(tmp_path: Path) -> None:
 
 
 def test_a_reopened_memory_encodes_nothing_on_recall(tmp_path: Path) -> None:
-    memory = memory_at(tmp_path, CountingEncoder())
+    memory = memory_at(tmp_path, FakeEncoder("counting"))
     fill(memory)
     first = [
         h.record.id for h in memory.recall("what is the cat called", Scope("ana"), k=3).records
     ]
     memory.close()
-    encoder = CountingEncoder()  # a new process: nothing cached
+    encoder = FakeEncoder("counting")  # a new process: nothing cached
     reopened = memory_at(tmp_path, encoder)
     again = [
         h.record.id for h in reopened.recall("what is the cat called", Scope("ana"), k=3).records
@@ -149,7 +116,7 @@ def test_a_reopened_memory_encodes_nothing_on_recall(tmp_path: Path) -> None:
 
 
 def test_an_edit_gets_new_vectors_and_the_next_turn_too(tmp_path: Path) -> None:
-    encoder = CountingEncoder()
+    encoder = FakeEncoder("counting")
     memory = memory_at(tmp_path, encoder)
     records = fill(memory)
     before = stored(memory)
@@ -173,7 +140,7 @@ def test_an_edit_gets_new_vectors_and_the_next_turn_too(tmp_path: Path) -> None:
 
 
 def test_delete_record_and_delete_user_leave_no_vector_bytes(tmp_path: Path) -> None:
-    memory = memory_at(tmp_path, CountingEncoder())
+    memory = memory_at(tmp_path, FakeEncoder("counting"))
     records = fill(memory)
     fill(memory, "bo", BO_TURNS)
     rows = stored(memory)
@@ -198,7 +165,7 @@ def stored_after_reopen(path: Path, user: str) -> list[TokenVectors]:
 
 
 def test_users_never_read_each_others_vectors(tmp_path: Path) -> None:
-    encoder = CountingEncoder()
+    encoder = FakeEncoder("counting")
     memory = memory_at(tmp_path, encoder)
     ana = fill(memory)
     store = vector_store(memory)
@@ -216,12 +183,12 @@ def test_users_never_read_each_others_vectors(tmp_path: Path) -> None:
 
 
 def test_export_import_round_trip_carries_the_vectors(tmp_path: Path) -> None:
-    memory = memory_at(tmp_path / "a", CountingEncoder())
+    memory = memory_at(tmp_path / "a", FakeEncoder("counting"))
     fill(memory)
     file = export_user(memory, "ana", tmp_path / "ana.memories.zip")
     before = stored(memory)
     memory.close()
-    encoder = CountingEncoder()
+    encoder = FakeEncoder("counting")
     target = memory_at(tmp_path / "b", encoder)
     import_user(target, file)
     after = stored(target)
@@ -280,12 +247,12 @@ def _values(array: Any) -> Callable[[dict[str, bytes]], None]:
 def test_a_hostile_vector_row_is_refused_and_nothing_is_written(
     tmp_path: Path, change: Callable[[dict[str, bytes]], None], message: str
 ) -> None:
-    memory = memory_at(None, CountingEncoder())
+    memory = memory_at(None, FakeEncoder("counting"))
     fill(memory)
     good = export_user(memory, "ana", tmp_path / "good.zip")
     memory.close()
     bad = rewrite(good, tmp_path / "bad.zip", change)
-    target = memory_at(None, CountingEncoder())
+    target = memory_at(None, FakeEncoder("counting"))
     with pytest.raises(MemoryFileError, match=message):
         import_user(target, bad)
     assert target.engine.users() == [] and stored(target) == {}
@@ -293,7 +260,7 @@ def test_a_hostile_vector_row_is_refused_and_nothing_is_written(
 
 
 def test_a_version_one_file_cannot_smuggle_vectors(tmp_path: Path) -> None:
-    memory = memory_at(None, CountingEncoder())
+    memory = memory_at(None, FakeEncoder("counting"))
     fill(memory)
     good = export_user(memory, "ana", tmp_path / "good.zip")
     memory.close()
@@ -306,7 +273,7 @@ def test_a_version_one_file_cannot_smuggle_vectors(tmp_path: Path) -> None:
 
     with pytest.raises(MemoryFileError, match="version 2"):
         import_user(
-            memory_at(None, CountingEncoder()), rewrite(good, tmp_path / "v1.zip", downgrade)
+            memory_at(None, FakeEncoder("counting")), rewrite(good, tmp_path / "v1.zip", downgrade)
         )
 
 
@@ -320,11 +287,11 @@ def test_a_memory_without_late_stage_exports_version_one(tmp_path: Path) -> None
 
 
 def test_rebuild_after_an_encoder_change_re_encodes_and_drops_old_rows(tmp_path: Path) -> None:
-    memory = memory_at(tmp_path, CountingEncoder("old"))
+    memory = memory_at(tmp_path, FakeEncoder("old"))
     fill(memory)
     fill(memory, "bo")
     memory.close()
-    encoder = CountingEncoder("new")
+    encoder = FakeEncoder("new")
     changed = memory_at(tmp_path, encoder)
     assert rebuild_token_vectors(changed, progress=False) == 2 * len(TURNS)
     for user in ("ana", "bo"):
@@ -340,7 +307,7 @@ def test_rebuild_after_an_encoder_change_re_encodes_and_drops_old_rows(tmp_path:
 
 @pytest.mark.background
 def test_in_background_mode_flush_waits_for_the_vectors(tmp_path: Path) -> None:
-    memory = memory_at(tmp_path, CountingEncoder(), derive="background")
+    memory = memory_at(tmp_path, FakeEncoder("counting"), derive="background")
     for text in TURNS:
         memory.save([Turn("user", text)], Scope("ana"))
     assert memory.flush(timeout=30) == 0
@@ -404,12 +371,12 @@ def pg_memory_factory(
 def test_postgres_keeps_vectors_across_reopen_and_erases_them(
     pg_memory_factory: Callable[[Any], HistoryMemory],
 ) -> None:
-    memory = pg_memory_factory(CountingEncoder())
+    memory = pg_memory_factory(FakeEncoder("counting"))
     records = fill(memory)
     fill(memory, "bo")
     assert set(stored(memory)) == {r.id for r in records}
     memory.engine.store.close()
-    encoder = CountingEncoder()
+    encoder = FakeEncoder("counting")
     reopened = pg_memory_factory(encoder)
     reopened.recall("what is the cat called", Scope("ana"), k=3)
     assert encoder.documents == []
