@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from memochat_scenario import CHAT
 from memories_core import MemoChatMemory, MemoEntry, ParseError, Scope, Turn
 from memories_core.embedders import HashingEmbedder
 from memories_core.engine import MemoryEngine
@@ -42,21 +43,6 @@ from memories_core.prompts.memochat import (
 )
 from memories_core.retrieval import Pipeline
 from memories_core.types import ChatMessage
-
-CHAT = [
-    ("user", "I am reading about quantum entanglement and qubits."),
-    ("assistant", "Entangled qubits share one quantum state, even far apart."),
-    ("user", "Does quantum superposition mean a qubit is both zero and one?"),
-    ("assistant", "A qubit in superposition has amplitudes for zero and one."),
-    ("user", "Next week I meet business partners in Japan. How should I bow?"),
-    ("assistant", "In Japan a business bow is about fifteen degrees; hand cards with both hands."),
-    ("user", "Is a gift expected at a Japanese business meeting?"),
-    ("assistant", "A modest wrapped gift is polite at Japanese business meetings."),
-    ("user", "Can you factor the polynomial x squared minus five x plus six?"),
-    ("assistant", "The polynomial factors as (x - 2)(x - 3)."),
-    ("user", "So the polynomial has roots two and three?"),
-    ("assistant", "Yes, the polynomial is zero at x = 2 and x = 3."),
-]
 
 
 def _turns(pairs: list[tuple[str, str]]) -> list[Turn]:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from memochat_scenario import CHAT
 from memories_core import DualProcessMemory, EMGMemory, FixedClock, MemoryBankMemory, Scope, Turn
 from memories_core.embedders import HashingEmbedder
 from memories_core.errors import ConfigurationError
@@ -236,18 +237,7 @@ def obeying(
 
 
 # ------------------------------------------------------------------------------ MemoChat
-MEMO_CHAT_TURNS = [
-    ("user", "I am reading about quantum entanglement and qubits."),
-    ("assistant", "Entangled qubits share one quantum state, even far apart."),
-    ("user", "Does quantum superposition mean a qubit is both zero and one?"),
-    ("assistant", "A qubit in superposition has amplitudes for zero and one."),
-    ("user", "Next week I meet business partners in Japan. How should I bow?"),
-    ("assistant", "In Japan a business bow is about fifteen degrees; hand cards with both hands."),
-    ("user", "Is a gift expected at a Japanese business meeting?"),
-    ("assistant", "A modest wrapped gift is polite at Japanese business meetings."),
-    ("user", "Can you factor the polynomial x squared minus five x plus six?"),
-    ("assistant", "The polynomial factors as (x - 2)(x - 3)."),
-]
+MEMO_CHAT_TURNS = CHAT[:10]
 MEMO_OVERRIDES = {
     "memochat.writing": "You keep a tutor's lesson notes: split the lines into topics.",
     "memochat.retrieval": "You pick the lesson topics a student's question is about.",

@@ -41,6 +41,7 @@ from typing import Any
 
 from memories_core.clock import resolve_now
 from memories_core.errors import ConfigurationError
+from memories_core.filters import compile_filter, record_getter
 from memories_core.retrieval.base import (
     DEFAULT_DEPTH,
     CandidateSource,
@@ -228,8 +229,6 @@ class Pipeline:
 
 def _load(ranked: Ranking, ctx: RecallContext, k: int) -> list[ScoredRecord]:
     """Load ranked ids in order; drop unknown, foreign and no-longer-matching records."""
-    from memories_core.filters import compile_filter, record_getter
-
     request = ctx.request
     expr = compile_filter(request.filter)  # once per recall (filters_match compiles per call)
     hits: list[ScoredRecord] = []
