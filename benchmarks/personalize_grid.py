@@ -172,12 +172,18 @@ def run(args: argparse.Namespace) -> None:
 def choose(cells: Sequence[dict[str, Any]], users: Sequence[str]) -> tuple[float, int] | None:
     """The (lr, steps) with the highest mean gap over ``users`` (ties: fewer steps, lower lr).
 
-    Only settings measured for every one of ``users`` compete.
+    Only settings measured for every one of ``users`` compete, and only those whose adapter
+    lowered its own user's held-out perplexity for every one of them: an adapter that hurts
+    its user less than it hurts the others has a positive gap but does not personalise.
     """
     by: dict[tuple[float, int], dict[str, float]] = {}
+    helps: dict[tuple[float, int], bool] = {}
     for c in cells:
-        by.setdefault((c["lr"], c["steps"]), {})[c["user"]] = c["gap"]
-    full = {k: v for k, v in by.items() if all(u in v for u in users)}
+        key = (c["lr"], c["steps"])
+        by.setdefault(key, {})[c["user"]] = c["gap"]
+        if c["user"] in users:
+            helps[key] = helps.get(key, True) and c["own"] > 0
+    full = {k: v for k, v in by.items() if all(u in v for u in users) and helps.get(k, False)}
     if not full:
         return None
     return max(full, key=lambda k: (statistics.mean(full[k][u] for u in users), -k[1], -k[0]))
