@@ -78,7 +78,9 @@ def show(memory: DualProcessMemory, session: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=12, help="LoRA training steps")
-    parser.add_argument("--lr", type=float, default=3e-4, help="learning rate (paper: 5e-5; library default 3e-3)")
+    parser.add_argument(
+        "--lr", type=float, default=3e-4, help="learning rate (paper: 5e-5; library default 3e-3)"
+    )
     parser.add_argument("--device", default=None, help="cpu, cuda, mps (default: best present)")
     parser.add_argument("--theta", type=int, default=2, help="recurrences that promote to LTM")
     parser.add_argument("--hashing", action="store_true", help="hashing embedder, not MiniLM")
