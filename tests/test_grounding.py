@@ -16,6 +16,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from memochat_scenario import CHAT
 from memories_core.clock import FixedClock
 from memories_core.embedders.hashing import HashingEmbedder
 from memories_core.grounding import (
@@ -117,20 +118,6 @@ def test_identifiers_must_come_from_the_input() -> None:
 
 
 # ----------------------------------------------------------------------------- MemoChat
-CHAT = [
-    ("user", "I am reading about quantum entanglement and qubits."),
-    ("assistant", "Entangled qubits share one quantum state, even far apart."),
-    ("user", "Does quantum superposition mean a qubit is both zero and one?"),
-    ("assistant", "A qubit in superposition has amplitudes for zero and one."),
-    ("user", "Next week I meet business partners in Japan. How should I bow?"),
-    ("assistant", "In Japan a business bow is about fifteen degrees."),
-    ("user", "Is a gift expected at a Japanese business meeting?"),
-    ("assistant", "A modest wrapped gift is polite at Japanese business meetings."),
-    ("user", "Can you factor the polynomial x squared minus five x plus six?"),
-    ("assistant", "The polynomial factors as (x - 2)(x - 3)."),
-    ("user", "So the polynomial has roots two and three?"),
-    ("assistant", "Yes, the polynomial is zero at x = 2 and x = 3."),
-]
 
 
 def _memochat_reply(messages: Sequence[ChatMessage]) -> str:

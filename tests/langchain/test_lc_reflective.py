@@ -160,6 +160,18 @@ def test_around_memory_retriever_the_user_scope_passes_through() -> None:
     assert len(retriever.invoke("cello", k=1)) == 1
 
 
+def answer_chain(reflective: SelfReflectiveRetriever, answerer: Any) -> Any:
+    """An LCEL chain: the reflective retriever's documents as context, then the answerer."""
+    prompt = ChatPromptTemplate.from_template("Memories:\n{context}\n\nQuestion: {question}")
+
+    def format_docs(docs: list[Document]) -> str:
+        return "\n".join(d.page_content for d in docs)
+
+    return (
+        {"context": reflective | format_docs, "question": RunnablePassthrough()} | prompt | answerer
+    )
+
+
 def test_in_an_lcel_chain() -> None:
     model = rule_following_chat_model()
     memory = history_memory()
@@ -167,15 +179,8 @@ def test_in_an_lcel_chain() -> None:
     reflective = SelfReflectiveRetriever(
         base_retriever=MemoryRetriever(memory=memory, user_id="alice", k=3), llm=model
     )
-    prompt = ChatPromptTemplate.from_template("Memories:\n{context}\n\nQuestion: {question}")
     answerer = chat_model("You are allergic to peanuts.")
-
-    def format_docs(docs: list[Document]) -> str:
-        return "\n".join(d.page_content for d in docs)
-
-    chain = (
-        {"context": reflective | format_docs, "question": RunnablePassthrough()} | prompt | answerer
-    )
+    chain = answer_chain(reflective, answerer)
     assert chain.invoke("which food allergy do I have? peanuts?").text.startswith("You are")
     sent = answerer.prompts[-1][0].text
     assert "user: I am allergic to peanuts" in sent
@@ -194,15 +199,8 @@ def test_a_prompt_override_reaches_the_model_inside_an_lcel_chain() -> None:
     reflective = SelfReflectiveRetriever(
         base_retriever=vector_retriever(), llm=judge, prompts={"reflection": COACH_JUDGE}
     )
-    prompt = ChatPromptTemplate.from_template("Memories:\n{context}\n\nQuestion: {question}")
     answerer = chat_model("You are allergic to peanuts.")
-
-    def format_docs(docs: list[Document]) -> str:
-        return "\n".join(d.page_content for d in docs)
-
-    chain = (
-        {"context": reflective | format_docs, "question": RunnablePassthrough()} | prompt | answerer
-    )
+    chain = answer_chain(reflective, answerer)
     chain.invoke("what am I allergic to?")
     assert judge.prompts[0][0].text == COACH_JUDGE  # the override is the system message
     assert "I am allergic to peanuts" in answerer.prompts[-1][0].text

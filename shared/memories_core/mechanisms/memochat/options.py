@@ -97,11 +97,14 @@ class LLMOptionSource:
     on_failure: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
     calls: list[int] = field(default_factory=list, compare=False, repr=False)
     prompts: PromptOverrides | Mapping[str, str] | None = field(default=None, compare=False)
+    #: The retrieval prompt as this source runs it (overrides applied once, at construction).
+    spec: PromptSpec[RetrievalInput, list[int]] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         specs: tuple[PromptSpec[Any, Any], ...] = (MEMO_RETRIEVAL,)
         overrides = PromptOverrides.of(self.prompts).check(specs)
         object.__setattr__(self, "prompts", overrides)
+        object.__setattr__(self, "spec", overrides.apply(MEMO_RETRIEVAL))
 
     def candidates(self, request: RecallRequest, backend: RecallBackend, depth: int) -> Ranking:
         """Ask the LLM which pre-selected memos the query relates to."""
@@ -122,9 +125,8 @@ class LLMOptionSource:
             return []
         loaded = backend.load(ids, user_id=request.user_id)
         memos = [loaded[i] for i in ids if i in loaded]
-        spec = PromptOverrides.of(self.prompts).apply(MEMO_RETRIEVAL)
         texts = [m.text for m in memos]
-        chosen = choose_memos(self.llm, request.query, texts, budget=self.budget, spec=spec)
+        chosen = choose_memos(self.llm, request.query, texts, budget=self.budget, spec=self.spec)
         self.calls.append(len(memos))
         if chosen is None:
             if self.on_failure is not None:
