@@ -126,7 +126,7 @@ class SelfReflectiveRetriever(BaseRetriever):
     prompts: dict[str, str] | None = Field(
         default=None,
         description="Prompt overrides by name (`reflection`, `reflection.json`), checked at "
-        "construction (docs/configuration.md, prompt overrides).",
+        "construction (a refused one raises ValidationError).",
     )
 
     _reflection: SelfReflectiveRetrieval = PrivateAttr()

@@ -84,7 +84,7 @@ class SelfReflectiveRetriever(BaseRetriever):
         max_rounds: Query expansions allowed (paper: 1): one reflection call and at most two
             searches per query.
         prompts: Prompt overrides by name (``reflection``, ``reflection.json``), checked here
-            (``PromptOverrideError``); see docs/configuration.md, prompt overrides.
+            (``PromptOverrideError``): an override must keep the output format.
 
     Instantiate and use in a query engine:
         .. code-block:: python

@@ -60,7 +60,7 @@ class LoRAConfig:
     CPU allows barely moves (held-out perplexity -3 %). ``learning_rate=3e-3`` with
     ``max_steps=60`` had the largest mean *gap* (drop of the user's own held-out perplexity
     minus the mean drop of the other users') among the settings that helped every user, on
-    MemoryBank's three simulated users with the most data (``benchmarks/personalize_grid.py``:
+    MemoryBank's three simulated users with the most data (the project's LoRA grid benchmark:
     own -44 %, others -34 %, short texts; leave-one-user-out mean gap +4.9 points, positive
     for one user of three). Pass ``max_steps=None`` to train the paper's ``epochs`` instead.
 
