@@ -64,6 +64,7 @@ from memories_core.evaluation.harness import (
     write_json_atomic,
 )
 from memories_core.evaluation.locomo import CATEGORY_NAMES, LocomoConversation
+from memories_core.mechanisms.reflection import DEFAULT_RECALL_BUDGET
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_DATA = HERE.parent.parent / "shared" / "datasets" / "locomo" / "locomo_dev.json"
@@ -116,8 +117,21 @@ def token_counter(llm: Any) -> Callable[[str], int]:
 
 
 # ----------------------------------------------------------------------------- memories
-def make_memory(name: str, folder: Path, clock: FixedClock, llm: Any, embedder: Any) -> Any:
-    """The mechanism ``name`` with the library defaults, on a memory folder of its own."""
+def make_memory(
+    name: str,
+    folder: Path,
+    clock: FixedClock,
+    llm: Any,
+    embedder: Any,
+    *,
+    recall_budget: float | None = DEFAULT_RECALL_BUDGET,
+) -> Any:
+    """The mechanism ``name`` with the library defaults, on a memory folder of its own.
+
+    ``recall_budget`` is the seconds a recall may wait on its own model calls (MemoChat's
+    memo choice, self-reflection; ``None``: no limit). Past it those mechanisms fall back to
+    their documented first answer, so a slow model measures the fallback, not the paper.
+    """
     import memories_core as mc
     from memories_core.engine import MemoryEngine
 
@@ -141,11 +155,11 @@ def make_memory(name: str, folder: Path, clock: FixedClock, llm: Any, embedder: 
             }
         )
     if name == "reflective":
-        return mc.SelfReflectiveMemory(mc.HistoryMemory(**common), llm)
+        return mc.SelfReflectiveMemory(mc.HistoryMemory(**common), llm, budget=recall_budget)
     if name == "memorybank":
         return mc.MemoryBankMemory(**common, llm=llm)
     if name == "memochat":
-        return mc.MemoChatMemory(**common, llm=llm)
+        return mc.MemoChatMemory(**common, llm=llm, budget=recall_budget)
     if name == "dpem":
         return mc.DualProcessMemory(**common, llm=llm)
     if name == "emg":
@@ -198,7 +212,8 @@ def run_row(
             ingests.append(stats)
         clock.set(asked_at)
         user = conversation.sample_id
-        recall = _recaller(name, memory, conversation, user, count, args)
+        fallbacks: dict[str, int] = {}
+        recall = _recaller(name, memory, conversation, user, count, args, fallbacks)
         todo = [item for item in mine if item.id not in done]
         bar = tqdm(todo, desc=f"{name} {user} answers", unit="q", disable=args.quiet)
         with answers_path.open("a", encoding="utf-8") as log:
@@ -213,6 +228,7 @@ def run_row(
                     seed=args.seed,
                     max_tokens=args.max_tokens,
                 )
+                result.recall_fallbacks = fallbacks.get(item.id, 0)
                 done[item.id] = result
                 log.write(json.dumps(result.to_json()) + "\n")
                 log.flush()
@@ -235,11 +251,12 @@ def _ingested(
     """Open a finished ingest, or ingest the conversation afresh (a torn one is redone)."""
     marker = folder / "ingest.json"
     memory_dir = folder / "memory"
+    budget = args.recall_budget or None  # 0: no limit
     if marker.is_file():
         stats = IngestStats.from_json(json.loads(marker.read_text(encoding="utf-8")))
-        return make_memory(name, memory_dir, clock, llm, embedder), stats
+        return make_memory(name, memory_dir, clock, llm, embedder, recall_budget=budget), stats
     shutil.rmtree(memory_dir, ignore_errors=True)
-    memory = make_memory(name, memory_dir, clock, llm, embedder)
+    memory = make_memory(name, memory_dir, clock, llm, embedder, recall_budget=budget)
     total = sum(
         1 for turn in conversation.turns if args.sessions is None or turn.session <= args.sessions
     )
@@ -259,6 +276,17 @@ def _ingested(
     return memory, stats
 
 
+#: Failure counters of a recall's own model step (MemoChat's memo choice, self-reflection).
+RECALL_FALLBACKS = ("memo_choice", "reflection", "reflection_timeout")
+
+
+def recall_fallbacks(memory: Any) -> int:
+    """Recalls so far whose own model step failed or ran out of time (0 without one)."""
+    usage = getattr(memory, "usage", None)
+    failures = getattr(usage, "failures", None) or {}
+    return sum(int(failures.get(name, 0)) for name in RECALL_FALLBACKS)
+
+
 def _recaller(
     name: str,
     memory: Any,
@@ -266,8 +294,13 @@ def _recaller(
     user: str,
     count: Callable[[str], int],
     args: argparse.Namespace,
+    fallbacks: dict[str, int],
 ) -> Callable[[QAItem], Callable[[str], tuple[str, int]]]:
-    """``item -> (question -> (context, records))`` for a mechanism or a baseline."""
+    """``item -> (question -> (context, records))`` for a mechanism or a baseline.
+
+    A mechanism's recall writes into ``fallbacks[item.id]`` how many of its own model steps
+    failed or ran out of time for that question.
+    """
     if name == "none":
         return lambda item: lambda question: ("", 0)
     if name == "full":
@@ -286,7 +319,9 @@ def _recaller(
     def through_memory(item: QAItem) -> Callable[[str], tuple[str, int]]:
         def recall(question: str) -> tuple[str, int]:
             options = {} if args.k is None else {"k": args.k}
+            before = recall_fallbacks(memory)
             found = memory.recall(question, Scope(user), **options)
+            fallbacks[item.id] = recall_fallbacks(memory) - before
             return found.context, len(found.records)
 
         return recall
@@ -328,6 +363,7 @@ def summarise(
         "reader_prompt_tokens": _mean([float(r.reader_prompt_tokens) for r in results]),
         "context_chars": _mean([float(r.context_chars) for r in results]),
         "recall_llm_calls_per_question": _mean([float(r.recall_llm_calls) for r in results]),
+        "recall_fallbacks": sum(r.recall_fallbacks for r in results),
         "save_ms_p50": percentile([ms for s in ingests for ms in s.save_ms], 50),
         "save_ms_p95": percentile([ms for s in ingests for ms in s.save_ms], 95),
         "session_end_ms_p50": percentile([ms for s in ingests for ms in s.flush_ms], 50),
@@ -360,6 +396,7 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
         "write calls/turn",
         "write tok/turn",
         "reader prompt tok/q",
+        "recall calls/q (fallbacks)",
         "save p50/p95 ms",
         "recall p50/p95 ms",
         "ingest s",
@@ -378,6 +415,7 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
             _fmt(row["write_llm_calls_per_turn"], 2),
             _fmt(row["write_tokens_per_turn"], 0),
             _fmt(row["reader_prompt_tokens"], 0),
+            f"{_fmt(row['recall_llm_calls_per_question'], 2)} ({row.get('recall_fallbacks', 0)})",
             f"{_fmt(row['save_ms_p50'], 1)} / {_fmt(row['save_ms_p95'], 1)}",
             f"{_fmt(row['recall_ms_p50'], 1)} / {_fmt(row['recall_ms_p95'], 1)}",
             _fmt(row["ingest_s"], 0),
@@ -501,6 +539,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--k", type=int, default=None, help="records recalled (default: each's)")
     parser.add_argument("--full-tokens", type=int, default=6000, help="'full' row's token budget")
     parser.add_argument("--max-tokens", type=int, default=32, help="reader answer cap")
+    parser.add_argument(
+        "--recall-budget",
+        type=float,
+        default=DEFAULT_RECALL_BUDGET,
+        help="seconds a recall may wait on its own model calls (memo choice, reflection); "
+        "past it the mechanism falls back to its first answer (0: no limit)",
+    )
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="results and resumable state")
     parser.add_argument("--resume", action="store_true", help="reuse finished ingests/answers")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars")

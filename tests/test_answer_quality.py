@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -392,3 +393,36 @@ def test_llm_written_rows_are_compared_with_raw_turns_per_category_and_cost() ->
     assert "+0.100" in cells  # wins on temporal questions
     assert cells[-1] == "2.0x"
     assert bench.versus_raw_turns(rows[:2]) == ""  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("budget", "fallbacks"), [("0.2", 1), ("0", 0)])
+def test_recall_budget_decides_whether_a_slow_reflection_is_measured_or_falls_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, budget: str, fallbacks: int
+) -> None:
+    bench = _load_benchmark()
+    reflections: list[str] = []
+
+    def model(messages: object) -> str:
+        system = messages[0].content  # type: ignore[index]
+        if "candidate memories contain enough information" in system:
+            reflections.append(system)
+            time.sleep(1.0)  # slower than a 0.2 s recall budget
+            return "<Memory>: Ann's cat is Miso."
+        text = messages[-1].content  # type: ignore[index]
+        return "Miso" if "Miso" in text else "dunno"
+
+    llm = ScriptedLLM([], default=model)
+    monkeypatch.setattr(bench, "make_llm", lambda *a, **k: llm)  # type: ignore[attr-defined]
+    monkeypatch.setattr(
+        "memories_core.embedders.SentenceTransformerEmbedder", lambda: HashingEmbedder(dimension=64)
+    )
+    data = _dataset(tmp_path / "locomo.json")
+    argv = ["--data", str(data), "--mechanisms", "reflective", "--out", str(tmp_path / "out")]
+    argv += ["--sessions", "1", "--recall-budget", budget, "-q"]
+    assert bench.main(argv) == 0  # type: ignore[attr-defined]
+    row = json.loads((tmp_path / "out" / "locomo_qa.json").read_text())["rows"][0]
+    assert reflections, "the reflection step ran"
+    assert row["recall_fallbacks"] == fallbacks * row["questions"]
+    answers = (tmp_path / "out" / "state" / "reflective").glob("*/answers.jsonl")
+    logged = [json.loads(line) for path in answers for line in path.read_text().splitlines()]
+    assert [a["recall_fallbacks"] for a in logged] == [fallbacks] * row["questions"]

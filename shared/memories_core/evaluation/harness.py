@@ -367,6 +367,9 @@ class QAResult(_JsonRow):
         reader_prompt_tokens: Tokens of the reader's whole prompt.
         recall_ms / answer_ms: Wall time of the recall and of the reader's answer.
         recall_llm_calls: Model calls the recall itself made (reflection, memo choice).
+        recall_fallbacks: Those of the recall's own model steps that failed or ran out of
+            time, so the mechanism answered with its documented fallback (set by the caller,
+            which knows the memory).
     """
 
     id: str
@@ -383,6 +386,7 @@ class QAResult(_JsonRow):
     recall_ms: float = 0.0
     answer_ms: float = 0.0
     recall_llm_calls: int = 0
+    recall_fallbacks: int = 0
 
 
 def answer_question(
