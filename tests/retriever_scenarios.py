@@ -27,11 +27,11 @@ from memories_core.clock import FixedClock
 from memories_core.embedders import HashingEmbedder
 from memories_core.interfaces import LLM, Mechanism
 from memories_core.llms import ScriptedLLM
-from memories_core.llms.rule_following import UNKNOWN_PROMPT_REPLY, rule_following_reply
 from memories_core.prompts.dpem import dpem_reply
 from memories_core.prompts.emg import emg_reply
 from memories_core.prompts.memochat import rule_following_reply as memochat_reply
 from memories_core.prompts.memorybank import memorybank_reply
+from memories_core.prompts.rule_following import UNKNOWN_PROMPT_REPLY, rule_following_reply
 from memories_core.testing import TaughtLLM
 from memories_core.types import ChatMessage
 

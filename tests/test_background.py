@@ -12,8 +12,8 @@ from memories_core.embedders import HashingEmbedder
 from memories_core.engine import MemoryEngine
 from memories_core.errors import ConfigurationError, LLMError, LLMTimeoutError
 from memories_core.llms import ScriptedLLM
-from memories_core.llms.rule_following import UNKNOWN_PROMPT_REPLY, rule_following_reply
 from memories_core.mechanisms.memochat import choose_memos
+from memories_core.prompts.rule_following import UNKNOWN_PROMPT_REPLY, rule_following_reply
 from memories_core.testing import GatedLLM
 from memories_core.types import ChatMessage
 

@@ -5,10 +5,10 @@ import pytest
 from memories_core import ConfigurationError, HistoryMemory, Scope, Turn
 from memories_core.embedders import HashingEmbedder
 from memories_core.llms import ScriptedLLM
-from memories_core.llms.rule_following import rule_following_reply
 from memories_core.mechanisms.multiview import MultiViewMemory
 from memories_core.mechanisms.reflection import SelfReflectiveMemory, SelfReflectiveRetrieval
 from memories_core.prompts.reflection import build_reflection_messages, parse_reflection
+from memories_core.prompts.rule_following import rule_following_reply
 
 S = Scope("vi", session_id="s1")
 

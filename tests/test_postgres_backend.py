@@ -321,8 +321,8 @@ def test_postgres_erasure_leaves_no_row_of_the_user(
 
 
 def _bank_llm() -> Any:
-    from memories_core.llms.rule_following import rule_following_reply
     from memories_core.llms.scripted import ScriptedLLM
+    from memories_core.prompts.rule_following import rule_following_reply
     from test_contract_memorybank import aware
 
     return aware(ScriptedLLM(default=rule_following_reply))

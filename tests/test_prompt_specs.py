@@ -13,7 +13,6 @@ from memories_core.embedders import HashingEmbedder
 from memories_core.errors import InvalidInputError, LLMError, ParseError
 from memories_core.llms import ScriptedLLM
 from memories_core.llms.base import JSON_OBJECT, JsonSchema, LLMResult, ResponseFormat
-from memories_core.llms.rule_following import rule_following_reply
 from memories_core.mechanisms.reflection import SelfReflectiveMemory, SelfReflectiveRetrieval
 from memories_core.prompts import conditional as c
 from memories_core.prompts.reflection import (
@@ -22,6 +21,7 @@ from memories_core.prompts.reflection import (
     ReflectionInput,
     parse_reflection,
 )
+from memories_core.prompts.rule_following import rule_following_reply
 from memories_core.prompts.spec import (
     PromptSpec,
     arun_spec,

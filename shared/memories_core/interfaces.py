@@ -17,8 +17,9 @@ from __future__ import annotations
 import builtins
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -38,6 +39,9 @@ from memories_core.types import (
 )
 from memories_core.usage import Usage
 
+if TYPE_CHECKING:
+    from memories_core.engine_parts.rules import Derivation
+
 __all__ = [
     "LLM",
     "ArtifactRegistryStore",
@@ -50,6 +54,7 @@ __all__ = [
     "JobQueueStore",
     "LLMRouter",
     "Mechanism",
+    "MechanismHooks",
     "NeighbourStore",
     "RecordStateStore",
     "RecordStore",
@@ -540,3 +545,29 @@ class Mechanism(Protocol):
     async def aclear(self, scope: Scope) -> None:
         """Async twin of :meth:`clear`."""
         ...
+
+
+@dataclass(frozen=True)
+class MechanismHooks:
+    """What a mechanism tells the engine when it attaches.
+
+    Attributes:
+        name: Unique name on this engine; jobs are stored under it.
+        index_turns: Whether raw turns need vectors (a mechanism that recalls turns).
+        on_turns: Jobs to create for freshly written turns (runs inside the write
+            transaction; must not call a model).
+        on_session_end: Jobs to create when a session ends (inside the transaction).
+        run_job: Runs one job: model calls happen here, outside every lock. Returns what
+            to commit, or ``None`` for nothing. Raises to fail the attempt.
+        on_delete_user: Removes the mechanism's own data of a user kept outside the store.
+        deferred: Its jobs are long (e.g. training an adapter): a save or a session end
+            never runs them; an explicit :meth:`MemoryEngine.run_pending` (a worker) does.
+    """
+
+    name: str
+    index_turns: bool = False
+    on_turns: Callable[[Sequence[MemoryRecord]], Iterable[JobSpec]] | None = None
+    on_session_end: Callable[[str, str], Iterable[JobSpec]] | None = None
+    run_job: Callable[[Job], Derivation | None] | None = None
+    on_delete_user: Callable[[str], None] | None = None
+    deferred: bool = False

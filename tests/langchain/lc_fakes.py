@@ -20,8 +20,8 @@ from pydantic import ConfigDict, Field
 from memories_core import ChatMessage, HistoryMemory
 from memories_core.embedders import HashingEmbedder
 from memories_core.llms import ScriptedLLM
-from memories_core.llms.rule_following import rule_following_reply
 from memories_core.llms.scripted import Response
+from memories_core.prompts.rule_following import rule_following_reply
 
 
 def history_memory(**kwargs: Any) -> HistoryMemory:

@@ -26,9 +26,9 @@ from langchain_memories import (
 from memories_core import HistoryMemory, InvalidInputError, LLMError, Scope, Turn
 from memories_core.embedders import HashingEmbedder
 from memories_core.llms import ScriptedLLM
-from memories_core.llms.rule_following import rule_following_reply
 from memories_core.mechanisms.conditional import ConditionalMemory
 from memories_core.mechanisms.multiview import MultiViewMemory
+from memories_core.prompts.rule_following import rule_following_reply
 
 ASK = "Please capitalize these words: apple, banana"
 FEEDBACK = "No, I meant every letter in upper case, like APPLE"

@@ -18,7 +18,7 @@ from langchain_memories import CoreEmbeddings, MemoryRetriever, SelfReflectiveRe
 from memories_core import Scope, Turn
 from memories_core.embedders import HashingEmbedder
 from memories_core.llms import ScriptedLLM
-from memories_core.llms.rule_following import rule_following_reply
+from memories_core.prompts.rule_following import rule_following_reply
 
 FACTS = [
     "I am allergic to peanuts",

@@ -20,10 +20,10 @@ from memories_core import LLMError, Scope, SummaryMemory, Turn
 from memories_core.embedders import HashingEmbedder
 from memories_core.interfaces import LLM
 from memories_core.llms import ScriptedLLM
-from memories_core.llms.rule_following import rule_following_reply
 from memories_core.mechanisms.conditional import ConditionalMemory, ConditionalReply
 from memories_core.mechanisms.multiview import MultiViewMemory
 from memories_core.prompts.conditional import RESPOND_SYSTEM
+from memories_core.prompts.rule_following import rule_following_reply
 
 ASK = "Can you capitalize these words: apple, banana?"
 FEEDBACK = "No, capitalize means every letter in upper case, like APPLE."

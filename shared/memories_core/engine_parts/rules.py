@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -15,9 +15,8 @@ from memories_core.errors import (
     InvalidInputError,
     MemoriesError,
 )
+from memories_core.interfaces import MechanismHooks
 from memories_core.types import (
-    Job,
-    JobSpec,
     MemoryRecord,
     Scope,
     Turn,
@@ -146,32 +145,6 @@ class JobPolicy:
         """When a job that has failed ``attempts + 1`` times may run again."""
         delay = self.base_backoff * (2 ** min(attempts, 30))
         return now + min(delay, self.max_backoff)
-
-
-@dataclass(frozen=True)
-class MechanismHooks:
-    """What a mechanism tells the engine when it attaches.
-
-    Attributes:
-        name: Unique name on this engine; jobs are stored under it.
-        index_turns: Whether raw turns need vectors (a mechanism that recalls turns).
-        on_turns: Jobs to create for freshly written turns (runs inside the write
-            transaction; must not call a model).
-        on_session_end: Jobs to create when a session ends (inside the transaction).
-        run_job: Runs one job: model calls happen here, outside every lock. Returns what
-            to commit, or ``None`` for nothing. Raises to fail the attempt.
-        on_delete_user: Removes the mechanism's own data of a user kept outside the store.
-        deferred: Its jobs are long (e.g. training an adapter): a save or a session end
-            never runs them; an explicit :meth:`MemoryEngine.run_pending` (a worker) does.
-    """
-
-    name: str
-    index_turns: bool = False
-    on_turns: Callable[[Sequence[MemoryRecord]], Iterable[JobSpec]] | None = None
-    on_session_end: Callable[[str, str], Iterable[JobSpec]] | None = None
-    run_job: Callable[[Job], Derivation | None] | None = None
-    on_delete_user: Callable[[str], None] | None = None
-    deferred: bool = False
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,30 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
-from typing import Any, Final, Literal
+from datetime import datetime
+from typing import Any
 
 from memories_core.errors import InvalidInputError
+from memories_core.filters.sql import TRANSLATORS, SQLiteTranslator
+from memories_core.filters.values import (
+    _RANGES,
+    ATTRS_PREFIX,
+    FIELD_TYPES,
+    MISSING,
+    RECORD_FIELDS,
+    STATE_FIELDS,
+    ColumnType,
+    Scalar,
+    ValueGetter,
+    _equal,
+    _is_number,
+    _is_scalar,
+    _order,
+    _utc,
+    from_micros,
+    to_iso,
+    to_micros,
+)
 
 __all__ = [
     "ATTRS_PREFIX",
@@ -34,63 +54,6 @@ __all__ = [
 ]
 
 
-ColumnType = Literal["text", "int", "real", "bool", "datetime"]
-
-
-Scalar = str | int | float | bool | datetime
-
-
-ValueGetter = Callable[[str], Any]
-
-
-class _Missing:
-    """Type of :data:`MISSING`."""
-
-    _instance: _Missing | None = None
-
-    def __new__(cls) -> _Missing:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
-
-    def __repr__(self) -> str:
-        return "MISSING"
-
-    def __bool__(self) -> bool:
-        return False
-
-
-#: Returned by a value getter for a key the record does not have.
-MISSING: Final = _Missing()
-
-
-#: Immutable record fields and their types.
-RECORD_FIELDS: Final[Mapping[str, ColumnType]] = {
-    "id": "text",
-    "kind": "text",
-    "session_id": "text",
-    "created_at": "datetime",
-}
-
-
-#: Mutable state fields (table ``record_state``) and their types.
-STATE_FIELDS: Final[Mapping[str, ColumnType]] = {
-    "strength": "real",
-    "recall_count": "int",
-    "last_recalled_at": "datetime",
-    "tier": "text",
-    "valid_from": "datetime",
-    "valid_until": "datetime",
-    "archived": "bool",
-}
-
-
-FIELD_TYPES: Final[Mapping[str, ColumnType]] = {**RECORD_FIELDS, **STATE_FIELDS}
-
-
-ATTRS_PREFIX: Final = "attrs."
-
-
 # Keys that may not appear in a filter at all, with the reason.
 _FORBIDDEN_KEYS = {
     "user_id": "user_id may not appear in a filter: pass it as the user_id argument",
@@ -105,82 +68,7 @@ _COMPARISONS = {"$eq": "eq", "$ne": "ne", "$gt": "gt", "$gte": "gte", "$lt": "lt
 _OPERATORS = {**_COMPARISONS, "$in": "in", "$nin": "nin", "$exists": "exists"}
 
 
-_RANGES = frozenset({"gt", "gte", "lt", "lte"})
-
-
 _INT64 = (-(2**63), 2**63 - 1)
-
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-
-
-_MICROSECOND = timedelta(microseconds=1)
-
-
-def _utc(value: datetime) -> datetime:
-    """``value`` as an aware UTC datetime (a naive value is taken to be UTC)."""
-    if value.tzinfo is None:
-        return value.replace(tzinfo=timezone.utc)
-    return value.astimezone(timezone.utc)
-
-
-def to_micros(value: datetime) -> int:
-    """Integer microseconds since the Unix epoch (UTC): how SQLite stores datetime fields.
-
-    A naive datetime is taken to be UTC.
-    """
-    return (_utc(value) - _EPOCH) // _MICROSECOND
-
-
-def from_micros(value: int) -> datetime:
-    """Inverse of :func:`to_micros`: an aware UTC datetime."""
-    return _EPOCH + timedelta(microseconds=value)
-
-
-def to_iso(value: datetime) -> str:
-    """ISO-8601 UTC string of ``value``: how metadata stores datetimes.
-
-    ``datetime.isoformat`` of a UTC datetime, e.g. ``2024-05-01T12:00:00+00:00`` or
-    ``2024-05-01T12:00:00.250000+00:00``. These strings sort like the instants they name
-    (``+`` sorts before ``.``), so string comparison is time comparison.
-    """
-    return _utc(value).isoformat()
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _is_scalar(value: object) -> bool:
-    return isinstance(value, (str, int, float, bool, datetime))
-
-
-def _equal(got: Any, want: Scalar) -> bool:
-    """Typed equality: bool only equals bool, str only str, numbers by value."""
-    if isinstance(want, bool):
-        return isinstance(got, bool) and got == want
-    if isinstance(want, (int, float)):
-        return _is_number(got) and got == want
-    if isinstance(want, str):
-        return isinstance(got, str) and got == want
-    if isinstance(got, datetime):
-        return _utc(got) == want
-    return isinstance(got, str) and got == to_iso(want)
-
-
-def _order(got: Any, want: Scalar) -> int | None:
-    """Sign of ``got - want`` for numbers and datetimes, ``None`` when not comparable."""
-    left: Any
-    right: Any
-    if _is_number(want) and _is_number(got):
-        left, right = got, want
-    elif isinstance(want, datetime) and isinstance(got, datetime):
-        left, right = _utc(got), want
-    elif isinstance(want, datetime) and isinstance(got, str):
-        left, right = got, to_iso(want)
-    else:
-        return None
-    return (left > right) - (left < right)
 
 
 class FilterExpr(ABC):
@@ -199,6 +87,14 @@ class FilterExpr(ABC):
             get: Returns the value of a key (a field, ``attrs.<name>`` or metadata key), or
                 :data:`MISSING` (``None`` counts as missing too). Datetime fields are
                 ``datetime`` objects; see :func:`record_getter` for a record.
+        """
+
+    @abstractmethod
+    def translate_with(self, translator: SQLiteTranslator) -> tuple[str, list[Any]]:
+        """``(condition, params)`` of this node in ``translator``'s SQL dialect.
+
+        Use :meth:`to_sql`; this is the translators' callback, so the SQL module needs the
+        node classes only for typing.
         """
 
     @abstractmethod
@@ -255,10 +151,7 @@ class FilterExpr(ABC):
             InvalidInputError: if the filter names a field the query does not provide
                 (e.g. a state field when ``columns`` maps only the records table).
         """
-        # The translators build on these classes: imported here, not at module level.
-        from memories_core.filters.sql import _TRANSLATORS
-
-        translator = _TRANSLATORS.get(dialect)
+        translator = TRANSLATORS.get(dialect)
         if translator is None:
             raise InvalidInputError(f"no SQL translation for dialect {dialect!r}")
         return translator(columns, metadata_column, attrs_column).translate(self)
@@ -299,6 +192,9 @@ class Condition(FilterExpr):
             return False
         return {"gt": sign > 0, "gte": sign >= 0, "lt": sign < 0, "lte": sign <= 0}[self.op]
 
+    def translate_with(self, translator: SQLiteTranslator) -> tuple[str, list[Any]]:  # noqa: D102
+        return translator.condition(self)
+
     def fields(self) -> frozenset[str]:  # noqa: D102
         return frozenset((self.key,))
 
@@ -311,6 +207,9 @@ class AllOf(FilterExpr):
 
     def matches(self, get: ValueGetter) -> bool:  # noqa: D102
         return all(part.matches(get) for part in self.parts)
+
+    def translate_with(self, translator: SQLiteTranslator) -> tuple[str, list[Any]]:  # noqa: D102
+        return translator.group(self.parts, every=True)
 
     def fields(self) -> frozenset[str]:  # noqa: D102
         return frozenset().union(*(part.fields() for part in self.parts))
@@ -327,6 +226,9 @@ class AnyOf(FilterExpr):
 
     def matches(self, get: ValueGetter) -> bool:  # noqa: D102
         return any(part.matches(get) for part in self.parts)
+
+    def translate_with(self, translator: SQLiteTranslator) -> tuple[str, list[Any]]:  # noqa: D102
+        return translator.group(self.parts, every=False)
 
     def fields(self) -> frozenset[str]:  # noqa: D102
         return frozenset().union(*(part.fields() for part in self.parts))

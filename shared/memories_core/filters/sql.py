@@ -4,25 +4,24 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memories_core.errors import InvalidInputError
-from memories_core.filters.expr import (
+from memories_core.filters.values import (
     _RANGES,
     ATTRS_PREFIX,
     FIELD_TYPES,
-    AllOf,
-    AnyOf,
     ColumnType,
-    Condition,
-    FilterExpr,
     Scalar,
     _is_number,
     to_iso,
     to_micros,
 )
 
-__all__ = ["PostgresTranslator", "SQLiteTranslator"]
+if TYPE_CHECKING:
+    from memories_core.filters.expr import Condition, FilterExpr
+
+__all__ = ["TRANSLATORS", "PostgresTranslator", "SQLiteTranslator"]
 
 
 class SQLiteTranslator:
@@ -84,17 +83,26 @@ class SQLiteTranslator:
     # -- translation ------------------------------------------------------------------------
 
     def translate(self, expr: FilterExpr) -> tuple[str, list[Any]]:
-        """``(condition, params)`` for ``expr``."""
-        if isinstance(expr, (AllOf, AnyOf)):
-            joiner = " AND " if isinstance(expr, AllOf) else " OR "
-            sqls: list[str] = []
-            params: list[Any] = []
-            for part in expr.parts:
-                sql, more = self.translate(part)
-                sqls.append(sql)
-                params += more
-            return "(" + joiner.join(sqls) + ")", params
-        assert isinstance(expr, Condition)
+        """``(condition, params)`` for ``expr``.
+
+        Each node calls back :meth:`group` or :meth:`condition`, so this module needs the
+        node classes only for typing.
+        """
+        return expr.translate_with(self)
+
+    def group(self, parts: Sequence[FilterExpr], *, every: bool) -> tuple[str, list[Any]]:
+        """``(condition, params)`` joining ``parts`` with AND (``every``) or OR."""
+        joiner = " AND " if every else " OR "
+        sqls: list[str] = []
+        params: list[Any] = []
+        for part in parts:
+            sql, more = self.translate(part)
+            sqls.append(sql)
+            params += more
+        return "(" + joiner.join(sqls) + ")", params
+
+    def condition(self, expr: Condition) -> tuple[str, list[Any]]:
+        """``(condition, params)`` for one operator on one key."""
         column = self.columns.get(expr.key)
         if column is not None:
             return self._column_condition(expr, *column)
@@ -266,7 +274,8 @@ class PostgresTranslator(SQLiteTranslator):
         return SQLiteTranslator._column_param(value, kind)
 
 
-_TRANSLATORS: dict[str, type[SQLiteTranslator]] = {
+#: The SQL dialects a filter translates to, by name.
+TRANSLATORS: Mapping[str, type[SQLiteTranslator]] = {
     "sqlite": SQLiteTranslator,
     "postgres": PostgresTranslator,
 }

@@ -30,7 +30,7 @@ from memories_core.retrieval.context import (
     ContextSpreading,
     check_question_weights,
 )
-from memories_core.retrieval.entity import DEFAULT_ENTITY_WEIGHT, EntityBoost
+from memories_core.retrieval.entity import DEFAULT_ENTITY_WEIGHT
 from memories_core.retrieval.fusion import DEFAULT_MISSING_MARGIN, Fusion, Ranking
 from memories_core.retrieval.pipeline import (
     CandidateSource,
@@ -38,10 +38,10 @@ from memories_core.retrieval.pipeline import (
     LexicalSource,
     Pipeline,
     RecallRequest,
-    Reranker,
+    hybrid_rerankers,
 )
 from memories_core.retrieval.store_backend import StoreBackend, adjacent_via_list
-from memories_core.retrieval.temporal import DEFAULT_TEMPORAL_WEIGHT, TemporalBoost
+from memories_core.retrieval.temporal import DEFAULT_TEMPORAL_WEIGHT
 from memories_core.types import (
     MAX_META_INT,
     MIN_META_INT,
@@ -122,10 +122,10 @@ class FusionConfig:
     min_candidates: int = 50
     candidate_factor: int = 1
     rrf_k: int = 60
-    previous_context_weight: float = 0.4
-    next_context_weight: float = 0.3
-    context_depth: int = 20
-    context_kinds: tuple[str, ...] = ("turn",)
+    previous_context_weight: float = ContextSpreading.previous_weight
+    next_context_weight: float = ContextSpreading.next_weight
+    context_depth: int = ContextSpreading.depth
+    context_kinds: tuple[str, ...] = ContextSpreading.kinds
     context_gap: timedelta | None = DEFAULT_CONTEXT_GAP
     missing_margin: float = DEFAULT_MISSING_MARGIN
     temporal_weight: float = DEFAULT_TEMPORAL_WEIGHT
@@ -195,23 +195,22 @@ class FusionConfig:
             DenseSource(weight=self.dense_weight),
             LexicalSource(weight=self.lexical_weight),
         )
-        rerankers: tuple[Reranker, ...] = ()
-        if self.uses_context:
-            rerankers = (
-                ContextSpreading(
-                    previous_weight=self.previous_context_weight,
-                    next_weight=self.next_context_weight,
-                    depth=self.context_depth,
-                    kinds=self.context_kinds,
-                    gap=self.context_gap,
-                    after_question_weight=self.after_question_weight,
-                    question_weight=self.question_weight,
-                ),
+        context = (
+            ContextSpreading(
+                previous_weight=self.previous_context_weight,
+                next_weight=self.next_context_weight,
+                depth=self.context_depth,
+                kinds=self.context_kinds,
+                gap=self.context_gap,
+                after_question_weight=self.after_question_weight,
+                question_weight=self.question_weight,
             )
-        if self.temporal_weight > 0:
-            rerankers += (TemporalBoost(weight=self.temporal_weight),)
-        if self.entity_weight > 0:
-            rerankers += (EntityBoost(name_weight=self.entity_weight),)
+            if self.uses_context
+            else None
+        )
+        rerankers = hybrid_rerankers(
+            context, temporal_weight=self.temporal_weight, entity_weight=self.entity_weight
+        )
         return Pipeline(sources=sources, fusion=self._fusion(), rerankers=rerankers, depth=depth)
 
 

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from memories_core.errors import InvalidInputError
+from memories_core.interfaces import MechanismHooks
 from memories_core.token_vectors import TokenVectorStore
 from memories_core.types import Job, JobSpec, MemoryRecord
 
@@ -67,8 +68,6 @@ def attach_token_vectors(
     stages = late_stages(pipeline)
     if not stages or "turn" not in kinds or not isinstance(engine.store, TokenVectorStore):
         return False
-    from memories_core.engine import MechanismHooks
-
     job_name = f"{name}.late"
 
     def on_turns(records: Sequence[MemoryRecord]) -> list[JobSpec]:

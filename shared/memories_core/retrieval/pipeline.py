@@ -55,7 +55,10 @@ from memories_core.retrieval.base import (
     Where,
     filters_match,
 )
+from memories_core.retrieval.context import ContextSpreading
+from memories_core.retrieval.entity import DEFAULT_ENTITY_WEIGHT, EntityBoost
 from memories_core.retrieval.fusion import Fusion, Ranking
+from memories_core.retrieval.temporal import DEFAULT_TEMPORAL_WEIGHT, TemporalBoost
 from memories_core.types import MemoryRecord, ScoredRecord
 
 __all__ = [
@@ -71,6 +74,7 @@ __all__ = [
     "Reranker",
     "Where",
     "filters_match",
+    "hybrid_rerankers",
 ]
 
 
@@ -78,12 +82,34 @@ def _default_sources() -> tuple[CandidateSource, ...]:
     return (DenseSource(), LexicalSource())
 
 
-def _default_rerankers() -> tuple[Reranker, ...]:
-    # The engine's default (FusionConfig): context spreading plus the query-side boosts
-    # whose cross-validated weights are above 0.
-    from memories_core.retrieval.hybrid import FusionConfig
+def hybrid_rerankers(
+    context: ContextSpreading | None,
+    *,
+    temporal_weight: float = DEFAULT_TEMPORAL_WEIGHT,
+    entity_weight: float = DEFAULT_ENTITY_WEIGHT,
+) -> tuple[Reranker, ...]:
+    """The hybrid search's rerankers: context spreading, then each boost weighted above 0.
 
-    return FusionConfig().pipeline().rerankers
+    :class:`~memories_core.retrieval.hybrid.FusionConfig` builds its pipeline with this,
+    so the engine and ``Pipeline()`` agree on the order and the defaults.
+
+    Args:
+        context: Context spreading (``None``: none).
+        temporal_weight: :class:`~memories_core.retrieval.temporal.TemporalBoost`'s weight.
+        entity_weight: :class:`~memories_core.retrieval.entity.EntityBoost`'s name weight.
+    """
+    rerankers: tuple[Reranker, ...] = () if context is None else (context,)
+    if temporal_weight > 0:
+        rerankers += (TemporalBoost(weight=temporal_weight),)
+    if entity_weight > 0:
+        rerankers += (EntityBoost(name_weight=entity_weight),)
+    return rerankers
+
+
+def _default_rerankers() -> tuple[Reranker, ...]:
+    # The engine's default: context spreading plus the query-side boosts whose
+    # cross-validated weights are above 0.
+    return hybrid_rerankers(ContextSpreading())
 
 
 @dataclass(frozen=True)
