@@ -208,22 +208,26 @@ def blended_rows(
     """Scored questions (conversation, category, metrics) for one grid cell: the library's
     own rule (``pool_head`` then ``blend_head``, as ``LateInteractionReranker``), scored on
     the first ``DEPTH_K`` results as ``recall`` returns."""
-    variant, candidates, pool, weight = cell
     out = []
     for n in subset:
         row = rows[n]
-        ids = row["ids"]
-        ranked = ids
-        if weight > 0:  # weight 0 is the first stage itself
-            scored = ids[: max(pool, candidates)]
-            value = dict(zip(scored, scores[variant][n], strict=False))
-            head = pool_head(scored, [value[i] for i in scored], candidates)
-            fused = dict(zip(ids, row["fused"], strict=True))
-            blended = blend_head(ids, fused, head, [value[i] for i in head], weight)
-            ranked = [item for item, _ in blended]
-        ranked = ranked[: lr.DEPTH_K]
+        ranked = blended_ranking(row, scores[cell[0]][n], cell)[: lr.DEPTH_K]
         out.append((row["sid"], row["cat"], lr.score_question(ranked, row["ev"])))
     return out
+
+
+def blended_ranking(row: dict[str, Any], values: Sequence[float], cell: Cell) -> list[str]:
+    """One question's ranking after the rerank of ``cell`` (weight 0: the first stage)."""
+    _, candidates, pool, weight = cell
+    ids: list[str] = row["ids"]
+    if weight <= 0:
+        return list(ids)
+    scored = ids[: max(pool, candidates)]
+    value = dict(zip(scored, values, strict=False))
+    head = pool_head(scored, [value[i] for i in scored], candidates)
+    fused = dict(zip(ids, row["fused"], strict=True))
+    blended = blend_head(ids, fused, head, [value[i] for i in head], weight)
+    return [item for item, _ in blended]
 
 
 def mean(rows: Sequence[tuple[str, int, dict[str, float]]], convs: set[str]) -> dict[str, float]:
