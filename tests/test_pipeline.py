@@ -529,3 +529,19 @@ def test_filters_match() -> None:
     assert not filters_match(record, {"flag": 1}) and not filters_match(record, {"n": True})
     assert filters_match(record, {"n": 1.0}) and not filters_match(record, {"missing": "x"})
     assert filters_match(record, {"id": "r"}) and not filters_match(record, {"session_id": "s"})
+
+
+def test_the_default_pipeline_reranks_as_the_engines_default_configuration() -> None:
+    from memories_core.retrieval.context import ContextSpreading
+    from memories_core.retrieval.hybrid import FusionConfig
+    from memories_core.retrieval.pipeline import hybrid_rerankers
+
+    assert Pipeline().rerankers == FusionConfig().pipeline().rerankers
+    assert isinstance(Pipeline().rerankers[0], ContextSpreading)
+    # no context, no boosts: nothing to rerank; each boost joins only above weight 0
+    assert hybrid_rerankers(None, temporal_weight=0, entity_weight=0) == ()
+    assert FusionConfig(previous_context_weight=0, next_context_weight=0).pipeline().rerankers == (
+        hybrid_rerankers(None)
+    )
+    both = hybrid_rerankers(ContextSpreading(), temporal_weight=0.5, entity_weight=0.25)
+    assert [type(r).__name__ for r in both] == ["ContextSpreading", "TemporalBoost", "EntityBoost"]
