@@ -223,11 +223,14 @@ def main(argv: list[str] | None = None) -> None:
 
 def report(result: dict[str, Any]) -> str:
     ingest_rows = result["ingest"]
+    # More runnable work than the 2 cores can hold at either end: the figures are loaded.
+    busy = max(result["load_average"]["start"][0], result["load_average"]["end"][0]) > 2
     lines = [
         f"`{result['command']}`; load average "
         f"{' / '.join(f'{v:.1f}' for v in result['load_average']['start'])} at start, "
         f"{' / '.join(f'{v:.1f}' for v in result['load_average']['end'])} at end "
-        "(1 / 5 / 15 min; a shared 2-core machine: loaded figures).",
+        "(1 / 5 / 15 min; 2 cores: "
+        f"{'loaded figures' if busy else 'a quiet machine'}).",
         "",
         "| ingest | turns | turns/s (vectors done) | save() returns s | SQLite bytes per record "
         "| int8 payload per record |",

@@ -72,3 +72,9 @@ def test_the_readers_find_a_planted_citation() -> None:
     text = 'x = 1  #: chosen on LoCoMo (BENCHMARKS.md,\n    #: "No such section"); see docs/nope.md'
     assert [m.group(1) for m in SECTION.finditer(_flat(text))] == ["No such section"]
     assert [m.group(1) for m in PATH.finditer(text)] == ["docs/nope.md"]
+
+
+def test_every_benchmark_script_is_in_the_index() -> None:
+    index = (ROOT / "benchmarks" / "README.md").read_text(encoding="utf-8")
+    scripts = sorted(p.name for p in (ROOT / "benchmarks").glob("*.py"))
+    assert [name for name in scripts if f"`{name}`" not in index] == []
