@@ -44,6 +44,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from machine_info import command_line
 from tqdm import tqdm
 
 from memories_core import FixedClock, Scope
@@ -581,8 +584,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     judge_name = getattr(judge, "name", None)
     meta = {
-        "command": "python benchmarks/locomo_qa.py "
-        + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": command_line(
+            "benchmarks/locomo_qa.py", list(sys.argv[1:] if argv is None else argv)
+        ),
         "reader_writer": getattr(llm, "name", type(llm).__name__),
         "judge": judge_name,
         "judge_is_reader": judge is not None and judge_name == getattr(llm, "name", None),

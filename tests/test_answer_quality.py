@@ -343,6 +343,8 @@ def test_benchmark_runs_resumes_and_prints_the_last_line(
     assert rows["gold"]["f1"] > rows["none"]["f1"]
     assert rows["history"]["save_ms_p50"] >= 0 and rows["history"]["store_bytes"] > 0
     assert (tmp_path / "out" / "locomo_qa.png").is_file()
+    # paths are written relative to the repository, never as this machine's absolute paths
+    assert not [a for a in result["meta"]["command"].split() if a.startswith("/")]
     asked = len(calls)
     # resume: nothing is ingested or answered again
     assert bench.main([*argv, "--resume"]) == 0  # type: ignore[attr-defined]
