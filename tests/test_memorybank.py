@@ -206,6 +206,33 @@ def test_consolidation_is_incremental() -> None:
     assert "Over 2 day(s)" in (memory.global_summary(USER) or "")
 
 
+def test_a_day_closed_twice_is_summarised_once() -> None:
+    """Session end closes a day, then the next day's first turn closes it again (§2.2)."""
+    llm = ScriptedLLM(default=memorybank_reply)
+    memory, clock = _memory(llm)
+    per_day = []
+    for n, (said, reply) in enumerate(DAYS):
+        clock.set(_day(n))
+        scope = Scope(USER, session_id=f"s{n}")
+        before = len(llm.calls)
+        memory.save(_exchange(said, reply, _day(n)), scope)
+        memory.end_session(scope)
+        memory.flush()
+        per_day.append(len(llm.calls) - before)
+    # Day summary, day note, global summary, global portrait: four calls a day, not eight.
+    assert per_day == [4, 4, 4]
+    first = {r.metadata["day"]: r.id for r in _kinds(memory, "daily_summary")}
+    # A late turn of a closed day does change the day: it is summarised again.
+    before = len(llm.calls)
+    late = _day(0) + timedelta(hours=1)
+    memory.save([Turn("user", "I also started yoga.", timestamp=late)], Scope(USER))
+    memory.flush()
+    assert len(llm.calls) - before == 4
+    after = {r.metadata["day"]: r.id for r in _kinds(memory, "daily_summary")}
+    assert after["2023-05-01"] != first["2023-05-01"]
+    assert after["2023-05-02"] == first["2023-05-02"]
+
+
 def test_failures_are_retried_and_never_lose_turns() -> None:
     state = {"down": True}
 
@@ -253,6 +280,13 @@ def test_recall_context_has_memories_portrait_and_global_summary() -> None:
     assert "exercise" in recall.context
     assert f"User portrait: {memory.portrait(USER)}" in recall.context
     assert f"Summary of past events: {memory.global_summary(USER)}" in recall.context
+    # The parts every query shares come first (a prompt prefix a runtime can reuse).
+    context = recall.context
+    assert context.index("User portrait:") < context.index("Summary of past events:")
+    assert context.index("Summary of past events:") < context.index("Relevant memories:")
+    other = memory.recall("chess painting weekends", Scope(USER)).context
+    shared = context.split("Relevant memories:")[0]
+    assert shared and other.startswith(shared)
 
 
 def test_recall_reinforces_what_it_returns() -> None:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
@@ -293,11 +294,17 @@ class MemoryBankMemory(MemoryBase):
         return [latest[kind] for kind in (GLOBAL_PORTRAIT, GLOBAL_SUMMARY) if kind in latest]
 
     def _context(self, hits: Sequence[ScoredRecord], shown: Sequence[MemoryRecord]) -> str:
-        parts: list[str] = []
+        """The portrait and global summary, then the relevant memories (§3's three parts).
+
+        The global parts come first: they are the same for every query of a user, so a
+        runtime with prompt-prefix reuse (the local runtime, hosted prompt caches) reads them
+        once across questions, and the query's own memories sit next to the question. The
+        LangChain retriever's ``render`` uses the same order.
+        """
+        labels = {GLOBAL_PORTRAIT: "User portrait", GLOBAL_SUMMARY: "Summary of past events"}
+        parts = [f"{labels[r.kind]}: {r.text}" for r in shown if r.text]
         if hits:
             parts.append("Relevant memories:\n" + self._render(hits))
-        labels = {GLOBAL_PORTRAIT: "User portrait", GLOBAL_SUMMARY: "Summary of past events"}
-        parts += [f"{labels[r.kind]}: {r.text}" for r in shown if r.text]
         return "\n\n".join(parts)
 
     def _render(self, hits: Sequence[ScoredRecord]) -> str:
@@ -535,6 +542,12 @@ class MemoryBankMemory(MemoryBase):
         old_daily = [r.id for r in previous]
         if not turns:
             return Derivation(replace=old_daily) if old_daily else None
+        basis_of_turns = _basis(turns)
+        if _written_from(previous, basis_of_turns):
+            # The session end closed the day, then the next day's first turn closed it
+            # again: §2.2 summarises a day's events once, so there is nothing to do until a
+            # turn of the day is added or edited.
+            return None
         llm = self._llm(Scope(user_id))
         dialogue = _fit([r.text[:2000] for r in turns], self.max_dialogue_chars)
         basis = f"{len(turns)}:{turns[-1].id}"
@@ -555,7 +568,7 @@ class MemoryBankMemory(MemoryBase):
             )
             self.engine.update_job(job, payload)
         at = turns[-1].created_at
-        meta = {"day": day, "turn_count": len(turns)}
+        meta = {"day": day, "turn_count": len(turns), "basis": basis_of_turns}
         sources = tuple(r.id for r in turns)
         rejected: list[str] = []
         texts = {
@@ -650,6 +663,21 @@ class MemoryBankMemory(MemoryBase):
             )
         except (LLMError, ParseError) as exc:
             raise JobFailed(spec.name, f"{what} failed: {exc}") from exc
+
+
+def _written_from(daily: Sequence[MemoryRecord], basis: str) -> bool:
+    """Whether ``daily`` is a day's summary and note, both written from turns of ``basis``."""
+    kinds = sorted(r.kind for r in daily)
+    same = all(r.metadata.get("basis") == basis for r in daily)
+    return kinds == sorted([DAILY_SUMMARY, DAILY_PORTRAIT]) and same
+
+
+def _basis(turns: Sequence[MemoryRecord]) -> str:
+    """A fingerprint of a day's turns (ids and texts) that its daily records were written from."""
+    digest = hashlib.sha256()
+    for record in sorted(turns, key=lambda r: r.id):
+        digest.update(f"{record.id}\0{record.text}\0".encode())
+    return digest.hexdigest()[:32]
 
 
 def _carried_over(
