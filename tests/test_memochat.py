@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import itertools
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from memochat_scenario import CHAT
-from memories_core import MemoChatMemory, MemoEntry, ParseError, Scope, Turn
+from memories_core import FixedClock, MemoChatMemory, MemoEntry, ParseError, Scope, Turn
 from memories_core.embedders import HashingEmbedder
 from memories_core.engine import MemoryEngine
 from memories_core.errors import ConfigurationError
@@ -293,6 +294,24 @@ def test_recall_brings_the_dialogs_of_a_recalled_memo() -> None:
     recall = memory.recall("business in japan", Scope("ann"), k=3)
     assert "[memo] business." in recall.context
     assert "fifteen degrees" in recall.context  # a covered turn, shown under its memo
+
+
+def test_recall_dates_each_dialog_line_of_a_memo() -> None:
+    """A reader asked "when" needs the dates of the memo's lines, as raw turns show them."""
+    said = datetime(2023, 5, 8, 13, 56, tzinfo=timezone.utc)
+    memory = MemoChatMemory(
+        llm=_llm(), embedder=HashingEmbedder(), max_lines=10, clock=FixedClock(said)
+    )
+    turns = [
+        Turn(role, text, timestamp=said + timedelta(minutes=n))
+        for n, (role, text) in enumerate(CHAT)
+    ]
+    memory.save(turns, Scope("ann"))
+    recall = memory.recall("business in japan", Scope("ann"), k=3)
+    memo_lines = [line for line in recall.context.splitlines() if line.startswith("  ")]
+    assert memo_lines and all(line.startswith("  [8 May 2023, ") for line in memo_lines)
+    entries = memory.retrieve("business in japan", Scope("ann"))
+    assert all(len(e.dialog_times) == len(e.dialogs) for e in entries)
 
 
 def test_llm_free_retrieval() -> None:

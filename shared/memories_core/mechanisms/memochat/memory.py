@@ -6,6 +6,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from memories_core.clock import memory_time
 from memories_core.engine import Derivation, JobFailed, check_k, check_query, check_scope
 from memories_core.errors import ConfigurationError, LLMError, ParseError
 from memories_core.grounding import find_ungrounded, log_rejection
@@ -144,15 +145,16 @@ class MemoChatMemory(MemoryBase):
         out = []
         for record, score in pairs:
             meta = record.metadata
-            dialogs = tuple(turns[i].text for i in record.source_ids if i in turns)
+            covered = [turns[i] for i in record.source_ids if i in turns]
             out.append(
                 MemoEntry(
                     record.id,
                     str(meta.get("topic", record.text)),
                     str(meta.get("summary", "")),
-                    dialogs,
+                    tuple(r.text for r in covered),
                     record.created_at,
                     score,
+                    tuple(r.created_at for r in covered),
                 )
             )
         return out
@@ -423,7 +425,16 @@ class MemoChatMemory(MemoryBase):
         shown = {i for h in memos for i in h.record.source_ids}
         blocks = []
         for entry in entries:
-            dialogs = "\n".join(f"  {d}" for d in entry.dialogs)
+            # Each line with when it was said, as every other memory renders turns: without
+            # the dates a reader cannot place "last week" (LoCoMo temporal questions, F1
+            # 0.421 vs raw turns' 0.577 before the dates were shown).
+            dated = list(entry.dialogs)
+            if len(entry.dialog_times) == len(dated):
+                dated = [
+                    f"[{memory_time(when)}] {line}"
+                    for when, line in zip(entry.dialog_times, dated, strict=True)
+                ]
+            dialogs = "\n".join(f"  {d}" for d in dated)
             blocks.append(f"[memo] {entry.option}" + (f"\n{dialogs}" if dialogs else ""))
         blocks += [
             h.record.text for h in hits if h.record.kind != "memo" and h.record.id not in shown

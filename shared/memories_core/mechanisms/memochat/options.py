@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from memories_core.errors import LLMError, ParseError
+from memories_core.errors import LLMError, LLMTimeoutError, ParseError
 from memories_core.llms.base import run_with_timeout
 from memories_core.mechanisms.reflection import DEFAULT_RECALL_BUDGET
 from memories_core.prompts.memochat import (
@@ -41,6 +41,7 @@ class MemoEntry:
         dialogs: The covered dialogue lines ``"speaker: content"``, oldest first.
         created_at: When the last covered line was said.
         score: Retrieval score (1.0 for an LLM's choice).
+        dialog_times: When each of ``dialogs`` was said (same order; empty if unknown).
     """
 
     id: str
@@ -49,6 +50,7 @@ class MemoEntry:
     dialogs: tuple[str, ...] = ()
     created_at: datetime | None = None
     score: float = 0.0
+    dialog_times: tuple[datetime, ...] = ()
 
     @property
     def option(self) -> str:
@@ -160,6 +162,12 @@ def choose_memos(
             lambda: run_spec(llm, spec, inputs), budget, label="memo retrieval"
         )
     except (LLMError, ParseError) as exc:
-        logger.warning("memo retrieval by the LLM failed: %s", exc)
+        hint = ""
+        if isinstance(exc, LLMTimeoutError) and budget is not None:
+            hint = (
+                f" (past the {budget:g} s budget; a local CPU model needs about a minute per "
+                "memo choice: budget=None waits for it)"
+            )
+        logger.warning("memo retrieval by the LLM failed: %s%s", exc, hint)
         return None
     return [(p - 1) if p < noto else (p - 2) for p in picked]
