@@ -179,7 +179,9 @@ def _history_with_facts() -> HistoryMemory:
     return memory
 
 
-def test_reflection_past_its_budget_returns_the_first_search() -> None:
+def test_reflection_past_its_budget_returns_the_first_search(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     base = _history_with_facts()
     llm = GatedLLM()  # never answers in time
     memory = SelfReflectiveMemory(base, llm, budget=0.2)
@@ -191,6 +193,8 @@ def test_reflection_past_its_budget_returns_the_first_search() -> None:
         recall = memory.recall("peanuts allergy", ANN, k=2)
         assert [h.record.id for h in recall.records] == [h.record.id for h in plain.records]
         assert memory.usage.failures["reflection_timeout"] == 2
+        # The warning names the budget and the way to wait for a slow model.
+        assert "0.2 s time budget" in caplog.text and "budget=None" in caplog.text
     finally:
         llm.gate.set()
         base.close()
@@ -218,10 +222,11 @@ def test_reflection_within_its_budget_is_used() -> None:
     base.close()
 
 
-def test_memo_choice_past_its_budget_fails_softly() -> None:
+def test_memo_choice_past_its_budget_fails_softly(caplog: pytest.LogCaptureFixture) -> None:
     llm = GatedLLM()
     try:
         assert choose_memos(llm, "bees?", ["bees and honey", "a trip to Lyon"], budget=0.1) is None
+        assert "0.1 s budget" in caplog.text and "budget=None" in caplog.text
     finally:
         llm.gate.set()
 

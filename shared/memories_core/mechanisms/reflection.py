@@ -292,7 +292,12 @@ class SelfReflectiveRetrieval:
     ) -> ReflectionResult[T]:
         # Documented fallback: past the budget the recall returns the first search's result.
         self.timeouts.record(failures=1)
-        logger.warning("self-reflection ran out of its time budget; using the first search")
+        logger.warning(
+            "self-reflection ran out of its %s s time budget; using the first search "
+            "(a local CPU model needs about a minute or more per reflection: pass "
+            "budget=None to wait for it)",
+            f"{self.budget:g}" if self.budget is not None else "?",
+        )
         return ReflectionResult(
             items=first,
             memory=None,
