@@ -28,6 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dpem_data import patient_rounds
+from machine_info import portable_path
 
 from memories_core import DualProcessMemory, Scope
 from memories_core.embedders import HashingEmbedder
@@ -164,7 +165,11 @@ def main() -> None:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(
         json.dumps(
-            {"args": vars(args) | {"json": str(args.json)}, "rounds": rows, "latency": lat},
+            {
+                "args": vars(args) | {"json": portable_path(args.json)},
+                "rounds": rows,
+                "latency": lat,
+            },
             indent=1,
         )
     )

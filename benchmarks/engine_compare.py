@@ -104,9 +104,11 @@ def dir_mib(path: Path) -> float:
 
 
 def library_origin() -> str:
+    from machine_info import portable_path
+
     import memories_core
 
-    return str(Path(memories_core.__file__).resolve().parent)
+    return portable_path(Path(memories_core.__file__).resolve().parent)
 
 
 # --------------------------------------------------------------------------- workers
@@ -465,7 +467,7 @@ def command_line() -> str:
 
 
 def orchestrate(args: argparse.Namespace) -> dict[str, Any]:
-    from machine_info import machine
+    from machine_info import machine, portable_path
 
     repos = {"before": Path(args.before).resolve(), "after": Path(args.after).resolve()}
     for version, repo in repos.items():
@@ -489,7 +491,7 @@ def orchestrate(args: argparse.Namespace) -> dict[str, Any]:
         frozen[version] = scratch / f"code-{version}"
         commit = snapshot(repo, revs[version], frozen[version])
         checkouts[version] = {
-            "path": str(repo),
+            "path": portable_path(repo),
             "rev": revs[version],
             "commit": commit,
             "subject": subprocess.run(

@@ -64,7 +64,7 @@ from memories_core.types import MemoryRecord
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from locomo_retrieval import CachedEmbedder
-from machine_info import machine
+from machine_info import machine, portable_path
 
 DEFAULT_DATA = (
     Path(__file__).resolve().parents[1].parent
@@ -516,7 +516,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     report = {
-        "data": str(args.data),
+        "data": portable_path(args.data),
         "conversations": [c.base.sample_id for c in convs],
         "questions_with_evidence": n_q,
         "embedder": inner.name,

@@ -67,19 +67,27 @@ def repo_state() -> str:
     return f"{head}" + (f" + uncommitted changes in {', '.join(changed)}" if changed else "")
 
 
-def command_line(script: str, argv: list[str]) -> str:
-    """The command that produced a result, with paths relative to the repository root.
+def portable_path(path: str | os.PathLike[str]) -> str:
+    """``path`` as a result file should record it: relative to the repository root.
 
     Absolute paths on the benchmarking machine mean nothing elsewhere; ``../shared/datasets``
-    does (it is where every benchmark's default data lives).
+    does (it is where every benchmark's default data lives). A path in the system's
+    temporary folder becomes ``<tmp>/...`` (a scratch copy; only its tail says anything).
     """
+    import tempfile
+
+    text = os.fspath(path)
+    if not os.path.isabs(text):
+        return text
+    scratch = os.path.realpath(tempfile.gettempdir())
+    resolved = os.path.realpath(text)
+    if resolved == scratch or resolved.startswith(scratch + os.sep):
+        return "<tmp>" + resolved[len(scratch) :]
+    return os.path.relpath(resolved, Path(__file__).resolve().parents[1])
+
+
+def command_line(script: str, argv: list[str]) -> str:
+    """The command that produced a result, with paths as :func:`portable_path` writes them."""
     import shlex
 
-    root = Path(__file__).resolve().parents[1]
-
-    def portable(arg: str) -> str:
-        if os.path.isabs(arg):
-            return os.path.relpath(arg, root)
-        return arg
-
-    return " ".join(["python", script, *(shlex.quote(portable(a)) for a in argv)])
+    return " ".join(["python", script, *(shlex.quote(portable_path(a)) for a in argv)])

@@ -68,6 +68,9 @@ from memories_core.mechanisms.memochat import (
 from memories_core.prompts.memochat import build_retrieval_messages, build_writing_messages
 from memories_core.usage import estimate_tokens
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine_info import portable_path
+
 
 def _default_items() -> Path:
     """``shared/datasets/memochat/test.jsonl`` in the nearest folder above this script."""
@@ -489,7 +492,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     embedder = CachedEmbedder(SentenceTransformerEmbedder(), cache)
     scorer = Scorer(embedder)
     out: dict[str, Any] = {
-        "items": args.items,
+        "items": portable_path(args.items),
         "retrieval": len(retrieval),
         "writing": len(writing),
     }

@@ -56,7 +56,7 @@ from memories_core.types import ChatMessage
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from locomo_retrieval import CachedEmbedder
-from machine_info import machine
+from machine_info import machine, portable_path
 
 DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
 DEFAULT_DATA = DATASETS / "locomo" / "locomo_dev.json"
@@ -601,7 +601,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])
     )
     report = {
-        "data": str(args.data),
+        "data": portable_path(args.data),
         "conversations": [c.sample_id for c in convs],
         "embedder": inner.name,
         "k": args.k,

@@ -78,3 +78,41 @@ def test_every_benchmark_script_is_in_the_index() -> None:
     index = (ROOT / "benchmarks" / "README.md").read_text(encoding="utf-8")
     scripts = sorted(p.name for p in (ROOT / "benchmarks").glob("*.py"))
     assert [name for name in scripts if f"`{name}`" not in index] == []
+
+
+def _strings(value: object) -> list[str]:
+    if isinstance(value, dict):
+        return [s for item in value.values() for s in _strings(item)]
+    if isinstance(value, list):
+        return [s for item in value for s in _strings(item)]
+    return [value] if isinstance(value, str) else []
+
+
+def test_benchmark_results_record_no_machine_path() -> None:
+    """Results name paths as anyone can read them (relative to the repository, ``<tmp>``)."""
+    import json
+
+    absolute = re.compile(r"^/[\w.-]+/")
+    found = {
+        str(path.relative_to(ROOT)): hits
+        for path in sorted((ROOT / "benchmarks" / "out").glob("*.json"))
+        if (hits := [s for s in _strings(json.loads(path.read_text())) if absolute.match(s)])
+    }
+    assert not found, found
+
+
+def test_portable_path_is_relative_to_the_repository(tmp_path: Path) -> None:
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from machine_info import command_line, portable_path
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    data = ROOT.parent / "shared" / "datasets" / "x.json"
+    assert portable_path(data) == "../shared/datasets/x.json"
+    assert portable_path("relative/kept.json") == "relative/kept.json"
+    assert portable_path(tmp_path / "a.db").startswith("<tmp>/")
+    assert command_line("benchmarks/x.py", ["--data", str(data)]) == (
+        "python benchmarks/x.py --data ../shared/datasets/x.json"
+    )
