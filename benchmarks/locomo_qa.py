@@ -59,6 +59,7 @@ from memories_core.evaluation.harness import (
     evidence_context,
     full_context,
     ingest_conversation,
+    judge_answer,
     percentile,
     question_time,
     read_jsonl,
@@ -218,8 +219,19 @@ def run_row(
         fallbacks: dict[str, int] = {}
         recall = _recaller(name, memory, conversation, user, count, args, fallbacks)
         todo = [item for item in mine if item.id not in done]
+        unjudged = (
+            [] if judge is None else [i for i in mine if i.id in done and done[i.id].judge is None]
+        )
         bar = tqdm(todo, desc=f"{name} {user} answers", unit="q", disable=args.quiet)
         with answers_path.open("a", encoding="utf-8") as log:
+            # Answers kept from a run without a judge are judged now (not answered again);
+            # the appended row supersedes the old one when the file is read back.
+            for item in tqdm(unjudged, desc=f"{name} {user} judge", unit="q", disable=args.quiet):
+                old = done[item.id]
+                old.judge = judge_answer(judge, item, old.prediction, old.f1)
+                log.write(json.dumps(old.to_json()) + "\n")
+                log.flush()
+                os.fsync(log.fileno())
             for item in bar:
                 result = answer_question(
                     item,

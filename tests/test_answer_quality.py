@@ -311,6 +311,9 @@ def test_benchmark_runs_resumes_and_prints_the_last_line(
 
     def reader(messages: object) -> str:
         text = messages[-1].content  # type: ignore[index]
+        if "CORRECT or WRONG" in messages[0].content:  # type: ignore[index]
+            calls.append("judge")
+            return "CORRECT"
         calls.append(text)
         if "Choose one option" in text:
             return NOT_MENTIONED
@@ -351,6 +354,16 @@ def test_benchmark_runs_resumes_and_prints_the_last_line(
     assert len(calls) == asked
     again = json.loads((tmp_path / "out" / "locomo_qa.json").read_text())
     assert [r["f1"] for r in again["rows"]] == [r["f1"] for r in result["rows"]]
+    assert all(r["judge"] is None for r in again["rows"])
+    # a judge added on resume judges the kept answers (not the adversarial one, which is
+    # scored by abstention) without answering again, and only once
+    assert bench.main([*argv, "--resume", "--judge-model", "judge"]) == 0  # type: ignore[attr-defined]
+    assert calls[asked:] == ["judge"] * 2 * 4
+    judged = json.loads((tmp_path / "out" / "locomo_qa.json").read_text())
+    assert all(r["judge"] is not None for r in judged["rows"])
+    assert [r["f1"] for r in judged["rows"]] == [r["f1"] for r in result["rows"]]
+    assert bench.main([*argv, "--resume", "--judge-model", "judge"]) == 0  # type: ignore[attr-defined]
+    assert len(calls) == asked + 8
 
 
 def test_a_letter_choice_is_scored_as_its_option() -> None:

@@ -56,6 +56,7 @@ __all__ = [
     "evidence_context",
     "full_context",
     "ingest_conversation",
+    "judge_answer",
     "percentile",
     "question_time",
     "read_jsonl",
@@ -426,14 +427,7 @@ def answer_question(
     answer_ms = (time.perf_counter() - tick) * 1000
     prompt_tokens = (_usage(reader) - reader_before).prompt_tokens
     f1, bleu = score_answer(item, prediction, seed=seed)
-    label = None
-    if judge is not None and qa.category != 5:
-        verdict = judge.generate(
-            judge_messages(qa.question, qa.answer, prediction), max_tokens=8, temperature=0.0
-        )
-        label = parse_judge(verdict)
-    elif judge is not None:
-        label = f1 == 1.0
+    label = judge_answer(judge, item, prediction, f1) if judge is not None else None
     return QAResult(
         id=item.id,
         category=qa.category,
@@ -450,6 +444,22 @@ def answer_question(
         answer_ms=answer_ms,
         recall_llm_calls=recall_calls,
     )
+
+
+def judge_answer(judge: Any, item: QAItem, prediction: str, f1: float) -> bool | None:
+    """The judge's label for ``prediction`` (``None`` if its verdict cannot be read).
+
+    An adversarial question (category 5) is not judged: its label is whether the reader
+    abstained (``f1 == 1``), as LoCoMo scores it. A resumed run judges answers written
+    before a judge was configured with this same call.
+    """
+    qa = item.qa
+    if qa.category == 5:
+        return f1 == 1.0
+    verdict = judge.generate(
+        judge_messages(qa.question, qa.answer, prediction), max_tokens=8, temperature=0.0
+    )
+    return parse_judge(verdict)
 
 
 def score_answer(item: QAItem, prediction: str, *, seed: int = 0) -> tuple[float, float]:
