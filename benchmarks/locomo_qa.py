@@ -14,6 +14,8 @@ most recent part that fits ``--full-tokens``) and ``gold`` (the evidence turns: 
 Runs are resumable: ``--out DIR`` keeps each finished ingest (the memory folder and its cost)
 and every answer as it is made; ``--resume`` reuses them, so an interrupted run loses at most
 the conversation being ingested (an ingest is not idempotent, so a half-done one is redone).
+A judge given on ``--resume`` judges the kept answers that have no label yet, without
+answering them again.
 
 Examples::
 
