@@ -38,8 +38,10 @@ call) is timed apart as well.
 **Generated questions** (``--generated stand-in|local``, appendix A.1 step 3): no LoCoMo question
 trains anything. Questions are written from each conversation's own memories by
 ``EMGMemory.generate_questions`` (sessions of consecutive observations, validated pairs), with
-the rule-based stand-in writer (``emg_reply``) or the bundled SmolLM2-135M (``LocalLLM``, on
-the first ``--sessions`` sessions of each conversation: it is slow here). The policy is trained
+the rule-based stand-in writer (``emg_reply``) or the offline default model (``local``:
+``memories_core.engine.default_llm()``, Qwen2.5-Coder-1.5B with the extra ``qwen``, else
+SmolLM2-135M; slow here, so ``--sessions`` and ``--budget`` bound it, taking the
+conversations' sessions round robin). The policy is trained
 on them (every conversation's, as a store-wide policy is; and, as a check, leave one
 conversation out) and tested on LoCoMo's real questions, against the untrained default (top-1)
 and fixed top-K. Writes ``benchmarks/out/emg_generated_<writer>.{json,md}``.
@@ -53,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import sys
@@ -248,11 +251,16 @@ def generated_run(
     from memories_core.prompts.emg import emg_reply
 
     if writer == "local":
-        from memories_core.llms import LocalLLM
+        import torch
 
-        llm: Any = LocalLLM()
+        from memories_core.engine import default_llm
+
+        torch.set_num_threads(os.cpu_count() or 1)  # the model is the only work now
+        llm: Any = default_llm()
+        label = f"offline default model {getattr(llm, 'name', type(llm).__name__)}"
     else:
         llm = ScriptedLLM(default=emg_reply)
+        label = "stand-in emg_reply"
     generated: list[TrainingExample] = []
     made: dict[str, Any] = {
         u: {"sessions": 0, "sessions_without_a_usable_pair": 0, "questions": 0, "seconds": 0.0}
@@ -392,7 +400,7 @@ def generated_run(
         for name, rows in per_q.items()
     }
     return {
-        "writer": "SmolLM2-135M-Instruct (LocalLLM)" if writer == "local" else "stand-in emg_reply",
+        "writer": label,
         "sessions_per_conversation": sessions,
         "generation_budget_s": budget,
         "session_size": memory.session_size,
