@@ -183,7 +183,11 @@ class MemoryBankRetriever(MemoryRetriever):
 
     @staticmethod
     def render(docs: list[Document]) -> str:
-        """The portrait, the global summary, then each memory: one prompt block."""
+        """Each memory, then the portrait and the global summary: one prompt block.
+
+        The order of the core memory's ``Recall.context`` (memories first answered better:
+        see ``MemoryBankMemory``), so a chain and a block give the model the same prompt.
+        """
         head = docs[0].metadata if docs else {}
         parts = [head.get("global_portrait"), head.get("global_summary")]
-        return "\n".join([*(p for p in parts if p), *(d.page_content for d in docs)])
+        return "\n".join([*(d.page_content for d in docs), *(p for p in parts if p)])

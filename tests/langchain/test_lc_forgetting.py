@@ -115,6 +115,8 @@ def test_memorybank_retriever_carries_portrait_and_global_summary_in_a_chain() -
     assert any("walk" in d.page_content for d in docs)
     assert memory.portrait("gary") in seen[0]
     assert str(memory.global_summary("gary")) in seen[0]
+    # The same order as the core memory's context: the memories, then the portrait.
+    assert seen[0].index(docs[-1].page_content) < seen[0].index(str(memory.portrait("gary")))
 
 
 def _sister_and_museum(memory: MemoryBankMemory, clock: FixedClock) -> str:
