@@ -7,6 +7,7 @@ works in a schema of its own.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import subprocess
@@ -788,3 +789,99 @@ def test_postgres_cli_and_export_import_on_a_dsn(
     capsys.readouterr()
     assert main(["--path", postgres_dsn, "--schema", "lmt_missing_schema", "users"]) == 2
     assert "no memory in schema" in capsys.readouterr().err
+
+
+def test_a_version_1_vector_table_gains_its_filter_columns(
+    postgres_dsn: str, pg_schema: str
+) -> None:
+    """A table written by a release before the ``kind``/``session_id`` columns upgrades in place."""
+    import psycopg
+
+    rows = [
+        ("a", "u1", {"user_id": "u1", "kind": "turn", "session_id": "s1"}, [1.0, 0.0, 0.0]),
+        ("b", "u1", {"user_id": "u1", "kind": "daily_summary"}, [0.9, 0.1, 0.0]),
+        ("c", "u1", {"user_id": "u1", "kind": "turn", "session_id": "s2"}, [0.8, 0.2, 0.0]),
+    ]
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        # The shape and version record that release 1 of the table left behind.
+        conn.execute(f'CREATE SCHEMA "{pg_schema}"')
+        conn.execute(f'SET search_path TO "{pg_schema}", public')
+        conn.execute(
+            "CREATE TABLE schema_version (component text NOT NULL, version integer NOT NULL,"
+            " applied_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (component, version))"
+        )
+        conn.execute(
+            "INSERT INTO schema_version (component, version) VALUES ('pgvector:vectors', 1)"
+        )
+        conn.execute(
+            "CREATE TABLE vectors (id text PRIMARY KEY, user_id text NOT NULL, "
+            "metadata json NOT NULL, embedding vector(3) NOT NULL)"
+        )
+        for vid, user, meta, vector in rows:
+            conn.execute(
+                "INSERT INTO vectors VALUES (%s, %s, %s, %s::vector)",
+                (vid, user, json.dumps(meta), str(vector)),
+            )
+    query = np.array([1.0, 0.0, 0.0], dtype=np.float32)
+    with PgVectorIndex(postgres_dsn, dimension=3, schema=pg_schema) as index:
+        assert [
+            vid for vid, _ in index.search(query, user_id="u1", k=5, where={"kind": "turn"})
+        ] == [
+            "a",
+            "c",
+        ]
+        found = index.search(query, user_id="u1", k=5, where={"session_id": "s2"})
+        assert [vid for vid, _ in found] == ["c"]
+        # New rows fill the columns from their metadata, and a reset keeps the latest shape.
+        index.add(
+            ["d"],
+            np.array([[0.0, 1.0, 0.0]], dtype=np.float32),
+            [{"user_id": "u1", "kind": "turn"}],
+        )
+        assert {
+            vid for vid, _ in index.search(query, user_id="u1", k=5, where={"kind": "turn"})
+        } == {
+            "a",
+            "c",
+            "d",
+        }
+        index.reset()
+        index.add(
+            ["e"], np.array([[1.0, 0.0, 0.0]], dtype=np.float32), [{"user_id": "u1", "kind": "x"}]
+        )
+        assert [vid for vid, _ in index.search(query, user_id="u1", k=5, where={"kind": "x"})] == [
+            "e"
+        ]
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        versions = conn.execute(
+            f'SELECT version FROM "{pg_schema}".schema_version WHERE component = %s ORDER BY 1',
+            ("pgvector:vectors",),
+        ).fetchall()
+    assert [v for (v,) in versions] == [1, 2]
+
+
+def test_a_bulk_load_refreshes_the_planner_statistics(postgres_dsn: str, pg_schema: str) -> None:
+    """After 1,000+ new rows the planner knows the table's size (so it can use HNSW)."""
+    import psycopg
+
+    def reltuples() -> float:
+        with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT c.reltuples FROM pg_class AS c JOIN pg_namespace AS n "
+                "ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = 'vectors'",
+                (pg_schema,),
+            ).fetchone()
+        assert row is not None
+        return float(row[0])
+
+    rng = np.random.default_rng(0)
+    with PgVectorIndex(postgres_dsn, dimension=8, schema=pg_schema) as index:
+        index.add(["few"], rng.random((1, 8), dtype=np.float32), [{"user_id": "u", "kind": "turn"}])
+        assert reltuples() <= 0  # a few rows: left to autovacuum
+        ids = [f"v{i}" for i in range(1200)]
+        index.add(
+            ids, rng.random((1200, 8), dtype=np.float32), [{"user_id": "u", "kind": "turn"}] * 1200
+        )
+        assert reltuples() == 1201
+        found = index.search(rng.random(8, dtype=np.float32), user_id="u", k=5)
+        assert len(found) == 5
