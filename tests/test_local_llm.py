@@ -49,6 +49,7 @@ def test_missing_weights_message_says_no_deps(monkeypatch: pytest.MonkeyPatch) -
         {"max_new_tokens": True},
         {"n_threads": 0},
         {"gguf_path": "/nonexistent/model.gguf"},
+        {"quantize": "int4"},
     ],
 )
 def test_rejects_bad_configuration(kwargs: dict[str, Any]) -> None:
@@ -197,3 +198,59 @@ def test_real_local_model_stops_at_its_timeout(one_torch_thread: int) -> None:
     assert llm.usage.failures == 1
     # The lock is free again and a call with room to finish answers.
     assert llm.generate(long_task, max_tokens=4, timeout=60).strip()
+
+
+# ------------------------------------------------------------------ int8 weights
+def _tiny_model() -> Any:
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+
+
+def test_int8_is_chosen_for_large_float32_models_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    from memories_core.llms import quantize
+
+    model = _tiny_model()
+    assert not quantize.wants_int8(model, "auto", "float32")  # far below 500M parameters
+    assert quantize.wants_int8(model, "int8", "float32")
+    assert not quantize.wants_int8(model, "none", "float32")
+    monkeypatch.setattr(quantize, "MIN_INT8_PARAMETERS", 10)
+    assert quantize.wants_int8(model, "auto", "float32")
+    assert not quantize.wants_int8(model, "auto", "bfloat16")
+
+
+def test_int8_layers_answer_like_the_float_ones() -> None:
+    torch = pytest.importorskip("torch")
+    from memories_core.llms.quantize import has_int8, quantize_int8
+
+    model = _tiny_model()
+    x = torch.randn(8, 16)
+    expected = model(x).detach()
+    converted = quantize_int8(model)
+    assert has_int8(converted)
+    assert torch.allclose(converted(x), expected, atol=0.05)
+
+
+def test_int8_falls_back_to_float32_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    torch = pytest.importorskip("torch")
+    from memories_core.llms.quantize import has_int8, quantize_int8
+
+    def removed(*args: Any, **kwargs: Any) -> Any:
+        raise AttributeError("quantize_dynamic was removed")
+
+    monkeypatch.setattr(torch.ao.quantization, "quantize_dynamic", removed)
+    model = _tiny_model()
+    assert quantize_int8(model) is model and not has_int8(model)
+    assert "runs in float32" in caplog.text
+
+
+@pytest.mark.slow
+def test_real_local_model_with_int8_weights(one_torch_thread: int) -> None:
+    llm = LocalLLM(
+        backend="transformers", n_threads=one_torch_thread, max_new_tokens=8, quantize="int8"
+    )
+    text = llm.generate([ChatMessage("user", "Name one fruit.")])
+    assert text.strip() and llm.int8
+    assert not LocalLLM(backend="transformers").int8  # nothing loaded, nothing converted

@@ -44,6 +44,8 @@ from memories_core.llms.base import (
     truncate_at_stop,
 )
 from memories_core.llms.models import MODELS, model_gguf
+from memories_core.llms.quantize import Quantize, quantize_int8, wants_int8
+from memories_core.llms.quantize import has_int8 as _has_int8
 from memories_core.types import ChatMessage
 
 __all__ = ["LocalLLM", "default_cache_root", "find_bundled_gguf"]
@@ -318,6 +320,10 @@ class LocalLLM(BaseLLM):
             little faster, but on a CPU without bfloat16 instructions it reads prompts about
             10x slower (measured: 3 vs 18-30 prompt tokens/s for the 1.5B model), and memory
             prompts are long, so float32 is the default.
+        quantize: Int8 linear layers for the transformers runtime
+            (:mod:`memories_core.llms.quantize`): ``"auto"`` (models of 500M+ parameters in
+            float32 on a CPU with an int8 engine: the 1.5B model, not SmolLM2), ``"int8"``
+            or ``"none"``. The 1.5B model writes about 4x and reads prompts 2x faster.
 
     Instantiate / Invoke:
         .. code-block:: python
@@ -348,6 +354,7 @@ class LocalLLM(BaseLLM):
         timeout: float | None = LOCAL_TIMEOUT,
         n_threads: int | None = None,
         dtype: Literal["auto", "float32", "bfloat16"] = "auto",
+        quantize: Quantize = "auto",
     ) -> None:
         if model is not None and gguf_path is not None:
             raise ConfigurationError("give model= or gguf_path=, not both")
@@ -355,8 +362,12 @@ class LocalLLM(BaseLLM):
             raise ConfigurationError(f"unknown model {model!r}; known: {', '.join(MODELS)}")
         if dtype not in ("auto", "float32", "bfloat16"):
             raise ConfigurationError(f"dtype must be auto, float32 or bfloat16, got {dtype!r}")
+        if quantize not in ("auto", "none", "int8"):
+            raise ConfigurationError(f"quantize must be auto, none or int8, got {quantize!r}")
         self._model_name = model
         self._dtype = dtype
+        self._quantize: Quantize = quantize
+        self.int8 = False  # whether the loaded model has int8 linear layers
         if backend not in ("auto", "llama_cpp", "transformers"):
             raise ConfigurationError(
                 f"backend must be 'auto', 'llama_cpp' or 'transformers', got {backend!r}"
@@ -521,6 +532,9 @@ class LocalLLM(BaseLLM):
             folder, local_files_only=True, dtype=getattr(torch, self._torch_dtype_name())
         )
         model.eval()
+        if wants_int8(model, self._quantize, self._torch_dtype_name()):
+            model = quantize_int8(model)
+            self.int8 = _has_int8(model)
         return _Runtime("transformers", model, tokenizer, context_tokens=self.context_tokens)
 
     def _torch_dtype_name(self) -> str:
