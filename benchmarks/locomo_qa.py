@@ -94,7 +94,13 @@ LLM_WRITTEN = {"summary", "conditional", "multiview", "memorybank", "memochat", 
 
 
 # ----------------------------------------------------------------------------- models
-def make_llm(kind: str, model: str | None, base_url: str | None, threads: int | None) -> Any:
+def make_llm(
+    kind: str,
+    model: str | None,
+    base_url: str | None,
+    threads: int | None,
+    quantize: str = "auto",
+) -> Any:
     """A core LLM: ``local`` (an offline GGUF by name or path) or ``openai`` (any server)."""
     if kind == "openai":
         from memories_core.llms import OpenAIChatLLM
@@ -109,8 +115,8 @@ def make_llm(kind: str, model: str | None, base_url: str | None, threads: int | 
 
         name = model or default_model_name()
         if name in MODELS:
-            return LocalLLM(model=name, n_threads=threads)
-        return LocalLLM(gguf_path=name, n_threads=threads)
+            return LocalLLM(model=name, n_threads=threads, quantize=quantize)  # type: ignore[arg-type]
+        return LocalLLM(gguf_path=name, n_threads=threads, quantize=quantize)  # type: ignore[arg-type]
     raise SystemExit(f"--llm must be local or openai, got {kind!r}")
 
 
@@ -553,6 +559,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--judge-llm", default=None, choices=("local", "openai"))
     parser.add_argument("--judge-model", default=None, help="judge model (implies a judge)")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="local model threads")
+    parser.add_argument(
+        "--quantize",
+        default="auto",
+        choices=("auto", "none", "int8"),
+        help="local model's int8 weights (LocalLLM quantize=; auto: int8 for the 1.5B model)",
+    )
     parser.add_argument("--k", type=int, default=None, help="records recalled (default: each's)")
     parser.add_argument("--full-tokens", type=int, default=6000, help="'full' row's token budget")
     parser.add_argument("--max-tokens", type=int, default=32, help="reader answer cap")
@@ -580,10 +592,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         conversations, sessions=args.sessions, limit=args.questions, seed=args.seed
     )
     started = time.perf_counter()
-    llm = make_llm(args.llm, args.model, args.base_url, args.threads)
+    llm = make_llm(args.llm, args.model, args.base_url, args.threads, args.quantize)
     judge = None
     if args.judge_llm or args.judge_model:
-        judge = make_llm(args.judge_llm or args.llm, args.judge_model, args.base_url, args.threads)
+        judge = make_llm(
+            args.judge_llm or args.llm, args.judge_model, args.base_url, args.threads, args.quantize
+        )
     from memories_core.embedders import SentenceTransformerEmbedder
 
     embedder = SentenceTransformerEmbedder()
@@ -601,7 +615,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "command": command_line(
             "benchmarks/locomo_qa.py", list(sys.argv[1:] if argv is None else argv)
         ),
-        "reader_writer": getattr(llm, "name", type(llm).__name__),
+        "reader_writer": getattr(llm, "name", type(llm).__name__)
+        + (" (int8 weights)" if getattr(llm, "int8", False) else ""),
         "judge": judge_name,
         "judge_is_reader": judge is not None and judge_name == getattr(llm, "name", None),
         "conversations": [c.sample_id for c in conversations],
