@@ -207,16 +207,19 @@ def _tiny_model() -> Any:
     return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
 
 
-def test_int8_is_chosen_for_large_float32_models_only(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_int8_is_opt_in_and_auto_follows_the_measurement(monkeypatch: pytest.MonkeyPatch) -> None:
     from memories_core.llms import quantize
 
     model = _tiny_model()
-    assert not quantize.wants_int8(model, "auto", "float32")  # far below 500M parameters
     assert quantize.wants_int8(model, "int8", "float32")
     assert not quantize.wants_int8(model, "none", "float32")
     monkeypatch.setattr(quantize, "MIN_INT8_PARAMETERS", 10)
+    assert not quantize.wants_int8(model, "auto", "float32")  # measured: float32 by default
+    monkeypatch.setattr(quantize, "AUTO_INT8", True)
     assert quantize.wants_int8(model, "auto", "float32")
     assert not quantize.wants_int8(model, "auto", "bfloat16")
+    monkeypatch.setattr(quantize, "MIN_INT8_PARAMETERS", 10**9)
+    assert not quantize.wants_int8(model, "auto", "float32")  # a small model stays float32
 
 
 def test_int8_layers_answer_like_the_float_ones() -> None:

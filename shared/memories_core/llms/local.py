@@ -321,9 +321,9 @@ class LocalLLM(BaseLLM):
             10x slower (measured: 3 vs 18-30 prompt tokens/s for the 1.5B model), and memory
             prompts are long, so float32 is the default.
         quantize: Int8 linear layers for the transformers runtime
-            (:mod:`memories_core.llms.quantize`): ``"auto"`` (models of 500M+ parameters in
-            float32 on a CPU with an int8 engine: the 1.5B model, not SmolLM2), ``"int8"``
-            or ``"none"``. The 1.5B model writes about 4x and reads prompts 2x faster.
+            (:mod:`memories_core.llms.quantize`): ``"int8"``, ``"none"`` or ``"auto"``
+            (float32: measured, int8 answers worse). With int8 the 1.5B model writes about
+            4x and reads prompts 2x faster, and its memories and answers lose F1.
 
     Instantiate / Invoke:
         .. code-block:: python

@@ -2,10 +2,12 @@
 
 On a CPU, decoding a 1.5B model in float32 reads 6 GB of weights per token and is bound by
 memory bandwidth; with int8 weights (activations quantised on the fly) it reads a quarter of
-that. Measured on this project's 2-core machine for Qwen2.5-Coder-1.5B (BENCHMARKS.md,
-"Local LLM runtime"): prompt reading 34 -> 67 tokens/s, writing 1.7 -> 7.1 tokens/s, after a
-one-time 32 s conversion at load. The weights come from a 4-bit GGUF, so 8 bits per weight
-lose little of what the file holds; the answer-quality harness measures what it changes.
+that. ``LocalLLM(quantize="int8")`` opts in; the default is float32, chosen by measurement
+(BENCHMARKS.md, "Answer quality end to end (LoCoMo QA): does memory make the assistant
+answer better?"): with int8 weights the 40-minute answer-quality command took 24.3 min
+instead of 47, but MemoryBank's F1 fell from 0.372 to 0.267 and raw turns' from 0.324 to
+0.311 (the int8 model wrote worse summaries and answered in sentences, not the short phrases
+asked for). Speed on this project's 2-core machine: ``benchmarks/local_int8.py``.
 
 The conversion is ``torch.ao.quantization.quantize_dynamic``, which torch marks deprecated
 (in favour of ``torchao``) but still ships; where it is missing or fails, the model stays in
@@ -19,24 +21,36 @@ import logging
 import warnings
 from typing import Any, Literal
 
-__all__ = ["MIN_INT8_PARAMETERS", "Quantize", "has_int8", "quantize_int8", "wants_int8"]
+__all__ = [
+    "AUTO_INT8",
+    "MIN_INT8_PARAMETERS",
+    "Quantize",
+    "has_int8",
+    "quantize_int8",
+    "wants_int8",
+]
 
 logger = logging.getLogger(__name__)
 
 Quantize = Literal["auto", "none", "int8"]
 
-#: ``"auto"`` quantises models at least this large: below it a model is fast already and a
+#: ``"auto"`` considers models at least this large: below it a model is fast already and a
 #: tiny model loses more of its little precision (SmolLM2-135M stays as it is).
 MIN_INT8_PARAMETERS = 500_000_000
+
+#: Whether ``"auto"`` converts a large float32 model. Off: measured, int8 answers worse
+#: (module docstring); kept as a switch so the measurement can be repeated.
+AUTO_INT8 = False
 
 
 def wants_int8(model: Any, setting: Quantize, dtype_name: str) -> bool:
     """Whether ``model`` (loaded in ``dtype_name``) should get int8 linear layers.
 
-    ``"auto"``: float32 models of at least :data:`MIN_INT8_PARAMETERS` parameters, when torch
-    has a CPU int8 engine (``x86``/``fbgemm`` or ``qnnpack``). ``"int8"``: always tried.
+    ``"auto"``: only while :data:`AUTO_INT8` is on (it is off), float32 models of at least
+    :data:`MIN_INT8_PARAMETERS` parameters when torch has a CPU int8 engine. ``"int8"``:
+    always tried.
     """
-    if setting == "none":
+    if setting == "none" or (setting == "auto" and not AUTO_INT8):
         return False
     if setting == "int8":
         return True
