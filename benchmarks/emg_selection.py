@@ -257,10 +257,10 @@ def generated_run(
 
         torch.set_num_threads(os.cpu_count() or 1)  # the model is the only work now
         llm: Any = default_llm()
-        label = f"offline default model {getattr(llm, 'name', type(llm).__name__)}"
+        writer_label = f"offline default model {getattr(llm, 'name', type(llm).__name__)}"
     else:
         llm = ScriptedLLM(default=emg_reply)
-        label = "stand-in emg_reply"
+        writer_label = "stand-in emg_reply"
     generated: list[TrainingExample] = []
     made: dict[str, Any] = {
         u: {"sessions": 0, "sessions_without_a_usable_pair": 0, "questions": 0, "seconds": 0.0}
@@ -400,7 +400,7 @@ def generated_run(
         for name, rows in per_q.items()
     }
     return {
-        "writer": label,
+        "writer": writer_label,
         "sessions_per_conversation": sessions,
         "generation_budget_s": budget,
         "session_size": memory.session_size,
