@@ -1053,7 +1053,12 @@ def test_save_only_enqueues_question_generation_and_run_training_trains_the_poli
     assert memory.policy() is None and memory.policy_status().stale == report.kept
 
 
-def test_a_policy_that_does_not_beat_top1_on_held_out_questions_is_not_kept() -> None:
+def test_a_policy_that_does_not_beat_top1_on_held_out_questions_is_not_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from memories_core.mechanisms.emg import training
+
+    monkeypatch.setattr(training, "MIN_HELD_OUT", 2)  # two of these six are held out
     memory = make(training=TRAINING)
     tell(memory, STORY)
     now = memory.clock.now()
@@ -1071,7 +1076,23 @@ def test_a_policy_that_does_not_beat_top1_on_held_out_questions_is_not_kept() ->
         for q in questions
     ]
     report = memory.train_and_check(examples)
+    assert report.held_out["questions"] == 2
     assert report.held_out["top1_f1"] == 1.0 and not report.kept
+    assert memory.policy() is None and memory.select(questions[0], USER).policy == "top1"
+
+
+def test_too_few_held_out_questions_never_replace_top1() -> None:
+    """A check on its own training questions proves nothing: top-1 stays the default."""
+    memory = make(training=TRAINING)
+    tell(memory, STORY)
+    now = memory.clock.now()
+    questions = ["When does flight EK349 depart?", "Which hotel has the boss?"]
+    examples = [
+        TrainingExample(USER, q, frozenset({memory.select(q, USER, now=now).memories[0].record.id}))
+        for q in questions
+    ]
+    report = memory.train_and_check(examples)
+    assert report.held_out["questions"] == 0 and not report.kept
     assert memory.policy() is None and memory.select(questions[0], USER).policy == "top1"
 
 

@@ -70,6 +70,11 @@ POLICY_JOBS = "/policy"
 LAST_TRAINING = "emg/training/last"
 #: Every ``HOLD_OUT``-th generated question (by a hash) checks an automatic policy.
 HOLD_OUT = 5
+#: Fewest held-out questions on which a trained policy may replace top-1. With fewer, the
+#: check would score the questions it trained on: 8 questions written by the offline 1.5B
+#: model trained a policy that "beat" top-1 on them (0.44-0.56 vs 0.29-0.33) and lost to it
+#: on LoCoMo's real questions (0.405-0.465 vs 0.512; BENCHMARKS.md, "EMG-RAG").
+MIN_HELD_OUT = 5
 #: Subjects that mean the user (mapped to the root node).
 SELF_NAMES = frozenset({"user", "i", "me", "my", "myself", "the user", "mine"})
 #: Turn roles that are never extracted from (the assistant's and system's words).

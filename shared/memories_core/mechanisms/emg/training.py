@@ -39,6 +39,7 @@ from memories_core.mechanisms.emg.policy import (
 from memories_core.mechanisms.emg.schema import (
     HOLD_OUT,
     MEMORY_KIND,
+    MIN_HELD_OUT,
     POLICY_ARTIFACT,
     STALE_ARTIFACT,
     STORE_OWNER,
@@ -362,15 +363,18 @@ def train_and_check(
 ) -> TrainingReport:
     """Train the store's policy on generated questions; keep it only if it beats top-1.
 
-    Every :data:`HOLD_OUT`-th question (by a hash of its text; all of them when there are
-    fewer than :data:`HOLD_OUT`) is held out; the policy is trained on the rest (``training``
-    settings) and saved only if its mean selection F1 on the held-out questions is above that
-    of the top-1 fallback.
+    Every :data:`HOLD_OUT`-th question (by a hash of its text) is held out; the policy is
+    trained on the rest (``training`` settings) and saved only if its mean selection F1 on
+    the held-out questions is above that of the top-1 fallback. With fewer than
+    :data:`MIN_HELD_OUT` held-out questions (or none to train on) it is trained on all of them
+    and never kept: a check on its own training questions proves nothing, and the untrained
+    default must stay top-1 (the check then reports 0 questions).
     """
     held = [e for e in examples if is_held_out(e)]
     train = [e for e in examples if not is_held_out(e)]
-    if len(examples) < HOLD_OUT or not held or not train:
-        held, train = list(examples), list(examples)
+    enough = len(held) >= MIN_HELD_OUT and bool(train)
+    if not enough:
+        held, train = [], list(examples)
     settings = {"progress": progress, **training, "save": False, "answer_spec": answer_spec}
     report = train_policy(selector, archive, train, **settings)
     assert report.policy is not None
@@ -388,10 +392,10 @@ def train_and_check(
         top1.append(selection_f1(list(env.pool)[:top], example.required))
     check = {
         "questions": float(len(held)),
-        "policy_f1": float(np.mean(ours)),
-        "top1_f1": float(np.mean(top1)),
+        "policy_f1": float(np.mean(ours)) if ours else 0.0,
+        "top1_f1": float(np.mean(top1)) if top1 else 0.0,
     }
-    kept = check["policy_f1"] > check["top1_f1"]
+    kept = enough and check["policy_f1"] > check["top1_f1"]
     if kept:
         known = {k: v for k, v in training.items() if k in TRAINING_SETTINGS}
         # Saved as the store's, with its examples (it was trained with ``save=False``).
