@@ -544,17 +544,16 @@ class MemoryBankMemory(MemoryBase):
         old_daily = [r.id for r in previous]
         if not turns:
             return Derivation(replace=old_daily) if old_daily else None
-        basis_of_turns = _basis(turns)
-        if _written_from(previous, basis_of_turns):
+        basis = _basis(turns)
+        if _written_from(previous, basis):
             # The session end closed the day, then the next day's first turn closed it
             # again: §2.2 summarises a day's events once, so there is nothing to do until a
             # turn of the day is added or edited.
             return None
         llm = self._llm(Scope(user_id))
         dialogue = _fit([r.text[:2000] for r in turns], self.max_dialogue_chars)
-        basis = f"{len(turns)}:{turns[-1].id}"
         payload: dict[str, Any] = dict(job.payload)
-        if payload.get("basis") != basis:  # new turns since a failed attempt: start over
+        if payload.get("basis") != basis:  # turns added or edited since a failed attempt
             payload = {"day": day, "basis": basis}
         if "summary" not in payload:
             payload["summary"] = self._ask(
@@ -570,7 +569,7 @@ class MemoryBankMemory(MemoryBase):
             )
             self.engine.update_job(job, payload)
         at = turns[-1].created_at
-        meta = {"day": day, "turn_count": len(turns), "basis": basis_of_turns}
+        meta = {"day": day, "turn_count": len(turns), "basis": basis}
         sources = tuple(r.id for r in turns)
         rejected: list[str] = []
         texts = {
@@ -675,7 +674,11 @@ def _written_from(daily: Sequence[MemoryRecord], basis: str) -> bool:
 
 
 def _basis(turns: Sequence[MemoryRecord]) -> str:
-    """A fingerprint of a day's turns (ids and texts) that its daily records were written from."""
+    """A fingerprint of a day's turns (ids and texts).
+
+    A half-done job and the daily records it writes carry it: both are current only while
+    the day's turns are the ones they were made from.
+    """
     digest = hashlib.sha256()
     for record in sorted(turns, key=lambda r: r.id):
         digest.update(f"{record.id}\0{record.text}\0".encode())
