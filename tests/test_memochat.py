@@ -312,6 +312,10 @@ def test_recall_dates_each_dialog_line_of_a_memo() -> None:
     assert memo_lines and all(line.startswith("  [8 May 2023, ") for line in memo_lines)
     entries = memory.retrieve("business in japan", Scope("ann"))
     assert all(len(e.dialog_times) == len(e.dialogs) for e in entries)
+    # show_dates=False renders the bare lines, as for every other memory.
+    memory.show_dates = False
+    bare = memory.recall("business in japan", Scope("ann"), k=3).context
+    assert not any(line.startswith("  [") for line in bare.splitlines())
 
 
 def test_llm_free_retrieval() -> None:

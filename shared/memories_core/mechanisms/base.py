@@ -410,11 +410,11 @@ class MemoryBase:
         MemoryBank's timestamped memory uses (Zhong et al. §2.1), so every mechanism's
         context carries the dates a reader needs for temporal questions.
         """
-        if not self.show_dates:
-            return "\n".join(hit.record.text for hit in hits)
-        return "\n".join(
-            f"[{memory_time(hit.record.created_at)}] {hit.record.text}" for hit in hits
-        )
+        return "\n".join(self._dated(hit.record.text, hit.record.created_at) for hit in hits)
+
+    def _dated(self, text: str, when: datetime) -> str:
+        """``text`` as one rendered line: with :attr:`show_dates`, after when it was said."""
+        return f"[{memory_time(when)}] {text}" if self.show_dates else text
 
     def _llm(self, scope: Scope) -> LLM:
         """The model serving ``scope`` (``engine.llm_for`` hook, else this memory's)."""

@@ -6,7 +6,6 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from memories_core.clock import memory_time
 from memories_core.engine import Derivation, JobFailed, check_k, check_query, check_scope
 from memories_core.errors import ConfigurationError, LLMError, ParseError
 from memories_core.grounding import find_ungrounded, log_rejection
@@ -419,7 +418,7 @@ class MemoChatMemory(MemoryBase):
         """Memos with their dialogs, then turns no shown memo covers (one block)."""
         memos = [h for h in hits if h.record.kind == "memo"]
         if not memos:
-            return "\n".join(h.record.text for h in hits)
+            return super()._render(hits)
         user_id = memos[0].record.user_id
         entries = self._entries(user_id, [(h.record, h.score) for h in memos])
         shown = {i for h in memos for i in h.record.source_ids}
@@ -431,12 +430,12 @@ class MemoChatMemory(MemoryBase):
             dated = list(entry.dialogs)
             if len(entry.dialog_times) == len(dated):
                 dated = [
-                    f"[{memory_time(when)}] {line}"
+                    self._dated(line, when)
                     for when, line in zip(entry.dialog_times, dated, strict=True)
                 ]
             dialogs = "\n".join(f"  {d}" for d in dated)
             blocks.append(f"[memo] {entry.option}" + (f"\n{dialogs}" if dialogs else ""))
-        blocks += [
-            h.record.text for h in hits if h.record.kind != "memo" and h.record.id not in shown
-        ]
+        loose = [h for h in hits if h.record.kind != "memo" and h.record.id not in shown]
+        if loose:
+            blocks.append(super()._render(loose))
         return "\n".join(blocks)
