@@ -183,11 +183,14 @@ class MemoryBankRetriever(MemoryRetriever):
 
     @staticmethod
     def render(docs: list[Document]) -> str:
-        """Each memory, then the portrait and the global summary: one prompt block.
+        """The memories, the portrait and the global summary as one prompt block.
 
-        The order of the core memory's ``Recall.context`` (memories first answered better:
-        see ``MemoryBankMemory``), so a chain and a block give the model the same prompt.
+        The core's :meth:`~memories_core.MemoryBankMemory.compose_context`, as ``recall``
+        renders it, so a chain and a block give the model the same prompt.
         """
         head = docs[0].metadata if docs else {}
-        parts = [head.get("global_portrait"), head.get("global_summary")]
-        return "\n".join([*(d.page_content for d in docs), *(p for p in parts if p)])
+        return MemoryBankMemory.compose_context(
+            "\n".join(d.page_content for d in docs),
+            head.get("global_portrait"),
+            head.get("global_summary"),
+        )

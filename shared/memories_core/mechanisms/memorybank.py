@@ -294,19 +294,32 @@ class MemoryBankMemory(MemoryBase):
         return [latest[kind] for kind in (GLOBAL_PORTRAIT, GLOBAL_SUMMARY) if kind in latest]
 
     def _context(self, hits: Sequence[ScoredRecord], shown: Sequence[MemoryRecord]) -> str:
-        """The relevant memories, then the portrait and global summary (§3's three parts).
+        text = {r.kind: r.text for r in shown if r.text}
+        return self.compose_context(
+            self._render(hits) if hits else "",
+            text.get(GLOBAL_PORTRAIT),
+            text.get(GLOBAL_SUMMARY),
+        )
 
-        Measured (BENCHMARKS.md, "Answer quality end to end (LoCoMo QA): does memory make
-        the assistant answer better?"): with the portrait and summary first (a prefix every
-        query of a user shares, which a runtime could read once) F1 fell from 0.372 to 0.351
-        on the same memories, temporal questions from 0.590 to 0.515 (the reader took dates
-        from the summary), for 3 s less per answer; so the query's memories lead.
+    @staticmethod
+    def compose_context(memories: str, portrait: str | None, summary: str | None) -> str:
+        """The prompt block of §3's three parts: the relevant memories, the portrait, the summary.
+
+        ``recall``'s context and the LangChain retriever's ``render`` both use it, so a chain
+        and a block prompt alike. Measured (BENCHMARKS.md, "Answer quality end to end (LoCoMo
+        QA): does memory make the assistant answer better?"): with the portrait and summary
+        first (a prefix every query of a user shares, which a runtime could read once) F1
+        fell from 0.372 to 0.351 on the same memories, temporal questions from 0.590 to 0.515
+        (the reader took dates from the summary), for 3 s less per answer; so the query's
+        memories lead.
         """
         parts: list[str] = []
-        if hits:
-            parts.append("Relevant memories:\n" + self._render(hits))
-        labels = {GLOBAL_PORTRAIT: "User portrait", GLOBAL_SUMMARY: "Summary of past events"}
-        parts += [f"{labels[r.kind]}: {r.text}" for r in shown if r.text]
+        if memories:
+            parts.append("Relevant memories:\n" + memories)
+        if portrait:
+            parts.append(f"User portrait: {portrait}")
+        if summary:
+            parts.append(f"Summary of past events: {summary}")
         return "\n\n".join(parts)
 
     def _render(self, hits: Sequence[ScoredRecord]) -> str:
