@@ -367,7 +367,6 @@ class LocalLLM(BaseLLM):
         self._model_name = model
         self._dtype = dtype
         self._quantize: Quantize = quantize
-        self.int8 = False  # whether the loaded model has int8 linear layers
         if backend not in ("auto", "llama_cpp", "transformers"):
             raise ConfigurationError(
                 f"backend must be 'auto', 'llama_cpp' or 'transformers', got {backend!r}"
@@ -438,6 +437,14 @@ class LocalLLM(BaseLLM):
             # Still nameable (for reprs and error messages) when the weights are missing.
             stem = "SmolLM2-135M-Instruct"
         return f"local:{stem}"
+
+    @property
+    def int8(self) -> bool:
+        """Whether the loaded model runs with int8 linear layers (``False`` before loading)."""
+        runtime = self._runtime
+        if runtime is None or runtime.backend != "transformers":
+            return False
+        return _has_int8(runtime.model)
 
     @property
     def backend(self) -> str:
@@ -534,7 +541,6 @@ class LocalLLM(BaseLLM):
         model.eval()
         if wants_int8(model, self._quantize, self._torch_dtype_name()):
             model = quantize_int8(model)
-            self.int8 = _has_int8(model)
         return _Runtime("transformers", model, tokenizer, context_tokens=self.context_tokens)
 
     def _torch_dtype_name(self) -> str:
