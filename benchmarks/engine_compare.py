@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import shutil
 import statistics
 import subprocess
@@ -460,10 +459,13 @@ def git_state(repo: Path) -> str:
     return head + (" (uncommitted changes in shared/)" if dirty else "")
 
 
-def command_line() -> str:
+def nice_command_line() -> str:
+    """``machine_info.command_line`` (paths relative to the repository), with its ``nice``."""
+    from machine_info import command_line
+
     nice = os.nice(0)
     prefix = f"nice -n {nice} " if nice > 0 else ""
-    return prefix + "python " + " ".join(shlex.quote(a) for a in sys.argv)
+    return prefix + command_line("benchmarks/engine_compare.py", sys.argv[1:])
 
 
 def orchestrate(args: argparse.Namespace) -> dict[str, Any]:
@@ -506,7 +508,7 @@ def orchestrate(args: argparse.Namespace) -> dict[str, Any]:
     started = datetime.now(timezone.utc)
     t_start = time.perf_counter()
     report: dict[str, Any] = {
-        "command": command_line(),
+        "command": nice_command_line(),
         "started": started.isoformat(timespec="seconds"),
         "machine": machine(),
         "load_avg_start": load_avg(),
