@@ -76,7 +76,7 @@ from memories_core.embedders import SentenceTransformerEmbedder
 from memories_core.mechanisms.emg import EMGMemory, TrainingExample, is_held_out
 from memories_core.mechanisms.emg.policy import ALL_FEATURES, PAPER_FEATURES, SelectionPolicy
 from memories_core.mechanisms.emg.selection import Selector
-from memories_core.mechanisms.emg.training import train_on
+from memories_core.mechanisms.emg.training import beats_top1, train_on
 from memories_core.prompts.emg import EXTRACT, ExtractInput, parse_extract
 
 OUT = Path(__file__).resolve().parent / "out"
@@ -330,7 +330,7 @@ def generated_run(
         return policy
 
     def check(policy: SelectionPolicy | None, indices: list[int]) -> dict[str, float]:
-        """EMGMemory.train_and_check's rule: kept if it beats top-1 on held-out questions."""
+        """The held-out check of ``train_and_check`` (its keep rule is ``beats_top1``)."""
         if policy is None or not indices:
             return {"questions": float(len(indices)), "policy_f1": 0.0, "top1_f1": 0.0}
         ours = [
@@ -385,7 +385,7 @@ def generated_run(
                 )
                 rows[label] = chosen
                 rows[f"{label}, greedy walk"] = greedy
-                kept = policy is not None and gate["policy_f1"] > gate["top1_f1"]
+                kept = policy is not None and beats_top1(gate)
                 rows[f"automatic ({name}): policy if it beats top-1 on held-out generated"] = (
                     chosen if kept else rows["untrained default (top-1 fallback)"]
                 )
@@ -437,7 +437,7 @@ def generated_markdown(result: dict[str, Any]) -> str:
     lines += ["", "| held-out generated questions | questions | policy F1 | top-1 F1 | kept |"]
     lines += ["|---|---|---|---|---|"]
     for name, gate in gen["held_out_checks"].items():
-        kept = gate["policy_f1"] > gate["top1_f1"]
+        kept = beats_top1(gate)
         lines.append(
             f"| {name} | {int(gate['questions'])} | {gate['policy_f1']:.3f} | "
             f"{gate['top1_f1']:.3f} | {'yes' if kept else 'no'} |"

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "TRAINING_SETTINGS",
+    "beats_top1",
     "is_held_out",
     "retrain_policy",
     "train_and_check",
@@ -352,6 +353,16 @@ def retrain_policy(
     )
 
 
+def beats_top1(check: Mapping[str, float]) -> bool:
+    """The rule an automatic policy is kept by: it beats top-1 on enough held-out questions.
+
+    ``check`` holds ``questions``, ``policy_f1`` and ``top1_f1`` (as
+    :func:`train_and_check` reports it); fewer than :data:`MIN_HELD_OUT` questions never
+    replace the top-1 default.
+    """
+    return check["questions"] >= MIN_HELD_OUT and check["policy_f1"] > check["top1_f1"]
+
+
 def train_and_check(
     selector: Selector,
     archive: PolicyArchive,
@@ -395,7 +406,7 @@ def train_and_check(
         "policy_f1": float(np.mean(ours)) if ours else 0.0,
         "top1_f1": float(np.mean(top1)) if top1 else 0.0,
     }
-    kept = enough and check["policy_f1"] > check["top1_f1"]
+    kept = enough and beats_top1(check)
     if kept:
         known = {k: v for k, v in training.items() if k in TRAINING_SETTINGS}
         # Saved as the store's, with its examples (it was trained with ``save=False``).
