@@ -1,9 +1,10 @@
 """Int8 weights for the offline 1.5B model: load time, prompt reading and writing speed.
 
 Runs ``LocalLLM(model="qwen2.5-1.5b", quantize=...)`` once per setting (``none``: float32,
-``int8``: dynamic int8 linear layers, :mod:`memories_core.llms.quantize`), each in a fresh
-process, on the same memory-writing prompt: the first 14 turns of a LoCoMo conversation with
-an instruction to summarise them (a MemoryBank-style daily summary). It reports
+``int8``: dynamic int8 linear layers, ``int8-decode``: float32 prompt reading and int8
+weights for written tokens; :mod:`memories_core.llms.quantize`), each in a fresh process,
+on the same memory-writing prompt: the first 14 turns of a LoCoMo conversation with an
+instruction to summarise them (a MemoryBank-style daily summary). It reports
 
 * load seconds (from the safetensors cache, plus the int8 conversion);
 * prompt reading, tokens/s (a call that writes one token);
@@ -13,7 +14,7 @@ an instruction to summarise them (a MemoryBank-style daily summary). It reports
 What int8 does to answers is measured by the answer-quality harness
 (``benchmarks/locomo_qa.py --quantize``), not here.
 
-    python benchmarks/local_int8.py                       # both settings, table + JSON
+    python benchmarks/local_int8.py                       # all settings, table + JSON
     python benchmarks/local_int8.py --data PATH/locomo_dev.json --threads 2
 """
 
@@ -39,6 +40,13 @@ INSTRUCTION = (
     "Summarise the events and key information of this day's dialogue in two or three "
     "sentences. Only state what the dialogue says."
 )
+
+
+LABELS = {
+    "none": "float32",
+    "int8": "int8 (dynamic)",
+    "int8-decode": "int8 for decoding (prompts float32)",
+}
 
 
 def prompt(data: Path, turns: int = 14) -> str:
@@ -75,6 +83,7 @@ def worker(setting: str, data: Path, threads: int, max_tokens: int) -> dict[str,
     return {
         "setting": setting,
         "int8": llm.int8,
+        "quantized": llm.quantized,
         "threads": threads,
         "load_s": round(load, 1),
         "prompt_tokens": read.prompt_tokens,
@@ -96,14 +105,14 @@ def markdown(result: dict[str, Any]) -> str:
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for row in result["rows"]:
-        label = "int8 (dynamic)" if row["int8"] else "float32"
+        label = LABELS[row.get("quantized", "int8" if row["int8"] else "none")]
         lines.append(
             f"| {label} | {row['load_s']} | {row['prompt_tokens']} | {row['prompt_tok_per_s']} "
             f"| {row['written_tokens']} | {row['writing_tok_per_s']} | {row['call_s']} |"
         )
     lines.append("")
     for row in result["rows"]:
-        label = "int8" if row["int8"] else "float32"
+        label = LABELS[row.get("quantized", "int8" if row["int8"] else "none")]
         lines.append(f"- {label} wrote: {row['text'].strip()!r}")
     return "\n".join(lines)
 
@@ -114,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="LoCoMo JSON file")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--max-tokens", type=int, default=48)
-    parser.add_argument("--settings", default="none,int8")
+    parser.add_argument("--settings", default="none,int8,int8-decode")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:

@@ -562,8 +562,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--quantize",
         default="auto",
-        choices=("auto", "none", "int8"),
-        help="local model's int8 weights (LocalLLM quantize=; auto: int8 for the 1.5B model)",
+        choices=("auto", "none", "int8", "int8-decode"),
+        help="local model's int8 weights (LocalLLM quantize=; auto: quantize.AUTO_QUANTIZE)",
     )
     parser.add_argument("--k", type=int, default=None, help="records recalled (default: each's)")
     parser.add_argument("--full-tokens", type=int, default=6000, help="'full' row's token budget")
@@ -579,6 +579,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--resume", action="store_true", help="reuse finished ingests/answers")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     return parser.parse_args(argv)
+
+
+def _weights_label(quantized: str) -> str:
+    """How the reader/writer's weights were converted, as a suffix of its name."""
+    labels = {"int8": " (int8 weights)", "int8-decode": " (int8 weights for decoding)"}
+    return labels.get(quantized, "")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -616,7 +622,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "benchmarks/locomo_qa.py", list(sys.argv[1:] if argv is None else argv)
         ),
         "reader_writer": getattr(llm, "name", type(llm).__name__)
-        + (" (int8 weights)" if getattr(llm, "int8", False) else ""),
+        + _weights_label(getattr(llm, "quantized", "none")),
         "judge": judge_name,
         "judge_is_reader": judge is not None and judge_name == getattr(llm, "name", None),
         "conversations": [c.sample_id for c in conversations],

@@ -211,15 +211,69 @@ def test_int8_is_opt_in_and_auto_follows_the_measurement(monkeypatch: pytest.Mon
     from memories_core.llms import quantize
 
     model = _tiny_model()
-    assert quantize.wants_int8(model, "int8", "float32")
-    assert not quantize.wants_int8(model, "none", "float32")
+    assert quantize.resolve_quantize(model, "int8", "float32") == "int8"
+    assert quantize.resolve_quantize(model, "int8-decode", "float32") == "int8-decode"
+    assert quantize.resolve_quantize(model, "none", "float32") == "none"
     monkeypatch.setattr(quantize, "MIN_INT8_PARAMETERS", 10)
-    assert not quantize.wants_int8(model, "auto", "float32")  # measured: float32 by default
-    monkeypatch.setattr(quantize, "AUTO_INT8", True)
-    assert quantize.wants_int8(model, "auto", "float32")
-    assert not quantize.wants_int8(model, "auto", "bfloat16")
+    monkeypatch.setattr(quantize, "AUTO_QUANTIZE", "int8-decode")
+    assert quantize.resolve_quantize(model, "auto", "float32") == "int8-decode"
+    assert quantize.resolve_quantize(model, "auto", "bfloat16") == "none"
     monkeypatch.setattr(quantize, "MIN_INT8_PARAMETERS", 10**9)
-    assert not quantize.wants_int8(model, "auto", "float32")  # a small model stays float32
+    assert quantize.resolve_quantize(model, "auto", "float32") == "none"  # a small model
+    monkeypatch.setattr(quantize, "MIN_INT8_PARAMETERS", 10)
+    monkeypatch.setattr(quantize, "AUTO_QUANTIZE", "none")
+    assert quantize.resolve_quantize(model, "auto", "float32") == "none"
+
+
+def test_decode_int8_reads_prompts_exactly_and_decodes_closely() -> None:
+    torch = pytest.importorskip("torch")
+    from memories_core.llms.decode_int8 import kernel_works
+    from memories_core.llms.quantize import apply_quantize, has_int8, quantized_as
+
+    if not kernel_works():
+        pytest.skip("this torch has no CPU int8-weight kernel")
+    model = _tiny_model()
+    prompt, step = torch.randn(5, 16), torch.randn(1, 16)
+    expected_prompt, expected_step = model(prompt).detach(), model(step).detach()
+    converted = apply_quantize(model, "int8-decode")
+    assert quantized_as(converted) == "int8-decode" and has_int8(converted)
+    with torch.inference_mode():
+        assert torch.equal(converted(prompt), expected_prompt)  # several rows: float32
+        one = converted(step)
+    assert not torch.equal(one, expected_step)  # one row: the int8 copy
+    assert torch.allclose(one, expected_step, atol=0.05)
+
+
+def test_decode_int8_keeps_a_tied_head_tied() -> None:
+    torch = pytest.importorskip("torch")
+    from memories_core.llms.decode_int8 import convert_for_decoding, kernel_works
+
+    if not kernel_works():
+        pytest.skip("this torch has no CPU int8-weight kernel")
+
+    class Tied(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Embedding(40, 16)
+            self.head = torch.nn.Linear(16, 40, bias=False)
+            self.head.weight = self.embed.weight
+
+    model = Tied()
+    assert convert_for_decoding(model) == 1
+    assert model.head.weight is model.embed.weight
+
+
+def test_decode_int8_falls_back_to_float32_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    torch = pytest.importorskip("torch")
+    from memories_core.llms.quantize import apply_quantize, quantized_as
+
+    monkeypatch.delattr(torch, "_weight_int8pack_mm", raising=False)
+    model = _tiny_model()
+    assert apply_quantize(model, "int8-decode") is model
+    assert quantized_as(model) == "none"
+    assert "runs in float32" in caplog.text
 
 
 def test_int8_layers_answer_like_the_float_ones() -> None:
@@ -255,5 +309,17 @@ def test_real_local_model_with_int8_weights(one_torch_thread: int) -> None:
         backend="transformers", n_threads=one_torch_thread, max_new_tokens=8, quantize="int8"
     )
     text = llm.generate([ChatMessage("user", "Name one fruit.")])
-    assert text.strip() and llm.int8
+    assert text.strip() and llm.int8 and llm.quantized == "int8"
     assert not LocalLLM(backend="transformers").int8  # nothing loaded, nothing converted
+
+
+@pytest.mark.slow
+def test_real_local_model_with_int8_decoding_weights(one_torch_thread: int) -> None:
+    llm = LocalLLM(
+        backend="transformers",
+        n_threads=one_torch_thread,
+        max_new_tokens=8,
+        quantize="int8-decode",
+    )
+    text = llm.generate([ChatMessage("user", "Name one fruit.")])
+    assert text.strip() and llm.quantized == "int8-decode"

@@ -44,8 +44,13 @@ from memories_core.llms.base import (
     truncate_at_stop,
 )
 from memories_core.llms.models import MODELS, model_gguf
-from memories_core.llms.quantize import Quantize, quantize_int8, wants_int8
-from memories_core.llms.quantize import has_int8 as _has_int8
+from memories_core.llms.quantize import (
+    Applied,
+    Quantize,
+    apply_quantize,
+    quantized_as,
+    resolve_quantize,
+)
 from memories_core.types import ChatMessage
 
 __all__ = ["LocalLLM", "default_cache_root", "find_bundled_gguf"]
@@ -320,10 +325,12 @@ class LocalLLM(BaseLLM):
             little faster, but on a CPU without bfloat16 instructions it reads prompts about
             10x slower (measured: 3 vs 18-30 prompt tokens/s for the 1.5B model), and memory
             prompts are long, so float32 is the default.
-        quantize: Int8 linear layers for the transformers runtime
-            (:mod:`memories_core.llms.quantize`): ``"int8"``, ``"none"`` or ``"auto"``
-            (float32: measured, int8 answers worse). With int8 the 1.5B model writes about
-            4x and reads prompts 2x faster, and its memories and answers lose F1.
+        quantize: Int8 weights for the transformers runtime
+            (:mod:`memories_core.llms.quantize`): ``"none"`` (float32), ``"int8"`` (dynamic:
+            the 1.5B model writes 3.4x and reads prompts 2.7x faster, and its memories and
+            answers lose F1), ``"int8-decode"`` (prompts read in float32, written tokens
+            with int8 weights) or ``"auto"`` (``quantize.AUTO_QUANTIZE`` for large float32
+            models, chosen by the answer-quality harness).
 
     Instantiate / Invoke:
         .. code-block:: python
@@ -362,8 +369,10 @@ class LocalLLM(BaseLLM):
             raise ConfigurationError(f"unknown model {model!r}; known: {', '.join(MODELS)}")
         if dtype not in ("auto", "float32", "bfloat16"):
             raise ConfigurationError(f"dtype must be auto, float32 or bfloat16, got {dtype!r}")
-        if quantize not in ("auto", "none", "int8"):
-            raise ConfigurationError(f"quantize must be auto, none or int8, got {quantize!r}")
+        if quantize not in ("auto", "none", "int8", "int8-decode"):
+            raise ConfigurationError(
+                f"quantize must be auto, none, int8 or int8-decode, got {quantize!r}"
+            )
         self._model_name = model
         self._dtype = dtype
         self._quantize: Quantize = quantize
@@ -439,12 +448,20 @@ class LocalLLM(BaseLLM):
         return f"local:{stem}"
 
     @property
-    def int8(self) -> bool:
-        """Whether the loaded model runs with int8 linear layers (``False`` before loading)."""
+    def quantized(self) -> Applied:
+        """The loaded model's int8 conversion: ``"int8"``, ``"int8-decode"`` or ``"none"``.
+
+        ``"none"`` before loading, and for the llama.cpp runtime (its GGUF is used as it is).
+        """
         runtime = self._runtime
         if runtime is None or runtime.backend != "transformers":
-            return False
-        return _has_int8(runtime.model)
+            return "none"
+        return quantized_as(runtime.model)
+
+    @property
+    def int8(self) -> bool:
+        """Whether the loaded model runs with int8 weights of either kind (see ``quantized``)."""
+        return self.quantized != "none"
 
     @property
     def backend(self) -> str:
@@ -539,8 +556,9 @@ class LocalLLM(BaseLLM):
             folder, local_files_only=True, dtype=getattr(torch, self._torch_dtype_name())
         )
         model.eval()
-        if wants_int8(model, self._quantize, self._torch_dtype_name()):
-            model = quantize_int8(model)
+        model = apply_quantize(
+            model, resolve_quantize(model, self._quantize, self._torch_dtype_name())
+        )
         return _Runtime("transformers", model, tokenizer, context_tokens=self.context_tokens)
 
     def _torch_dtype_name(self) -> str:

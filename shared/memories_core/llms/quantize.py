@@ -1,18 +1,24 @@
-"""Int8 weights for the local transformers runtime (dynamic quantisation of linear layers).
+"""Int8 weights for the local transformers runtime.
 
 On a CPU, decoding a 1.5B model in float32 reads 6 GB of weights per token and is bound by
-memory bandwidth; with int8 weights (activations quantised on the fly) it reads a quarter of
-that. ``LocalLLM(quantize="int8")`` opts in; the default is float32, chosen by measurement
-(BENCHMARKS.md, "Answer quality end to end (LoCoMo QA): does memory make the assistant
-answer better?"): with int8 weights the 40-minute answer-quality command took 24.3 min
-instead of 47, but MemoryBank's F1 fell from 0.372 to 0.267 and raw turns' from 0.324 to
-0.311 (the int8 model wrote worse summaries and answered in sentences, not the short phrases
-asked for). Speed on this project's 2-core machine: ``benchmarks/local_int8.py``.
+memory bandwidth. Two ways to read less, chosen with ``LocalLLM(quantize=...)``:
 
-The conversion is ``torch.ao.quantization.quantize_dynamic``, which torch marks deprecated
-(in favour of ``torchao``) but still ships; where it is missing or fails, the model stays in
-float32 and a warning says so. Nothing is saved: the converted model lives in memory only
-(a quantised model can only be stored with pickle, which this project never loads).
+* ``"int8"``: dynamic quantisation of every linear layer (int8 weights, activations rounded
+  to 8 bits on the fly): prompts read about 2.7x and tokens written about 3.4x faster, but
+  answers and memories lose F1 (measured: the 40-minute answer-quality command took 24.3 min
+  instead of 47, MemoryBank's F1 fell from 0.372 to 0.267, raw turns' from 0.324 to 0.311).
+  The conversion is ``torch.ao.quantization.quantize_dynamic``, which torch marks deprecated
+  but still ships.
+* ``"int8-decode"`` (:mod:`memories_core.llms.decode_int8`): prompts are read with the
+  float32 weights (the first written token is exact) and each later token with an int8 copy
+  of the weights, activations unrounded.
+
+``"auto"`` applies :data:`AUTO_QUANTIZE` to float32 models of at least
+:data:`MIN_INT8_PARAMETERS` parameters; it is chosen by the answer-quality harness
+(BENCHMARKS.md, "Answer quality end to end (LoCoMo QA)"). Where torch lacks what a setting
+needs, the model stays in float32 and a warning says so. Nothing is saved: converted layers
+live in memory only (a quantised model could only be stored with pickle, which this project
+never loads). Speed on this project's 2-core machine: ``benchmarks/local_int8.py``.
 """
 
 from __future__ import annotations
@@ -22,45 +28,55 @@ import warnings
 from typing import Any, Literal
 
 __all__ = [
-    "AUTO_INT8",
+    "AUTO_QUANTIZE",
     "MIN_INT8_PARAMETERS",
+    "Applied",
     "Quantize",
+    "apply_quantize",
     "has_int8",
     "quantize_int8",
-    "wants_int8",
+    "quantized_as",
+    "resolve_quantize",
 ]
 
 logger = logging.getLogger(__name__)
 
-Quantize = Literal["auto", "none", "int8"]
+Quantize = Literal["auto", "none", "int8", "int8-decode"]
+Applied = Literal["none", "int8", "int8-decode"]
 
 #: ``"auto"`` considers models at least this large: below it a model is fast already and a
 #: tiny model loses more of its little precision (SmolLM2-135M stays as it is).
 MIN_INT8_PARAMETERS = 500_000_000
 
-#: Whether ``"auto"`` converts a large float32 model. Off: measured, int8 answers worse
-#: (module docstring); kept as a switch so the measurement can be repeated.
-AUTO_INT8 = False
+#: What ``"auto"`` does to a large float32 model, chosen by measurement (module docstring).
+AUTO_QUANTIZE: Applied = "none"
 
 
-def wants_int8(model: Any, setting: Quantize, dtype_name: str) -> bool:
-    """Whether ``model`` (loaded in ``dtype_name``) should get int8 linear layers.
+def resolve_quantize(model: Any, setting: Quantize, dtype_name: str) -> Applied:
+    """The conversion ``setting`` asks for ``model`` (loaded in ``dtype_name``).
 
-    ``"auto"``: only while :data:`AUTO_INT8` is on (it is off), float32 models of at least
-    :data:`MIN_INT8_PARAMETERS` parameters when torch has a CPU int8 engine. ``"int8"``:
-    always tried.
+    ``"auto"`` is :data:`AUTO_QUANTIZE` for float32 models of at least
+    :data:`MIN_INT8_PARAMETERS` parameters, and ``"none"`` for any other model; an explicit
+    setting is returned as it is.
     """
-    if setting == "none" or (setting == "auto" and not AUTO_INT8):
-        return False
-    if setting == "int8":
-        return True
-    import torch
-
-    engines = set(torch.backends.quantized.supported_engines) - {"none"}
-    if dtype_name != "float32" or not engines:
-        return False
+    if setting != "auto":
+        return setting
+    if AUTO_QUANTIZE == "none" or dtype_name != "float32":
+        return "none"
     size = sum(p.numel() for p in model.parameters())
-    return size >= MIN_INT8_PARAMETERS
+    return AUTO_QUANTIZE if size >= MIN_INT8_PARAMETERS else "none"
+
+
+def apply_quantize(model: Any, applied: Applied) -> Any:
+    """``model`` converted as ``applied`` says (in place where possible), or left as it is."""
+    if applied == "int8":
+        return quantize_int8(model)
+    if applied == "int8-decode":
+        from memories_core.llms.decode_int8 import convert_for_decoding
+
+        if convert_for_decoding(model) == 0:
+            logger.warning("int8 decoding weights unavailable; the model runs in float32")
+    return model
 
 
 def quantize_int8(model: Any) -> Any:
@@ -81,8 +97,17 @@ def quantize_int8(model: Any) -> Any:
     return converted
 
 
+def quantized_as(model: Any) -> Applied:
+    """Which conversion ``model``'s layers carry: ``"int8"``, ``"int8-decode"`` or ``"none"``."""
+    for module in model.modules():
+        kind = type(module)
+        if kind.__module__.startswith("torch.ao.nn.quantized"):
+            return "int8"
+        if kind.__name__ == "DecodeInt8Linear":
+            return "int8-decode"
+    return "none"
+
+
 def has_int8(model: Any) -> bool:
-    """Whether any layer of ``model`` holds int8 dynamic-quantised weights."""
-    return any(
-        type(module).__module__.startswith("torch.ao.nn.quantized") for module in model.modules()
-    )
+    """Whether any layer of ``model`` holds int8 weights (either conversion)."""
+    return quantized_as(model) != "none"
