@@ -244,6 +244,40 @@ def test_decode_int8_reads_prompts_exactly_and_decodes_closely() -> None:
     assert torch.allclose(one, expected_step, atol=0.05)
 
 
+def test_decode_int8_reads_a_whole_prompt_pass_in_float32_head_included() -> None:
+    """The head sees one position while a prompt is read; the first token must stay exact."""
+    torch = pytest.importorskip("torch")
+    from memories_core.llms.decode_int8 import convert_for_decoding, kernel_works
+
+    if not kernel_works():
+        pytest.skip("this torch has no CPU int8-weight kernel")
+
+    class LastTokenModel(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(1)
+            self.embed = torch.nn.Embedding(40, 16)
+            self.mix = torch.nn.Linear(16, 16)
+            self.head = torch.nn.Linear(16, 40)
+
+        def get_input_embeddings(self) -> Any:
+            return self.embed
+
+        def forward(self, ids: Any) -> Any:
+            hidden = self.mix(self.embed(ids)).cumsum(dim=1)
+            return self.head(hidden[:, -1:])  # logits of the last position only
+
+    model = LastTokenModel()
+    prompt, step = torch.tensor([[3, 1, 4, 1, 5]]), torch.tensor([[9]])
+    with torch.inference_mode():
+        expected_prompt, expected_step = model(prompt), model(step)
+        assert convert_for_decoding(model) == 2
+        assert torch.equal(model(prompt), expected_prompt)
+        one = model(step)
+    assert not torch.equal(one, expected_step)
+    assert torch.allclose(one, expected_step, atol=0.05)
+
+
 def test_decode_int8_keeps_a_tied_head_tied() -> None:
     torch = pytest.importorskip("torch")
     from memories_core.llms.decode_int8 import convert_for_decoding, kernel_works

@@ -318,6 +318,25 @@ def test_recall_dates_each_dialog_line_of_a_memo() -> None:
     assert not any(line.startswith("  [") for line in bare.splitlines())
 
 
+def test_chat_with_memo_prompt_dates_evidences_and_recent_lines() -> None:
+    """respond() shows the reader what recall shows: each memo line and buffered line dated."""
+    said = datetime(2023, 5, 8, 13, 56, tzinfo=timezone.utc)
+    memory = MemoChatMemory(
+        llm=_llm(), embedder=HashingEmbedder(), max_lines=10, clock=FixedClock(said)
+    )
+    turns = [
+        Turn(role, text, timestamp=said + timedelta(minutes=n))
+        for n, (role, text) in enumerate(CHAT)
+    ]
+    memory.save(turns, Scope("ann"))
+    prompt = memory.chat_messages("business in japan", Scope("ann"))[-1].content
+    assert "| Dialogs: [8 May 2023, " in prompt
+    assert memory.buffer(Scope("ann")) and "Recent dialogs:\n```\n[8 May 2023, " in prompt
+    memory.show_dates = False
+    bare = memory.chat_messages("business in japan", Scope("ann"))[-1].content
+    assert "[8 May 2023" not in bare
+
+
 def test_llm_free_retrieval() -> None:
     memory = _filled(None)
     chosen = memory.retrieve("polynomial roots", Scope("ann"))

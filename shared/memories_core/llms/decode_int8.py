@@ -30,10 +30,22 @@ __all__ = ["DECODE_ROWS", "DecodeInt8Linear", "convert_for_decoding", "kernel_wo
 
 logger = logging.getLogger(__name__)
 
-#: Passes with at most this many token rows use the int8 copy: one generated token per step
+#: Passes over at most this many tokens use the int8 copy: one generated token per step
 #: (batch size 1). A prompt, or the part of it not served from the key/value cache, uses the
 #: float32 weights when it is longer.
 DECODE_ROWS = 1
+
+
+class _Pass:
+    """The token count of the forward pass in progress, shared by a model's converted layers.
+
+    Set by a hook on the input embeddings and cleared when the model's forward ends. A layer
+    cannot tell from its own input: the language-model head sees only the last position even
+    while a prompt is read (transformers computes logits for the last token only), so by its
+    input alone the first written token would be chosen with int8 weights.
+    """
+
+    tokens: int | None = None
 
 
 class DecodeInt8Linear(nn.Module):
@@ -44,8 +56,9 @@ class DecodeInt8Linear(nn.Module):
             tied to another module (a language-model head tied to the embeddings) stays tied.
     """
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, current: _Pass | None = None) -> None:
         super().__init__()
+        self._pass = current if current is not None else _Pass()
         self.weight = linear.weight
         self.bias = linear.bias
         self.in_features = linear.in_features
@@ -60,8 +73,14 @@ class DecodeInt8Linear(nn.Module):
         self.register_buffer("scale", scale.to(torch.bfloat16), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x @ W.T + b``: int8 weights for a decoding step, float32 otherwise."""
-        rows = x.numel() // self.in_features
+        """``x @ W.T + b``: int8 weights for a decoding step, float32 otherwise.
+
+        A step is a forward pass over at most :data:`DECODE_ROWS` tokens; outside a hooked
+        model, the rows of ``x`` are counted instead.
+        """
+        rows = self._pass.tokens
+        if rows is None:
+            rows = x.numel() // self.in_features
         if rows > DECODE_ROWS or x.dtype != torch.float32 or x.device.type != "cpu":
             return functional.linear(x, self.weight, self.bias)
         flat = x.reshape(rows, self.in_features).to(torch.bfloat16)
@@ -93,16 +112,34 @@ def kernel_works() -> bool:
 def convert_for_decoding(model: Any) -> int:
     """Give every float32 ``nn.Linear`` of ``model`` an int8 copy for decoding, in place.
 
+    A model with input embeddings (``get_input_embeddings``, as transformers models have)
+    gets hooks that tell its layers how many tokens the pass holds, so that the whole pass
+    that reads a prompt, the head included, runs in float32.
+
     Returns:
         How many layers were converted (0 if the kernel is unavailable).
     """
     if not kernel_works():
         return 0
+    current = _Pass()
     converted = 0
     with torch.no_grad():
         for parent in list(model.modules()):
             for name, child in list(parent.named_children()):
                 if type(child) is nn.Linear and child.weight.dtype == torch.float32:
-                    setattr(parent, name, DecodeInt8Linear(child))
+                    setattr(parent, name, DecodeInt8Linear(child, current))
                     converted += 1
+    embeddings = getattr(model, "get_input_embeddings", None)
+    embedding = embeddings() if callable(embeddings) else None
+    if converted and isinstance(embedding, nn.Module):
+
+        def count(module: nn.Module, args: tuple[Any, ...]) -> None:
+            if args and isinstance(args[0], torch.Tensor) and args[0].dim() >= 1:
+                current.tokens = int(args[0].shape[-1])
+
+        def clear(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            current.tokens = None
+
+        embedding.register_forward_pre_hook(count)
+        model.register_forward_hook(clear)
     return converted

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -281,12 +282,16 @@ class MemoChatMemory(MemoryBase):
     def chat_messages(self, user_input: str, scope: Scope, *, recent: int = 10) -> list[Any]:
         """The Table 8 prompt for ``user_input``: related evidences, recent dialogs, input.
 
+        With :attr:`show_dates`, evidence dialogs and recent lines carry when they were said,
+        as recall's context does (Table 8 shows none; our reader needs them for "when").
+
         Built by :data:`~memories_core.prompts.memochat.MEMO_CHAT`, with the
         ``memochat.chat`` override if one was given.
         """
         scope = check_scope(scope)
-        evidences = self.retrieve(user_input, scope)
-        lines = [r.text for r in self._buffer(scope.user_id)][-recent:] if recent else []
+        evidences = [self._dated_entry(e) for e in self.retrieve(user_input, scope)]
+        buffer = self._buffer(scope.user_id)[-recent:] if recent else []
+        lines = [self._dated(r.text, r.created_at) for r in buffer]
         inputs = ChatInput(user_input, tuple(evidences), tuple(lines))
         return self.prompt_spec(MEMO_CHAT).build(inputs)
 
@@ -414,6 +419,21 @@ class MemoChatMemory(MemoryBase):
         return Derivation(add=[*memos, *keys], state=state, reason=reason)
 
     # ------------------------------------------------------------------ recall
+    def _dated_entry(self, entry: MemoEntry) -> MemoEntry:
+        """``entry`` with each dialog line after when it was said (with :attr:`show_dates`).
+
+        As every other memory renders turns: without the dates a reader cannot place "last
+        week" (LoCoMo temporal questions, F1 0.421 vs raw turns' 0.577 before the dates were
+        shown). Recall's context and the chat-with-memo prompt both show memos this way.
+        """
+        if not self.show_dates or len(entry.dialog_times) != len(entry.dialogs):
+            return entry
+        dated = tuple(
+            self._dated(line, when)
+            for when, line in zip(entry.dialog_times, entry.dialogs, strict=True)
+        )
+        return dataclasses.replace(entry, dialogs=dated)
+
     def _render(self, hits: Sequence[ScoredRecord]) -> str:
         """Memos with their dialogs, then turns no shown memo covers (one block)."""
         memos = [h for h in hits if h.record.kind == "memo"]
@@ -423,17 +443,8 @@ class MemoChatMemory(MemoryBase):
         entries = self._entries(user_id, [(h.record, h.score) for h in memos])
         shown = {i for h in memos for i in h.record.source_ids}
         blocks = []
-        for entry in entries:
-            # Each line with when it was said, as every other memory renders turns: without
-            # the dates a reader cannot place "last week" (LoCoMo temporal questions, F1
-            # 0.421 vs raw turns' 0.577 before the dates were shown).
-            dated = list(entry.dialogs)
-            if len(entry.dialog_times) == len(dated):
-                dated = [
-                    self._dated(line, when)
-                    for when, line in zip(entry.dialog_times, dated, strict=True)
-                ]
-            dialogs = "\n".join(f"  {d}" for d in dated)
+        for entry in map(self._dated_entry, entries):
+            dialogs = "\n".join(f"  {d}" for d in entry.dialogs)
             blocks.append(f"[memo] {entry.option}" + (f"\n{dialogs}" if dialogs else ""))
         loose = [h for h in hits if h.record.kind != "memo" and h.record.id not in shown]
         if loose:
