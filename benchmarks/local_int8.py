@@ -9,13 +9,18 @@ instruction to summarise them (a MemoryBank-style daily summary). It reports
 * load seconds (from the safetensors cache, plus the int8 conversion);
 * prompt reading, tokens/s (a call that writes one token);
 * writing, tokens/s (a greedy call capped at ``--max-tokens``, minus its prompt reading);
-* the written text, so the two can be read side by side.
+* the written text, so the settings can be read side by side;
+* with ``--agreement K``: MemoryBank's own daily-summary prompt (its output cap) on the first
+  session of each of ``K`` conversations, and how often each setting writes the same summary
+  as float32 (identical texts; LoCoMo token F1 against float32's text), so the check spans
+  conversations, not one prompt.
 
 What int8 does to answers is measured by the answer-quality harness
 (``benchmarks/locomo_qa.py --quantize``), not here.
 
     python benchmarks/local_int8.py                       # all settings, table + JSON
     python benchmarks/local_int8.py --data PATH/locomo_dev.json --threads 2
+    python benchmarks/local_int8.py --settings none,int8-decode --agreement 5
 """
 
 from __future__ import annotations
@@ -56,7 +61,22 @@ def prompt(data: Path, turns: int = 14) -> str:
     return "\n".join(f"{t['speaker']}: {t['text']}" for t in session[:turns])
 
 
-def worker(setting: str, data: Path, threads: int, max_tokens: int) -> dict[str, Any]:
+def daily_prompts(data: Path, count: int) -> list[tuple[str, Any]]:
+    """MemoryBank's daily-summary messages for the first session of ``count`` conversations."""
+    from memories_core.prompts.memorybank import DAILY_SUMMARY_PROMPT, DayInput
+
+    out = []
+    for sample in json.loads(data.read_text(encoding="utf-8"))[:count]:
+        conversation = sample["conversation"]
+        turns = tuple(f"{t['speaker']}: {t['text']}" for t in conversation["session_1"])
+        day = str(conversation.get("session_1_date_time", "day 1"))
+        out.append((str(sample["sample_id"]), DAILY_SUMMARY_PROMPT.build(DayInput(day, turns))))
+    return out
+
+
+def worker(
+    setting: str, data: Path, threads: int, max_tokens: int, agreement: int = 0
+) -> dict[str, Any]:
     """Measure one setting in this process."""
     from memories_core.llms import LocalLLM
     from memories_core.types import ChatMessage
@@ -67,19 +87,32 @@ def worker(setting: str, data: Path, threads: int, max_tokens: int) -> dict[str,
     llm.count_tokens("load")  # loads (and converts) the model
     load = time.perf_counter() - began
 
-    def timed(cap: int) -> tuple[float, str, Any]:
+    def timed(cap: int, chat: list[Any]) -> tuple[float, str, Any]:
         runtime = llm._runtime
         if runtime is not None:  # no prompt reuse between the measured calls
             runtime.cache = runtime.cached_ids = None
         before = llm.usage
         start = time.perf_counter()
-        text = llm.generate(messages, max_tokens=cap, temperature=0.0)
+        text = llm.generate(chat, max_tokens=cap, temperature=0.0)
         return time.perf_counter() - start, text, llm.usage - before
 
-    timed(1)  # warm-up
-    read_s, _, read = timed(1)
-    total_s, text, wrote = timed(max_tokens)
+    timed(1, messages)  # warm-up
+    read_s, _, read = timed(1, messages)
+    total_s, text, wrote = timed(max_tokens, messages)
     writing = max(wrote.completion_tokens - 1, 1) / max(total_s - read_s, 1e-9)
+    from memories_core.mechanisms.memorybank import OUTPUT_TOKENS
+
+    summaries = []
+    for sample_id, daily in daily_prompts(data, agreement):
+        started = time.perf_counter()
+        written = timed(OUTPUT_TOKENS["memorybank.daily_summary"], list(daily))[1]
+        summaries.append(
+            {
+                "conversation": sample_id,
+                "text": written,
+                "s": round(time.perf_counter() - started, 1),
+            }
+        )
     return {
         "setting": setting,
         "int8": llm.int8,
@@ -92,7 +125,37 @@ def worker(setting: str, data: Path, threads: int, max_tokens: int) -> dict[str,
         "writing_tok_per_s": round(writing, 2),
         "call_s": round(total_s, 1),
         "text": text,
+        "summaries": summaries,
     }
+
+
+def agreement(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each setting's daily summaries against float32's (empty without a float32 row)."""
+    from memories_core.evaluation.qa import locomo_f1
+
+    base = next((r for r in rows if r.get("quantized") == "none"), None)
+    if base is None or not base.get("summaries"):
+        return []
+    reference = {s["conversation"]: s["text"] for s in base["summaries"]}
+    out = []
+    for row in rows:
+        if row is base:
+            continue
+        pairs = [(s["text"], reference[s["conversation"]]) for s in row.get("summaries", [])]
+        pairs = [(a, b) for a, b in pairs if b is not None]
+        if not pairs:
+            continue
+        out.append(
+            {
+                "quantized": row.get("quantized"),
+                "summaries": len(pairs),
+                "identical": sum(a.strip() == b.strip() for a, b in pairs),
+                "token_f1": round(sum(locomo_f1(a, b, 1) for a, b in pairs) / len(pairs), 3),
+                "seconds": round(sum(s["s"] for s in row["summaries"]), 1),
+                "float32_seconds": round(sum(s["s"] for s in base["summaries"]), 1),
+            }
+        )
+    return out
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -114,6 +177,20 @@ def markdown(result: dict[str, Any]) -> str:
     for row in result["rows"]:
         label = LABELS[row.get("quantized", "int8" if row["int8"] else "none")]
         lines.append(f"- {label} wrote: {row['text'].strip()!r}")
+    if result.get("agreement"):
+        lines += [
+            "",
+            "MemoryBank daily summaries (first session of each conversation) against float32's:",
+            "",
+            "| weights | summaries | identical to float32 | token F1 vs float32 | seconds "
+            "(float32 seconds) |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for row in result["agreement"]:
+            lines.append(
+                f"| {LABELS[row['quantized']]} | {row['summaries']} | {row['identical']} "
+                f"| {row['token_f1']:.3f} | {row['seconds']} ({row['float32_seconds']}) |"
+            )
     return "\n".join(lines)
 
 
@@ -124,10 +201,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--settings", default="none,int8,int8-decode")
+    parser.add_argument(
+        "--agreement",
+        type=int,
+        default=0,
+        help="daily summaries of this many conversations, compared with float32's",
+    )
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        row = worker(args.worker, args.data, args.threads, args.max_tokens)
+        row = worker(args.worker, args.data, args.threads, args.max_tokens, args.agreement)
         print(json.dumps(row))
         return 0
     rows = []
@@ -144,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
                 str(args.threads),
                 "--max-tokens",
                 str(args.max_tokens),
+                "--agreement",
+                str(args.agreement),
             ],
             capture_output=True,
             text=True,
@@ -155,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         "data": portable_path(args.data),
         "machine": machine(),
         "rows": rows,
+        "agreement": agreement(rows),
     }
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "local_int8.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
