@@ -12,7 +12,7 @@ instruction to summarise them (a MemoryBank-style daily summary). It reports
 * the written text, so the settings can be read side by side;
 * with ``--agreement K``: MemoryBank's own daily-summary prompt (its output cap) on the first
   session of each of ``K`` conversations, and how often each setting writes the same summary
-  as float32 (identical texts; LoCoMo token F1 against float32's text), so the check spans
+  as float32 (identical texts; token F1 against float32's text), so the check spans
   conversations, not one prompt.
 
 What int8 does to answers is measured by the answer-quality harness
@@ -131,7 +131,7 @@ def worker(
 
 def agreement(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each setting's daily summaries against float32's (empty without a float32 row)."""
-    from memories_core.evaluation.qa import locomo_f1
+    from memories_core.evaluation.qa import token_f1
 
     base = next((r for r in rows if r.get("quantized") == "none"), None)
     if base is None or not base.get("summaries"):
@@ -150,7 +150,7 @@ def agreement(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "quantized": row.get("quantized"),
                 "summaries": len(pairs),
                 "identical": sum(a.strip() == b.strip() for a, b in pairs),
-                "token_f1": round(sum(locomo_f1(a, b, 1) for a, b in pairs) / len(pairs), 3),
+                "token_f1": round(sum(token_f1(a, b) for a, b in pairs) / len(pairs), 3),
                 "seconds": round(sum(s["s"] for s in row["summaries"]), 1),
                 "float32_seconds": round(sum(s["s"] for s in base["summaries"]), 1),
             }
@@ -208,7 +208,14 @@ def main(argv: list[str] | None = None) -> int:
         help="daily summaries of this many conversations, compared with float32's",
     )
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--report-only", action="store_true", help="redo the comparison and md from the JSON"
+    )
     args = parser.parse_args(argv)
+    if args.report_only:
+        result = json.loads((OUT / "local_int8.json").read_text(encoding="utf-8"))
+        result["agreement"] = agreement(result["rows"])
+        return write(result)
     if args.worker:
         row = worker(args.worker, args.data, args.threads, args.max_tokens, args.agreement)
         print(json.dumps(row))
@@ -242,6 +249,11 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
         "agreement": agreement(rows),
     }
+    return write(result)
+
+
+def write(result: dict[str, Any]) -> int:
+    """Save ``out/local_int8.{json,md}`` and print the table."""
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "local_int8.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
     text = markdown(result)

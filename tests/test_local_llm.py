@@ -207,10 +207,12 @@ def _tiny_model() -> Any:
     return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
 
 
-def test_int8_is_opt_in_and_auto_follows_the_measurement(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_quantize_follows_the_measurement(monkeypatch: pytest.MonkeyPatch) -> None:
     from memories_core.llms import quantize
 
     model = _tiny_model()
+    # Measured on the answer-quality harness: int8 for writing only, float32 prompts.
+    assert quantize.AUTO_QUANTIZE == "int8-decode"
     assert quantize.resolve_quantize(model, "int8", "float32") == "int8"
     assert quantize.resolve_quantize(model, "int8-decode", "float32") == "int8-decode"
     assert quantize.resolve_quantize(model, "none", "float32") == "none"

