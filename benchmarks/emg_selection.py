@@ -76,7 +76,7 @@ from memories_core.embedders import SentenceTransformerEmbedder
 from memories_core.mechanisms.emg import EMGMemory, TrainingExample, is_held_out
 from memories_core.mechanisms.emg.policy import ALL_FEATURES, PAPER_FEATURES, SelectionPolicy
 from memories_core.mechanisms.emg.selection import Selector
-from memories_core.mechanisms.emg.training import beats_top1, train_on
+from memories_core.mechanisms.emg.training import beats_top1, held_out_check, train_on
 from memories_core.prompts.emg import EXTRACT, ExtractInput, parse_extract
 
 OUT = Path(__file__).resolve().parent / "out"
@@ -330,22 +330,15 @@ def generated_run(
         return policy
 
     def check(policy: SelectionPolicy | None, indices: list[int]) -> dict[str, float]:
-        """The held-out check of ``train_and_check`` (its keep rule is ``beats_top1``)."""
+        """``train_and_check``'s held-out check (its keep rule is ``beats_top1``)."""
         if policy is None or not indices:
             return {"questions": float(len(indices)), "policy_f1": 0.0, "top1_f1": 0.0}
-        ours = [
-            prf(
-                [h.record.id for h in memory.selector.choose(gen_envs[i], policy).memories],
-                generated[i].required,
-            )[2]
-            for i in indices
-        ]
-        top1 = [prf(list(gen_envs[i].pool)[:1], generated[i].required)[2] for i in indices]
-        return {
-            "questions": float(len(indices)),
-            "policy_f1": statistics.mean(ours),
-            "top1_f1": statistics.mean(top1),
-        }
+        return held_out_check(
+            memory.selector,
+            policy,
+            [generated[i] for i in indices],
+            envs=[gen_envs[i] for i in indices],
+        )
 
     held = [i for i, e in enumerate(generated) if is_held_out(e)]
     rest = [i for i, e in enumerate(generated) if not is_held_out(e)]

@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 __all__ = [
     "TRAINING_SETTINGS",
     "beats_top1",
+    "held_out_check",
     "is_held_out",
     "retrain_policy",
     "train_and_check",
@@ -363,6 +364,40 @@ def beats_top1(check: Mapping[str, float]) -> bool:
     return check["questions"] >= MIN_HELD_OUT and check["policy_f1"] > check["top1_f1"]
 
 
+def held_out_check(
+    selector: Selector,
+    policy: SelectionPolicy,
+    examples: Sequence[TrainingExample],
+    envs: Sequence[WalkEnvironment] | None = None,
+) -> dict[str, float]:
+    """Mean selection F1 of ``policy`` and of the top-1 fallback on ``examples``.
+
+    The check :func:`beats_top1` reads (``questions``, ``policy_f1``, ``top1_f1``; F1s are 0
+    without examples). ``envs`` are the examples' selection environments when the caller
+    has built them already (same order); otherwise they are built now.
+    """
+    when = selector.engine.clock.now()
+    top = max(selector.settings.min_select, 1)
+    ours: list[float] = []
+    top1: list[float] = []
+    for i, example in enumerate(examples):
+        env = (
+            envs[i]
+            if envs is not None
+            else selector.environment(
+                example.question, example.user_id, when, selector.settings.activate
+            )
+        )
+        chosen = [h.record.id for h in selector.choose(env, policy).memories]
+        ours.append(selection_f1(chosen, example.required))
+        top1.append(selection_f1(list(env.pool)[:top], example.required))
+    return {
+        "questions": float(len(examples)),
+        "policy_f1": float(np.mean(ours)) if ours else 0.0,
+        "top1_f1": float(np.mean(top1)) if top1 else 0.0,
+    }
+
+
 def train_and_check(
     selector: Selector,
     archive: PolicyArchive,
@@ -390,23 +425,8 @@ def train_and_check(
     report = train_policy(selector, archive, train, **settings)
     assert report.policy is not None
     engine = selector.engine
-    when = engine.clock.now()
-    top = max(selector.settings.min_select, 1)
-    ours: list[float] = []
-    top1: list[float] = []
-    for example in held:
-        env = selector.environment(
-            example.question, example.user_id, when, selector.settings.activate
-        )
-        chosen = [h.record.id for h in selector.choose(env, report.policy).memories]
-        ours.append(selection_f1(chosen, example.required))
-        top1.append(selection_f1(list(env.pool)[:top], example.required))
-    check = {
-        "questions": float(len(held)),
-        "policy_f1": float(np.mean(ours)) if ours else 0.0,
-        "top1_f1": float(np.mean(top1)) if top1 else 0.0,
-    }
-    kept = enough and beats_top1(check)
+    check = held_out_check(selector, report.policy, held)
+    kept = beats_top1(check)  # with too few held out, ``held`` is empty: never kept
     if kept:
         known = {k: v for k, v in training.items() if k in TRAINING_SETTINGS}
         # Saved as the store's, with its examples (it was trained with ``save=False``).
