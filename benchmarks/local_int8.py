@@ -141,8 +141,11 @@ def agreement(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for row in rows:
         if row is base:
             continue
-        pairs = [(s["text"], reference[s["conversation"]]) for s in row.get("summaries", [])]
-        pairs = [(a, b) for a, b in pairs if b is not None]
+        pairs = [
+            (s["text"], reference[s["conversation"]])
+            for s in row.get("summaries", [])
+            if s["conversation"] in reference
+        ]
         if not pairs:
             continue
         out.append(

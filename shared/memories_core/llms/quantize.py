@@ -103,11 +103,12 @@ def quantize_int8(model: Any) -> Any:
 
 def quantized_as(model: Any) -> Applied:
     """Which conversion ``model``'s layers carry: ``"int8"``, ``"int8-decode"`` or ``"none"``."""
+    from memories_core.llms.decode_int8 import DecodeInt8Linear  # a model means torch is here
+
     for module in model.modules():
-        kind = type(module)
-        if kind.__module__.startswith("torch.ao.nn.quantized"):
+        if type(module).__module__.startswith("torch.ao.nn.quantized"):
             return "int8"
-        if kind.__name__ == "DecodeInt8Linear":
+        if isinstance(module, DecodeInt8Linear):
             return "int8-decode"
     return "none"
 
