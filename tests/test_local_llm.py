@@ -227,13 +227,20 @@ def test_auto_quantize_follows_the_measurement(monkeypatch: pytest.MonkeyPatch) 
     assert quantize.resolve_quantize(model, "auto", "float32") == "none"
 
 
-def test_decode_int8_reads_prompts_exactly_and_decodes_closely() -> None:
+def _int8_kernel() -> Any:
+    """torch, skipping the test where it lacks a CPU int8-weight kernel."""
     torch = pytest.importorskip("torch")
     from memories_core.llms.decode_int8 import kernel_works
-    from memories_core.llms.quantize import apply_quantize, has_int8, quantized_as
 
     if not kernel_works():
         pytest.skip("this torch has no CPU int8-weight kernel")
+    return torch
+
+
+def test_decode_int8_reads_prompts_exactly_and_decodes_closely() -> None:
+    torch = _int8_kernel()
+    from memories_core.llms.quantize import apply_quantize, has_int8, quantized_as
+
     model = _tiny_model()
     prompt, step = torch.randn(5, 16), torch.randn(1, 16)
     expected_prompt, expected_step = model(prompt).detach(), model(step).detach()
@@ -248,11 +255,8 @@ def test_decode_int8_reads_prompts_exactly_and_decodes_closely() -> None:
 
 def test_decode_int8_reads_a_whole_prompt_pass_in_float32_head_included() -> None:
     """The head sees one position while a prompt is read; the first token must stay exact."""
-    torch = pytest.importorskip("torch")
-    from memories_core.llms.decode_int8 import convert_for_decoding, kernel_works
-
-    if not kernel_works():
-        pytest.skip("this torch has no CPU int8-weight kernel")
+    torch = _int8_kernel()
+    from memories_core.llms.decode_int8 import convert_for_decoding
 
     class LastTokenModel(torch.nn.Module):
         def __init__(self) -> None:
@@ -281,11 +285,8 @@ def test_decode_int8_reads_a_whole_prompt_pass_in_float32_head_included() -> Non
 
 
 def test_decode_int8_keeps_a_tied_head_tied() -> None:
-    torch = pytest.importorskip("torch")
-    from memories_core.llms.decode_int8 import convert_for_decoding, kernel_works
-
-    if not kernel_works():
-        pytest.skip("this torch has no CPU int8-weight kernel")
+    torch = _int8_kernel()
+    from memories_core.llms.decode_int8 import convert_for_decoding
 
     class Tied(torch.nn.Module):
         def __init__(self) -> None:

@@ -296,8 +296,8 @@ def test_recall_brings_the_dialogs_of_a_recalled_memo() -> None:
     assert "fifteen degrees" in recall.context  # a covered turn, shown under its memo
 
 
-def test_recall_dates_each_dialog_line_of_a_memo() -> None:
-    """A reader asked "when" needs the dates of the memo's lines, as raw turns show them."""
+def _dated_memo_memory() -> MemoChatMemory:
+    """Ann's CHAT, said a minute apart from 8 May 2023 13:56 UTC, written into memos."""
     said = datetime(2023, 5, 8, 13, 56, tzinfo=timezone.utc)
     memory = MemoChatMemory(
         llm=_llm(), embedder=HashingEmbedder(), max_lines=10, clock=FixedClock(said)
@@ -307,6 +307,12 @@ def test_recall_dates_each_dialog_line_of_a_memo() -> None:
         for n, (role, text) in enumerate(CHAT)
     ]
     memory.save(turns, Scope("ann"))
+    return memory
+
+
+def test_recall_dates_each_dialog_line_of_a_memo() -> None:
+    """A reader asked "when" needs the dates of the memo's lines, as raw turns show them."""
+    memory = _dated_memo_memory()
     recall = memory.recall("business in japan", Scope("ann"), k=3)
     memo_lines = [line for line in recall.context.splitlines() if line.startswith("  ")]
     assert memo_lines and all(line.startswith("  [8 May 2023, ") for line in memo_lines)
@@ -320,15 +326,7 @@ def test_recall_dates_each_dialog_line_of_a_memo() -> None:
 
 def test_chat_with_memo_prompt_dates_evidences_and_recent_lines() -> None:
     """respond() shows the reader what recall shows: each memo line and buffered line dated."""
-    said = datetime(2023, 5, 8, 13, 56, tzinfo=timezone.utc)
-    memory = MemoChatMemory(
-        llm=_llm(), embedder=HashingEmbedder(), max_lines=10, clock=FixedClock(said)
-    )
-    turns = [
-        Turn(role, text, timestamp=said + timedelta(minutes=n))
-        for n, (role, text) in enumerate(CHAT)
-    ]
-    memory.save(turns, Scope("ann"))
+    memory = _dated_memo_memory()
     prompt = memory.chat_messages("business in japan", Scope("ann"))[-1].content
     assert "| Dialogs: [8 May 2023, " in prompt
     assert memory.buffer(Scope("ann")) and "Recent dialogs:\n```\n[8 May 2023, " in prompt
