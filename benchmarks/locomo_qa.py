@@ -601,8 +601,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     llm = make_llm(args.llm, args.model, args.base_url, args.threads, args.quantize)
     judge = None
     if args.judge_llm or args.judge_model:
-        judge = make_llm(
-            args.judge_llm or args.llm, args.judge_model, args.base_url, args.threads, args.quantize
+        same = (args.judge_llm or args.llm) == args.llm and args.judge_model in (None, args.model)
+        # The reader judging itself is loaded once (a local model costs GBs); the table and
+        # ``judge_is_reader`` say so.
+        judge = (
+            llm
+            if same
+            else make_llm(
+                args.judge_llm or args.llm,
+                args.judge_model,
+                args.base_url,
+                args.threads,
+                args.quantize,
+            )
         )
     from memories_core.embedders import SentenceTransformerEmbedder
 
@@ -641,14 +652,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     versus = versus_raw_turns(rows)
     if versus:
         text = f"{text}\n\n{versus}"
+    judge_label = (judge_name or "none") + (
+        " (the reader itself)" if meta["judge_is_reader"] else ""
+    )
     (out / "locomo_qa.md").write_text(
         f"Command: `{meta['command']}`\n\nReader and writer: {meta['reader_writer']}; judge: "
-        f"{judge_name or 'none'}; {len(items)} questions; wall {wall / 60:.1f} min.\n\n{text}\n",
+        f"{judge_label}; {len(items)} questions; wall {wall / 60:.1f} min.\n\n{text}\n",
         encoding="utf-8",
     )
     with contextlib.suppress(ImportError):  # matplotlib is optional (extra graph/dev)
         plot(rows, out / "locomo_qa.png")
     print(text)
+    if judge is not None:
+        print(f"judge: {judge_label}")
     print(f"wall time {wall / 60:.1f} min, load {os.getloadavg()[0]:.1f}")
     print(last_line(rows))
     return 0

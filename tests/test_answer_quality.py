@@ -441,3 +441,43 @@ def test_recall_budget_decides_whether_a_slow_reflection_is_measured_or_falls_ba
     answers = (tmp_path / "out" / "state" / "reflective").glob("*/answers.jsonl")
     logged = [json.loads(line) for path in answers for line in path.read_text().splitlines()]
     assert [a["recall_fallbacks"] for a in logged] == [fallbacks] * row["questions"]
+
+
+def test_a_judge_that_is_the_reader_is_loaded_once_and_named_as_such(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bench = _load_benchmark()
+    loads: list[tuple[object, ...]] = []
+
+    def reader(messages: object) -> str:
+        if "CORRECT or WRONG" in messages[0].content:  # type: ignore[index]
+            return "CORRECT"
+        return "Miso" if "Miso" in messages[-1].content else "dunno"  # type: ignore[index]
+
+    llm = ScriptedLLM([], default=reader)
+
+    class OtherJudge(ScriptedLLM):
+        @property
+        def name(self) -> str:
+            return "other-judge"
+
+    other = OtherJudge([], default="CORRECT")
+
+    def make_llm(*args: object, **kwargs: object) -> ScriptedLLM:
+        loads.append(args)
+        return other if args[1] == "other-judge" else llm
+
+    monkeypatch.setattr(bench, "make_llm", make_llm)  # type: ignore[attr-defined]
+    data = _dataset(tmp_path / "locomo.json")
+    out = tmp_path / "out"
+    argv = ["--data", str(data), "--mechanisms", "gold", "--out", str(out), "-q"]
+    assert bench.main([*argv, "--judge-llm", "local"]) == 0  # type: ignore[attr-defined]
+    assert len(loads) == 1  # the judge is the reader's instance, not a second model
+    result = json.loads((out / "locomo_qa.json").read_text())
+    assert result["meta"]["judge_is_reader"] is True
+    assert result["rows"][0]["judge"] is not None
+    assert "(the reader itself)" in (out / "locomo_qa.md").read_text()
+    # another judge model is loaded on its own, and the table does not call it the reader
+    assert bench.main([*argv, "--judge-model", "other-judge"]) == 0  # type: ignore[attr-defined]
+    assert len(loads) == 3
+    assert "(the reader itself)" not in (out / "locomo_qa.md").read_text()
