@@ -278,6 +278,10 @@ def test_decode_int8_reads_a_whole_prompt_pass_in_float32_head_included() -> Non
     with torch.inference_mode():
         expected_prompt, expected_step = model(prompt), model(step)
         assert convert_for_decoding(model) == 2
+        hooks = (len(model._forward_hooks), len(model.embed._forward_pre_hooks))
+        # converting again is a no-op: the same count, no second pair of hooks
+        assert convert_for_decoding(model) == 2
+        assert (len(model._forward_hooks), len(model.embed._forward_pre_hooks)) == hooks == (1, 1)
         assert torch.equal(model(prompt), expected_prompt)
         one = model(step)
     assert not torch.equal(one, expected_step)

@@ -116,9 +116,15 @@ def convert_for_decoding(model: Any) -> int:
     gets hooks that tell its layers how many tokens the pass holds, so that the whole pass
     that reads a prompt, the head included, runs in float32.
 
+    Converting a model that is already converted changes nothing (no second set of hooks)
+    and returns its count of converted layers.
+
     Returns:
         How many layers were converted (0 if the kernel is unavailable).
     """
+    done = sum(1 for module in model.modules() if isinstance(module, DecodeInt8Linear))
+    if done:
+        return done
     if not kernel_works():
         return 0
     current = _Pass()
