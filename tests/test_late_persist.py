@@ -375,6 +375,9 @@ def test_postgres_keeps_vectors_across_reopen_and_erases_them(
     records = fill(memory)
     fill(memory, "bo")
     assert set(stored(memory)) == {r.id for r in records}
+    ids = [r.id for r in records]  # the text-only read a reranker's pool uses, per user
+    assert memory.engine.store.texts(ids, user_id="ana") == {r.id: r.text for r in records}
+    assert memory.engine.store.texts(ids, user_id="bo") == {}
     memory.engine.store.close()
     encoder = FakeEncoder("counting")
     reopened = pg_memory_factory(encoder)
@@ -426,3 +429,52 @@ def test_bundled_model_reopened_memory_has_no_cold_start(tmp_path: Path) -> None
     assert encoded == [] and again[0].record.id == first[0].record.id
     assert "Pixel" in again[0].record.text
     reopened.close()
+
+
+def test_the_pool_is_read_as_texts_and_ranks_as_full_records_would(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    turns = [f"turn {i} about {'cats' if i % 3 else 'tea'} and day {i}" for i in range(80)]
+    # a pool deeper than the head that context spreading loads as records (20 + neighbours)
+    reranker = LateInteractionReranker(FakeEncoder("counting"), candidates=3, pool=60, context=True)
+    memory = HistoryMemory(
+        path=tmp_path,
+        embedder=HashingEmbedder(),
+        pipeline=late_interaction_pipeline(reranker=reranker),
+    )
+    fill(memory, turns=turns)
+    fill(memory, "bo", BO_TURNS)
+    store = memory.engine.store
+    asked: dict[str, list[str]] = {"get": [], "texts": []}
+    real_get, real_texts = store.get, store.texts
+
+    def get(ids: list[str], *, user_id: str) -> list[MemoryRecord]:
+        asked["get"] += list(ids)
+        return real_get(ids, user_id=user_id)
+
+    def texts(ids: list[str], *, user_id: str) -> dict[str, str]:
+        asked["texts"] += list(ids)
+        return real_texts(ids, user_id=user_id)
+
+    monkeypatch.setattr(store, "get", get)
+    monkeypatch.setattr(store, "texts", texts)
+    with_texts = memory.recall("what about the cats", Scope("ana"), k=3).records
+    assert len(set(asked["texts"])) >= 20  # the pool beyond the head, and neighbours, as text
+    assert len(set(asked["texts"]) - set(asked["get"])) >= 20  # never built as records
+    monkeypatch.setattr(store, "texts", None)  # a store without the text-only read
+    records_only = memory.recall("what about the cats", Scope("ana"), k=3).records
+    assert [h.record.id for h in with_texts] == [h.record.id for h in records_only]
+    assert [h.score for h in with_texts] == pytest.approx([h.score for h in records_only])
+    memory.close()
+
+
+def test_a_stores_text_read_is_one_users(tmp_path: Path) -> None:
+    memory = memory_at(tmp_path, FakeEncoder("counting"))
+    ana = fill(memory)
+    bo = fill(memory, "bo", BO_TURNS)
+    store = memory.engine.store
+    ids = [r.id for r in ana] + [r.id for r in bo] + ["missing"]
+    assert store.texts(ids, user_id="ana") == {r.id: r.text for r in ana}
+    assert store.texts(ids, user_id="bo") == {r.id: r.text for r in bo}
+    assert store.texts([], user_id="ana") == {}
+    memory.close()

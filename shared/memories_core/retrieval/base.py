@@ -201,6 +201,7 @@ class RecallContext:
         self.backend = backend
         self._vectors: dict[str, npt.NDArray[np.float32]] = {}
         self._records: dict[str, MemoryRecord | None] = {}
+        self._texts: dict[str, str | None] = {}
         #: Record id -> cosine of the query, for the records the dense source returned.
         self.similarity: dict[str, float] = {}
 
@@ -245,6 +246,31 @@ class RecallContext:
                 # Defence in depth: a record of another user is treated as unknown.
                 self._records[item] = record if record and record.user_id == user_id else None
         return {item: r for item in ids if (r := self._records.get(item)) is not None}
+
+    def texts(self, ids: Sequence[str], *, user_id: str) -> dict[str, str]:
+        """Texts of the records of ``ids`` (cached), for stages that score text only.
+
+        A record already loaded gives its text; the others are read with the backend's
+        ``texts`` when it has one (no metadata or state decoded), else loaded as records.
+        Ids the backend does not return for ``user_id`` are left out, as with :meth:`load`.
+        """
+        if user_id != self.request.user_id:
+            raise InvalidInputError("a recall context serves one user")
+        wanted = list(dict.fromkeys(ids))
+        for item in wanted:
+            if item not in self._texts and item in self._records:
+                record = self._records[item]
+                self._texts[item] = None if record is None else record.text
+        missing = [item for item in wanted if item not in self._texts]
+        if missing:
+            read = getattr(self.backend, "texts", None)
+            if callable(read):
+                found: Mapping[str, str] = read(missing, user_id=user_id)
+            else:
+                found = {item: r.text for item, r in self.load(missing, user_id=user_id).items()}
+            for item in missing:
+                self._texts[item] = found.get(item)
+        return {item: text for item in wanted if (text := self._texts.get(item)) is not None}
 
     def adjacent(
         self, ids: Sequence[str], *, user_id: str, gap: timedelta | None

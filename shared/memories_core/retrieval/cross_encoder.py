@@ -57,7 +57,6 @@ from memories_core.retrieval.base import RecallContext, RecallRequest
 from memories_core.retrieval.context import DEFAULT_CONTEXT_GAP
 from memories_core.retrieval.fusion import Ranking
 from memories_core.retrieval.rerankers import PairScorer
-from memories_core.types import MemoryRecord
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -377,7 +376,7 @@ class SentenceTransformersCrossEncoder:
 
 def context_pair_texts(
     head: Sequence[str],
-    records: Mapping[str, MemoryRecord],
+    own: Mapping[str, str],
     request: RecallRequest,
     ctx: RecallContext,
     context: bool,
@@ -385,11 +384,13 @@ def context_pair_texts(
 ) -> list[str]:
     """The text each record of ``head`` is scored with by a reranker.
 
-    Without ``context`` a record's own text; with it, ``"<previous text> <its text>"`` when
-    the record has a preceding neighbour by the rule of context spreading (same kind, same
-    session or within ``gap``; :mod:`memories_core.retrieval.context`).
+    Without ``context`` a record's own text (``own``: id -> text); with it,
+    ``"<previous text> <its text>"`` when the record has a preceding neighbour by the rule
+    of context spreading (same kind, same session or within ``gap``;
+    :mod:`memories_core.retrieval.context`). Neighbours are read as texts only
+    (:meth:`RecallContext.texts`).
     """
-    texts = [records[item].text for item in head]
+    texts = [own[item] for item in head]
     if not context:
         return texts
     links = ctx.adjacent(head, user_id=request.user_id, gap=gap)
@@ -398,11 +399,9 @@ def context_pair_texts(
         before = links.get(item, (None, None))[0]
         if before:
             previous[item] = before
-    found = ctx.load(list(dict.fromkeys(previous.values())), user_id=request.user_id)
+    found = ctx.texts(list(dict.fromkeys(previous.values())), user_id=request.user_id)
     return [
-        f"{found[previous[item]].text} {text}"
-        if item in previous and previous[item] in found
-        else text
+        f"{found[previous[item]]} {text}" if item in previous and previous[item] in found else text
         for item, text in zip(head, texts, strict=True)
     ]
 
@@ -476,12 +475,12 @@ class BlendedCrossEncoderReranker:
     def pair_texts(
         self,
         head: Sequence[str],
-        records: Mapping[str, MemoryRecord],
+        own: Mapping[str, str],
         request: RecallRequest,
         ctx: RecallContext,
     ) -> list[str]:
-        """The text each candidate of ``head`` is scored with (see ``context``)."""
-        return context_pair_texts(head, records, request, ctx, self.context, self.context_gap)
+        """The text each candidate of ``head`` is scored with (``own``: id -> its text)."""
+        return context_pair_texts(head, own, request, ctx, self.context, self.context_gap)
 
     def __post_init__(self) -> None:
         check_head_blend(self.candidates, self.weight)
@@ -490,11 +489,11 @@ class BlendedCrossEncoderReranker:
         """Return the ranking with its head re-ordered by the blend."""
         items = list(dict.fromkeys(item for item, _ in ranking))
         scores = dict(reversed(ranking))
-        records = ctx.load(items[: self.candidates], user_id=request.user_id)
-        head = [item for item in items[: self.candidates] if item in records]
+        own = ctx.texts(items[: self.candidates], user_id=request.user_id)
+        head = [item for item in items[: self.candidates] if item in own]
         if not head:
             return [(item, float(scores[item])) for item in items]
-        texts = self.pair_texts(head, records, request, ctx)
+        texts = self.pair_texts(head, own, request, ctx)
         values = [float(v) for v in self.score(request.query, texts)]
         if len(values) != len(head):
             raise ConfigurationError(f"scorer returned {len(values)} scores for {len(head)}")

@@ -289,6 +289,17 @@ class KeyedBackend:
             if record.kind != SEARCH_KEY_KIND
         }
 
+    def texts(self, ids: Sequence[str], *, user_id: str) -> dict[str, str]:
+        """Texts of the records among ``ids``; search keys are never returned.
+
+        A user without search keys is served by the inner backend's text-only read when it
+        has one; otherwise the records are loaded, so that keys are told apart by kind.
+        """
+        read = getattr(self.inner, "texts", None)
+        if callable(read) and not self.has_keys(user_id):
+            return dict(read(ids, user_id=user_id))
+        return {item: record.text for item, record in self.load(ids, user_id=user_id).items()}
+
     def adjacent(
         self, ids: Sequence[str], *, user_id: str, gap: timedelta | None
     ) -> dict[str, tuple[str | None, str | None]]:

@@ -631,7 +631,8 @@ class LateInteractionReranker:
             range(0, len(ids), chunk), desc="late-interaction vectors", disable=not progress
         ):
             part = ids[start : start + chunk]
-            texts = context_pair_texts(part, known, request, ctx, self.context, self.context_gap)
+            own = {item: known[item].text for item in part if item in known}
+            texts = context_pair_texts(part, own, request, ctx, self.context, self.context_gap)
             encoded += self._vectors(user_id, part, texts, store)[1]
         return encoded
 
@@ -640,14 +641,15 @@ class LateInteractionReranker:
         items = list(dict.fromkeys(item for item, _ in ranking))
         scores = dict(reversed(ranking))
         wanted = items[: max(self.candidates, self.pool)]
-        records: Mapping[str, MemoryRecord] = ctx.load(wanted, user_id=request.user_id)
-        gone = [item for item in wanted if item not in records]
+        # Texts only: the pool is a few hundred records, and only their text is scored.
+        own = ctx.texts(wanted, user_id=request.user_id)
+        gone = [item for item in wanted if item not in own]
         if gone:  # deleted (or another user's) records: nothing of them stays cached
             self.cache.invalidate(request.user_id, gone)
-        scored = [item for item in wanted if item in records]
+        scored = [item for item in wanted if item in own]
         if not scored:
             return [(item, float(scores[item])) for item in items]
-        texts = context_pair_texts(scored, records, request, ctx, self.context, self.context_gap)
+        texts = context_pair_texts(scored, own, request, ctx, self.context, self.context_gap)
         query = np.asarray(self.encoder.encode_query(request.query), dtype=np.float32)
         pool = self.vectors(request.user_id, scored, texts, token_vector_store(ctx))
         value = dict(zip(scored, maxsim_pool(query, pool).tolist(), strict=True))

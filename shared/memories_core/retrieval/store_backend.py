@@ -144,6 +144,13 @@ class StoreBackend:
         """Records of ``user_id`` among ``ids``."""
         return {r.id: r for r in self.store.get(list(ids), user_id=user_id) if r.user_id == user_id}
 
+    def texts(self, ids: Sequence[str], *, user_id: str) -> dict[str, str]:
+        """Texts of ``user_id``'s records among ``ids`` (the store's text-only read if any)."""
+        read = getattr(self.store, "texts", None)
+        if callable(read):
+            return dict(read(list(ids), user_id=user_id))
+        return {item: record.text for item, record in self.load(ids, user_id=user_id).items()}
+
     def has_kind(self, user_id: str, kind: str) -> bool:
         """Whether ``user_id`` has a record of ``kind`` (one indexed lookup)."""
         return bool(self.store.list(user_id=user_id, where={"kind": kind}, limit=1))

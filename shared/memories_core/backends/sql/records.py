@@ -214,6 +214,27 @@ class RecordsTable(SQLBase):
                 result.append(by_id[rid])
         return result
 
+    def texts(self, ids: Sequence[str], *, user_id: str) -> dict[str, str]:
+        """The texts of the records with these ids that belong to ``user_id``.
+
+        What a reranker reads of its pool: one query over the id index that decodes neither
+        metadata nor state, so scoring a few hundred candidates does not pay for building
+        them as records (:meth:`get`). Missing ids and other users' ids are left out.
+        """
+        self._ensure_open()
+        check_user_id(user_id)
+        if not ids:
+            return {}
+        d = self.dialect
+        with self._read([user_id]) as conn:
+            rows = self._run(
+                conn,
+                f"SELECT r.id, r.text FROM records AS r WHERE {d.hint('r.user_id')} = ? "
+                f"AND {d.ids_in('r.id')}",
+                (user_id, d.ids(ids)),
+            ).fetchall()
+        return {rid: text for rid, text in rows}
+
     def list(
         self,
         *,
