@@ -18,7 +18,8 @@ of its target, which must exist, not be a key, and satisfy the request's filter 
 ``where`` apply to the target, never to the key). The target's score is the best of its own
 score and its keys' scores (``key_fusion="max"``) or its own plus ``key_weight`` times its
 best key (``"sum"``); both rules were measured on LoCoMo dev with the observations as keys
-of their turns (BENCHMARKS.md, "Retrieval quality", its search-keys rows). Key records themselves are never returned.
+of their turns (BENCHMARKS.md, "Retrieval quality", its search-keys rows). Key records
+themselves are never returned.
 
 The engine validates keys on write (:func:`check_keys`) and deletes a record's keys with
 the record (:func:`key_filter`).
@@ -56,7 +57,8 @@ SEARCH_KEY_KIND = "search_key"
 #: The metadata field naming a key's target record.
 KEY_FOR = "key_for"
 #: How a target's own score and its keys' scores combine (chosen on LoCoMo dev by
-#: leave-one-conversation-out cross-validation; BENCHMARKS.md, "Retrieval quality", search-keys rows).
+#: leave-one-conversation-out cross-validation; BENCHMARKS.md, "Retrieval quality",
+#: search-keys rows).
 DEFAULT_KEY_FUSION: Literal["max", "sum"] = "max"
 #: Weight of the best key's score under ``"sum"`` (and a scale under ``"max"``).
 DEFAULT_KEY_WEIGHT = 1.0
