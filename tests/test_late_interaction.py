@@ -367,3 +367,29 @@ def test_bundled_reranker_in_history_memory_lifts_the_answer() -> None:
     reranker = late_interaction_reranker(candidates=10, weight=1.0, context=False)
     assert "Pixel" in top_answer_to_the_cat_question(reranker)
     assert len(reranker.cache) == 4
+
+
+def test_the_query_is_encoded_once_on_a_worker_while_the_first_stage_runs() -> None:
+    import threading
+
+    threads: list[str] = []
+
+    class Watched(FakeEncoder):
+        def encode_query(self, text: str) -> np.ndarray:
+            threads.append(threading.current_thread().name)
+            return super().encode_query(text)
+
+    encoder = Watched()
+    pipeline = late_interaction_pipeline(reranker=LateInteractionReranker(encoder, pool=10))
+    backend = backend_with(TEXTS)
+    top = ranked(pipeline, backend, "what toy did Pixel chase")
+    assert top[0] == "r3" and encoder.queries == ["what toy did Pixel chase"]
+    assert threads and threads[0].startswith("late-query")  # not the caller's thread
+
+    class Broken(FakeEncoder):
+        def encode_query(self, text: str) -> np.ndarray:
+            raise ConfigurationError("the query encoder failed")
+
+    broken = late_interaction_pipeline(reranker=LateInteractionReranker(Broken(), pool=10))
+    with pytest.raises(ConfigurationError, match="query encoder failed"):
+        ranked(broken, backend, "what toy did Pixel chase")  # raised where it was awaited

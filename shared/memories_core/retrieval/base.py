@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
@@ -147,7 +148,13 @@ class CandidateSource(Protocol):
 
 
 class Reranker(Protocol):
-    """A stage that rewrites the fused ranking (may add ids, e.g. neighbours)."""
+    """A stage that rewrites the fused ranking (may add ids, e.g. neighbours).
+
+    A stage may also offer ``begin(request, ctx)``: the pipeline calls it before the sources
+    run, so that work needing only the query (encoding it with the stage's own model) can
+    start on another thread and overlap the first stage; what it starts goes in
+    :attr:`RecallContext.started`.
+    """
 
     def rerank(self, ranking: Ranking, request: RecallRequest, ctx: RecallContext) -> Ranking:
         """Return the new ranking, best first."""
@@ -202,6 +209,8 @@ class RecallContext:
         self._vectors: dict[str, npt.NDArray[np.float32]] = {}
         self._records: dict[str, MemoryRecord | None] = {}
         self._texts: dict[str, str | None] = {}
+        #: Work a stage started in ``begin`` for this run, under a key of the stage's own.
+        self.started: dict[int, Future[Any]] = {}
         #: Record id -> cosine of the query, for the records the dense source returned.
         self.similarity: dict[str, float] = {}
 

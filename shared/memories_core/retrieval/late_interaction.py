@@ -63,9 +63,11 @@ encoded, so:
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
@@ -636,8 +638,18 @@ class LateInteractionReranker:
             encoded += self._vectors(user_id, part, texts, store)[1]
         return encoded
 
+    def begin(self, request: RecallRequest, ctx: RecallContext) -> None:
+        """Start encoding the query on a worker thread while the first stage runs.
+
+        The query's token vectors need nothing the sources find, so the encoder's pass
+        (onnxruntime releases the GIL) overlaps the query embedding and the searches on a
+        second core; :meth:`rerank` waits for it, and an error it raised is raised there.
+        """
+        ctx.started[id(self)] = _query_workers().submit(self.encoder.encode_query, request.query)
+
     def rerank(self, ranking: Ranking, request: RecallRequest, ctx: RecallContext) -> Ranking:
         """Return the ranking with its head re-ordered by the blend."""
+        started = ctx.started.pop(id(self), None)
         items = list(dict.fromkeys(item for item, _ in ranking))
         scores = dict(reversed(ranking))
         wanted = items[: max(self.candidates, self.pool)]
@@ -650,7 +662,8 @@ class LateInteractionReranker:
         if not scored:
             return [(item, float(scores[item])) for item in items]
         texts = context_pair_texts(scored, own, request, ctx, self.context, self.context_gap)
-        query = np.asarray(self.encoder.encode_query(request.query), dtype=np.float32)
+        encoded = self.encoder.encode_query(request.query) if started is None else started.result()
+        query = np.asarray(encoded, dtype=np.float32)
         pool = self.vectors(request.user_id, scored, texts, token_vector_store(ctx))
         value = dict(zip(scored, maxsim_pool(query, pool).tolist(), strict=True))
         head = pool_head(scored, [value[item] for item in scored], self.candidates)
@@ -666,6 +679,24 @@ class LateInteractionReranker:
     def invalidate(self, user_id: str, record_ids: Sequence[str]) -> None:
         """Drop the cached vectors of some of ``user_id``'s records."""
         self.cache.invalidate(user_id, record_ids)
+
+
+_WORKERS: ThreadPoolExecutor | None = None
+_WORKERS_LOCK = threading.Lock()
+
+
+def _query_workers() -> ThreadPoolExecutor:
+    """The threads that encode queries for :meth:`LateInteractionReranker.begin`.
+
+    A few, so that concurrent recalls do not queue behind one another's query.
+    """
+    global _WORKERS
+    with _WORKERS_LOCK:
+        if _WORKERS is None:
+            _WORKERS = ThreadPoolExecutor(
+                max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="late-query"
+            )
+        return _WORKERS
 
 
 def _read_stored(

@@ -207,6 +207,10 @@ class Pipeline:
         if request.now is None:
             request = replace(request, now=resolve_now(None, getattr(backend, "clock", None)))
         ctx = RecallContext(request, backend)
+        for stage in self.rerankers:  # query-only work overlaps the sources (Reranker docs)
+            begin = getattr(stage, "begin", None)
+            if callable(begin):
+                begin(request, ctx)
         depth = self.candidate_depth(request.k)
         active = [source for source in self.sources if source.weight > 0]
         rankings = [source.candidates(request, ctx, depth) for source in active]
