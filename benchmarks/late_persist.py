@@ -132,6 +132,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=2, help="turns per save() call")
     parser.add_argument("--seed", type=int, default=13)
     parser.add_argument("--torch-threads", type=int, default=1)
+    parser.add_argument(
+        "--query-runtime", default="auto", choices=("auto", "torch"), help="embedder queries"
+    )
     parser.add_argument("--name", default="late_persist")
     parser.add_argument("--report-only", action="store_true", help="redo md/png from the JSON")
     args = parser.parse_args(argv)
@@ -153,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     load_start = os.getloadavg()
     pairs = make_turns(args.size, args.seed)
     queries = make_queries(args.queries + 2, args.seed + 1)
-    embedder = real_embedder(args.torch_threads)
+    embedder = real_embedder(args.torch_threads, args.query_runtime)
     bank = VectorBank(embedder)
     texts = [render(r, c) for r, c in pairs]
     unique = list(dict.fromkeys(texts))
@@ -161,7 +164,11 @@ def main(argv: list[str] | None = None) -> None:
         bank._real(unique[lo : lo + 512])
 
     work = Path(tempfile.mkdtemp(prefix="late-persist-"))
-    result: dict[str, Any] = {"command": command_line(), "machine": machine()}
+    result: dict[str, Any] = {
+        "command": command_line(),
+        "machine": machine(),
+        "query_runtime": getattr(embedder, "query_runtime", "torch"),
+    }
     try:
         plain = ingest(work / "plain", pairs, bank, None, args.batch)
         print("plain ingest", plain, flush=True)
@@ -230,7 +237,8 @@ def report(result: dict[str, Any]) -> str:
         f"{' / '.join(f'{v:.1f}' for v in result['load_average']['start'])} at start, "
         f"{' / '.join(f'{v:.1f}' for v in result['load_average']['end'])} at end "
         "(1 / 5 / 15 min; 2 cores: "
-        f"{'loaded figures' if busy else 'a quiet machine'}).",
+        f"{'loaded figures' if busy else 'a quiet machine'}). Queries embedded in "
+        f"{result.get('query_runtime', 'torch')}.",
         "",
         "| ingest | turns | turns/s (vectors done) | save() returns s | SQLite bytes per record "
         "| int8 payload per record |",

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
 from memories_core.embedders.base import BaseEmbedder
-from memories_core.errors import ConfigurationError, MissingExtraError
+from memories_core.embedders.query_onnx import QueryOnnx, onnx_export_available
+from memories_core.errors import ConfigurationError, InvalidInputError, MissingExtraError
+from memories_core.usage import estimate_tokens
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -105,6 +107,11 @@ class SentenceTransformerEmbedder(BaseEmbedder):
             only its first 256 word pieces (about 1,000 characters of English) anyway, so
             the cut only saves tokenising megabyte-long inputs.
         allow_download: Let sentence-transformers fetch a model missing from the local cache.
+        query_runtime: ``"auto"`` runs single queries in onnxruntime once this machine has an
+            export of the model that reproduces its vectors (needs ``onnx`` and
+            ``onnxruntime``, the ``fast`` extra; made once in the background, see
+            :mod:`memories_core.embedders.query_onnx`), and in torch until then or without
+            them; ``"torch"`` always uses torch. Documents are always embedded by torch.
 
     Raises:
         ConfigurationError: if ``batch_size`` or ``max_chars`` is not a positive int.
@@ -124,8 +131,13 @@ class SentenceTransformerEmbedder(BaseEmbedder):
         device: str = "cpu",
         max_chars: int = 2000,
         allow_download: bool = False,
+        query_runtime: Literal["auto", "torch"] = "auto",
     ) -> None:
         super().__init__()
+        if query_runtime not in ("auto", "torch"):
+            raise ConfigurationError(
+                f"query_runtime must be 'auto' or 'torch', got {query_runtime!r}"
+            )
         for label, value in (("batch_size", batch_size), ("max_chars", max_chars)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigurationError(f"{label} must be a positive int, got {value!r}")
@@ -143,6 +155,8 @@ class SentenceTransformerEmbedder(BaseEmbedder):
             model_name_or_path or DEFAULT_MODEL_NAME
         )
         self._load_lock = threading.Lock()
+        self._query_runtime = query_runtime
+        self._query_onnx: QueryOnnx | None = None
 
     @property
     def name(self) -> str:
@@ -203,6 +217,55 @@ class SentenceTransformerEmbedder(BaseEmbedder):
                 f"{self.name} has dimension {dimension}, expected {self._dimension}"
             )
         return model
+
+    @property
+    def query_runtime(self) -> str:
+        """Where single queries run now: ``"onnxruntime"`` or ``"torch"``."""
+        fast = self._query_onnx
+        return "onnxruntime" if fast is not None and fast.ready else "torch"
+
+    def prepare_query_runtime(self, timeout: float | None = None) -> str:
+        """Load the model and make the onnxruntime query pass ready now (waits for it).
+
+        Returns:
+            :attr:`query_runtime` afterwards (``"torch"`` if it cannot be used here).
+        """
+        fast = self._accelerator()
+        if fast is not None:
+            fast.wait(timeout)
+        return self.query_runtime
+
+    def _accelerator(self) -> QueryOnnx | None:
+        """The query accelerator of the loaded model (made and started once), if allowed."""
+        if self._query_runtime != "auto" or self._device != "cpu":
+            return None
+        if self._query_onnx is None:
+            folder = (
+                default_model_path()
+                if self._model_name_or_path is None
+                else Path(self._model_name_or_path)
+            )
+            if not folder.is_dir() or not onnx_export_available():
+                self._query_runtime = "torch"
+                return None
+            self._query_onnx = QueryOnnx(self._get_model(), folder)
+        self._query_onnx.start()
+        return self._query_onnx
+
+    def embed_query(self, text: str) -> npt.NDArray[np.float32]:
+        """Embed a query: in onnxruntime when ready (``query_runtime``), else as a document.
+
+        Raises:
+            InvalidInputError: if ``text`` is not a string.
+        """
+        if not isinstance(text, str):
+            raise InvalidInputError(f"text must be a str, got {type(text).__name__}")
+        fast = self._accelerator()
+        vector = None if fast is None else fast.embed(text[: self._max_chars])
+        if vector is None:
+            return super().embed_query(text)
+        self._usage.record(calls=1, items=1, prompt_tokens=estimate_tokens(text))
+        return vector
 
     def _embed(self, texts: list[str]) -> npt.NDArray[np.float32]:
         model = self._get_model()

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from memories_core.cache import cache_root
 from memories_core.errors import ConfigurationError, LLMTimeoutError, MissingExtraError
 from memories_core.llms.base import (
     BaseLLM,
@@ -100,12 +101,8 @@ def find_bundled_gguf() -> Path:
 
 
 def default_cache_root() -> Path:
-    """Root folder of llm-memories caches: ``$LLM_MEMORIES_CACHE`` or ``~/.cache/llm-memories``.
-
-    Read at call time, so setting the variable after import works.
-    """
-    env = os.environ.get("LLM_MEMORIES_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "llm-memories"
+    """Root folder of llm-memories caches (:func:`memories_core.cache.cache_root`)."""
+    return cache_root()
 
 
 def _file_identity(path: Path) -> dict[str, Any]:

@@ -25,6 +25,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from memories_core.cache import cache_root
 from memories_core.errors import ConfigurationError, MissingExtraError
 
 __all__ = [
@@ -148,8 +149,7 @@ def default_model_name() -> str:
 
 
 def _cache_root() -> Path:
-    env = os.environ.get("LLM_MEMORIES_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "llm-memories"
+    return cache_root()
 
 
 def model_gguf(name: str) -> Path:
