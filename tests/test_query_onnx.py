@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +34,23 @@ def test_queries_run_in_onnxruntime_with_torchs_vectors(
     fast = SentenceTransformerEmbedder()
     torch_only = SentenceTransformerEmbedder(query_runtime="torch")
     assert fast.query_runtime == "torch"  # nothing exported yet
+    errors: list[BaseException] = []
+
+    def busy(n: int) -> None:  # the caller's threads keep embedding during the export
+        try:
+            for i in range(15):
+                fast.embed_documents([f"turn {n} {i} about the garden"])
+                fast.embed_query(f"what about the garden {n} {i}")
+        except BaseException as exc:
+            errors.append(exc)
+
+    workers = [threading.Thread(target=busy, args=(n,)) for n in range(3)]
+    for worker in workers:
+        worker.start()
     assert fast.prepare_query_runtime() == "onnxruntime"
+    for worker in workers:
+        worker.join()
+    assert errors == []
     for text in QUERIES:
         want = torch_only.embed_query(text)
         got = fast.embed_query(text)

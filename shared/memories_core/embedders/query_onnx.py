@@ -23,6 +23,7 @@ model is exported again. Files are written atomically (a temporary name, then a 
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import logging
 import os
@@ -89,6 +90,22 @@ def _digest(folder: Path) -> str:
     return hasher.hexdigest()[:16]
 
 
+def _own_tokenizer(folder: Path, max_length: int) -> Any:
+    """The model's ``tokenizer.json`` as a ``tokenizers.Tokenizer`` of our own, set once.
+
+    Its settings never change after this, so concurrent queries only read it.
+    """
+    from tokenizers import Tokenizer
+
+    path = folder / "tokenizer.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing")
+    tokenizer = Tokenizer.from_file(str(path))
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(max_length=max_length)
+    return tokenizer
+
+
 class QueryOnnx:
     """onnxruntime for the single-query pass of one sentence-transformers model.
 
@@ -112,6 +129,7 @@ class QueryOnnx:
         self._threads = threads
         self._cache = cache if cache is not None else cache_root() / "onnx-query"
         self._session: Any = None
+        self._tokenizer: Any = None
         self._inputs: tuple[str, ...] = ()
         self._state = "new"  # new -> preparing -> ready | off
         self._lock = threading.Lock()
@@ -145,12 +163,22 @@ class QueryOnnx:
         return self.ready
 
     def _prepare(self) -> None:
+        try:
+            # A private copy: exporting and checking never touch the model (or the fast
+            # tokenizer, which refuses concurrent calls) that the caller's threads use.
+            model = copy.deepcopy(self._model)
+            limit: Any = model[0].max_seq_length
+            self._tokenizer = _own_tokenizer(self._folder, int(limit))
+        except Exception as exc:  # any failure leaves the embedder on torch
+            logger.info("query embedding stays on torch: %s", exc)
+            self._state = "off"
+            return
         for attempt in range(2):  # a cached file that fails is exported again, once
             path: Path | None = None
             try:
-                path = self._exported()
+                path = self._exported(model)
                 session = self._open(path)
-                if not self._agrees(session):
+                if not self._agrees(session, model):
                     raise ValueError(f"the export at {path} does not reproduce torch's vectors")
                 self._session = session
                 self._state = "ready"
@@ -163,9 +191,9 @@ class QueryOnnx:
                 break
         self._state = "off"
 
-    def _exported(self) -> Path:
-        """The cached export of this model, made now if missing."""
-        if not _mean_pooled(self._model):
+    def _exported(self, model: SentenceTransformer) -> Path:
+        """The cached export of this model, made now (from ``model``) if missing."""
+        if not _mean_pooled(model):
             raise ValueError("only mean-pooled, normalised models are exported")
         target = self._cache / _digest(self._folder) / "model.onnx"
         if target.is_file():
@@ -173,7 +201,7 @@ class QueryOnnx:
         import torch
 
         target.parent.mkdir(parents=True, exist_ok=True)
-        transformer: Any = self._model[0].auto_model
+        transformer: Any = model[0].auto_model
         transformer.eval()
 
         class _Hidden(torch.nn.Module):
@@ -219,17 +247,13 @@ class QueryOnnx:
         return session
 
     def _features(self, text: str) -> dict[str, npt.NDArray[np.int64]]:
-        """The model's own tokenisation of one text (its max length), as int64 arrays."""
-        prepare = getattr(self._model, "preprocess", None) or self._model.tokenize
-        encoded = prepare([text])
-        features = {
-            name: np.asarray(encoded[name].numpy(), dtype=np.int64)
-            for name in _INPUTS
-            if name in encoded
+        """One text as the model's inputs (its own ``tokenizer.json``, cut at its max length)."""
+        encoded = self._tokenizer.encode(text)
+        return {
+            "input_ids": np.asarray([encoded.ids], dtype=np.int64),
+            "attention_mask": np.asarray([encoded.attention_mask], dtype=np.int64),
+            "token_type_ids": np.asarray([encoded.type_ids], dtype=np.int64),
         }
-        if "token_type_ids" not in features:
-            features["token_type_ids"] = np.zeros_like(features["input_ids"])
-        return features
 
     def _run(self, session: Any, text: str) -> npt.NDArray[np.float32]:
         features = self._features(text)
@@ -241,8 +265,8 @@ class QueryOnnx:
         norm = float(np.linalg.norm(pooled))
         return (pooled / norm if norm > 0 else pooled).astype(np.float32)
 
-    def _agrees(self, session: Any) -> bool:
-        reference = self._model.encode(
+    def _agrees(self, session: Any, model: SentenceTransformer) -> bool:
+        reference = model.encode(
             list(PROBES), normalize_embeddings=True, convert_to_numpy=True, batch_size=1
         )
         return all(
