@@ -1,7 +1,7 @@
 """A faster query pass for a sentence-transformers model: its own weights, run by onnxruntime.
 
 A recall embeds one short query. On the CPUs this project is measured on, torch spends most
-of that pass outside the arithmetic (all-MiniLM-L6-v2, a 13-piece query, one thread: about
+of that pass outside its matrix products (all-MiniLM-L6-v2, a 13-piece query, one thread: about
 20 ms in torch, about 10 ms for the same graph in onnxruntime; BENCHMARKS.md, "Retrieval
 quality", the late-interaction latency rows). So a :class:`QueryOnnx` exports the model's
 transformer once per machine with torch's ONNX exporter into the llm-memories cache
