@@ -106,3 +106,18 @@ def test_an_export_that_fails_leaves_torch_and_logs_it(
     assert "exporter refused the model" in caplog.text
     assert embedder.embed_query(QUERIES[2]).shape == (384,)  # torch answers, nothing raised
     assert not list((tmp_path / "onnx-query").rglob("*.onnx*"))  # no partial file is left
+
+
+def test_an_export_cut_short_leaves_no_file_for_long(tmp_path: Path) -> None:
+    import os
+    import time
+
+    from memories_core.embedders.query_onnx import _drop_stale
+
+    old, fresh = tmp_path / "a.onnx.tmp", tmp_path / "b.onnx.tmp"
+    for path in (old, fresh):
+        path.write_bytes(b"partial")
+    hour_ago = time.time() - 3600
+    os.utime(old, (hour_ago, hour_ago))
+    _drop_stale(tmp_path)
+    assert not old.exists() and fresh.exists()  # a fresh one may be another process's

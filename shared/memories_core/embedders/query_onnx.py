@@ -23,6 +23,7 @@ model is exported again. Files are written atomically (a temporary name, then a 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import logging
@@ -88,6 +89,20 @@ def _digest(folder: Path) -> str:
                 handle.seek(-(1 << 20), os.SEEK_END)
                 hasher.update(handle.read(1 << 20))
     return hasher.hexdigest()[:16]
+
+
+def _drop_stale(folder: Path, age_s: float = 600.0) -> None:
+    """Delete temporary files left by exports that were cut short.
+
+    The export thread is a daemon, so a process that exits mid-export leaves its temporary
+    file; one younger than ``age_s`` may be another process's export in progress.
+    """
+    import time
+
+    for leftover in folder.glob("*.onnx.tmp"):
+        with contextlib.suppress(OSError):
+            if time.time() - leftover.stat().st_mtime > age_s:
+                leftover.unlink()
 
 
 def _own_tokenizer(folder: Path, max_length: int) -> Any:
@@ -201,6 +216,7 @@ class QueryOnnx:
         import torch
 
         target.parent.mkdir(parents=True, exist_ok=True)
+        _drop_stale(target.parent)
         transformer: Any = model[0].auto_model
         transformer.eval()
 
