@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 from memories_core.backends.sql.dialect import SQLDialect
 from memories_core.errors import BackendError
+from memories_core.types import check_user_id
 
 __all__ = ["SQLBase"]
 
@@ -76,6 +77,30 @@ class SQLBase:
         if params is None:
             return conn.execute(self.dialect.sql(statement))
         return conn.execute(self.dialect.sql(statement), params)
+
+    def _rows_by_id(
+        self,
+        user_id: str,
+        ids: Sequence[str],
+        select: str,
+        *,
+        also: str = "",
+        params: Sequence[Any] = (),
+    ) -> list[Any]:
+        """Rows of ``select`` (aliasing ``records`` as ``r``) for ``user_id``'s records in ``ids``.
+
+        The one read by a batch of ids: checks the store and the user, returns nothing for
+        no ids, and keeps the planner on the id index (the batch is small, a user's records
+        may be many). ``also`` adds conditions after the id list, with ``params`` for them.
+        """
+        self._ensure_open()
+        check_user_id(user_id)
+        if not ids:
+            return []
+        d = self.dialect
+        sql = f"{select} WHERE {d.hint('r.user_id')} = ? AND {d.ids_in('r.id')}{also}"
+        with self._read([user_id]) as conn:
+            return list(self._run(conn, sql, (user_id, d.ids(list(ids)), *params)).fetchall())
 
     def _many(self, conn: Any, statement: str, rows: Sequence[Sequence[Any]]) -> int:
         """Execute ``statement`` (written with ``?``) once per row; returns rows changed."""

@@ -192,19 +192,7 @@ class RecordsTable(SQLBase):
 
         Missing ids and other users' ids are skipped silently.
         """
-        self._ensure_open()
-        check_user_id(user_id)
-        if not ids:
-            return []
-        d = self.dialect
-        with self._read([user_id]) as conn:
-            rows = self._run(
-                conn,
-                # The hint keeps the planner on the id index: the batch of ids is small,
-                # a user's records may be many.
-                f"{self._stateful()} WHERE {d.hint('r.user_id')} = ? AND {d.ids_in('r.id')}",
-                (user_id, d.ids(ids)),
-            ).fetchall()
+        rows = self._rows_by_id(user_id, ids, self._stateful())
         by_id = {row[0]: record_from_row(row) for row in rows}
         result: builtins.list[MemoryRecord] = []
         seen: set[str] = set()
@@ -221,18 +209,7 @@ class RecordsTable(SQLBase):
         metadata nor state, so scoring a few hundred candidates does not pay for building
         them as records (:meth:`get`). Missing ids and other users' ids are left out.
         """
-        self._ensure_open()
-        check_user_id(user_id)
-        if not ids:
-            return {}
-        d = self.dialect
-        with self._read([user_id]) as conn:
-            rows = self._run(
-                conn,
-                f"SELECT r.id, r.text FROM records AS r WHERE {d.hint('r.user_id')} = ? "
-                f"AND {d.ids_in('r.id')}",
-                (user_id, d.ids(ids)),
-            ).fetchall()
+        rows = self._rows_by_id(user_id, ids, "SELECT r.id, r.text FROM records AS r")
         return {rid: text for rid, text in rows}
 
     def list(

@@ -79,19 +79,13 @@ class TokenVectorsTable(SQLBase):
         self, user_id: str, ids: Sequence[str], *, encoder: str
     ) -> dict[str, TokenVectors]:
         """The rows of ``ids`` among ``user_id``'s records made by ``encoder`` (one query)."""
-        self._ensure_open()
-        check_user_id(user_id)
-        if not ids:
-            return {}
-        d = self.dialect
-        with self._read([user_id]) as conn:
-            rows = self._run(
-                conn,
-                f"SELECT {_COLUMNS} FROM records r JOIN token_vectors t ON t.seq = r.seq "
-                f"WHERE {d.hint('r.user_id')} = ? AND {d.ids_in('r.id')} "
-                "AND t.user_id = ? AND t.encoder = ?",
-                (user_id, d.ids(list(ids)), user_id, encoder),
-            ).fetchall()
+        rows = self._rows_by_id(
+            user_id,
+            ids,
+            f"SELECT {_COLUMNS} FROM records r JOIN token_vectors t ON t.seq = r.seq",
+            also=" AND t.user_id = ? AND t.encoder = ?",
+            params=(user_id, encoder),
+        )
         return {row[0]: _row(row) for row in rows}
 
     def token_vector_rows(self, user_id: str) -> builtins.list[TokenVectors]:
