@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from memories_core.cache import cache_root
 from memories_core.errors import ConfigurationError, MissingExtraError
 from memories_core.llms import LocalLLM, models
 from memories_core.llms.models import MODELS, OfflineModel, default_model_name, model_gguf
@@ -65,7 +66,7 @@ def test_a_tampered_chunk_is_refused_and_leaves_nothing(
     )
     with pytest.raises(ConfigurationError, match="SHA-256"):
         model_gguf(name)
-    cache = Path(models._cache_root()) / "gguf"
+    cache = cache_root() / "gguf"
     assert not any(cache.glob("*.gguf")) and not any(cache.glob(".*"))
 
 

@@ -148,10 +148,6 @@ def default_model_name() -> str:
     return "smollm2-135m"
 
 
-def _cache_root() -> Path:
-    return cache_root()
-
-
 def model_gguf(name: str) -> Path:
     """The GGUF file of model ``name``, joining and verifying chunks on first use.
 
@@ -176,7 +172,7 @@ def model_gguf(name: str) -> Path:
         raise error
     if len(parts) == 1:
         return parts[0]
-    target = _cache_root() / "gguf" / f"{model.title}.gguf"
+    target = cache_root() / "gguf" / f"{model.title}.gguf"
     marker = target.with_suffix(".sha256")
     sizes = ",".join(str(p.stat().st_size) for p in parts)
     expected = f"{model.sha256} {sizes}"
