@@ -633,7 +633,7 @@ class LateInteractionReranker:
             range(0, len(ids), chunk), desc="late-interaction vectors", disable=not progress
         ):
             part = ids[start : start + chunk]
-            own = {item: known[item].text for item in part if item in known}
+            own = {item: known[item].text for item in part}  # all given, all known
             texts = context_pair_texts(part, own, request, ctx, self.context, self.context_gap)
             encoded += self._vectors(user_id, part, texts, store)[1]
         return encoded
