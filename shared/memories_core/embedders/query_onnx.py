@@ -162,6 +162,8 @@ class QueryOnnx:
 
     def start(self) -> None:
         """Prepare the session on a background thread (once; later calls do nothing)."""
+        if self._state != "new":  # every query calls this: no lock once started
+            return
         with self._lock:
             if self._state != "new":
                 return
