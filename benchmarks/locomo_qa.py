@@ -14,6 +14,10 @@ most recent part that fits ``--full-tokens``) and ``gold`` (the evidence turns: 
 Runs are resumable: ``--out DIR`` keeps each finished ingest (the memory folder and its cost)
 and every answer as it is made; ``--resume`` reuses them, so an interrupted run loses at most
 the conversation being ingested (an ingest is not idempotent, so a half-done one is redone).
+A conversation whose answers are all kept needs only ``answers.jsonl`` and ``ingest.json``
+under ``DIR/state/<mechanism>/<conversation>/``: those small files can be copied to another
+machine (or committed) and the table rebuilt there without the memory folders; a kept
+ingest record whose memory folder is missing is ingested again.
 A judge given on ``--resume`` judges the kept answers that have no label yet, without
 answering them again.
 
@@ -219,14 +223,19 @@ def run_row(
         asked_at = question_time(conversation, args.sessions)
         clock = FixedClock(asked_at)
         memory = None
-        if name not in BASELINES:
+        todo = [item for item in mine if item.id not in done]
+        marker = folder / "ingest.json"
+        if name not in BASELINES and not todo and marker.is_file():
+            # Every answer is kept: the row needs its ingest's cost, not the memory itself
+            # (kept answers and ingest records travel without the memory folders).
+            ingests.append(IngestStats.from_json(json.loads(marker.read_text(encoding="utf-8"))))
+        elif name not in BASELINES:
             memory, stats = _ingested(name, conversation, folder, clock, llm, embedder, args)
             ingests.append(stats)
         clock.set(asked_at)
         user = conversation.sample_id
         fallbacks: dict[str, int] = {}
         recall = _recaller(name, memory, conversation, user, count, args, fallbacks)
-        todo = [item for item in mine if item.id not in done]
         unjudged = (
             [] if judge is None else [i for i in mine if i.id in done and done[i.id].judge is None]
         )
@@ -275,7 +284,7 @@ def _ingested(
     marker = folder / "ingest.json"
     memory_dir = folder / "memory"
     budget = args.recall_budget or None  # 0: no limit
-    if marker.is_file():
+    if marker.is_file() and memory_dir.is_dir():  # a marker without its memory is redone
         stats = IngestStats.from_json(json.loads(marker.read_text(encoding="utf-8")))
         return make_memory(name, memory_dir, clock, llm, embedder, recall_budget=budget), stats
     shutil.rmtree(memory_dir, ignore_errors=True)

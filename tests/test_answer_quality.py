@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import sys
 import time
 from datetime import datetime, timezone
@@ -481,3 +482,42 @@ def test_a_judge_that_is_the_reader_is_loaded_once_and_named_as_such(
     assert bench.main([*argv, "--judge-model", "other-judge"]) == 0  # type: ignore[attr-defined]
     assert len(loads) == 3
     assert "(the reader itself)" not in (out / "locomo_qa.md").read_text()
+
+
+def test_kept_answers_rebuild_the_table_without_the_memory_folders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bench = _load_benchmark()
+    calls: list[str] = []
+
+    def reader(messages: object) -> str:
+        text = messages[-1].content  # type: ignore[index]
+        calls.append(text)
+        return "Miso" if "Miso" in text else "dunno"
+
+    monkeypatch.setattr(bench, "make_llm", lambda *a, **k: ScriptedLLM([], default=reader))  # type: ignore[attr-defined]
+    monkeypatch.setattr(
+        "memories_core.embedders.SentenceTransformerEmbedder", lambda: HashingEmbedder(dimension=64)
+    )
+    data = _dataset(tmp_path / "locomo.json")
+    out = tmp_path / "out"
+    argv = ["--data", str(data), "--mechanisms", "history", "--out", str(out), "--sessions", "2"]
+    assert bench.main([*argv, "-q"]) == 0  # type: ignore[attr-defined]
+    first = json.loads((out / "locomo_qa.json").read_text())["rows"][0]
+    asked = len(calls)
+    # on another machine only answers.jsonl and ingest.json arrive: the row is rebuilt as is
+    for memory in (out / "state" / "history").glob("*/memory"):
+        shutil.rmtree(memory)
+    assert bench.main([*argv, "--resume", "-q"]) == 0  # type: ignore[attr-defined]
+    assert len(calls) == asked
+    again = json.loads((out / "locomo_qa.json").read_text())["rows"][0]
+    assert again["f1"] == first["f1"] and again["store_bytes"] == first["store_bytes"]
+    assert not list((out / "state" / "history").glob("*/memory"))
+    # with an answer missing, the memory it needs is ingested again (not read as empty)
+    answers = next((out / "state" / "history").glob("*/answers.jsonl"))
+    kept = answers.read_text().splitlines()
+    answers.write_text("\n".join(kept[:-1]) + "\n")
+    assert bench.main([*argv, "--resume", "-q"]) == 0  # type: ignore[attr-defined]
+    assert len(calls) == asked + 1
+    assert json.loads((out / "locomo_qa.json").read_text())["rows"][0]["f1"] == first["f1"]
+    capsys.readouterr()
