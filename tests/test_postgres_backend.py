@@ -16,6 +16,7 @@ import textwrap
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -885,3 +886,35 @@ def test_a_bulk_load_refreshes_the_planner_statistics(postgres_dsn: str, pg_sche
         assert reltuples() == 1201
         found = index.search(rng.random(8, dtype=np.float32), user_id="u", k=5)
         assert len(found) == 5
+
+
+def test_pgvector_search_settings_hold_on_every_pooled_connection(
+    postgres_dsn: str, pg_schema: str
+) -> None:
+    """A filtered HNSW search finds k rows on each search, whatever k came before.
+
+    The settings live on the index's pooled sessions (set once, changed when a search needs a
+    larger ``ef_search``), so they must hold on later searches on the same connections and on
+    concurrent ones on other connections.
+    """
+    rng = np.random.default_rng(1)
+    n, dimension = 10_000, 16  # the planner walks the HNSW graph from about this size
+    kinds = [{"user_id": "u", "kind": "note" if i % 100 == 0 else "turn"} for i in range(n)]
+    with PgVectorIndex(postgres_dsn, dimension=dimension, schema=pg_schema, ef_search=5) as index:
+        index.add([f"v{i}" for i in range(n)], rng.random((n, dimension), dtype=np.float32), kinds)
+        notes = {f"v{i}" for i in range(0, n, 100)}
+        queries = rng.random((14, dimension), dtype=np.float32)
+
+        def search(k: int, query: np.ndarray) -> set[str]:
+            found = index.search(query, user_id="u", k=k, where={"kind": "note"})
+            return {item for item, _ in found}
+
+        for k, query in zip((30, 5, 30, 90, 3, 30), queries, strict=False):
+            got = search(k, query)  # ef_search rises with k and falls back
+            assert len(got) == k and got <= notes
+            # unfiltered, k rows however small ef_search (the scan goes on past it)
+            assert len(index.search(query, user_id="u", k=k)) == k
+        assert len(index.search(queries[0], user_id="u", k=200)) == 200
+        with ThreadPoolExecutor(4) as pool:  # several pooled connections at once
+            found = list(pool.map(lambda q: search(30, q), queries[6:]))
+        assert all(len(got) == 30 and got <= notes for got in found)
