@@ -952,6 +952,7 @@ def test_question_parser_keeps_only_pairs_grounded_in_existing_memories() -> Non
                 pair("When does the boss's flight depart?", "01:30", [2]),  # repeated
                 pair("Does the user like jazz?", "Yes", [3]),  # yes/no: the question grounds
                 pair("What is it?", "<Decision>: jazz", [3]),  # markup
+                pair("Who flies? And when?", "boss; 01:30", [1, 2]),  # two questions in one
             ]
         }
     )

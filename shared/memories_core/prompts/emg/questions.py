@@ -106,10 +106,11 @@ QUESTIONS_SYSTEM = (
     "a numbered list of the user's memories from one period, oldest first. Write questions "
     "the user could ask their assistant that these memories answer. Prefer questions that "
     "need two or more of the memories together (linked by a shared person, place, thing or "
-    "time), and also write some that one memory answers. For each question give a short "
-    "answer taken from the memories (names, dates, numbers as they are written there) and "
-    "the numbers of every memory the answer needs. Do not ask about anything the memories "
-    "do not say.\n" + json_instruction(QuestionsAnswer)
+    "time), and also write some that one memory answers. Each question asks one thing: one "
+    "sentence ending in one question mark, never several questions joined together. For "
+    "each question give a short answer taken from the memories (names, dates, numbers as "
+    "they are written there) and the numbers of every memory the answer needs. Do not ask "
+    "about anything the memories do not say.\n" + json_instruction(QuestionsAnswer)
 )
 
 
@@ -139,8 +140,11 @@ def parse_questions(text: str, inputs: QuestionsInput) -> list[GeneratedQuestion
 
     A pair is dropped when it cites a number outside the list (a made-up memory), when its
     answer shares no word with the cited memories (not grounded in them; "yes"/"no" answers
-    pass if the question shares a word with them), when it holds prompt markup, or when it
-    repeats an earlier question. Numbers are 1-based in the reply, 0-based in the result.
+    pass if the question shares a word with them), when it holds prompt markup, when it is
+    several questions run together (more than one question mark: "What ...? And what ...?",
+    which a small model writes and no user asks; its joint answer and memories cannot be
+    split), or when it repeats an earlier question. Numbers are 1-based in the reply,
+    0-based in the result.
 
     Raises:
         ParseError: if the reply is not the JSON answer, or the model gave pairs and every one
@@ -157,6 +161,8 @@ def parse_questions(text: str, inputs: QuestionsInput) -> list[GeneratedQuestion
         if not cited or any(not 1 <= n <= count for n in cited):
             continue
         if _MARKUP.search(question) or _MARKUP.search(reply) or not re.search(r"\w", reply):
+            continue
+        if question.count("?") > 1:  # several questions run together
             continue
         source = " ".join(inputs.memories[n - 1].render() for n in cited)
         if reply.lower().strip(" .!") in _YES_NO:
