@@ -8,8 +8,9 @@ BLEU-1 and, when a judge model is configured, an LLM judge. Cost is counted besi
 model calls and tokens spent writing memory per turn, reader prompt tokens per question,
 save / recall latency p50 and p95, and the memory's size on disk.
 
-Baselines: ``none`` (no memory), ``full`` (the whole conversation with session dates, or its
-most recent part that fits ``--full-tokens``) and ``gold`` (the evidence turns: the ceiling).
+Baselines: ``none`` (no memory), ``full`` (the whole conversation with session dates where it
+fits the reader's window, else its most recent part that fits; ``--full-tokens`` sets another
+budget) and ``gold`` (the evidence turns: the ceiling).
 
 Runs are resumable: ``--out DIR`` keeps each finished ingest (the memory folder and its cost)
 and every answer as it is made; ``--resume`` reuses them, so an interrupted run loses at most
@@ -94,6 +95,31 @@ MECHANISMS = (
     "late",
 )
 #: Mechanisms whose memories a model writes (the rest store raw turns).
+#: Tokens the ``full`` row leaves free in the reader's window: instructions, question, answer.
+FULL_RESERVE_TOKENS = 1024
+#: The ``full`` row's budget for a reader that does not say its window (an OpenAI model).
+FULL_DEFAULT_TOKENS = 6000
+
+
+def full_budget(llm: Any, asked: int | None) -> int:
+    """Tokens of conversation the ``full`` row gives: ``asked``, else what the window holds.
+
+    The issue's baseline is the whole conversation where it fits the reader's window, else
+    its most recent part that fits; a reader with ``context_tokens`` (the local models) says
+    its window.
+    """
+    if asked is not None:
+        return asked
+    window = getattr(llm, "context_tokens", None)
+    if (
+        isinstance(window, int)
+        and not isinstance(window, bool)
+        and window > 2 * FULL_RESERVE_TOKENS
+    ):
+        return window - FULL_RESERVE_TOKENS
+    return FULL_DEFAULT_TOKENS
+
+
 LLM_WRITTEN = {"summary", "conditional", "multiview", "memorybank", "memochat", "dpem", "emg"}
 
 
@@ -200,7 +226,8 @@ def run_row(
     embedder: Any,
 ) -> dict[str, Any]:
     """Ingest (unless a baseline) and answer every item for one mechanism; resumable."""
-    state = Path(args.out) / "state" / name
+    # The full row's answers depend on its budget: each budget keeps its own.
+    state = Path(args.out) / "state" / (f"full-{args.full_tokens}" if name == "full" else name)
     ingests: list[IngestStats] = []
     results: list[QAResult] = []
     count = token_counter(llm)
@@ -575,7 +602,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="local model's int8 weights (LocalLLM quantize=; auto: quantize.AUTO_QUANTIZE)",
     )
     parser.add_argument("--k", type=int, default=None, help="records recalled (default: each's)")
-    parser.add_argument("--full-tokens", type=int, default=6000, help="'full' row's token budget")
+    parser.add_argument(
+        "--full-tokens",
+        type=int,
+        default=None,
+        help="'full' row's token budget (default: the reader's window less "
+        f"{FULL_RESERVE_TOKENS} tokens, or {FULL_DEFAULT_TOKENS} if it does not say)",
+    )
     parser.add_argument("--max-tokens", type=int, default=32, help="reader answer cap")
     parser.add_argument(
         "--recall-budget",
@@ -608,6 +641,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     started = time.perf_counter()
     llm = make_llm(args.llm, args.model, args.base_url, args.threads, args.quantize)
+    args.full_tokens = full_budget(llm, args.full_tokens)
     judge = None
     if args.judge_llm or args.judge_model:
         same = (args.judge_llm or args.llm) == args.llm and args.judge_model in (None, args.model)
@@ -649,6 +683,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "questions": len(items),
         "sessions": args.sessions,
         "seed": args.seed,
+        "full_tokens": args.full_tokens,
         "wall_s": wall,
         "machine": {
             "platform": platform.platform(),

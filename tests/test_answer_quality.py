@@ -521,3 +521,17 @@ def test_kept_answers_rebuild_the_table_without_the_memory_folders(
     assert len(calls) == asked + 1
     assert json.loads((out / "locomo_qa.json").read_text())["rows"][0]["f1"] == first["f1"]
     capsys.readouterr()
+
+
+def test_full_row_gives_the_whole_window_the_reader_has() -> None:
+    bench = _load_benchmark()
+
+    class Windowed(ScriptedLLM):
+        context_tokens = 16384
+
+    reserve = bench.FULL_RESERVE_TOKENS  # type: ignore[attr-defined]
+    assert bench.full_budget(Windowed([]), None) == 16384 - reserve  # type: ignore[attr-defined]
+    assert bench.full_budget(Windowed([]), 3000) == 3000  # type: ignore[attr-defined]
+    # a reader that does not say its window (an OpenAI model) gets the documented default
+    default = bench.FULL_DEFAULT_TOKENS  # type: ignore[attr-defined]
+    assert bench.full_budget(ScriptedLLM([]), None) == default  # type: ignore[attr-defined]

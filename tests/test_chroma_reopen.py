@@ -9,6 +9,7 @@ tests fill stores with near-duplicates and count records a search cannot return.
 from __future__ import annotations
 
 import random
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -192,7 +193,25 @@ def test_a_second_instance_in_the_process_sees_the_first_ones_writes(tmp_path: P
     assert second.search(vectors[15], user_id=USER, k=1)[0][0] == "r15"
     assert "r3" not in {vid for vid, _ in second.search(vectors[3], user_id=USER, k=20)}
     first.close()
+    assert second.search(vectors[15], user_id=USER, k=1)[0][0] == "r15"  # still open
     second.close()
+
+
+def test_a_memory_made_where_a_deleted_one_was_works_in_the_same_process(tmp_path: Path) -> None:
+    """Closing releases Chroma's per-folder system, so a new folder at the path is fresh."""
+    from memories_core import HistoryMemory
+
+    folder = tmp_path / "memory"
+    closed = []  # still referenced (as a caller may keep them): nothing is garbage collected
+    for round_ in range(3):
+        memory = HistoryMemory(path=folder, embedder=HashingEmbedder(dimension=64))
+        closed.append(memory)
+        memory.save([Turn("user", f"my parrot is called Kiwi{round_}")], Scope(USER))
+        memory.flush()
+        found = memory.recall("parrot name", Scope(USER), k=5)
+        assert [r.record.text for r in found.records] == [f"user: my parrot is called Kiwi{round_}"]
+        memory.close()
+        shutil.rmtree(folder)
 
 
 @pytest.mark.parametrize("arg", ["exact_below", "open_check"])

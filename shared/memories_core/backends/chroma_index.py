@@ -240,6 +240,10 @@ class ChromaIndex(ChromaReachability, ChromaVerification, ChromaErasure):
         except BaseException:
             self._release_folder()
             raise
+        # A client this index built is released on close (a caller's is left open): Chroma
+        # keeps one system per folder per process, and a stale one answers "Failed to get
+        # segments" to a new memory made where a deleted one was.
+        self._owns_client = client is None
         # The folder of an embedded persistent store, whose files erasure cleans.
         self._folder: Path | None = Path(path) if path is not None else _local_folder(client)
         if self._folder_lock is None and self._folder is not None:
@@ -747,6 +751,12 @@ class ChromaIndex(ChromaReachability, ChromaVerification, ChromaErasure):
                 with suppress(Exception):
                     for name in self._own_collection_names():
                         self._drop_collection(name)
+            if self._owns_client:
+                self._owns_client = False
+                closer = getattr(self._client, "close", None)  # chromadb >= 1.1
+                if callable(closer):
+                    with suppress(Exception):
+                        closer()
 
     # -- helpers ----------------------------------------------------------------------------
 
