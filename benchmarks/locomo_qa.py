@@ -430,6 +430,9 @@ def summarise(
         "recall_ms_p95": percentile([r.recall_ms for r in results], 95),
         "answer_ms_p50": percentile([r.answer_ms for r in results], 50),
         "ingest_s": sum(s.wall_s for s in ingests),
+        # Recall + answer time of every kept answer: with ingest_s, what the row cost however
+        # many resumed invocations made it.
+        "answer_s": sum(r.recall_ms + r.answer_ms for r in results) / 1000,
         "store_bytes": sum(s.store_bytes for s in ingests),
         "turns": turns,
     }
@@ -699,9 +702,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     judge_label = (judge_name or "none") + (
         " (the reader itself)" if meta["judge_is_reader"] else ""
     )
+    work = sum(row["ingest_s"] + row["answer_s"] for row in rows)
     (out / "locomo_qa.md").write_text(
         f"Command: `{meta['command']}`\n\nReader and writer: {meta['reader_writer']}; judge: "
-        f"{judge_label}; {len(items)} questions; wall {wall / 60:.1f} min.\n\n{text}\n",
+        f"{judge_label}; {len(items)} questions; wall {wall / 60:.1f} min (this invocation); "
+        f"ingests and answers, kept ones included, {work / 3600:.1f} h.\n\n{text}\n",
         encoding="utf-8",
     )
     with contextlib.suppress(ImportError):  # matplotlib is optional (extra graph/dev)

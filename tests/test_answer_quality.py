@@ -512,6 +512,9 @@ def test_kept_answers_rebuild_the_table_without_the_memory_folders(
     assert len(calls) == asked
     again = json.loads((out / "locomo_qa.json").read_text())["rows"][0]
     assert again["f1"] == first["f1"] and again["store_bytes"] == first["store_bytes"]
+    # the row's cost is what its kept ingest and answers took, not this invocation's wall
+    assert again["answer_s"] == first["answer_s"] > 0 and again["ingest_s"] == first["ingest_s"]
+    assert "ingests and answers, kept ones included" in (out / "locomo_qa.md").read_text()
     assert not list((out / "state" / "history").glob("*/memory"))
     # with an answer missing, the memory it needs is ingested again (not read as empty)
     answers = next((out / "state" / "history").glob("*/answers.jsonl"))
