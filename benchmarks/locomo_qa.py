@@ -262,7 +262,11 @@ def run_row(
         clock.set(asked_at)
         user = conversation.sample_id
         fallbacks: dict[str, int] = {}
-        recall = _recaller(name, memory, conversation, user, count, args, fallbacks)
+        # Built only when something is left to answer: the full row's context counts tokens
+        # with the reader's tokenizer, which would load the model for nothing.
+        recall = (
+            _recaller(name, memory, conversation, user, count, args, fallbacks) if todo else None
+        )
         unjudged = (
             [] if judge is None else [i for i in mine if i.id in done and done[i.id].judge is None]
         )
@@ -277,6 +281,7 @@ def run_row(
                 log.flush()
                 os.fsync(log.fileno())
             for item in bar:
+                assert recall is not None  # todo is not empty
                 result = answer_question(
                     item,
                     reader=llm,
