@@ -18,9 +18,9 @@ the ``user_id`` index and an exact sort instead.
 The search settings (``hnsw.iterative_scan`` and ``hnsw.ef_search``, at least ``k``) are set
 at session level on each of the index's own pooled connections, and again only when a search
 needs another ``ef_search``: a search is then one statement, where setting them per query
-took a transaction of four round trips (``BEGIN``, ``set_config``, the query, ``COMMIT``),
-about half of a search's time on a local server. The pool is the index's own, so no other
-query sees these settings.
+took a transaction (``BEGIN``, ``set_config``, the query, ``COMMIT``); a ``MemoryStore`` search
+makes 10 round trips instead of 13 (BENCHMARKS.md, "Storage"). The pool is the index's own,
+so no other query sees these settings.
 """
 
 from __future__ import annotations
