@@ -637,6 +637,27 @@ def _weights_label(quantized: str) -> str:
     return labels.get(quantized, "")
 
 
+def reader_label(llm: Any, out: Path) -> str:
+    """The reader/writer's name and weights, as the kept answers were made.
+
+    A local model's int8 conversion is known once it is loaded; the label is then kept in
+    ``state/reader.json``, so a table rebuilt from kept answers (nothing loaded) names the
+    model as it ran.
+    """
+    label = getattr(llm, "name", type(llm).__name__) + _weights_label(
+        getattr(llm, "quantized", "none")
+    )
+    kept = out / "state" / "reader.json"
+    if getattr(llm, "loaded", True):
+        write_json_atomic(kept, {"reader_writer": label})
+        return label
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        stored = json.loads(kept.read_text(encoding="utf-8")).get("reader_writer")
+        if isinstance(stored, str) and stored.split(" (")[0] == label.split(" (")[0]:
+            return stored
+    return label
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     names = [n.strip() for n in args.mechanisms.split(",") if n.strip()]
@@ -679,12 +700,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     judge_name = getattr(judge, "name", None)
+    reader = reader_label(llm, out)
     meta = {
         "command": command_line(
             "benchmarks/locomo_qa.py", list(sys.argv[1:] if argv is None else argv)
         ),
-        "reader_writer": getattr(llm, "name", type(llm).__name__)
-        + _weights_label(getattr(llm, "quantized", "none")),
+        "reader_writer": reader,
         "judge": judge_name,
         "judge_is_reader": judge is not None and judge_name == getattr(llm, "name", None),
         "conversations": [c.sample_id for c in conversations],

@@ -538,3 +538,21 @@ def test_full_row_gives_the_whole_window_the_reader_has() -> None:
     # a reader that does not say its window (an OpenAI model) gets the documented default
     default = bench.FULL_DEFAULT_TOKENS  # type: ignore[attr-defined]
     assert bench.full_budget(ScriptedLLM([]), None) == default  # type: ignore[attr-defined]
+
+
+def test_a_rebuilt_table_names_the_reader_as_it_ran(tmp_path: Path) -> None:
+    bench = _load_benchmark()
+
+    class Local:
+        name = "local:Model"
+
+        def __init__(self, loaded: bool) -> None:
+            self.loaded = loaded
+            self.quantized = "int8-decode" if loaded else "none"  # known once loaded
+
+    ran = bench.reader_label(Local(loaded=True), tmp_path)  # type: ignore[attr-defined]
+    assert ran == "local:Model (int8 weights for decoding)"
+    # rebuilt from kept answers, nothing loaded: the kept label, not "none"
+    assert bench.reader_label(Local(loaded=False), tmp_path) == ran  # type: ignore[attr-defined]
+    other = tmp_path / "other"
+    assert bench.reader_label(Local(loaded=False), other) == "local:Model"  # type: ignore[attr-defined]
