@@ -94,19 +94,22 @@ MECHANISMS = (
     "emg",
     "late",
 )
-#: Mechanisms whose memories a model writes (the rest store raw turns).
 #: Tokens the ``full`` row leaves free in the reader's window: instructions, question, answer.
+#: The ``none`` row's whole prompt is about 121 tokens (the 150-question table) and answers are
+#: capped at ``--max-tokens`` (32); a local reader cuts an overlong prompt from the left, so
+#: the reserve keeps the instructions in it with room for long questions.
 FULL_RESERVE_TOKENS = 1024
-#: The ``full`` row's budget for a reader that does not say its window (an OpenAI model).
+#: The ``full`` row's budget for a reader that does not say its window (an OpenAI model): the
+#: harness's earlier fixed budget, which every such model's window holds; ``--full-tokens``
+#: gives a server model its whole window.
 FULL_DEFAULT_TOKENS = 6000
 
 
 def full_budget(llm: Any, asked: int | None) -> int:
     """Tokens of conversation the ``full`` row gives: ``asked``, else what the window holds.
 
-    The issue's baseline is the whole conversation where it fits the reader's window, else
-    its most recent part that fits; a reader with ``context_tokens`` (the local models) says
-    its window.
+    The baseline is the whole conversation where it fits the reader's window, else its most
+    recent part that fits; a reader with ``context_tokens`` (the local models) says its window.
     """
     if asked is not None:
         return asked
@@ -120,6 +123,7 @@ def full_budget(llm: Any, asked: int | None) -> int:
     return FULL_DEFAULT_TOKENS
 
 
+#: Mechanisms whose memories a model writes (the rest store raw turns).
 LLM_WRITTEN = {"summary", "conditional", "multiview", "memorybank", "memochat", "dpem", "emg"}
 
 
@@ -251,14 +255,13 @@ def run_row(
         clock = FixedClock(asked_at)
         memory = None
         todo = [item for item in mine if item.id not in done]
-        marker = folder / "ingest.json"
-        if name not in BASELINES and not todo and marker.is_file():
-            # Every answer is kept: the row needs its ingest's cost, not the memory itself
-            # (kept answers and ingest records travel without the memory folders).
-            ingests.append(IngestStats.from_json(json.loads(marker.read_text(encoding="utf-8"))))
-        elif name not in BASELINES:
-            memory, stats = _ingested(name, conversation, folder, clock, llm, embedder, args)
-            ingests.append(stats)
+        if name not in BASELINES:
+            # Every answer kept: the row needs its ingest's cost, not the memory itself (kept
+            # answers and ingest records travel without the memory folders).
+            kept = None if todo else _kept_ingest(folder)
+            if kept is None:
+                memory, kept = _ingested(name, conversation, folder, clock, llm, embedder, args)
+            ingests.append(kept)
         clock.set(asked_at)
         user = conversation.sample_id
         fallbacks: dict[str, int] = {}
@@ -303,6 +306,14 @@ def run_row(
     return summarise(name, results, ingests, judged=judge is not None)
 
 
+def _kept_ingest(folder: Path) -> IngestStats | None:
+    """The finished ingest's record in ``folder`` (``None``: not finished)."""
+    marker = folder / "ingest.json"
+    if not marker.is_file():
+        return None
+    return IngestStats.from_json(json.loads(marker.read_text(encoding="utf-8")))
+
+
 def _ingested(
     name: str,
     conversation: LocomoConversation,
@@ -316,8 +327,8 @@ def _ingested(
     marker = folder / "ingest.json"
     memory_dir = folder / "memory"
     budget = args.recall_budget or None  # 0: no limit
-    if marker.is_file() and memory_dir.is_dir():  # a marker without its memory is redone
-        stats = IngestStats.from_json(json.loads(marker.read_text(encoding="utf-8")))
+    stats = _kept_ingest(folder) if memory_dir.is_dir() else None  # no memory: redone
+    if stats is not None:
         return make_memory(name, memory_dir, clock, llm, embedder, recall_budget=budget), stats
     shutil.rmtree(memory_dir, ignore_errors=True)
     memory = make_memory(name, memory_dir, clock, llm, embedder, recall_budget=budget)
@@ -644,16 +655,15 @@ def reader_label(llm: Any, out: Path) -> str:
     ``state/reader.json``, so a table rebuilt from kept answers (nothing loaded) names the
     model as it ran.
     """
-    label = getattr(llm, "name", type(llm).__name__) + _weights_label(
-        getattr(llm, "quantized", "none")
-    )
+    name = getattr(llm, "name", type(llm).__name__)
+    label = name + _weights_label(getattr(llm, "quantized", "none"))
     kept = out / "state" / "reader.json"
     if getattr(llm, "loaded", True):
         write_json_atomic(kept, {"reader_writer": label})
         return label
     with contextlib.suppress(OSError, ValueError, AttributeError):
         stored = json.loads(kept.read_text(encoding="utf-8")).get("reader_writer")
-        if isinstance(stored, str) and stored.split(" (")[0] == label.split(" (")[0]:
+        if isinstance(stored, str) and stored.startswith(name):  # the same model
             return stored
     return label
 

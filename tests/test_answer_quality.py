@@ -266,6 +266,16 @@ def _load_benchmark() -> object:
     return module
 
 
+def _offline_bench(monkeypatch: pytest.MonkeyPatch, llm: ScriptedLLM) -> object:
+    """The benchmark module with ``llm`` as reader/writer and the hashing embedder."""
+    bench = _load_benchmark()
+    monkeypatch.setattr(bench, "make_llm", lambda *a, **k: llm)
+    monkeypatch.setattr(
+        "memories_core.embedders.SentenceTransformerEmbedder", lambda: HashingEmbedder(dimension=64)
+    )
+    return bench
+
+
 def _dataset(path: Path) -> Path:
     conversation = _conversation()
     sample = {
@@ -307,7 +317,6 @@ def _dataset(path: Path) -> Path:
 def test_benchmark_runs_resumes_and_prints_the_last_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    bench = _load_benchmark()
     calls: list[str] = []
 
     def reader(messages: object) -> str:
@@ -320,11 +329,7 @@ def test_benchmark_runs_resumes_and_prints_the_last_line(
             return NOT_MENTIONED
         return "Miso" if "Miso" in text else "sunset" if "sunset" in text else "dunno"
 
-    llm = ScriptedLLM([], default=reader)
-    monkeypatch.setattr(bench, "make_llm", lambda *a, **k: llm)  # type: ignore[attr-defined]
-    monkeypatch.setattr(
-        "memories_core.embedders.SentenceTransformerEmbedder", lambda: HashingEmbedder(dimension=64)
-    )
+    bench = _offline_bench(monkeypatch, ScriptedLLM([], default=reader))
     data = _dataset(tmp_path / "locomo.json")
     argv = [
         "--data",
@@ -415,7 +420,6 @@ def test_llm_written_rows_are_compared_with_raw_turns_per_category_and_cost() ->
 def test_recall_budget_decides_whether_a_slow_reflection_is_measured_or_falls_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, budget: str, fallbacks: int
 ) -> None:
-    bench = _load_benchmark()
     reflections: list[str] = []
 
     def model(messages: object) -> str:
@@ -427,11 +431,7 @@ def test_recall_budget_decides_whether_a_slow_reflection_is_measured_or_falls_ba
         text = messages[-1].content  # type: ignore[index]
         return "Miso" if "Miso" in text else "dunno"
 
-    llm = ScriptedLLM([], default=model)
-    monkeypatch.setattr(bench, "make_llm", lambda *a, **k: llm)  # type: ignore[attr-defined]
-    monkeypatch.setattr(
-        "memories_core.embedders.SentenceTransformerEmbedder", lambda: HashingEmbedder(dimension=64)
-    )
+    bench = _offline_bench(monkeypatch, ScriptedLLM([], default=model))
     data = _dataset(tmp_path / "locomo.json")
     argv = ["--data", str(data), "--mechanisms", "reflective", "--out", str(tmp_path / "out")]
     argv += ["--sessions", "1", "--recall-budget", budget, "-q"]
@@ -487,7 +487,6 @@ def test_a_judge_that_is_the_reader_is_loaded_once_and_named_as_such(
 def test_kept_answers_rebuild_the_table_without_the_memory_folders(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    bench = _load_benchmark()
     calls: list[str] = []
 
     def reader(messages: object) -> str:
@@ -495,10 +494,7 @@ def test_kept_answers_rebuild_the_table_without_the_memory_folders(
         calls.append(text)
         return "Miso" if "Miso" in text else "dunno"
 
-    monkeypatch.setattr(bench, "make_llm", lambda *a, **k: ScriptedLLM([], default=reader))  # type: ignore[attr-defined]
-    monkeypatch.setattr(
-        "memories_core.embedders.SentenceTransformerEmbedder", lambda: HashingEmbedder(dimension=64)
-    )
+    bench = _offline_bench(monkeypatch, ScriptedLLM([], default=reader))
     data = _dataset(tmp_path / "locomo.json")
     out = tmp_path / "out"
     argv = ["--data", str(data), "--mechanisms", "history", "--out", str(out), "--sessions", "2"]
