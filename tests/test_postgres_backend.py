@@ -910,7 +910,7 @@ def test_pgvector_search_settings_hold_on_every_pooled_connection(
             return {item for item, _ in found}
 
         for k, query in zip((30, 5, 30, 90, 3, 30), queries, strict=False):
-            got = search(k, query)  # ef_search rises with k and falls back
+            got = search(k, query)  # k goes up and down between searches on the pool
             assert len(got) == k and got <= notes
             # unfiltered, k rows however small ef_search (the scan goes on past it)
             assert len(index.search(query, user_id="u", k=k)) == k
