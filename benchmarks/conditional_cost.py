@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import statistics
 import sys
@@ -60,6 +61,9 @@ from memories_core.prompts import summary as summary_prompts
 from memories_core.prompts.rule_following import is_worth_remembering, rule_following_reply
 from memories_core.types import ChatMessage
 from memories_core.usage import Usage, estimate_tokens
+
+# First-stage figures (HistoryMemory reranks by default where the rerank extra is).
+os.environ.setdefault("LLM_MEMORIES_LATE_INTERACTION", "off")
 
 OUT = Path(__file__).resolve().parent / "out"
 STEM = "conditional_cost"

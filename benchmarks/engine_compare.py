@@ -56,6 +56,9 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+# First-stage figures (HistoryMemory reranks by default where the rerank extra is).
+os.environ.setdefault("LLM_MEMORIES_LATE_INTERACTION", "off")
+
 HERE = Path(__file__).resolve().parent
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
 DEFAULT_OUT = HERE / "out" / "engine_compare"

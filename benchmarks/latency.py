@@ -62,6 +62,9 @@ from memories_core.embedders.base import BaseEmbedder
 from memories_core.interfaces import Embedder
 from memories_core.retrieval import SearchMode
 
+# First-stage figures (HistoryMemory reranks by default where the rerank extra is).
+os.environ.setdefault("LLM_MEMORIES_LATE_INTERACTION", "off")
+
 OUT = Path(__file__).resolve().parent / "out"
 SYSTEMS = ("ours-persistent", "ours-memory", "chroma-plain", "langchain-inmemory")
 TARGET = "target-user"

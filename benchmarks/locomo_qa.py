@@ -180,10 +180,14 @@ def make_memory(
     """
     import memories_core as mc
     from memories_core.engine import MemoryEngine
+    from memories_core.retrieval import Pipeline
 
     common: dict[str, Any] = {"path": folder, "clock": clock, "embedder": embedder}
+    # Raw turns with the first stage alone, whatever is installed: HistoryMemory reranks
+    # with late interaction by default where the rerank extra is, which is the "late" row.
+    first_stage = {**common, "pipeline": Pipeline()}
     if name == "history":
-        return mc.HistoryMemory(**common)
+        return mc.HistoryMemory(**first_stage)
     if name == "late":
         from memories_core.retrieval.late_interaction import late_interaction_pipeline
 
@@ -201,7 +205,7 @@ def make_memory(
             }
         )
     if name == "reflective":
-        return mc.SelfReflectiveMemory(mc.HistoryMemory(**common), llm, budget=recall_budget)
+        return mc.SelfReflectiveMemory(mc.HistoryMemory(**first_stage), llm, budget=recall_budget)
     if name == "memorybank":
         return mc.MemoryBankMemory(**common, llm=llm)
     if name == "memochat":

@@ -32,6 +32,7 @@ import argparse
 import hashlib
 import itertools
 import json
+import os
 import pickle
 import platform
 import random
@@ -75,6 +76,9 @@ from memories_core.types import MemoryRecord, new_id
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine_info import command_line
+
+# First-stage figures (HistoryMemory reranks by default where the rerank extra is).
+os.environ.setdefault("LLM_MEMORIES_LATE_INTERACTION", "off")
 
 #: The shared datasets folder next to the repository (see shared/datasets/README.md).
 DEFAULT_DATA = (

@@ -38,6 +38,9 @@ from typing import Any
 from memories_core import HistoryMemory, Scope, Turn
 from memories_core.embedders import HashingEmbedder
 
+# First-stage figures (HistoryMemory reranks by default where the rerank extra is).
+os.environ.setdefault("LLM_MEMORIES_LATE_INTERACTION", "off")
+
 OUT = Path(__file__).resolve().parent / "out"
 WHEN = datetime(2024, 1, 1, 12, tzinfo=timezone.utc)
 TOPICS = (

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import re
 import shlex
 import statistics
@@ -57,6 +58,9 @@ from memories_core.types import ChatMessage
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from locomo_retrieval import CachedEmbedder
 from machine_info import machine, portable_path
+
+# First-stage figures (HistoryMemory reranks by default where the rerank extra is).
+os.environ.setdefault("LLM_MEMORIES_LATE_INTERACTION", "off")
 
 DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
 DEFAULT_DATA = DATASETS / "locomo" / "locomo_dev.json"

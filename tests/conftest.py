@@ -29,6 +29,10 @@ os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
 # Tests that reach the default offline model use the tiny, fast one even where the 1.5B
 # model is installed (README: the quickstart installs it); tests of the choice set it.
 os.environ.setdefault("LLM_MEMORIES_MODEL", "smollm2-135m")
+# HistoryMemory reranks with late interaction by default where the rerank extra is
+# installed (the dev extra installs it); tests check rankings of the first stage alone unless
+# they test that default (tests/test_late_default.py sets it).
+os.environ.setdefault("LLM_MEMORIES_LATE_INTERACTION", "off")
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -162,13 +162,16 @@ def test_a_pool_at_most_the_head_changes_nothing() -> None:
 def test_late_interaction_pipeline_fetches_deep_enough_for_the_pool() -> None:
     reranker = LateInteractionReranker(FakeEncoder(), candidates=5, pool=120, context=False)
     base = Pipeline()
+    request = RecallRequest("where is Pixel", user_id="ana", k=5)
     pipeline = late_interaction_pipeline(base, reranker, depth=90)
-    assert pipeline.depth == 90 and base.depth < 90
-    assert pipeline.rerankers == (*base.rerankers, reranker)
+    assert pipeline.candidate_depth(5, request) == 90 and base.depth < 90
+    assert pipeline.depth == base.depth  # deeper only on the requests it reranks
+    assert pipeline.rerankers == (*base.rerankers, replace(reranker, depth=90))
     assert pipeline.sources == base.sources and pipeline.fusion == base.fusion
-    assert late_interaction_pipeline(base, reranker).depth == DEFAULT_LATE_DEPTH
+    default = late_interaction_pipeline(base, reranker)
+    assert default.candidate_depth(5, request) == DEFAULT_LATE_DEPTH
     deeper = late_interaction_pipeline(replace(base, depth=300), reranker)
-    assert deeper.depth == 300
+    assert deeper.candidate_depth(5, request) == 300
     with pytest.raises(ConfigurationError, match="depth"):
         late_interaction_pipeline(base, reranker, depth=0)
 

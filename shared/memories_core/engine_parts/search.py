@@ -98,7 +98,7 @@ class EngineSearch(EngineDeletion):
             if len(hits) >= k or want >= MAX_K:
                 break
             if len(ranked) < want:
-                if depth_k >= want or len(ranked) < chosen.candidate_depth(depth_k):
+                if depth_k >= want or len(ranked) < chosen.candidate_depth(depth_k, request):
                     break  # every candidate was read: the user has no more matches
                 depth_k = want  # the ranking ran out: ask the sources for more candidates
                 continue

@@ -7,9 +7,12 @@ relevant to the query are recalled. The paper retrieves k=3 history records (§5
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from memories_core.mechanisms.base import MemoryBase
+
+if TYPE_CHECKING:
+    from memories_core.retrieval.pipeline import Pipeline
 
 __all__ = ["HistoryMemory"]
 
@@ -28,8 +31,16 @@ class HistoryMemory(MemoryBase):
         >>> memory.recall("which allergies do I have?", Scope("alice")).context
         'user: I am allergic to peanuts'
 
+    Retrieval: with no ``pipeline``, the late-interaction reranker joins the default first
+    stage when the ``rerank`` extra is installed
+    (:func:`~memories_core.retrieval.late_interaction.default_turn_pipeline`: the best
+    retrieval measured on LoCoMo, R@5 0.704 -> 0.756 held out), and the first stage runs
+    alone otherwise. Pass ``pipeline=Pipeline()`` (or set ``LLM_MEMORIES_LATE_INTERACTION=off``)
+    to keep the first stage alone.
+
     Args:
         k: Turns recalled by default (paper: 3).
+        pipeline: Retrieval pipeline; ``None`` chooses as above.
         **kwargs: Storage and model options of :class:`~memories_core.mechanisms.base.MemoryBase`
             (``path``, ``embedder``, ``store``, ``index``, ``fusion``, ``clock``, ...).
     """
@@ -38,5 +49,9 @@ class HistoryMemory(MemoryBase):
     recall_kinds: ClassVar[tuple[str, ...]] = ("turn",)
     index_turns: ClassVar[bool] = True
 
-    def __init__(self, *, k: int = 3, **kwargs: Any) -> None:
-        super().__init__(k=k, **kwargs)
+    def __init__(self, *, k: int = 3, pipeline: Pipeline | None = None, **kwargs: Any) -> None:
+        if pipeline is None:
+            from memories_core.retrieval.late_interaction import default_turn_pipeline
+
+            pipeline = default_turn_pipeline()
+        super().__init__(k=k, pipeline=pipeline, **kwargs)

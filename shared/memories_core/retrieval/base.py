@@ -153,7 +153,9 @@ class Reranker(Protocol):
     A stage may also offer ``begin(request, ctx)``: the pipeline calls it before the sources
     run, so that work needing only the query (encoding it with the stage's own model) can
     start on another thread and overlap the first stage; what it starts goes in
-    :attr:`RecallContext.started`.
+    :attr:`RecallContext.started`. And it may offer ``depth_for(request) -> int``: the
+    candidates per source it needs for this request (``0``: no more than the pipeline's
+    own), so that a stage that leaves a request alone does not deepen its first stage.
     """
 
     def rerank(self, ranking: Ranking, request: RecallRequest, ctx: RecallContext) -> Ranking:

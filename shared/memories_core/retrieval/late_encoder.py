@@ -196,6 +196,23 @@ class OnnxLateInteractionEncoder:
         """
         return self._encode(text, _QUERY_MARKER, self.query_length, self.augment, keep_end=True)
 
+    def query_fits(self, text: str) -> bool:
+        """Whether ``text`` fits the query window whole (``encode_query`` cuts nothing).
+
+        A dialogue passed as the query usually does not fit: 32 word pieces are about two
+        short sentences.
+        """
+        if not isinstance(text, str):
+            raise InvalidInputError(f"text must be a str, got {type(text).__name__}")
+        room = self.query_length - 2 - (1 if self.markers else 0)
+        # Every word is at least one piece, and no piece is longer than ~100 characters:
+        # a text that fails either bound cannot fit, and is not tokenised whole.
+        if len(text.split()) > room or len(text) > 100 * room:
+            return False
+        self._load()
+        assert self._tokenizer is not None
+        return len(self._tokenizer.encode(text, add_special_tokens=False).ids) <= room
+
     def encode_document(self, text: str) -> npt.NDArray[np.float32]:
         """Unit token vectors of a stored text (``[D]`` marker)."""
         return self._encode(text, _DOC_MARKER, self.document_length, False)

@@ -114,16 +114,21 @@ __all__ = [
     "DEFAULT_LATE_MARKERS",
     "DEFAULT_LATE_POOL",
     "DEFAULT_LATE_WEIGHT",
+    "DEFAULT_SKIP_LONG_QUERIES",
+    "LATE_DEFAULT_ENV",
     "LateInteractionEncoder",
     "LateInteractionReranker",
     "OnnxLateInteractionEncoder",
     "TokenVectorCache",
     "bundled_colbert_dir",
+    "default_turn_pipeline",
+    "late_interaction_installed",
     "late_interaction_pipeline",
     "late_interaction_reranker",
     "maxsim",
     "maxsim_pool",
     "pool_head",
+    "shared_late_reranker",
     "token_vector_store",
 ]
 
@@ -155,6 +160,11 @@ DEFAULT_LATE_DEPTH = 150
 #: Bytes of token vectors a default cache keeps: int8, about 28 KB per LoCoMo turn encoded
 #: with its previous turn (~73 word pieces x 384), so about 2,300 records.
 DEFAULT_CACHE_BYTES = 64 * 1024 * 1024
+#: Keep the first stage's order for a query longer than the encoder's query window (a
+#: dialogue passed as the query). On MADial-Bench late interaction made multi-turn queries
+#: worse than the first stage (BENCHMARKS.md, "MADial-Bench"); no LoCoMo question is that
+#: long, so LoCoMo figures do not change.
+DEFAULT_SKIP_LONG_QUERIES = True
 #: Encoder and digest tag of vectors given to the cache as floats (not stored).
 _NO_TAG = "0" * 32
 
@@ -352,6 +362,13 @@ class LateInteractionReranker:
             shared on purpose).
         pool: How deep MaxSim scores the fused ranking (``0`` or at most ``candidates``:
             the head only).
+        skip_long_queries: Leave a query that does not fit the encoder's query window whole
+            (encoders with ``query_fits``; the bundled one holds 32 word pieces) to the
+            first stage, fetched at the pipeline's own depth: the recall is then exactly
+            the pipeline's without this stage.
+        depth: Candidates per source the pipeline fetches when this stage acts on a
+            request (:meth:`depth_for`; :func:`late_interaction_pipeline` sets it), so that
+            the pool exists.
     """
 
     encoder: LateInteractionEncoder
@@ -361,9 +378,13 @@ class LateInteractionReranker:
     context_gap: timedelta | None = DEFAULT_CONTEXT_GAP
     cache: TokenVectorCache = field(default_factory=TokenVectorCache, compare=False)
     pool: int = DEFAULT_LATE_POOL
+    skip_long_queries: bool = DEFAULT_SKIP_LONG_QUERIES
+    depth: int = 0
 
     def __post_init__(self) -> None:
         check_head_blend(self.candidates, self.weight)
+        if isinstance(self.depth, bool) or not isinstance(self.depth, int) or self.depth < 0:
+            raise ConfigurationError("depth must be an int >= 0")
         if isinstance(self.pool, bool) or not isinstance(self.pool, int) or self.pool < 0:
             raise ConfigurationError("pool must be an int >= 0")
         if not isinstance(self.encoder, LateInteractionEncoder):
@@ -476,13 +497,31 @@ class LateInteractionReranker:
         (onnxruntime releases the GIL) overlaps the query embedding and the searches on a
         second core; :meth:`rerank` waits for it, and an error it raised is raised there.
         """
-        ctx.started[id(self)] = _query_workers().submit(self.encoder.encode_query, request.query)
+        ctx.started[id(self)] = _query_workers().submit(self._query_vectors, request.query)
+
+    def acts_on(self, query: str) -> bool:
+        """Whether this stage reranks for ``query`` (see ``skip_long_queries``)."""
+        fits = getattr(self.encoder, "query_fits", None)
+        return not (self.skip_long_queries and callable(fits) and not fits(query))
+
+    def depth_for(self, request: RecallRequest) -> int:
+        """Candidates per source this stage needs for ``request`` (0 when it leaves it)."""
+        return self.depth if self.acts_on(request.query) else 0
+
+    def _query_vectors(self, query: str) -> npt.NDArray[np.float32] | None:
+        """The query's token vectors, or ``None`` when it is too long to rerank by."""
+        if not self.acts_on(query):
+            return None
+        return np.asarray(self.encoder.encode_query(query), dtype=np.float32)
 
     def rerank(self, ranking: Ranking, request: RecallRequest, ctx: RecallContext) -> Ranking:
         """Return the ranking with its head re-ordered by the blend."""
         started = ctx.started.pop(id(self), None)
         items = list(dict.fromkeys(item for item, _ in ranking))
         scores = dict(reversed(ranking))
+        query = self._query_vectors(request.query) if started is None else started.result()
+        if query is None:  # a dialogue as the query: the first stage's order stands
+            return [(item, float(scores[item])) for item in items]
         wanted = items[: max(self.candidates, self.pool)]
         # Texts only: the pool is a few hundred records, and only their text is scored.
         own = ctx.texts(wanted, user_id=request.user_id)
@@ -493,8 +532,6 @@ class LateInteractionReranker:
         if not scored:
             return [(item, float(scores[item])) for item in items]
         texts = context_pair_texts(scored, own, request, ctx, self.context, self.context_gap)
-        encoded = self.encoder.encode_query(request.query) if started is None else started.result()
-        query = np.asarray(encoded, dtype=np.float32)
         pool = self.vectors(request.user_id, scored, texts, token_vector_store(ctx))
         value = dict(zip(scored, maxsim_pool(query, pool).tolist(), strict=True))
         head = pool_head(scored, [value[item] for item in scored], self.candidates)
@@ -558,6 +595,7 @@ def late_interaction_reranker(
     threads: int = 1,
     cache_bytes: int = DEFAULT_CACHE_BYTES,
     pool: int = DEFAULT_LATE_POOL,
+    skip_long_queries: bool = DEFAULT_SKIP_LONG_QUERIES,
 ) -> LateInteractionReranker:
     """The late-interaction reranker with the measured defaults.
 
@@ -572,6 +610,8 @@ def late_interaction_reranker(
         pool: How deep MaxSim scores the fused ranking (see
             :class:`LateInteractionReranker`); the pipeline must fetch deep enough, which
             :func:`late_interaction_pipeline` arranges.
+        skip_long_queries: Keep the first stage's order for a query longer than the
+            encoder's query window (see :class:`LateInteractionReranker`).
 
     Raises:
         CrossEncoderModelMissing: if ``encoder`` is ``None`` and the bundled files are
@@ -590,6 +630,7 @@ def late_interaction_reranker(
         context=context,
         cache=TokenVectorCache(cache_bytes),
         pool=pool,
+        skip_long_queries=bool(skip_long_queries),
     )
 
 
@@ -601,9 +642,11 @@ def late_interaction_pipeline(
 ) -> Pipeline:
     """``base`` (default: ``Pipeline()``) with ``reranker`` appended, deep enough for its pool.
 
-    The pipeline's ``depth`` (candidates each source fetches) is raised to ``depth`` so
-    that the reranker's pool exists (two sources of 150 fuse into about 240 candidates on
-    LoCoMo); a deeper ``base`` keeps its own depth.
+    The reranker asks for ``depth`` candidates per source on the requests it acts on
+    (``LateInteractionReranker.depth``), so that its pool exists (two sources of 150 fuse
+    into about 240 candidates on LoCoMo); a deeper ``base`` keeps its own depth, and a
+    request the reranker leaves alone (a query too long for its window) runs exactly as
+    ``base`` does.
 
     Args:
         base: The pipeline to extend (its sources, fusion and rerankers are kept).
@@ -619,8 +662,71 @@ def late_interaction_pipeline(
     reranker = late_interaction_reranker() if reranker is None else reranker
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
         raise ConfigurationError("depth must be an int >= 1")
-    return replace(
-        base,
-        depth=max(base.depth, depth),
-        rerankers=(*base.rerankers, reranker),
-    )
+    if reranker.depth < depth:
+        reranker = replace(reranker, depth=depth)  # shares the encoder and the cache
+    return replace(base, rerankers=(*base.rerankers, reranker))
+
+
+#: Environment variable that sets what :func:`default_turn_pipeline` gives: ``auto`` (the
+#: default: late interaction when the ``rerank`` extra and its model are installed),
+#: ``off`` (never; today's first stage alone) or ``on`` (always; a typed error when the
+#: extra is missing).
+LATE_DEFAULT_ENV = "LLM_MEMORIES_LATE_INTERACTION"
+_SHARED: LateInteractionReranker | None = None
+_SHARED_LOCK = threading.Lock()
+
+
+def late_interaction_installed() -> bool:
+    """Whether the bundled late-interaction model and its runtime are installed.
+
+    Looks for the files and the packages without importing or loading anything.
+    """
+    import importlib.util
+
+    try:
+        bundled_colbert_dir()
+    except MemoriesError:
+        return False
+    return all(importlib.util.find_spec(name) for name in ("onnxruntime", "tokenizers"))
+
+
+def shared_late_reranker() -> LateInteractionReranker:
+    """The process's default late-interaction reranker, built once (measured defaults).
+
+    Memories that get late interaction by default share it, so the model is loaded once
+    per process and one cache bound (:data:`DEFAULT_CACHE_BYTES`) holds for all of them;
+    vectors are keyed by user, record and a digest of the text, so sharing mixes nothing.
+
+    Raises:
+        CrossEncoderModelMissing: if the bundled model is missing.
+        MissingExtraError: if the ``rerank`` extra is missing.
+    """
+    global _SHARED
+    with _SHARED_LOCK:
+        if _SHARED is None:
+            _SHARED = replace(late_interaction_reranker(), depth=DEFAULT_LATE_DEPTH)
+        return _SHARED
+
+
+def default_turn_pipeline() -> Pipeline | None:
+    """The pipeline a memory of raw turns (``HistoryMemory``) gets when it is given none.
+
+    Late interaction over the default first stage when it is installed (``pip install
+    'llm-memories[rerank]'``), because it is the best retrieval measured: on LoCoMo dev
+    (held out by leave-one-conversation-out) R@5 / R@10 / session R@10 0.704 / 0.788 / 0.953
+    -> 0.756 / 0.828 / 0.965 (BENCHMARKS.md, "Late-interaction pool"), at about 38 ms p50
+    per recall at 10k records on a quiet 2-core CPU. Otherwise ``None``: the engine's
+    default :class:`Pipeline`. :data:`LATE_DEFAULT_ENV` overrides the choice.
+
+    Raises:
+        ConfigurationError: if :data:`LATE_DEFAULT_ENV` holds another value than ``auto``,
+            ``on`` or ``off``.
+        CrossEncoderModelMissing: with ``on``, if the bundled model is missing.
+        MissingExtraError: with ``on``, if the ``rerank`` extra is missing.
+    """
+    mode = os.environ.get(LATE_DEFAULT_ENV, "auto").strip().lower() or "auto"
+    if mode not in ("auto", "on", "off"):
+        raise ConfigurationError(f"{LATE_DEFAULT_ENV} must be auto, on or off, got {mode!r}")
+    if mode == "off" or (mode == "auto" and not late_interaction_installed()):
+        return None
+    return late_interaction_pipeline(reranker=shared_late_reranker())

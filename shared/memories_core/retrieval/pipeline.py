@@ -193,9 +193,18 @@ class Pipeline:
             for prepare in self._offering("prefetch")
         )
 
-    def candidate_depth(self, k: int) -> int:
-        """How many candidates each source fetches for ``k`` results."""
-        return max(self.depth, k)
+    def candidate_depth(self, k: int, request: RecallRequest | None = None) -> int:
+        """How many candidates each source fetches for ``k`` results.
+
+        With ``request``, a reranker's ``depth_for(request)`` counts too (see
+        :class:`~memories_core.retrieval.base.Reranker`): a stage that needs a deep pool
+        asks for it only on the requests it acts on.
+        """
+        depth = max(self.depth, k)
+        if request is not None:
+            for need in self._offering("depth_for"):
+                depth = max(depth, int(need(request)))
+        return depth
 
     def rank(self, request: RecallRequest, backend: RecallBackend) -> tuple[Ranking, RecallContext]:
         """Run sources, fusion and rerankers; return the ranking and the run's context.
@@ -211,7 +220,7 @@ class Pipeline:
             begin = getattr(stage, "begin", None)
             if callable(begin):
                 begin(request, ctx)
-        depth = self.candidate_depth(request.k)
+        depth = self.candidate_depth(request.k, request)
         active = [source for source in self.sources if source.weight > 0]
         rankings = [source.candidates(request, ctx, depth) for source in active]
         for source, found in zip(active, rankings, strict=True):
