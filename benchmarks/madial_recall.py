@@ -269,9 +269,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = command_line(
         "benchmarks/madial_recall.py", list(argv if argv is not None else sys.argv[1:])
     )
-    lines = [
-        "## MADial-Bench memory recall",
-        "",
+    lines = [  # included under BENCHMARKS.md's own heading
         f"- data: MADial-Bench en, {len(memories)} memories, {len(dialogues)} dialogues; "
         f"memories per user {report['memories_per_user']}; embedder `{embedder.name}`",
         f"- machine: {host}",

@@ -714,7 +714,7 @@ def default_turn_pipeline() -> Pipeline | None:
     Late interaction over the default first stage when it is installed (``pip install
     'llm-memories[rerank]'``), because it is the best retrieval measured: on LoCoMo dev
     (held out by leave-one-conversation-out) R@5 / R@10 / session R@10 0.704 / 0.788 / 0.953
-    -> 0.756 / 0.828 / 0.965 (BENCHMARKS.md, "Late-interaction pool"), at about 38 ms p50
+    -> 0.756 / 0.828 / 0.965 (BENCHMARKS.md, "The late-interaction pool"), at about 38 ms p50
     per recall at 10k records on a quiet 2-core CPU. Otherwise ``None``: the engine's
     default :class:`Pipeline`. :data:`LATE_DEFAULT_ENV` overrides the choice.
 
