@@ -154,8 +154,9 @@ DEFAULT_LATE_CONTEXT = True
 #: "Late-interaction pool"). With 150 candidates per source the fused dense + BM25 ranking
 #: holds about 240 records, so 250 scores all of it.
 DEFAULT_LATE_POOL = 250
-#: Candidates per source (``Pipeline.depth``) that :func:`late_interaction_pipeline` asks
-#: for, so that the pool exists (measured with the pool above).
+#: Candidates per source that the reranker of :func:`late_interaction_pipeline` asks for on
+#: the requests it reranks (``LateInteractionReranker.depth``), so that the pool exists
+#: (measured with the pool above).
 DEFAULT_LATE_DEPTH = 150
 #: Bytes of token vectors a default cache keeps: int8, about 28 KB per LoCoMo turn encoded
 #: with its previous turn (~73 word pieces x 384), so about 2,300 records.
