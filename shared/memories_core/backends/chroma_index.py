@@ -41,7 +41,7 @@ from memories_core.backends.numpy_index import (
     as_query,
     check_filter,
     check_metadata,
-    matches_filter,
+    metadata_matcher,
 )
 from memories_core.errors import (
     BackendError,
@@ -612,10 +612,11 @@ class ChromaIndex(ChromaReachability, ChromaVerification, ChromaErasure):
         fetched: tuple[list[tuple[str, float]], list[Any], int],
     ) -> list[tuple[str, float]]:
         pairs, metas, fetch = fetched
+        matches = metadata_matcher(where)  # read once: a deep search checks hundreds of hits
         kept = [
             pair
             for pair, meta in zip(pairs, metas, strict=True)
-            if meta is not None and matches_filter(meta, where)
+            if meta is not None and matches(meta)
         ]
         if len(kept) >= k or len(pairs) < fetch:
             return kept[:k]

@@ -21,7 +21,7 @@ from memories_core.filters import MISSING, FilterExpr, compile_filter, index_pre
 from memories_core.interfaces import Filter
 from memories_core.types import check_user_id
 
-__all__ = ["NumpyIndex", "check_metadata", "matches_filter"]
+__all__ = ["NumpyIndex", "check_metadata", "matches_filter", "metadata_matcher"]
 
 Metadata = Mapping[str, str | int | float | bool]
 
@@ -45,8 +45,19 @@ def matches_filter(metadata: Metadata, where: Filter | FilterExpr | None) -> boo
     Raises:
         InvalidInputError: if ``where`` is not a valid filter.
     """
+    return metadata_matcher(where)(metadata)
+
+
+def metadata_matcher(where: Filter | FilterExpr | None) -> Callable[[Metadata], bool]:
+    """:func:`matches_filter` for many vectors: ``where`` is read once, not per vector.
+
+    Raises:
+        InvalidInputError: if ``where`` is not a valid filter.
+    """
     usable = index_prefilter(where)
-    return usable is None or usable.matches(_metadata_getter(metadata))
+    if usable is None:
+        return lambda metadata: True
+    return lambda metadata: usable.matches(_metadata_getter(metadata))
 
 
 def _metadata_getter(metadata: Metadata, vid: str | None = None) -> Callable[[str], Any]:
