@@ -10,6 +10,7 @@ everything here.
 
 from __future__ import annotations
 
+import functools
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -132,6 +133,7 @@ class OnnxLateInteractionEncoder:
         self._inputs: tuple[str, ...] = ()
         self._special: dict[str, int] = {}
         self._lock = threading.Lock()
+        self._fits = functools.lru_cache(maxsize=256)(self._fits_whole)
 
     @property
     def name(self) -> str:
@@ -161,6 +163,20 @@ class OnnxLateInteractionEncoder:
             self._tokenizer = loaded.tokenizer
             self._session = loaded.session
 
+    def _pieces(self, text: str, length: int, *, keep_end: bool) -> tuple[list[int], bool]:
+        """The word pieces of ``text`` kept in a window of ``length``, and whether any were cut.
+
+        The window holds ``[CLS]``, the marker (with ``markers``) and ``[SEP]`` besides them.
+        """
+        self._load()
+        assert self._tokenizer is not None
+        room = length - 2 - (1 if self.markers else 0)
+        # About 8 characters per word piece at most: cut first, tokenise less.
+        cut = text[-8 * length :] if keep_end else text[: 8 * length]
+        pieces = self._tokenizer.encode(cut, add_special_tokens=False).ids
+        kept = pieces[-room:] if keep_end else pieces[:room]
+        return kept, len(cut) < len(text) or len(kept) < len(pieces)
+
     def _encode(
         self, text: str, marker: str, length: int, pad_mask: bool, *, keep_end: bool = False
     ) -> npt.NDArray[np.float32]:
@@ -169,11 +185,7 @@ class OnnxLateInteractionEncoder:
         self._load()
         assert self._tokenizer is not None and self._session is not None
         head = [self._special["[CLS]"]] + ([self._special[marker]] if self.markers else [])
-        room = length - len(head) - 1
-        # About 8 characters per word piece at most: cut first, tokenise less.
-        cut = text[-8 * length :] if keep_end else text[: 8 * length]
-        pieces = self._tokenizer.encode(cut, add_special_tokens=False).ids
-        kept = pieces[-room:] if keep_end else pieces[:room]
+        kept, _ = self._pieces(text, length, keep_end=keep_end)
         ids = [*head, *kept, self._special["[SEP]"]]
         if pad_mask:
             ids += [self._special["[MASK]"]] * (length - len(ids))
@@ -200,18 +212,15 @@ class OnnxLateInteractionEncoder:
         """Whether ``text`` fits the query window whole (``encode_query`` cuts nothing).
 
         A dialogue passed as the query usually does not fit: 32 word pieces are about two
-        short sentences.
+        short sentences. The same cut as :meth:`encode_query`'s decides, and the last answers
+        are remembered: a recall asks once to size its first stage and once to rerank.
         """
         if not isinstance(text, str):
             raise InvalidInputError(f"text must be a str, got {type(text).__name__}")
-        room = self.query_length - 2 - (1 if self.markers else 0)
-        # Every word is at least one piece, and no piece is longer than ~100 characters:
-        # a text that fails either bound cannot fit, and is not tokenised whole.
-        if len(text.split()) > room or len(text) > 100 * room:
-            return False
-        self._load()
-        assert self._tokenizer is not None
-        return len(self._tokenizer.encode(text, add_special_tokens=False).ids) <= room
+        return self._fits(text)
+
+    def _fits_whole(self, text: str) -> bool:
+        return not self._pieces(text, self.query_length, keep_end=True)[1]
 
     def encode_document(self, text: str) -> npt.NDArray[np.float32]:
         """Unit token vectors of a stored text (``[D]`` marker)."""
