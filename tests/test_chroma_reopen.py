@@ -100,17 +100,27 @@ def test_ten_reopen_cycles_leave_no_record_unreachable_by_its_own_vector(
 
 
 @pytest.mark.slow
-def test_large_users_pin_what_the_graph_loses(tmp_path: Path) -> None:
+@pytest.mark.parametrize("background", [False, True])
+def test_large_users_pin_what_the_graph_loses(tmp_path: Path, background: bool) -> None:
     # exact_below=0 sends every search through the graph; the open check samples them all.
     ids = [f"r{i}" for i in range(N)]
     vectors = _near_duplicates(N, 0.001)
-    index = ChromaIndex(path=tmp_path / "chroma", exact_below=0, open_check=N)
+
+    def opened() -> ChromaIndex:
+        return ChromaIndex(
+            path=tmp_path / "chroma", exact_below=0, open_check=N, open_check_background=background
+        )
+
+    index = opened()
     for start in range(0, N):  # one at a time: the graph loses some of these
         index.add(ids[start : start + 1], vectors[start : start + 1], _meta(1))
     assert _unreachable(index, ids, vectors) == 0
     index.close()
     for cycle in range(3):
-        index = ChromaIndex(path=tmp_path / "chroma", exact_below=0, open_check=N)
+        index = opened()
+        if background:  # the first search starts the check; it pins once it is done
+            index.search(vectors[0], user_id=USER, k=1)
+            assert index.wait_checks(timeout=120)
         assert _unreachable(index, ids, vectors) == 0, f"cycle {cycle}"
         _cycle_writes(index, cycle, ids, vectors)
         # A probe pins what the graph misses; a second probe has nothing new to report.
@@ -265,3 +275,21 @@ def test_pinned_ids_are_kept_on_disk_restored_after_a_restart_and_erased_with_th
     assert "damaged Chroma pins file" in caplog.text
     third.delete_user(USER)
     third.close()
+
+
+def test_a_close_during_the_background_open_check_stops_it(tmp_path: Path) -> None:
+    ids = [f"r{i}" for i in range(300)]
+    vectors = _near_duplicates(300, 0.05)
+    folder = tmp_path / "chroma"
+    index = ChromaIndex(path=folder, exact_below=0, open_check=300)
+    index.add(ids, vectors, _meta(300))
+    index.close()
+    index = ChromaIndex(path=folder, exact_below=0, open_check=300)
+    assert index.search(vectors[0], user_id=USER, k=1)  # starts the check in the background
+    index.close()  # stops and joins it: no thread is left writing to a closed client
+    assert index.wait_checks(timeout=0)
+    again = ChromaIndex(path=folder, exact_below=0, open_check=300, open_check_background=False)
+    assert again.count(USER) == 300
+    assert again.search(vectors[5], user_id=USER, k=1)[0][0] == "r5"
+    assert again.wait_checks(timeout=0)  # the waiting check ran inside the search
+    again.close()

@@ -16,6 +16,8 @@ import json
 import logging
 import os
 import random
+import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,8 @@ logger = logging.getLogger("memories_core.backends.chroma_index")
 PINS_FILE = "llm_memories_pins.json"
 #: Largest pins file read (bytes); a bigger one is ignored as damaged.
 _PINS_MAX_BYTES = 64 * 1024 * 1024
+#: Sampled ids probed per lock hold by a background open check.
+_CHECK_CHUNK = 50
 
 
 class ChromaReachability:
@@ -49,6 +53,10 @@ class ChromaReachability:
     _open_check: int
     _local: bool
     _checked: set[str]
+    _open_check_background: bool
+    _check_threads: list[threading.Thread]
+    _closing: bool
+    _lock: Any
     _guard: Callable[..., Any]
     _all_ids: Callable[[Any], set[str]]
     _probe_in: Callable[[Any, list[str], int], set[str]]
@@ -113,13 +121,82 @@ class ChromaReachability:
             offset += len(page)
 
     def _check_on_open(self, collection: Any) -> None:
-        """Sample a large collection's reachability once per instance (its first open here)."""
+        """Sample a large collection's reachability once per instance (its first open here).
+
+        The pins file is applied at once; the sampled probe runs in a background thread
+        when ``open_check_background`` is set (:meth:`_check_in_background`), so the first
+        search after a reopen does not wait for it (at 100k records it took 8.5 s).
+        """
         key = _key_of(collection)
         if key not in self._checked:
             self._checked.add(key)
             self._restore_pins(collection)
-            if self._open_check:
+            if not self._open_check:
+                return
+            if not self._open_check_background:
                 self._check_sample(collection)
+                return
+            thread = threading.Thread(
+                target=self._check_in_background,
+                args=(collection,),
+                name=f"llm-memories-chroma-check-{key[:8]}",
+                daemon=True,
+            )
+            self._check_threads = [t for t in self._check_threads if t.is_alive()] + [thread]
+            thread.start()
+
+    def _check_in_background(self, collection: Any) -> None:
+        """The open check off the search path, logged once.
+
+        Listing and probing only read Chroma, so they run without the index lock and searches
+        and writes go on meanwhile; ids a probe flags are probed again and pinned under the
+        lock. It stops when the index closes; a failure (the collection dropped meanwhile,
+        Chroma down) is logged and leaves the pins as they are.
+        """
+        name = getattr(collection, "name", "?")
+        try:
+            if self._closing:
+                return
+            ids = sorted(self._all_ids(collection))
+            sample = ids if len(ids) <= self._open_check else random.sample(ids, self._open_check)
+            lost: set[str] = set()
+            for start in range(0, len(sample), _CHECK_CHUNK):
+                if self._closing:
+                    return
+                # Read-only probes need no index lock (Chroma serves concurrent calls); the
+                # few ids they flag are probed again and pinned under it.
+                flagged = self._probe_in(
+                    collection, sample[start : start + _CHECK_CHUNK], PROBE_DEPTH
+                )
+                if flagged:
+                    with self._lock:
+                        if self._closing:
+                            return
+                        lost |= self._pin_lost(collection, sorted(flagged), report=False)
+        except Exception as exc:  # a repair in the background never raises into a user call
+            logger.warning("reachability check of Chroma collection %s stopped: %s", name, exc)
+            return
+        if lost:
+            logger.warning(
+                "Chroma's HNSW graph cannot reach %d of %d checked records of collection %s; "
+                "they are searched exactly from now on",
+                len(lost),
+                len(sample),
+                name,
+            )
+
+    def wait_checks(self, timeout: float | None = None) -> bool:
+        """Wait for the open checks running in the background; ``True`` if none is left.
+
+        Args:
+            timeout: Seconds to wait in all (``None``: until they finish).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for thread in list(self._check_threads):
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            thread.join(left)
+        self._check_threads = [t for t in self._check_threads if t.is_alive()]
+        return not self._check_threads
 
     def _check_sample(self, collection: Any) -> None:
         """Probe up to ``open_check`` records sampled from the collection; pin the lost."""
@@ -129,8 +206,10 @@ class ChromaReachability:
         sample = ids if len(ids) <= self._open_check else random.sample(ids, self._open_check)
         self._pin_lost(collection, sample)
 
-    def _pin_lost(self, collection: Any, ids: Sequence[str], k: int = PROBE_DEPTH) -> set[str]:
-        """Probe ``ids`` through the graph; pin (and log) the ones it cannot reach.
+    def _pin_lost(
+        self, collection: Any, ids: Sequence[str], k: int = PROBE_DEPTH, *, report: bool = True
+    ) -> set[str]:
+        """Probe ``ids`` through the graph; pin (and, with ``report``, log) those it cannot reach.
 
         Returns the ids newly found: those pinned earlier are reachable through their pin.
         """
@@ -151,6 +230,7 @@ class ChromaReachability:
                     [dict(m or {}) for m in got["metadatas"]],
                 )
                 self._remember_pins(_key_of(collection), held)
+        if lost and report:
             logger.warning(
                 "Chroma's HNSW graph cannot reach %d of %d checked records of collection %s; "
                 "they are searched exactly from now on",

@@ -25,6 +25,8 @@ __all__ = ["ChromaVerification"]
 _PROBE_TIE = 1e-5
 # How many ids one ``get`` of ``ids``/``probe`` reads.
 _READ_BATCH = 1000
+#: Ids per page when only ids are listed (no vectors, no metadata).
+_ID_PAGE = 100_000
 
 
 def _is_not_found(exc: Exception) -> bool:
@@ -88,13 +90,15 @@ class ChromaVerification:
             return self._on_collection(user_id, False, self._all_ids, set())
 
     def _all_ids(self, collection: Any) -> set[str]:
+        # Large pages: Chroma skips an offset row by row, so 1,000-id pages made listing
+        # quadratic (8.2 s for 100k ids; one 100k page takes 0.32 s).
         found: set[str] = set()
         offset = 0
         while True:
-            got = self._guard(collection.get, include=[], limit=_READ_BATCH, offset=offset)
+            got = self._guard(collection.get, include=[], limit=_ID_PAGE, offset=offset)
             page = [str(vid) for vid in got.get("ids") or []]
             found.update(page)
-            if len(page) < _READ_BATCH:
+            if len(page) < _ID_PAGE:
                 return found
             offset += len(page)
 
