@@ -540,6 +540,7 @@ def seed_postgres(target: Target, args: dict[str, Any]) -> dict[str, Any]:
     import psycopg
     from tqdm import tqdm
 
+    from memories_core.backends.pgvector_index import EXACT_BELOW
     from memories_core.filters import to_micros
     from memories_core.retrieval import index_metadata
     from memories_core.types import MemoryRecord
@@ -570,6 +571,11 @@ def seed_postgres(target: Target, args: dict[str, Any]) -> dict[str, Any]:
         for name, _ in defs:
             conn.execute(f'DROP INDEX "{target.schema}"."{name}"')
         vectors = np.load(target.files[0], mmap_mode="r")
+        # As the index's add leaves them: a user's rows are in the HNSW graph only if the
+        # user holds more than exact_below vectors (the others are searched exactly).
+        per_user = np.bincount(np.arange(records) % users, minlength=users)
+        in_graph = [bool(n > EXACT_BELOW) for n in per_user]
+        info["users_in_graph"] = sum(in_graph)
         vocab = vocabulary()
         base = time.time() - (records // users + 2) * 3600.0
         row_fmt = "[" + ",".join(["%.7g"] * target.dim) + "]"
@@ -609,11 +615,17 @@ def seed_postgres(target: Target, args: dict[str, Any]) -> dict[str, Any]:
                                 )
                             )
                     with cur.copy(
-                        "COPY vectors (id, user_id, metadata, embedding) FROM STDIN"
+                        "COPY vectors (id, user_id, metadata, embedding, graph) FROM STDIN"
                     ) as copy:
                         for r, v in zip(batch, block, strict=True):
                             copy.write_row(
-                                (r.id, r.user_id, json.dumps(index_metadata(r)), row_fmt % tuple(v))
+                                (
+                                    r.id,
+                                    r.user_id,
+                                    json.dumps(index_metadata(r)),
+                                    row_fmt % tuple(v),
+                                    in_graph[int(r.user_id.split("-")[1])],
+                                )
                             )
                 bar.update(stop - start)
         info["copy_s"] = round(time.perf_counter() - t0, 1)

@@ -32,6 +32,7 @@ from memories_core.embedders import HashingEmbedder
 from memories_core.engine import MemoryEngine
 from memories_core.errors import (
     BackendError,
+    ConfigurationError,
     EmbedderMismatchError,
     InvalidInputError,
     MemoriesError,
@@ -675,8 +676,13 @@ def _unit(seed: int, dim: int = DIM) -> np.ndarray:
     return vector / np.linalg.norm(vector)
 
 
-def test_pgvector_index_scopes_filters_and_round_trips(postgres_dsn: str, pg_schema: str) -> None:
-    with PgVectorIndex(postgres_dsn, dimension=DIM, schema=pg_schema) as index:
+@pytest.mark.parametrize("exact_below", [2000, 0])  # exact search; every user in the graph
+def test_pgvector_index_scopes_filters_and_round_trips(
+    postgres_dsn: str, pg_schema: str, exact_below: int
+) -> None:
+    with PgVectorIndex(
+        postgres_dsn, dimension=DIM, schema=pg_schema, exact_below=exact_below
+    ) as index:
         records = [
             _record("alice", f"a{i}", "t", kind="turn" if i % 2 else "note", metadata={"n": i})
             for i in range(20)
@@ -858,7 +864,7 @@ def test_a_version_1_vector_table_gains_its_filter_columns(
             f'SELECT version FROM "{pg_schema}".schema_version WHERE component = %s ORDER BY 1',
             ("pgvector:vectors",),
         ).fetchall()
-    assert [v for (v,) in versions] == [1, 2]
+    assert [v for (v,) in versions] == [1, 2, 3]
 
 
 def test_a_bulk_load_refreshes_the_planner_statistics(postgres_dsn: str, pg_schema: str) -> None:
@@ -918,3 +924,93 @@ def test_pgvector_search_settings_hold_on_every_pooled_connection(
         with ThreadPoolExecutor(4) as pool:  # several pooled connections at once
             found = list(pool.map(lambda q: search(30, q), queries[6:]))
         assert all(len(got) == 30 and got <= notes for got in found)
+
+
+def _graph_rows(dsn: str, schema: str) -> dict[str, tuple[int, int]]:
+    """Per user: (rows, rows in the HNSW graph)."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        found = conn.execute(
+            f'SELECT user_id, count(*), count(*) FILTER (WHERE graph) FROM "{schema}".vectors '
+            "GROUP BY user_id"
+        ).fetchall()
+    return {user: (int(n), int(g)) for user, n, g in found}
+
+
+def test_pgvector_small_users_are_searched_exactly_and_large_ones_enter_the_graph(
+    postgres_dsn: str, pg_schema: str
+) -> None:
+    rng = np.random.default_rng(3)
+    vectors = rng.normal(size=(80, 16)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    meta = [{"user_id": "big", "kind": "turn"}] * 80
+
+    def exact_top(query: np.ndarray, upto: int, k: int) -> list[str]:
+        order = np.argsort(-(vectors[:upto] @ query), kind="stable")[:k]
+        return [f"v{i}" for i in order]
+
+    with PgVectorIndex(postgres_dsn, dimension=16, schema=pg_schema, exact_below=50) as index:
+        index.add([f"v{i}" for i in range(30)], vectors[:30], meta[:30])
+        index.add(["s0"], vectors[:1], [{"user_id": "small", "kind": "turn"}])
+        assert _graph_rows(postgres_dsn, pg_schema) == {"big": (30, 0), "small": (1, 0)}
+        for query in rng.normal(size=(5, 16)).astype(np.float32):
+            query /= np.linalg.norm(query)
+            assert [h for h, _ in index.search(query, user_id="big", k=7)] == exact_top(
+                query, 30, 7
+            )
+        # The batch that takes "big" past 50 moves all of its rows into the graph.
+        index.add([f"v{i}" for i in range(30, 80)], vectors[30:], meta[30:])
+        assert _graph_rows(postgres_dsn, pg_schema) == {"big": (80, 80), "small": (1, 0)}
+        for i in (0, 29, 30, 79):  # old and new rows are all reachable through the graph
+            assert index.search(vectors[i], user_id="big", k=1)[0][0] == f"v{i}"
+        assert [h for h, _ in index.search(vectors[0], user_id="small", k=5)] == ["s0"]
+        assert index.search(vectors[0], user_id="nobody", k=5) == []
+        index.delete_user("big")  # a returning user starts small again
+        index.add(["v0"], vectors[:1], meta[:1])
+        assert _graph_rows(postgres_dsn, pg_schema)["big"] == (1, 0)
+        assert index.search(vectors[0], user_id="big", k=3)[0][0] == "v0"
+    with pytest.raises(ConfigurationError):
+        PgVectorIndex(postgres_dsn, dimension=16, schema=pg_schema, exact_below=-1)
+
+
+def test_a_version_2_vector_table_keeps_only_large_users_in_the_graph(
+    postgres_dsn: str, pg_schema: str
+) -> None:
+    import psycopg
+
+    rng = np.random.default_rng(4)
+    with PgVectorIndex(postgres_dsn, dimension=4, schema=pg_schema) as index:
+        pass  # creates the latest shape; put it back to version 2's below
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute(f'SET search_path TO "{pg_schema}", public')
+        conn.execute(
+            "DELETE FROM schema_version WHERE component = 'pgvector:vectors' AND version = 3"
+        )
+        conn.execute("DROP INDEX vectors_graph_hnsw")
+        conn.execute("ALTER TABLE vectors DROP COLUMN graph")
+        conn.execute(
+            "CREATE INDEX vectors_hnsw ON vectors USING hnsw (embedding vector_cosine_ops)"
+        )
+        rows = [("few", f"f{i}") for i in range(3)] + [("many", f"m{i}") for i in range(2001)]
+        values = rng.random((len(rows), 4)).tolist()
+        with conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO vectors (id, user_id, metadata, embedding) VALUES (%s, %s, %s, %s)",
+                [
+                    (vid, user, json.dumps({"user_id": user, "kind": "turn"}), str(vector))
+                    for (user, vid), vector in zip(rows, values, strict=True)
+                ],
+            )
+    with PgVectorIndex(postgres_dsn, dimension=4, schema=pg_schema) as index:
+        assert _graph_rows(postgres_dsn, pg_schema) == {"few": (3, 0), "many": (2001, 2001)}
+        assert len(index.search(np.ones(4, dtype=np.float32), user_id="few", k=5)) == 3
+        assert len(index.search(np.ones(4, dtype=np.float32), user_id="many", k=5)) == 5
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        indexes = {
+            name
+            for (name,) in conn.execute(
+                "SELECT indexname FROM pg_indexes WHERE schemaname = %s", (pg_schema,)
+            )
+        }
+    assert "vectors_graph_hnsw" in indexes and "vectors_hnsw" not in indexes

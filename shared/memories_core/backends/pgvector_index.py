@@ -5,7 +5,16 @@ One table (``vectors`` by default, in the schema given as ``schema=``; versioned
 ``metadata`` (``json``: ``kind``, ``session_id`` and the record's scalar metadata, see
 :func:`~memories_core.retrieval.index_metadata`), ``embedding vector(dimension)``, and
 ``kind`` / ``session_id`` as stored columns generated from ``metadata`` (schema version 2),
-with an HNSW index (``vector_cosine_ops``) and a B-tree on ``user_id``.
+a B-tree on ``user_id``, and ``graph`` (schema version 3): whether the row is in the HNSW
+index (``vector_cosine_ops``), which is partial (``WHERE graph``).
+
+Small users are searched exactly (schema version 3): a user with at most ``exact_below``
+vectors (2,000) keeps them out of the HNSW graph and is searched by the ``user_id`` B-tree and
+an exact sort, like :class:`~memories_core.backends.ChromaIndex`'s small users. One global graph
+made every insert a walk of everybody's vectors: about 50 ms per 384-dimension vector into a
+1M-row graph, 42 records/s whatever the number of writers (BENCHMARKS.md, "Scale out"). The
+``add`` that takes a user past ``exact_below`` moves all of that user's rows into the graph
+(one ``UPDATE``, under the user's advisory lock, so a user's rows always agree).
 
 Searches filter by user **inside** the SQL query (``WHERE user_id = %s ... ORDER BY
 embedding <=> query LIMIT k``), together with the part of the caller's filter the metadata can
@@ -65,6 +74,9 @@ __all__ = ["PgVectorIndex"]
 # How much lower a score may be and still tie with a probed vector's own score.
 _TIE = 1e-5
 
+#: Users with at most this many vectors are searched exactly, outside the HNSW graph.
+EXACT_BELOW = 2000
+
 #: Rows added by this process after which the table's planner statistics are refreshed
 #: (or a fifth of the rows counted at the last refresh, whichever is more).
 ANALYZE_AFTER_ROWS = 1_000
@@ -103,6 +115,8 @@ class PgVectorIndex:
         table: Table name (several indexes can share a schema).
         pool_size: Maximum connections of this process's pool.
         ef_search: HNSW candidate list size per query (at least ``k`` is used).
+        exact_below: Users with at most this many vectors stay out of the HNSW graph and are
+            searched exactly (``0``: every vector goes into the graph, the former layout).
 
     Instantiate:
         .. code-block:: python
@@ -112,8 +126,9 @@ class PgVectorIndex:
             index = PgVectorIndex("postgresql://app@db/app", dimension=384)
 
     Scores:
-        Cosine similarity, ``1 - (embedding <=> query)``, higher is better. HNSW search is
-        approximate (pgvector's defaults: ``m = 16``, ``ef_construction = 64``).
+        Cosine similarity, ``1 - (embedding <=> query)``, higher is better. A small user's
+        search is exact; HNSW search is approximate (pgvector's defaults: ``m = 16``,
+        ``ef_construction = 64``).
 
     Embedder change:
         A table built for another dimension is left as it is; adding or searching with
@@ -131,9 +146,13 @@ class PgVectorIndex:
         pool_size: int = 4,
         timeout: float = 30.0,
         ef_search: int = 100,
+        exact_below: int = EXACT_BELOW,
     ) -> None:
         if isinstance(dimension, bool) or not isinstance(dimension, int) or dimension < 1:
             raise ConfigurationError("dimension must be a positive int")
+        if isinstance(exact_below, bool) or not isinstance(exact_below, int) or exact_below < 0:
+            raise ConfigurationError(f"exact_below must be an int >= 0, got {exact_below!r}")
+        self.exact_below = exact_below
         if dimension > 16000:
             raise ConfigurationError("pgvector stores at most 16000 dimensions")
         self.dimension = dimension
@@ -211,9 +230,31 @@ class PgVectorIndex:
             "GENERATED ALWAYS AS (metadata ->> 'session_id') STORED"
         )
 
+    def _graph_only_for_large_users(self, conn: Any) -> None:
+        """Migration 3: a ``graph`` column and an HNSW index over ``WHERE graph`` rows only.
+
+        Users with at most :data:`EXACT_BELOW` vectors leave the graph (searched exactly).
+        The full index is dropped before that ``UPDATE`` (so the rewrite does not feed it)
+        and the partial one is built after it, over the larger users' rows.
+        """
+        t = self.table
+        conn.execute(
+            f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS graph boolean NOT NULL DEFAULT true"
+        )
+        conn.execute(f"DROP INDEX IF EXISTS {t}_hnsw")
+        conn.execute(
+            f"UPDATE {t} SET graph = false WHERE user_id IN "
+            f"(SELECT user_id FROM {t} GROUP BY user_id HAVING count(*) <= %s)",
+            (EXACT_BELOW,),
+        )
+        conn.execute(
+            f"CREATE INDEX IF NOT EXISTS {t}_graph_hnsw ON {t} "
+            "USING hnsw (embedding vector_cosine_ops) WHERE graph"
+        )
+
     def _migrations(self) -> tuple[Any, ...]:
         """Migration ``i`` brings the table to version ``i + 1`` (see ``pg_common.migrate``)."""
-        return (self._create_table, self._add_filter_columns)
+        return (self._create_table, self._add_filter_columns, self._graph_only_for_large_users)
 
     def _read_dimension(self, conn: Any) -> int:
         row = conn.execute(
@@ -279,15 +320,54 @@ class PgVectorIndex:
             if "\\u0000" in encoded or "\x00" in vid:
                 raise InvalidInputError("vector ids and metadata may not contain NUL")
             rows.append((vid, str(meta["user_id"]), encoded, _literal(vector)))
+        adding: dict[str, int] = {}
+        for row in rows:
+            adding[row[1]] = adding.get(row[1], 0) + 1
         with self._conn(transaction=True) as conn, conn.cursor() as cur:
+            in_graph = self._graph_of(cur, adding)
             cur.executemany(
-                f"INSERT INTO {self.table} (id, user_id, metadata, embedding) "
-                "VALUES (%s, %s, %s, %s::vector) ON CONFLICT (id) DO UPDATE SET "
+                f"INSERT INTO {self.table} (id, user_id, metadata, embedding, graph) "
+                "VALUES (%s, %s, %s, %s::vector, %s) ON CONFLICT (id) DO UPDATE SET "
                 "user_id = excluded.user_id, metadata = excluded.metadata, "
-                "embedding = excluded.embedding",
-                rows,
+                "embedding = excluded.embedding, graph = excluded.graph",
+                [(*row, in_graph[row[1]]) for row in rows],
             )
         self._analyze_after_growth(len(rows))
+
+    def _graph_of(self, cur: Any, adding: Mapping[str, int]) -> dict[str, bool]:
+        """Lock the users of a batch; whether their rows go into the graph (moving them there).
+
+        Each user's transaction-level advisory lock (taken in sorted order, so two batches
+        never wait on each other crosswise) makes the read and the write below atomic per
+        user: all of a user's rows have the same ``graph``. A user not yet in the graph
+        enters it when this batch takes them past ``exact_below``; their rows are moved by
+        one ``UPDATE`` (which inserts them into the HNSW index).
+        """
+        users = sorted(adding)
+        for user in users:
+            cur.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                (f"llm-memories:vectors:{self.schema}.{self.table}:{user}",),
+            )
+        t = self.table
+        # One row per user: its graph flag (NULL: no rows yet) and, if not in the graph, its
+        # count (a CASE runs its sub-select only when the branch is taken).
+        found = cur.execute(
+            f"SELECT u.user_id, f.graph, CASE WHEN f.graph THEN 0 ELSE "
+            f"(SELECT count(*) FROM {t} AS c WHERE c.user_id = u.user_id) END "
+            "FROM unnest(%s::text[]) AS u(user_id) "
+            f"LEFT JOIN LATERAL (SELECT graph FROM {t} AS g WHERE g.user_id = u.user_id "
+            "LIMIT 1) AS f ON true",
+            (users,),
+        ).fetchall()
+        graph: dict[str, bool] = {}
+        for user, flag, held in found:
+            graph[user] = bool(flag) or int(held) + adding[user] > self.exact_below
+            if graph[user] and flag is False:
+                cur.execute(
+                    f"UPDATE {t} SET graph = true WHERE user_id = %s AND NOT graph", (user,)
+                )
+        return graph
 
     def _analyze_after_growth(self, added: int) -> None:
         """Refresh the planner's statistics once the table has grown by a fifth (>= 1,000 rows).
@@ -338,7 +418,15 @@ class PgVectorIndex:
             clause = f" AND {sql}"
         literal = _literal(query)
         with self._conn() as conn:
-            self._tune(conn, max(self.ef_search, min(k, 1000)))
+            flag = conn.execute(
+                f"SELECT graph FROM {self.table} WHERE user_id = %s LIMIT 1", (user_id,)
+            ).fetchone()
+            if flag is None:
+                return []
+            if flag[0]:  # the user's rows are in the graph: ``v.graph`` lets HNSW serve
+                self._tune(conn, max(self.ef_search, min(k, 1000)))
+                clause += " AND v.graph"
+            # else an exact sort of the user's rows (no index matches without ``graph``)
             rows = conn.execute(
                 f"SELECT v.id, 1 - (v.embedding <=> %s::vector) AS score FROM {self.table} AS v "
                 f"WHERE v.user_id = %s{clause} ORDER BY v.embedding <=> %s::vector LIMIT %s",
