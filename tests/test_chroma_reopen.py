@@ -293,3 +293,23 @@ def test_a_close_during_the_background_open_check_stops_it(tmp_path: Path) -> No
     assert again.search(vectors[5], user_id=USER, k=1)[0][0] == "r5"
     assert again.wait_checks(timeout=0)  # the waiting check ran inside the search
     again.close()
+
+
+def test_lost_records_found_by_writes_are_logged_at_most_once_a_minute(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    index = ChromaIndex(path=tmp_path / "chroma", exact_below=0, open_check=0)
+    # Each write's probe reports the record it wrote as lost (as a bad graph would).
+    monkeypatch.setattr(index, "_probe_in", lambda collection, wanted, k: set(wanted))
+    vectors = _near_duplicates(10, 0.05)
+    with caplog.at_level("WARNING", logger="memories_core.backends.chroma_index"):
+        for i in range(10):
+            index.add([f"r{i}"], vectors[i : i + 1], _meta(1))
+        during = [r.getMessage() for r in caplog.records if "cannot reach" in r.getMessage()]
+        index.close()
+    messages = [r.getMessage() for r in caplog.records if "cannot reach" in r.getMessage()]
+    assert len(during) == 1 and "1 of 1 checked" in during[0]
+    assert len(messages) == 2 and "9 of 9 checked" in messages[1]  # the rest, on close
+    again = ChromaIndex(path=tmp_path / "chroma", exact_below=0, open_check=0)
+    assert {hit for hit, _ in again.search(vectors[3], user_id=USER, k=10)} >= {"r3"}
+    again.close()

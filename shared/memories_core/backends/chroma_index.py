@@ -751,6 +751,7 @@ class ChromaIndex(ChromaReachability, ChromaVerification, ChromaErasure):
 
     def _close(self) -> None:
         with self._lock:
+            self._flush_reports(self._collections.values())
             self._collections.clear()
             if self._erase_on_close:
                 self._erase_on_close = False

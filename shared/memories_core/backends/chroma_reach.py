@@ -38,6 +38,21 @@ PINS_FILE = "llm_memories_pins.json"
 _PINS_MAX_BYTES = 64 * 1024 * 1024
 #: Sampled ids probed per lock hold by a background open check.
 _CHECK_CHUNK = 50
+#: Seconds between two warnings about one collection's unreachable records.
+_REPORT_EVERY_S = 60.0
+#: Per collection: [lost, checked, monotonic time of the last warning] since that warning.
+_REPORTS: dict[str, list[float]] = {}
+_REPORTS_LOCK = threading.Lock()
+
+
+def _warn_lost(lost: int, checked: int, name: str) -> None:
+    logger.warning(
+        "Chroma's HNSW graph cannot reach %d of %d checked records of collection %s; "
+        "they are searched exactly from now on",
+        lost,
+        checked,
+        name,
+    )
 
 
 class ChromaReachability:
@@ -177,13 +192,7 @@ class ChromaReachability:
             logger.warning("reachability check of Chroma collection %s stopped: %s", name, exc)
             return
         if lost:
-            logger.warning(
-                "Chroma's HNSW graph cannot reach %d of %d checked records of collection %s; "
-                "they are searched exactly from now on",
-                len(lost),
-                len(sample),
-                name,
-            )
+            _warn_lost(len(lost), len(sample), name)
 
     def wait_checks(self, timeout: float | None = None) -> bool:
         """Wait for the open checks running in the background; ``True`` if none is left.
@@ -230,15 +239,36 @@ class ChromaReachability:
                     [dict(m or {}) for m in got["metadatas"]],
                 )
                 self._remember_pins(_key_of(collection), held)
-        if lost and report:
-            logger.warning(
-                "Chroma's HNSW graph cannot reach %d of %d checked records of collection %s; "
-                "they are searched exactly from now on",
-                len(lost),
-                len(ids),
-                getattr(collection, "name", "?"),
-            )
+        if report:
+            self._report_lost(collection, len(lost), len(ids))
         return lost
+
+    def _report_lost(self, collection: Any, lost: int, checked: int) -> None:
+        """Log lost records, at most once a minute per collection (counts summed meanwhile).
+
+        Every ``add`` probes what it wrote, so a bulk ingest would otherwise log a line per
+        batch that loses one record. What is held back is logged with the next warning or
+        when the index closes (:meth:`_flush_reports`).
+        """
+        key = _key_of(collection)
+        with _REPORTS_LOCK:
+            held = _REPORTS.setdefault(key, [0, 0, float("-inf")])
+            held[0] += lost
+            held[1] += checked
+            now = time.monotonic()
+            if not held[0] or now - held[2] < _REPORT_EVERY_S:
+                return
+            total_lost, total_checked = int(held[0]), int(held[1])
+            _REPORTS[key] = [0, 0, now]
+        _warn_lost(total_lost, total_checked, getattr(collection, "name", "?"))
+
+    def _flush_reports(self, collections: Iterable[Any]) -> None:
+        """Log the lost records held back for ``collections`` (on close)."""
+        for collection in collections:
+            with _REPORTS_LOCK:
+                held = _REPORTS.pop(_key_of(collection), None)
+            if held and held[0]:
+                _warn_lost(int(held[0]), int(held[1]), getattr(collection, "name", "?"))
 
     def _probe_searched(self, collection: Any, wanted: list[str], k: int) -> set[str]:
         """Ids the graph cannot return; none for a user searched exactly.
