@@ -90,3 +90,36 @@ def test_a_user_written_in_this_process_stays_exact_past_exact_below(tmp_path: P
         assert index.probe(ids, user_id=USER) == set()
     finally:
         index.close()
+
+
+def test_a_graph_search_fetches_as_deep_as_its_filter_needs() -> None:
+    """The over-fetch follows the share of hits that passed the filter before; results hold."""
+    rng = np.random.default_rng(7)
+    n = 400
+    ids = [f"r{i}" for i in range(n)]
+    kinds = ["note" if i % 10 == 0 else "turn" for i in range(n)]
+    vectors = _unit(rng.normal(size=(n, DIM)).astype(np.float32))
+    index = ChromaIndex(exact_below=0, open_check=0)  # every search goes through the graph
+    try:
+        index.add(ids, vectors, [{"user_id": USER, "kind": kind} for kind in kinds])
+        asked: list[int] = []
+        guard = index._guard
+
+        def counting(call: Any, *args: Any, **kwargs: Any) -> Any:
+            if "n_results" in kwargs and "where" not in kwargs:
+                asked.append(int(kwargs["n_results"]))
+            return guard(call, *args, **kwargs)
+
+        index._guard = counting  # type: ignore[method-assign]
+        queries = _unit(rng.normal(size=(6, DIM)).astype(np.float32))
+        for query in queries:
+            for kind in ("turn", "note"):
+                hits = index.search(query, user_id=USER, k=10, where={"kind": kind})
+                found = [h for h, _ in hits]
+                assert found == _reference(ids, vectors, kinds, query, 10, kind)
+        turn_fetches, note_fetches = asked[0::2], asked[1::2]
+        assert turn_fetches[0] == note_fetches[0] == 4 * 10 + 20  # nothing known yet
+        assert all(fetch < 40 for fetch in turn_fetches[1:])  # 90 % pass: about k / 0.72 + 20
+        assert all(fetch == 60 for fetch in note_fetches[1:])  # 10 % pass: capped at 4k + 20
+    finally:
+        index.close()

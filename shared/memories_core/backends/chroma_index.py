@@ -22,6 +22,7 @@ import numpy.typing as npt
 
 from memories_core.backends.chroma_erasure import ChromaErasure
 from memories_core.backends.chroma_exact import _MIRRORS, _key_of
+from memories_core.backends.chroma_filtered import ChromaFiltering
 from memories_core.backends.chroma_reach import ChromaReachability
 from memories_core.backends.chroma_results import (
     _dimension_of,
@@ -41,7 +42,6 @@ from memories_core.backends.numpy_index import (
     as_query,
     check_filter,
     check_metadata,
-    metadata_matcher,
 )
 from memories_core.errors import (
     BackendError,
@@ -86,7 +86,7 @@ _BASE_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9._-]*")
 _MAX_BASE_LEN = 512 - 1 - _USER_SUFFIX_LEN
 
 
-class ChromaIndex(ChromaReachability, ChromaVerification, ChromaErasure):
+class ChromaIndex(ChromaFiltering, ChromaReachability, ChromaVerification, ChromaErasure):
     """A :class:`~memories_core.interfaces.VectorIndex` on Chroma.
 
     Setup:
@@ -124,7 +124,9 @@ class ChromaIndex(ChromaReachability, ChromaVerification, ChromaErasure):
         collection, whose cost grows with the rows it matches: at 200k rows (one user
         holding 100k) an unfiltered query took 1.3 ms, ``where user_id`` 378-449 ms and
         ``$and`` of ``user_id`` and ``kind`` 672 ms. A query with a caller's filter first
-        runs without ``where``, over-fetching ``4 * k + 20`` neighbours and filtering their
+        runs without ``where``, over-fetching neighbours (``4 * k + 20`` for a filter new to
+        the collection, then ``k`` over the share of hits that passed it last time, with a
+        margin: :mod:`~memories_core.backends.chroma_filtered`) and filtering their
         metadata in Python (with the equality rules of ``NumpyIndex`` and the SQLite
         store); only if fewer than ``k`` pass and the collection holds more, one more query
         passes the filter to Chroma as ``where``. Collections use cosine space and scores
@@ -560,7 +562,7 @@ class ChromaIndex(ChromaReachability, ChromaVerification, ChromaErasure):
             mirror = self._exact(collection)
             if mirror is not None:
                 return [mirror.search(query, k, where) for where in wheres]
-            fetched = self._overfetch(collection, query, k)
+            fetched = self._overfetch(collection, query, k, wheres)
             return [
                 _with_pinned(
                     self._filtered(collection, query, k, where, fetched),
@@ -574,21 +576,6 @@ class ChromaIndex(ChromaReachability, ChromaVerification, ChromaErasure):
 
         with self._lock:
             return self._on_collection(user_id, False, run, [[] for _ in wheres])
-
-    def _overfetch(
-        self, collection: Any, query: npt.NDArray[np.float32], k: int
-    ) -> tuple[list[tuple[str, float]], list[Any], int]:
-        # Over-fetch without a Chroma pre-filter (its cost grows with the rows it
-        # matches); the caller filters in Python. Chroma returns fewer rows if it holds fewer.
-        fetch = 4 * k + 20
-        result = self._guard(
-            collection.query,
-            query_embeddings=[query],
-            n_results=fetch,
-            include=["distances", "metadatas"],
-        )
-        metas = result["metadatas"][0] if result.get("metadatas") else []
-        return _pairs(result), list(metas), fetch
 
     def _search_in(
         self, collection: Any, query: npt.NDArray[np.float32], k: int, where: Filter | None
@@ -607,37 +594,9 @@ class ChromaIndex(ChromaReachability, ChromaVerification, ChromaErasure):
             found = _pairs(result)[:k]
         else:
             found = self._filtered(
-                collection, query, k, where, self._overfetch(collection, query, k)
+                collection, query, k, where, self._overfetch(collection, query, k, [where])
             )
         return _with_pinned(found, collection, query, k, where)
-
-    def _filtered(
-        self,
-        collection: Any,
-        query: npt.NDArray[np.float32],
-        k: int,
-        where: Filter,
-        fetched: tuple[list[tuple[str, float]], list[Any], int],
-    ) -> list[tuple[str, float]]:
-        pairs, metas, fetch = fetched
-        matches = metadata_matcher(where)  # read once: a deep search checks hundreds of hits
-        kept = [
-            pair
-            for pair, meta in zip(pairs, metas, strict=True)
-            if meta is not None and matches(meta)
-        ]
-        if len(kept) >= k or len(pairs) < fetch:
-            return kept[:k]
-        # Too few passed and there may be more rows: let Chroma apply the filter.
-        clauses = [{key: value} for key, value in where.items()]
-        result = self._guard(
-            collection.query,
-            query_embeddings=[query],
-            n_results=k,
-            where=clauses[0] if len(clauses) == 1 else {"$and": clauses},
-            include=["distances"],
-        )
-        return _pairs(result)[:k]
 
     def delete(self, ids: Sequence[str], *, user_id: str, erase: bool = False) -> None:
         """Delete vectors by id from ``user_id``'s collection; other users' are left alone.
