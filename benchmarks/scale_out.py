@@ -644,6 +644,35 @@ def seed_postgres(target: Target, args: dict[str, Any]) -> dict[str, Any]:
     return info
 
 
+def server_settings(target: Target) -> dict[str, str]:
+    """The server settings that decide whether a search reads from memory."""
+    import psycopg
+
+    with psycopg.connect(target.dsn, autocommit=True) as conn:
+        return {
+            name: str(conn.execute(f"SHOW {name}").fetchone()[0])  # type: ignore[index]
+            for name in ("server_version", "shared_buffers", "work_mem")
+        }
+
+
+def prewarm(target: Target) -> float:
+    """Read every page of the schema's records and vectors into shared buffers; seconds.
+
+    Through the ``user_id`` indexes (a sequential scan of a large table reads through a small
+    ring of buffers and keeps nothing), so a server whose ``shared_buffers`` holds the
+    tables answers as a warm production server would.
+    """
+    import psycopg
+
+    start = time.perf_counter()
+    with psycopg.connect(target.dsn, autocommit=True) as conn:
+        conn.execute(f'SET search_path TO "{target.schema}", public')
+        conn.execute("SET enable_seqscan = off")
+        for table in ("records", "vectors"):
+            conn.execute(f"SELECT sum(length(id)) FROM {table} WHERE user_id >= ''")
+    return round(time.perf_counter() - start, 1)
+
+
 def run_seeded(ns: argparse.Namespace, args: dict[str, Any], files: tuple[Path, Path]) -> None:
     """1M records seeded with COPY, then 1/2/4 workers writing through the engine on top,
     then recall (4 client processes) and the bare pgvector floor. Saved as
@@ -678,6 +707,9 @@ def run_seeded(ns: argparse.Namespace, args: dict[str, Any], files: tuple[Path, 
             at += ns.extra
             print(json.dumps(row), flush=True)
             result["load"].append(row)
+        result["server"] = server_settings(target)
+        if ns.prewarm:
+            result["prewarm_s"] = prewarm(target)
         before = _load()
         result["recall"] = run_recall(target, args, threads=False)
         result["recall"]["load_avg_before"], result["recall"]["load_avg_after"] = before, _load()
@@ -857,6 +889,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--keep", action="store_true", help="--seed: keep the schema")
     parser.add_argument(
         "--offset", type=int, default=0, help="--seed: first new row (after an earlier run)"
+    )
+    parser.add_argument(
+        "--prewarm", action="store_true", help="--seed: read the tables into shared buffers"
     )
     parser.add_argument(
         "--embed-cost", type=int, default=0, help="only time MiniLM on this many record texts"
