@@ -8,7 +8,11 @@ every hit of a ``kind = turn`` filter, and fetching four times ``k`` there made 
 (``k`` = 150, the late-interaction pool) cost about 29 ms of a 100k-record recall. The share
 each collection and filter showed on its last searches sizes the next fetch (never below
 ``k`` plus a margin, never above the former ``4 * k + 20``); a fetch that comes up short
-still falls back to the filtered query, so results keep their meaning.
+still falls back to the filtered query, so a filter is always honoured. Chroma's HNSW search
+explores as many candidates as it is asked to return, so a smaller fetch is also a less
+exhaustive graph search: on a 100k-record profile store (hashing embedder, random token
+vectors) a late-interaction recall went from 77.0 to 59.9 ms p50 and 16 of 20 top-5 lists
+stayed identical (0.97 of their records shared). Users searched exactly are not affected.
 """
 
 from __future__ import annotations
