@@ -21,6 +21,8 @@ background derivation. Measured:
 
     nice -n 15 python benchmarks/late_persist.py --size 10000 --queries 100
     nice -n 15 python benchmarks/late_persist.py --size 300 --queries 10 --name _late_dev
+    python benchmarks/late_persist.py --size 100000 --batch 10 --keep-store /data/late100k
+    # again later: recall measured on the kept stores, no ingest
 """
 
 from __future__ import annotations
@@ -137,6 +139,13 @@ def main(argv: list[str] | None = None) -> None:
         "--query-runtime", default="auto", choices=("auto", "torch"), help="embedder queries"
     )
     parser.add_argument("--name", default="late_persist")
+    parser.add_argument(
+        "--keep-store",
+        default=None,
+        help="build the stores in this folder and keep them; if it holds stores built by an "
+        "earlier run with the same --size/--batch/--seed, measure recall on them again "
+        "(their ingest figures are reused) instead of ingesting",
+    )
     parser.add_argument("--report-only", action="store_true", help="redo md/png from the JSON")
     args = parser.parse_args(argv)
     if args.report_only:
@@ -156,27 +165,41 @@ def main(argv: list[str] | None = None) -> None:
     )
 
     load_start = os.getloadavg()
-    pairs = make_turns(args.size, args.seed)
     queries = make_queries(args.queries + 2, args.seed + 1)
     embedder = real_embedder(args.torch_threads, args.query_runtime)
     bank = VectorBank(embedder)
-    texts = [render(r, c) for r, c in pairs]
-    unique = list(dict.fromkeys(texts))
-    for lo in tqdm(range(0, len(unique), 512), desc="MiniLM vectors (once)"):
-        bank._real(unique[lo : lo + 512])
-
-    work = Path(tempfile.mkdtemp(prefix="late-persist-"))
+    kept = Path(args.keep_store) if args.keep_store else None
+    built = kept / "ingest.json" if kept else None
+    shape = {"size": args.size, "batch": args.batch, "seed": args.seed}
+    reused: dict[str, Any] | None = None
+    if built is not None and built.is_file():
+        reused = json.loads(built.read_text())
+        if reused.get("shape") != shape:
+            raise SystemExit(f"{kept} holds stores of {reused.get('shape')}, not {shape}")
+    work = kept if kept else Path(tempfile.mkdtemp(prefix="late-persist-"))
     result: dict[str, Any] = {
         "command": command_line(),
         "machine": machine(),
         "query_runtime": getattr(embedder, "query_runtime", "torch"),
     }
     try:
-        plain = ingest(work / "plain", pairs, bank, None, args.batch)
-        print("plain ingest", plain, flush=True)
-        late = ingest(work / "late", pairs, bank, late_interaction_pipeline(), args.batch)
-        print("late ingest", late, flush=True)
-        result["ingest"] = {"plain": plain, "late": late}
+        if reused is not None:
+            result["ingest"] = reused["ingest"]
+            result["ingest_reused_from"] = reused["command"]
+        else:
+            pairs = make_turns(args.size, args.seed)
+            texts = [render(r, c) for r, c in pairs]
+            unique = list(dict.fromkeys(texts))
+            for lo in tqdm(range(0, len(unique), 512), desc="MiniLM vectors (once)"):
+                bank._real(unique[lo : lo + 512])
+            plain = ingest(work / "plain", pairs, bank, None, args.batch)
+            print("plain ingest", plain, flush=True)
+            late = ingest(work / "late", pairs, bank, late_interaction_pipeline(), args.batch)
+            print("late ingest", late, flush=True)
+            result["ingest"] = {"plain": plain, "late": late}
+            if built is not None:
+                record = {"shape": shape, "command": result["command"], "ingest": result["ingest"]}
+                built.write_text(json.dumps(record, indent=2))
 
         # -- reopen: a new process's view (new reranker, empty cache)
         def opened(cache_bytes: int) -> tuple[HistoryMemory, Any]:
@@ -226,7 +249,8 @@ def main(argv: list[str] | None = None) -> None:
         result["recall"] = warm
         memory.close()
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if kept is None:
+            shutil.rmtree(work, ignore_errors=True)
     result["load_average"] = {"start": load_start, "end": os.getloadavg()}
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / f"{args.name}.json").write_text(json.dumps(result, indent=2))
@@ -247,6 +271,11 @@ def report(result: dict[str, Any]) -> str:
         f"{'loaded figures' if busy else 'a quiet machine'}). Queries embedded in "
         f"{result.get('query_runtime', 'torch')}.",
         "",
+        *(
+            [f"Stores and ingest figures kept from `{result['ingest_reused_from']}`.", ""]
+            if "ingest_reused_from" in result
+            else []
+        ),
         "| ingest | turns | turns/s (vectors done) | save() returns s | SQLite bytes per record "
         "| int8 payload per record |",
         "| --- | ---: | ---: | ---: | ---: | ---: |",
