@@ -36,7 +36,7 @@ logger = logging.getLogger("memories_core.backends.chroma_index")
 PINS_FILE = "llm_memories_pins.json"
 #: Largest pins file read (bytes); a bigger one is ignored as damaged.
 _PINS_MAX_BYTES = 64 * 1024 * 1024
-#: Sampled ids probed per lock hold by a background open check.
+#: Sampled ids probed per step of a background open check (it checks for a close between steps).
 _CHECK_CHUNK = 50
 #: Seconds between two warnings about one collection's unreachable records.
 _REPORT_EVERY_S = 60.0
