@@ -86,8 +86,30 @@ def portable_path(path: str | os.PathLike[str]) -> str:
     return os.path.relpath(resolved, Path(__file__).resolve().parents[1])
 
 
+#: Options whose value is a database address: recorded as ``<dsn>`` (it names this machine's
+#: sockets or hosts, and may hold credentials).
+DSN_OPTIONS = ("--dsn", "--postgres-dsn")
+
+
 def command_line(script: str, argv: list[str]) -> str:
-    """The command that produced a result, with paths as :func:`portable_path` writes them."""
+    """The command that produced a result, with paths as :func:`portable_path` writes them.
+
+    The value of a DSN option (:data:`DSN_OPTIONS`, as ``--dsn X`` or ``--dsn=X``) is
+    written as ``<dsn>``.
+    """
     import shlex
 
-    return " ".join(["python", script, *(shlex.quote(portable_path(a)) for a in argv)])
+    words: list[str] = []
+    hide = False
+    for arg in argv:
+        if hide:
+            words.append("<dsn>")
+            hide = False
+        elif arg in DSN_OPTIONS:
+            words.append(arg)
+            hide = True
+        elif arg.split("=", 1)[0] in DSN_OPTIONS and "=" in arg:
+            words.append(arg.split("=", 1)[0] + "=<dsn>")
+        else:
+            words.append(shlex.quote(portable_path(arg)))
+    return " ".join(["python", script, *words])

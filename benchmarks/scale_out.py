@@ -60,7 +60,7 @@ import numpy.typing as npt
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent / "shared"), str(HERE.parent), str(HERE)]
 
-from machine_info import machine  # noqa: E402
+from machine_info import command_line, machine  # noqa: E402
 
 from memories_core.embedders.base import BaseEmbedder  # noqa: E402
 from memories_core.testing import chroma_server  # noqa: E402
@@ -685,7 +685,7 @@ def run_seeded(ns: argparse.Namespace, args: dict[str, Any], files: tuple[Path, 
         "mode": "seeded",
         "args": {**args, "extra": ns.extra, "offset": ns.offset},
         "machine": machine(),
-        "command": " ".join(["python", "benchmarks/scale_out.py", *sys.argv[1:]]),
+        "command": command_line("benchmarks/scale_out.py", sys.argv[1:]),
         "load": [],
     }
     with postgres_dsn(ns.dsn) as dsn:
@@ -920,7 +920,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "backend": ns.backend,
         "args": args,
         "machine": machine(),
-        "command": " ".join(["python", "benchmarks/scale_out.py", *(argv or sys.argv[1:])]),
+        "command": command_line("benchmarks/scale_out.py", list(argv or sys.argv[1:])),
         "load": [],
     }
     with contextlib.ExitStack() as stack:

@@ -116,3 +116,7 @@ def test_portable_path_is_relative_to_the_repository(tmp_path: Path) -> None:
     assert command_line("benchmarks/x.py", ["--data", str(data)]) == (
         "python benchmarks/x.py --data ../shared/datasets/x.json"
     )
+    # A database address names this machine's sockets and may hold credentials.
+    assert command_line(
+        "benchmarks/x.py", ["--dsn", "postgresql://u:secret@/db?host=/tmp/s", "--postgres-dsn=h"]
+    ) == ("python benchmarks/x.py --dsn <dsn> --postgres-dsn=<dsn>")
