@@ -53,31 +53,28 @@ class ChromaFiltering:
 
     _guard: Callable[..., Any]
 
-    def _share_state(self) -> tuple[threading.Lock, OrderedDict[tuple[str, str], float]]:
-        state = self.__dict__.get("_filter_shares")
-        if state is None:
-            state = (threading.Lock(), OrderedDict())
-            self.__dict__["_filter_shares"] = state
-        return state
+    def _init_filtering(self) -> None:
+        """Start with no learned share (called by the index's ``__init__``)."""
+        self._shares_lock = threading.Lock()
+        #: (collection key, filter signature) -> pass share seen last, least recent first.
+        self._shares: OrderedDict[tuple[str, str], float] = OrderedDict()
 
     def _share_of(self, collection: Any, wheres: Sequence[Filter]) -> float:
         """The smallest learned pass share among ``wheres`` on ``collection``."""
-        lock, shares = self._share_state()
         key = _key_of(collection)
-        with lock:
-            known = [shares.get((key, _signature(where))) for where in wheres]
+        with self._shares_lock:
+            known = [self._shares.get((key, _signature(where))) for where in wheres]
         if any(share is None for share in known):
             return _FIRST_SHARE
         return max(_FIRST_SHARE, min(share for share in known if share is not None))
 
     def _learn_share(self, collection: Any, where: Filter, share: float) -> None:
-        lock, shares = self._share_state()
         pair = (_key_of(collection), _signature(where))
-        with lock:
-            shares[pair] = share
-            shares.move_to_end(pair)
-            while len(shares) > _REMEMBERED:
-                shares.popitem(last=False)
+        with self._shares_lock:
+            self._shares[pair] = share
+            self._shares.move_to_end(pair)
+            while len(self._shares) > _REMEMBERED:
+                self._shares.popitem(last=False)
 
     def _overfetch(
         self,

@@ -275,6 +275,7 @@ class ChromaIndex(ChromaFiltering, ChromaReachability, ChromaVerification, Chrom
         self._open_check_background = bool(open_check_background)
         self._check_threads: list[threading.Thread] = []
         self._closing = False
+        self._init_filtering()
 
     # -- construction -----------------------------------------------------------------------
 

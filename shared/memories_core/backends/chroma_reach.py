@@ -172,8 +172,7 @@ class ChromaReachability:
         try:
             if self._closing:
                 return
-            ids = sorted(self._all_ids(collection))
-            sample = ids if len(ids) <= self._open_check else random.sample(ids, self._open_check)
+            sample = self._sample_ids(collection)
             lost: set[str] = set()
             for start in range(0, len(sample), _CHECK_CHUNK):
                 if self._closing:
@@ -211,9 +210,12 @@ class ChromaReachability:
         """Probe up to ``open_check`` records sampled from the collection; pin the lost."""
         if not self._open_check:
             return
+        self._pin_lost(collection, self._sample_ids(collection))
+
+    def _sample_ids(self, collection: Any) -> list[str]:
+        """Up to ``open_check`` of the collection's ids, drawn at random."""
         ids = sorted(self._all_ids(collection))
-        sample = ids if len(ids) <= self._open_check else random.sample(ids, self._open_check)
-        self._pin_lost(collection, sample)
+        return ids if len(ids) <= self._open_check else random.sample(ids, self._open_check)
 
     def _pin_lost(
         self, collection: Any, ids: Sequence[str], k: int = PROBE_DEPTH, *, report: bool = True
