@@ -1,7 +1,8 @@
 """What an exact pgvector search costs by user size, beside a search through the HNSW graph.
 
 ``PgVectorIndex`` keeps users with at most ``exact_below`` vectors out of the HNSW graph and
-sorts their rows exactly (the ``user_id`` B-tree, then ``<=>`` on each row). This measures
+sorts their rows exactly (read from the covering ``user_id`` B-tree since schema version 4,
+then ``<=>`` on each row). This measures
 that exact search for users of several sizes inside a large table, and the same users'
 search through the graph, so the bound is chosen by cost: the exact search must stay cheaper
 than the graph's for every user below it, while every row kept out of the graph saves an
@@ -36,7 +37,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent / "shared"), str(HERE.parent), str(HERE)]
 
 from machine_info import command_line, machine  # noqa: E402
-from scale_out import postgres_dsn  # noqa: E402
+from scale_out import postgres_dsn, vector_text  # noqa: E402
 
 OUT = HERE / "out"
 DIM = 384
@@ -49,13 +50,12 @@ def _unit(rng: np.random.Generator, n: int) -> np.ndarray:
 
 def _copy(conn: Any, user: str, vectors: np.ndarray, graph: bool) -> float:
     """COPY a user's rows (graph flag as given); seconds taken."""
-    fmt = "[" + ",".join(["%.7g"] * DIM) + "]"
     meta = json.dumps({"user_id": user, "kind": "note"})
     start = time.perf_counter()
     sql = "COPY vectors (id, user_id, metadata, embedding, graph) FROM STDIN"
     with conn.transaction(), conn.cursor() as cur, cur.copy(sql) as cp:
         for i, vector in enumerate(vectors):
-            cp.write_row((f"{user}-{i}", user, meta, fmt % tuple(vector.tolist()), graph))
+            cp.write_row((f"{user}-{i}", user, meta, vector_text(vector.tolist()), graph))
     return time.perf_counter() - start
 
 

@@ -864,7 +864,7 @@ def test_a_version_1_vector_table_gains_its_filter_columns(
             f'SELECT version FROM "{pg_schema}".schema_version WHERE component = %s ORDER BY 1',
             ("pgvector:vectors",),
         ).fetchall()
-    assert [v for (v,) in versions] == [1, 2, 3]
+    assert [v for (v,) in versions] == [1, 2, 3, 4]
 
 
 def test_a_bulk_load_refreshes_the_planner_statistics(postgres_dsn: str, pg_schema: str) -> None:
@@ -985,9 +985,9 @@ def test_a_version_2_vector_table_keeps_only_large_users_in_the_graph(
     with psycopg.connect(postgres_dsn, autocommit=True) as conn:
         conn.execute(f'SET search_path TO "{pg_schema}", public')
         conn.execute(
-            "DELETE FROM schema_version WHERE component = 'pgvector:vectors' AND version = 3"
+            "DELETE FROM schema_version WHERE component = 'pgvector:vectors' AND version >= 3"
         )
-        conn.execute("DROP INDEX vectors_graph_hnsw")
+        conn.execute("DROP INDEX vectors_graph_hnsw")  # the covering ones go with the column
         conn.execute("ALTER TABLE vectors DROP COLUMN graph")
         conn.execute(
             "CREATE INDEX vectors_hnsw ON vectors USING hnsw (embedding vector_cosine_ops)"
@@ -1014,3 +1014,71 @@ def test_a_version_2_vector_table_keeps_only_large_users_in_the_graph(
             )
         }
     assert "vectors_graph_hnsw" in indexes and "vectors_hnsw" not in indexes
+    assert {"vectors_exact", "vectors_exact_rest"} <= indexes  # and version 4's
+
+
+def _plan(dsn: str, schema: str, sql: str, args: list[Any]) -> str:
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'SET search_path TO "{schema}", public')
+        conn.execute("VACUUM vectors")  # index-only scans need the visibility map
+        return "\n".join(r[0] for r in conn.execute("EXPLAIN " + sql, args).fetchall())
+
+
+def test_pgvector_small_users_are_read_from_the_covering_index_and_long_keys_are_not_lost(
+    postgres_dsn: str, pg_schema: str
+) -> None:
+    from memories_core.backends.pgvector_index import _fits_clause, _key_budget, _literal
+
+    rng = np.random.default_rng(5)
+    vectors = rng.normal(size=(60, 384)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    # Rows 0-49 fit a B-tree row beside their vector; 50-59 have session ids that do not.
+    metas: list[dict[str, Any]] = [
+        {"user_id": "u", "kind": "turn", "session_id": "s" if i < 50 else "x" * (1200 + i)}
+        for i in range(60)
+    ]
+    ids = [f"v{i}" for i in range(60)]
+    with PgVectorIndex(postgres_dsn, dimension=384, schema=pg_schema) as index:
+        index.add(ids, vectors, metas)
+        index.add(["other"], vectors[:1], [{"user_id": "someone-else", "kind": "turn"}])
+        for query in list(vectors[[0, 55]]) + list(rng.normal(size=(3, 384)).astype(np.float32)):
+            query = query / np.linalg.norm(query)
+            want = [ids[i] for i in np.argsort(-(vectors @ query), kind="stable")[:12]]
+            got = index.search(query, user_id="u", k=12)
+            assert [h for h, _ in got] == want
+            assert np.allclose([s for _, s in got], np.sort(vectors @ query)[::-1][:12], atol=1e-5)
+            turns = index.search(query, user_id="u", k=60, where={"kind": "turn"})
+            assert len(turns) == 60 and "other" not in {h for h, _ in turns}
+        fits = _fits_clause(_key_budget(384), "v.")
+        plan = _plan(
+            postgres_dsn,
+            pg_schema,
+            "SELECT v.id FROM vectors AS v WHERE v.user_id = %s AND NOT v.graph AND "
+            f"{fits} ORDER BY v.embedding <=> %s::vector LIMIT 5",
+            ["u", _literal(vectors[0])],
+        )
+    assert "Index Only Scan using vectors_exact " in plan
+
+
+def test_pgvector_vectors_too_long_for_a_btree_row_are_searched_without_covering_index(
+    postgres_dsn: str, pg_schema: str
+) -> None:
+    import psycopg
+
+    rng = np.random.default_rng(6)
+    vectors = rng.normal(size=(20, 768)).astype(np.float32)
+    with PgVectorIndex(postgres_dsn, dimension=768, schema=pg_schema) as index:
+        index.add([f"v{i}" for i in range(20)], vectors, [{"user_id": "u", "kind": "turn"}] * 20)
+        query = vectors[7] / np.linalg.norm(vectors[7])
+        assert index.search(query, user_id="u", k=3)[0][0] == "v7"
+        assert len(index.search(query, user_id="u", k=50)) == 20
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        names = {
+            n
+            for (n,) in conn.execute(
+                "SELECT indexname FROM pg_indexes WHERE schemaname = %s", (pg_schema,)
+            )
+        }
+    assert "vectors_exact" not in names and "vectors_user" in names

@@ -24,6 +24,16 @@ graph until ``k`` rows pass the filter (``hnsw.iterative_scan = strict_order``),
 with few vectors among many users still gets ``k`` results; for a small table the planner uses
 the ``user_id`` index and an exact sort instead.
 
+A small user's exact search reads their vectors from a covering B-tree (schema version 4):
+``(user_id) INCLUDE (id, kind, session_id, embedding) WHERE NOT graph``. Users write in turn,
+so the heap holds each user's rows on as many pages as rows (1,000 users, 1M rows: ~1,040
+pages per user); the B-tree keeps them together (a quarter of the pages), and an index-only
+scan reads nothing else. It doubles the disk of the small users' vectors. A B-tree row holds
+at most 2,704 bytes, so rows whose ids, kind and session id are too long for the vector
+(:func:`_fits_clause`) go to a second, key-only index, and the search unites both parts; for
+vectors too long for any row (about 580 dimensions and more) neither index is built and the
+search reads the heap as before.
+
 The search settings (``hnsw.iterative_scan`` and ``hnsw.ef_search``, at least ``k``) are set
 at session level on each of the index's own pooled connections, and again only when a search
 needs another ``ef_search``: a search is then one statement, where setting them per query
@@ -88,6 +98,36 @@ _FILTER_COLUMNS: dict[str, tuple[str, ColumnType]] = {
     "kind": ("v.kind", "text"),
     "session_id": ("v.session_id", "text"),
 }
+
+
+#: PostgreSQL's largest B-tree row (bytes), and what our estimate leaves for its headers.
+_BTREE_ROW_LIMIT = 2704
+_BTREE_ROW_MARGIN = 100
+#: Below this many bytes left for the ids, kind and session id, no covering index is built.
+_MIN_KEY_BYTES = 128
+
+
+def _key_budget(dimension: int) -> int:
+    """Bytes a covering B-tree row has left for ``user_id``, ``id``, ``kind`` and ``session_id``.
+
+    A ``vector`` value is 8 header bytes and 4 per dimension; what is left under the row limit
+    (less a margin for the tuple and field headers) is the budget. Below
+    :data:`_MIN_KEY_BYTES` (about 580 dimensions and more) there is no covering index.
+    """
+    return _BTREE_ROW_LIMIT - _BTREE_ROW_MARGIN - (8 + 4 * dimension)
+
+
+def _fits_clause(budget: int, alias: str = "") -> str:
+    """SQL: this row's ids, kind and session id fit a covering B-tree row (``budget`` bytes).
+
+    The same text is the covering index's predicate and the search's condition, so the
+    planner can prove the index answers it; ``budget`` is an int, never user input.
+    """
+    a = alias
+    return (
+        f"(octet_length({a}user_id) + octet_length({a}id) + coalesce(octet_length({a}kind), 0)"
+        f" + coalesce(octet_length({a}session_id), 0) <= {int(budget)})"
+    )
 
 
 def _literal(vector: npt.NDArray[np.float32]) -> str:
@@ -252,9 +292,38 @@ class PgVectorIndex:
             "USING hnsw (embedding vector_cosine_ops) WHERE graph"
         )
 
+    def _covering_exact_index(self, conn: Any) -> None:
+        """Migration 4: small users' vectors in a covering B-tree, read by index-only scans.
+
+        ``{table}_exact`` holds ``(user_id) INCLUDE (id, kind, session_id, embedding)`` of the
+        rows outside the graph whose keys fit a B-tree row (:func:`_fits_clause`);
+        ``{table}_exact_rest`` keys the others, so a search of both parts never reads the
+        user's heap pages. Built for the table's stored dimension; none when even short keys
+        do not fit beside its vectors. On a large table the build blocks writes meanwhile
+        (1M rows: BENCHMARKS.md, "Scale out").
+        """
+        budget = _key_budget(self._read_dimension(conn))
+        if budget < _MIN_KEY_BYTES:
+            return
+        t = self.table
+        fits = _fits_clause(budget)
+        conn.execute(
+            f"CREATE INDEX IF NOT EXISTS {t}_exact ON {t} (user_id) "
+            f"INCLUDE (id, kind, session_id, embedding) WHERE NOT graph AND {fits}"
+        )
+        conn.execute(
+            f"CREATE INDEX IF NOT EXISTS {t}_exact_rest ON {t} (user_id) "
+            f"WHERE NOT graph AND NOT {fits}"
+        )
+
     def _migrations(self) -> tuple[Any, ...]:
         """Migration ``i`` brings the table to version ``i + 1`` (see ``pg_common.migrate``)."""
-        return (self._create_table, self._add_filter_columns, self._graph_only_for_large_users)
+        return (
+            self._create_table,
+            self._add_filter_columns,
+            self._graph_only_for_large_users,
+            self._covering_exact_index,
+        )
 
     def _read_dimension(self, conn: Any) -> int:
         row = conn.execute(
@@ -417,22 +486,35 @@ class PgVectorIndex:
             )
             clause = f" AND {sql}"
         literal = _literal(query)
+        select = (
+            f"SELECT v.id, v.embedding <=> %s::vector AS d FROM {self.table} AS v "
+            "WHERE v.user_id = %s"
+        )
         with self._conn() as conn:
             flag = conn.execute(
                 f"SELECT graph FROM {self.table} WHERE user_id = %s LIMIT 1", (user_id,)
             ).fetchone()
             if flag is None:
                 return []
+            budget = _key_budget(self._stored_dimension or self.dimension)
             if flag[0]:  # the user's rows are in the graph: ``v.graph`` lets HNSW serve
                 self._tune(conn, max(self.ef_search, min(k, 1000)))
-                clause += " AND v.graph"
-            # else an exact sort of the user's rows (no index matches without ``graph``)
-            rows = conn.execute(
-                f"SELECT v.id, 1 - (v.embedding <=> %s::vector) AS score FROM {self.table} AS v "
-                f"WHERE v.user_id = %s{clause} ORDER BY v.embedding <=> %s::vector LIMIT %s",
-                [literal, user_id, *params, literal, k],
-            ).fetchall()
-        return [(vid, float(score)) for vid, score in rows]
+                sql = f"{select} AND v.graph{clause} ORDER BY d LIMIT %s"
+                args = [literal, user_id, *params, k]
+            elif budget >= _MIN_KEY_BYTES:
+                # An exact sort of the user's rows, from the two covering indexes' parts.
+                fits = _fits_clause(budget, "v.")
+                sql = (
+                    f"SELECT id, d FROM (({select} AND NOT v.graph AND {fits}{clause} "
+                    f"ORDER BY d LIMIT %s) UNION ALL ({select} AND NOT v.graph AND NOT {fits}"
+                    f"{clause} ORDER BY d LIMIT %s)) AS hits ORDER BY d LIMIT %s"
+                )
+                args = [literal, user_id, *params, k, literal, user_id, *params, k, k]
+            else:  # no covering index for vectors this long: the heap, by the user_id index
+                sql = f"{select} AND NOT v.graph{clause} ORDER BY d LIMIT %s"
+                args = [literal, user_id, *params, k]
+            rows = conn.execute(sql, args).fetchall()
+        return [(vid, 1.0 - float(distance)) for vid, distance in rows]
 
     def _tune(self, conn: Any, ef_search: int) -> None:
         """Give ``conn``'s session the HNSW search settings, unless it has them already."""
