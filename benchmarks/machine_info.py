@@ -79,11 +79,17 @@ def portable_path(path: str | os.PathLike[str]) -> str:
     text = os.fspath(path)
     if not os.path.isabs(text):
         return text
-    scratch = os.path.realpath(tempfile.gettempdir())
+    root = Path(__file__).resolve().parents[1]
     resolved = os.path.realpath(text)
+    # The repository and its sibling ``shared`` folder first: a clone may itself live in
+    # the temporary folder (a CI checkout), and its data paths must still read ``../shared``.
+    for known in (str(root), str(root.parent / "shared")):
+        if resolved == known or resolved.startswith(known + os.sep):
+            return os.path.relpath(resolved, root)
+    scratch = os.path.realpath(tempfile.gettempdir())
     if resolved == scratch or resolved.startswith(scratch + os.sep):
         return "<tmp>" + resolved[len(scratch) :]
-    return os.path.relpath(resolved, Path(__file__).resolve().parents[1])
+    return os.path.relpath(resolved, root)
 
 
 #: Options whose value is a database address: recorded as ``<dsn>`` (it names this machine's

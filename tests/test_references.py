@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 CODE = [
     *sorted((ROOT / "shared" / "memories_core").rglob("*.py")),
@@ -101,8 +103,11 @@ def test_benchmark_results_record_no_machine_path() -> None:
     assert not found, found
 
 
-def test_portable_path_is_relative_to_the_repository(tmp_path: Path) -> None:
+def test_portable_path_is_relative_to_the_repository(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import sys
+    import tempfile
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
@@ -113,6 +118,10 @@ def test_portable_path_is_relative_to_the_repository(tmp_path: Path) -> None:
     assert portable_path(data) == "../shared/datasets/x.json"
     assert portable_path("relative/kept.json") == "relative/kept.json"
     assert portable_path(tmp_path / "a.db").startswith("<tmp>/")
+    # A clone inside the temporary folder (a CI checkout) still records ``../shared``.
+    monkeypatch.setattr(tempfile, "tempdir", str(ROOT.parent))
+    assert portable_path(data) == "../shared/datasets/x.json"
+    assert portable_path(ROOT / "benchmarks" / "out") == "benchmarks/out"
     assert command_line("benchmarks/x.py", ["--data", str(data)]) == (
         "python benchmarks/x.py --data ../shared/datasets/x.json"
     )
