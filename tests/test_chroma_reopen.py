@@ -313,3 +313,32 @@ def test_lost_records_found_by_writes_are_logged_at_most_once_a_minute(
     again = ChromaIndex(path=tmp_path / "chroma", exact_below=0, open_check=0)
     assert {hit for hit, _ in again.search(vectors[3], user_id=USER, k=10)} >= {"r3"}
     again.close()
+
+
+@pytest.mark.parametrize("exact_below", [0, 1000])  # the graph; the exact mirror
+def test_prefetch_loads_a_users_collection_after_a_reopen(tmp_path: Path, exact_below: int) -> None:
+    from memories_core import HistoryMemory
+    from memories_core.retrieval import Pipeline
+
+    def opened() -> HistoryMemory:
+        index = ChromaIndex(path=tmp_path / "chroma", exact_below=exact_below, open_check=0)
+        return HistoryMemory(
+            store=SQLiteRecordStore(tmp_path / "records.sqlite3"),
+            index=index,
+            embedder=HashingEmbedder(),
+            pipeline=Pipeline(),
+        )
+
+    memory = opened()
+    texts = _texts(30)
+    memory.save([Turn("user", text) for text in texts], Scope(USER, "s1"))
+    memory.close()
+    memory = opened()
+    before = memory.engine.failures.get("index", 0)
+    assert memory.engine.warm(USER) is True
+    assert memory.engine.warm("nobody") is False
+    assert memory.prefetch(USER, progress=False) == 0  # no reranker data without a reranker
+    hits = memory.recall(texts[7], Scope(USER), k=3).records
+    assert hits and hits[0].record.text.endswith(texts[7])
+    assert memory.engine.failures.get("index", 0) == before
+    memory.close()

@@ -660,6 +660,30 @@ class ChromaIndex(ChromaFiltering, ChromaReachability, ChromaVerification, Chrom
             self._sweep_late_segment_folders()
             self._erase_on_close = self._folder is not None
 
+    def warm(self, user_id: str) -> bool:
+        """Load ``user_id``'s collection for searching now, ahead of their first search.
+
+        Chroma reads a collection's HNSW graph from disk on its first query in a process
+        (at 100k vectors about 90 ms: BENCHMARKS.md, "Retrieval quality"); a small user's
+        exact mirror is read the same way. One query with one of the user's own vectors
+        does that. Returns ``False`` when the user has no vectors.
+        """
+        check_user_id(user_id)
+
+        def load(collection: Any) -> bool:
+            if self._exact(collection) is not None:
+                return True
+            got = self._guard(collection.get, limit=1, include=["embeddings"])
+            vectors = got.get("embeddings")
+            if vectors is None or len(vectors) == 0:
+                return False
+            query = np.asarray(vectors[0], dtype=np.float32)
+            self._guard(collection.query, query_embeddings=[query], n_results=1, include=[])
+            return True
+
+        with self._lock:
+            return self._on_collection(user_id, False, load, False)
+
     def count(self, user_id: str | None = None) -> int:
         """Number of vectors, of one user or of all."""
         with self._lock:

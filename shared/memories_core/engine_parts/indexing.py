@@ -100,6 +100,25 @@ class EngineIndexing(EngineReads):
             self.count_failure("index")
             logger.warning("deleting vectors failed; verify() will remove them", exc_info=True)
 
+    def warm(self, user_id: str) -> bool:
+        """Load ``user_id``'s part of the vector index now, where the index loads lazily.
+
+        Calls the index's ``warm(user_id)`` when it offers one
+        (:meth:`ChromaIndex.warm <memories_core.backends.ChromaIndex.warm>`: Chroma reads a
+        collection's graph on its first query); ``False`` when it does not or the user has
+        no vectors. A failure is counted and logged, never raised: warming only saves time.
+        """
+        check_user_id(user_id)
+        warm = getattr(self.index, "warm", None)
+        if not callable(warm):
+            return False
+        try:
+            return bool(warm(user_id))
+        except Exception:
+            self.count_failure("index")
+            logger.warning("warming the vector index failed", exc_info=True)
+            return False
+
     def prefetch(self, user_id: str, pipeline: Pipeline, *, progress: bool = False) -> int:
         """Prepare ``pipeline``'s per-record caches for all of ``user_id``'s records.
 

@@ -339,13 +339,17 @@ class MemoryBase:
         return self.engine.reindex(progress=progress)
 
     def prefetch(self, user_id: str, *, progress: bool = True) -> int:
-        """Prepare this memory's per-record reranker data for ``user_id`` ahead of recalls.
+        """Prepare ``user_id``'s first recall ahead of time (e.g. when the user signs in).
 
-        With the optional late-interaction reranker, every record gets token vectors of the
+        The vector index loads the user's part now where it loads lazily (the embedded
+        Chroma index reads a collection's graph on its first query in a process:
+        :meth:`MemoryEngine.warm <memories_core.engine.MemoryEngine.warm>`). With the
+        optional late-interaction reranker, every record also gets token vectors of the
         current encoder (stored with the record when the store keeps them; save jobs do this
         for new turns already), else its in-process cache is filled. Returns how many records
-        were prepared now (0 without such a reranker, or when all had theirs).
+        got reranker data now (0 without such a reranker, or when all had theirs).
         """
+        self.engine.warm(user_id)
         if self.pipeline is None:
             return 0
         return self.engine.prefetch(user_id, self.pipeline, progress=progress)
