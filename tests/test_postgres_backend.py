@@ -1060,6 +1060,14 @@ def test_pgvector_small_users_are_read_from_the_covering_index_and_long_keys_are
             ["u", _literal(vectors[0])],
         )
     assert "Index Only Scan using vectors_exact " in plan
+    import psycopg
+
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:  # a DBA trades speed for disk
+        conn.execute(f'DROP INDEX "{pg_schema}".vectors_exact, "{pg_schema}".vectors_exact_rest')
+    with PgVectorIndex(postgres_dsn, dimension=384, schema=pg_schema) as index:
+        query = vectors[55] / np.linalg.norm(vectors[55])
+        want = [ids[i] for i in np.argsort(-(vectors @ query), kind="stable")[:60]]
+        assert [h for h, _ in index.search(query, user_id="u", k=60)] == want
 
 
 def test_pgvector_vectors_too_long_for_a_btree_row_are_searched_without_covering_index(
