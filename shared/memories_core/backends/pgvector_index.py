@@ -9,10 +9,11 @@ a B-tree on ``user_id``, and ``graph`` (schema version 3): whether the row is in
 index (``vector_cosine_ops``), which is partial (``WHERE graph``).
 
 Small users are searched exactly (schema version 3): a user with at most ``exact_below``
-vectors (2,000) keeps them out of the HNSW graph and is searched by the ``user_id`` B-tree and
-an exact sort, like :class:`~memories_core.backends.ChromaIndex`'s small users. One global graph
-made every insert a walk of everybody's vectors: about 50 ms per 384-dimension vector into a
-1M-row graph, 42 records/s whatever the number of writers (BENCHMARKS.md, "Scale out"). The
+vectors (2,000) keeps them out of the HNSW graph and is searched by an exact sort of their
+rows (read from the covering index below), like
+:class:`~memories_core.backends.ChromaIndex`'s small users. One global graph made every
+insert a walk of everybody's vectors: about 50 ms per 384-dimension vector into a 1M-row
+graph, 42 records/s whatever the number of writers (BENCHMARKS.md, "Scale out"). The
 ``add`` that takes a user past ``exact_below`` moves all of that user's rows into the graph
 (one ``UPDATE``, under the user's advisory lock, so a user's rows always agree).
 
