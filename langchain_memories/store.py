@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import threading
 import uuid
@@ -41,7 +42,7 @@ from langchain_memories.store_values import (
 )
 from memories_core.agent_tools import engine_of
 from memories_core.engine import MAX_K, MemoryEngine
-from memories_core.errors import ConfigurationError, InvalidInputError
+from memories_core.errors import ConfigurationError, InvalidInputError, MissingUserError
 from memories_core.interfaces import Clock
 from memories_core.retrieval import KEY_FOR, SEARCH_KEY_KIND
 from memories_core.retrieval.keys import key_filter
@@ -49,11 +50,13 @@ from memories_core.retrieval.pipeline import DenseSource, Pipeline
 from memories_core.types import MemoryRecord, check_user_id, new_id
 
 __all__ = [
+    "MAPPED_USER_PREFIX",
     "SHARED_USER_ID",
     "STORE_KIND",
     "UNINDEXED_KIND",
     "MemoryStore",
     "StoreNamespaceError",
+    "user_id_of_label",
 ]
 
 #: Record kind of the store's items that a query can find (they have a vector).
@@ -92,6 +95,35 @@ def _check_labels(namespace: Sequence[Any], *, allow_wildcard: bool = False) -> 
                 f"namespace labels are non-empty strings without '.' or NUL, got {label!r} in "
                 f"{tuple(namespace)!r}"
             )
+        try:
+            label.encode("utf-8")
+        except UnicodeEncodeError:  # as LangGraph's PostgresStore, which cannot store it
+            raise StoreNamespaceError(
+                f"namespace label {label!r} holds a lone surrogate (not valid Unicode)"
+            ) from None
+
+
+#: Start of the user id that a user label maps to when it cannot be one as it is.
+MAPPED_USER_PREFIX = "~lg~"
+
+
+def user_id_of_label(label: str) -> str:
+    """The engine user that owns the items of namespaces whose user label is ``label``.
+
+    A label that is a valid user id (:func:`~memories_core.types.check_user_id`) is that id.
+    LangGraph accepts labels that are not: whitespace only, the library's reserved
+    ``__name__`` shape, longer than 1,024 characters. Such a label maps to ``~lg~`` and the
+    SHA-256 of its UTF-8 bytes, and so does a label that itself starts with ``~lg~``, so that
+    no label can pose as another's mapped id. Erase or export such a user with this id
+    (:meth:`MemoryStore.user_id_of`).
+    """
+    if not label.startswith(MAPPED_USER_PREFIX):
+        try:
+            return check_user_id(label)
+        except (InvalidInputError, MissingUserError):
+            pass
+    digest = hashlib.sha256(label.encode("utf-8")).hexdigest()
+    return MAPPED_USER_PREFIX + digest
 
 
 def _matches(namespace: tuple[str, ...], condition: MatchCondition) -> bool:
@@ -119,7 +151,9 @@ class MemoryStore(BaseStore):
     and LangGraph's ``("users", user_id)``; pass ``user_label=0`` for ``(user_id, ...)``
     layouts. A namespace too short to hold it (``("docs",)``) belongs to
     :data:`SHARED_USER_ID`. Namespace labels are those LangGraph accepts (non-empty
-    strings without ``.``); the user label must also be a valid user id.
+    strings without ``.``; NUL and lone surrogates are refused, as LangGraph's PostgresStore
+    cannot store them either); a user label
+    that is not a valid user id maps to one (:func:`user_id_of_label`, :meth:`user_id_of`).
 
     Values are stored as JSON, as LangGraph's database stores keep them (datetimes, UUIDs,
     pydantic models ... are converted; see :mod:`langchain_memories.store_values`).
@@ -234,19 +268,25 @@ class MemoryStore(BaseStore):
         _check_labels(namespace)
         if len(namespace) <= self.user_label:
             return SHARED_USER_ID
-        try:
-            return check_user_id(namespace[self.user_label])
-        except InvalidInputError as exc:
-            raise StoreNamespaceError(f"the user label of {namespace!r}: {exc}") from exc
+        return user_id_of_label(namespace[self.user_label])
 
     def _owners(self, prefix: Sequence[str]) -> list[str]:
         """The users whose items can lie under ``prefix`` (every user without a user label)."""
         if len(prefix) > self.user_label and prefix[self.user_label] != "*":
-            try:
-                return [check_user_id(prefix[self.user_label])]
-            except InvalidInputError as exc:
-                raise StoreNamespaceError(f"the user label of {tuple(prefix)!r}: {exc}") from exc
+            return [user_id_of_label(prefix[self.user_label])]
         return self.engine.users()
+
+    def user_id_of(self, namespace: Sequence[str]) -> str:
+        """The engine user whose memory holds ``namespace``'s items (for export or erasure).
+
+        Usually the user label itself (``("memories", "alice")`` -> ``"alice"``); see
+        :func:`user_id_of_label` for labels that are not valid user ids, and
+        :data:`SHARED_USER_ID` for namespaces too short to have a user label.
+
+        Raises:
+            StoreNamespaceError: if ``namespace`` is not one LangGraph accepts.
+        """
+        return self._owner(tuple(namespace))
 
     def _namespace_where(self, prefix: Sequence[str]) -> dict[str, Any]:
         return {

@@ -13,7 +13,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.store.base import BaseStore, PutOp
 
 from langchain_memories import MemoryStore
-from langchain_memories.store import SHARED_USER_ID
+from langchain_memories.store import MAPPED_USER_PREFIX, SHARED_USER_ID, StoreNamespaceError
 from memories_core import ConfigurationError, FixedClock, HistoryMemory, InvalidInputError
 from memories_core.embedders import HashingEmbedder
 
@@ -257,10 +257,31 @@ def test_user_label_position_and_shared_namespaces() -> None:
     assert store.engine.users() == sorted(["alice", SHARED_USER_ID])
     assert store.list_namespaces() == [("docs",), ("users", "alice", "prefs")]
     assert [i.value for i in store.search(("docs",))] == [{"v": 2}]
-    with pytest.raises(InvalidInputError):
-        store.put(("users", " "), "k", {"v": 1})  # the user label must be a user id
     with pytest.raises(ConfigurationError):
         MemoryStore(store.engine, user_label=-1)
+
+
+@pytest.mark.parametrize(
+    "label", [" ", "__emg_store__", "x" * 1025, "~lg~alice", "~lg~" + "0" * 64]
+)
+def test_every_user_label_langgraph_accepts_is_a_user_of_its_own(label: str) -> None:
+    store = MemoryStore(HistoryMemory(embedder=HashingEmbedder(), path=None, clock=FixedClock(T0)))
+    store.put(("users", label, "prefs"), "k", {"text": "green tea"})
+    store.put(("users", "alice", "prefs"), "k", {"text": "black coffee"})
+    owner = store.user_id_of(("users", label))
+    assert owner.startswith(MAPPED_USER_PREFIX) and owner != label and owner != "alice"
+    assert store.get(("users", label, "prefs"), "k").value == {"text": "green tea"}
+    assert [i.value for i in store.search(("users", label))] == [{"text": "green tea"}]
+    assert [i.value for i in store.search(("users", "alice"))] == [{"text": "black coffee"}]
+    assert ("users", label, "prefs") in store.list_namespaces()
+    # The mapped id is the user in the engine: export and erasure reach exactly these items.
+    assert sorted(store.engine.users()) == sorted(["alice", owner])
+    store.engine.delete_user(owner)
+    assert store.get(("users", label, "prefs"), "k") is None
+    assert store.get(("users", "alice", "prefs"), "k") is not None
+    assert store.user_id_of(("users", "alice")) == "alice"
+    with pytest.raises(StoreNamespaceError):  # as PostgresStore: not storable text
+        store.put(("users", "bad\ud800half"), "k", {"v": 1})
 
 
 def test_index_configuration_arguments() -> None:
