@@ -309,6 +309,18 @@ def test_index_configuration_arguments() -> None:
         MemoryStore(index={"embed": "hashing", "field": ["text"]})  # unknown setting
 
 
+@pytest.mark.slow  # loads the bundled MiniLM
+def test_index_embed_minilm_resolves_offline_to_the_bundled_model() -> None:
+    store = MemoryStore(index={"embed": "minilm", "fields": ["text"]}, clock=FixedClock(T0))
+    assert store.index_config["dims"] == 384
+    assert store.engine.embedder.name == "sentence-transformers:all-MiniLM-L6-v2"
+    store.put(("memories", "alice"), "pet", {"text": "my cat sleeps on the sofa all day"})
+    store.put(("memories", "alice"), "stocks", {"text": "quarterly earnings beat forecasts"})
+    hits = store.search(("memories", "alice"), query="which animal does she own?", limit=2)
+    assert hits[0].key == "pet" and hits[0].score is not None and 0.0 <= hits[0].score <= 1.0
+    store.close()
+
+
 def test_sweep_ttl_deletes_expired_items_and_their_keys() -> None:
     clock = FixedClock(T0)
     store = MemoryStore(
@@ -316,6 +328,27 @@ def test_sweep_ttl_deletes_expired_items_and_their_keys() -> None:
         ttl_config={"default_ttl": 5, "sweep_interval_minutes": 1},
         clock=clock,
     )
+    _sweep_and_check(store, clock)
+
+
+@pytest.mark.postgres
+def test_sweep_ttl_on_postgres(postgres_dsn: str, pg_schema: str) -> None:
+    from memories_core.backends import postgres_storage
+    from memories_core.engine import MemoryEngine
+
+    clock = FixedClock(T0)
+    parts = postgres_storage(postgres_dsn, dimension=64, schema=pg_schema, pool_size=2)
+    engine = MemoryEngine(**parts, embedder=HashingEmbedder(64), clock=clock)
+    store = MemoryStore(
+        engine,
+        index={"fields": ["a", "b"]},
+        ttl_config={"default_ttl": 5, "sweep_interval_minutes": 1},
+    )
+    _sweep_and_check(store, clock)
+    engine.close()
+
+
+def _sweep_and_check(store: MemoryStore, clock: FixedClock) -> None:
     store.put(("memories", "alice"), "tmp", {"a": "first field", "b": "second field"})
     store.put(("memories", "alice"), "keep", {"a": "stays"}, ttl=None)
     clock.advance(timedelta(minutes=6))

@@ -8,6 +8,7 @@ folder), in memory, and on PostgreSQL with pgvector (postgres marker).
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
@@ -151,10 +152,20 @@ except ImportError:  # the Postgres tests skip without psycopg
 class TestPostgresStoreControl(StoreConformance):
     """LangGraph's own PostgresStore (pgvector), a schema per store: a second control.
 
-    Its clock is the database's, so the TTL tests skip. PostgreSQL's JSON has no ``Infinity``
+    Its clock is the database's, so the TTL tests run in real time with a unit of 0.6 s
+    (``ttl_unit_minutes``), with its ``omit_expired`` option (without it, reads return expired
+    items until its sweeper deletes them): the LangGraph store with TTL that checks the
+    suite's expiry and default-TTL tests. Refresh on read is not checked here: it keeps
+    ``ttl_minutes`` as an integer, so a refreshed sub-minute TTL expires at once (checked on
+    ``MemoryStore`` with a moved clock). PostgreSQL's JSON has no ``Infinity``
     or ``NaN``, so the two tests that put non-finite floats fail there (strict xfail: they
     must keep failing for that reason only); ``InMemoryStore`` and ``MemoryStore`` pass them.
     """
+
+    ttl_unit_minutes = 0.01
+
+    def test_ttl_refresh_on_read(self, store_factory: StoreFactory) -> None:
+        pytest.skip("PostgresStore stores ttl_minutes as an integer: sub-minute refreshes")
 
     @pytest.mark.xfail(strict=True, raises=_JSON_REFUSED, reason="no Infinity in Postgres JSON")
     def test_large_and_non_finite_numbers_round_trip(self, store_factory: StoreFactory) -> None:
@@ -184,10 +195,12 @@ class TestPostgresStoreControl(StoreConformance):
                 )
                 store = stack.enter_context(
                     postgres.PostgresStore.from_conn_string(
-                        dsn, index=cast(Any, index), ttl=cast(Any, ttl_config)
+                        dsn,
+                        index=cast(Any, index),
+                        ttl=cast(Any, {**(ttl_config or {}), "omit_expired": True}),
                     )
                 )
                 store.setup()
-                return store, None
+                return store, lambda minutes: time.sleep(60.0 * minutes)
 
             yield make

@@ -11,7 +11,9 @@ order of a search without a query, a read inside the batch that writes, how ``cr
 changes on an overwrite, and what a missing field does under an order operator are left
 open. Options a store may lack are class attributes: :attr:`StoreConformance.bounded_scores`
 (scores are similarities in ``[0, 1]``) and TTL (run when the store's ``supports_ttl`` is
-true and the factory can move its clock).
+true and the factory returns ``advance``). TTL times are in units of
+:attr:`StoreConformance.ttl_unit_minutes`: 1 minute for a store whose clock the factory moves,
+a fraction of one for a store on the real clock (``advance`` then sleeps).
 
 It needs the ``langchain`` extra: LangGraph's operation types are imported where a test uses
 them, so that importing the core never imports a framework. Stores are typed ``Any`` here
@@ -103,6 +105,8 @@ class StoreConformance:
 
     #: Whether search scores are similarities clamped into ``[0, 1]``.
     bounded_scores: ClassVar[bool] = False
+    #: Minutes per unit of the TTL tests' times (TTLs, defaults and ``advance`` calls).
+    ttl_unit_minutes: ClassVar[float] = 1.0
 
     @pytest.fixture
     def store_factory(self) -> StoreFactory:
@@ -367,6 +371,43 @@ class StoreConformance:
             "secret"
         ]
 
+    def test_nested_field_paths_are_indexed(self, store_factory: StoreFactory) -> None:
+        """Dotted paths and ``[*]`` wildcards index nested JSON values."""
+        store = self._make(store_factory, _index(["profile.bio", "tags[*]"]))
+        store.put(_ALICE, "a", {"profile": {"bio": "retired sailor who builds kayaks"}})
+        store.put(_ALICE, "b", {"tags": ["sourdough baking", "rye starter"], "profile": {}})
+        store.put(_ALICE, "c", {"bio": "retired sailor who builds kayaks"})  # not at the path
+        hits = store.search(_ALICE, query="retired sailor who builds kayaks", limit=3)
+        assert hits[0].key == "a"
+        assert hits[0].score is not None and hits[0].score > 0.99
+        assert store.search(_ALICE, query="rye starter", limit=1)[0].key == "b"
+        assert all(h.score is None for h in hits if h.key == "c")
+
+    def test_index_config_is_exposed(self, store_factory: StoreFactory) -> None:
+        """``index_config`` holds the configuration's dims and fields."""
+        store = self._make(store_factory, _index(["text", "profile.bio"]))
+        assert store.index_config["dims"] == DIMS
+        assert list(store.index_config["fields"]) == ["text", "profile.bio"]
+
+    def test_embed_may_be_a_langchain_embeddings(self, store_factory: StoreFactory) -> None:
+        """``embed`` may be a LangChain ``Embeddings`` object."""
+        try:
+            base = importlib.import_module("langchain_core.embeddings")
+        except ImportError as exc:
+            raise MissingExtraError("langchain-core", "langchain") from exc
+
+        class Hashing(base.Embeddings):  # type: ignore[misc,name-defined]
+            def embed_documents(self, texts: list[str]) -> list[list[float]]:
+                return hashing_embed(texts)
+
+            def embed_query(self, text: str) -> list[float]:
+                return hashing_embed([text])[0]
+
+        store = self._make(store_factory, {"dims": DIMS, "embed": Hashing(), "fields": ["text"]})
+        store.put(_ALICE, "a", {"text": "a lighthouse on the cliff"})
+        store.put(_ALICE, "b", {"text": "a bakery in the old town"})
+        assert store.search(_ALICE, query="lighthouse cliff", limit=1)[0].key == "a"
+
     def test_whole_value_is_indexed_by_default(self, store_factory: StoreFactory) -> None:
         """Without fields the whole value is indexed."""
         store = self._make(store_factory, _index())
@@ -423,15 +464,20 @@ class StoreConformance:
     def _ttl_store(
         self, factory: StoreFactory, ttl_config: TTLConfig | None = None
     ) -> tuple[BaseStore, Callable[[float], None]]:
+        unit = self.ttl_unit_minutes
+        if ttl_config is not None and ttl_config.get("default_ttl") is not None:
+            ttl_config = {**ttl_config, "default_ttl": ttl_config["default_ttl"] * unit}
         store, advance = factory(None, ttl_config)
         if not store.supports_ttl or advance is None:
             pytest.skip("the store has no TTL, or its clock cannot be moved")
-        return store, advance
+        moved = advance
+        return store, lambda units: moved(units * unit)
 
     def test_ttl_expires_items(self, store_factory: StoreFactory) -> None:
         """An item with a TTL is gone once it expires; others stay."""
         store, advance = self._ttl_store(store_factory)
-        store.put(_ALICE, "otp", {"code": "123"}, ttl=10)
+        unit = self.ttl_unit_minutes
+        store.put(_ALICE, "otp", {"code": "123"}, ttl=10 * unit)
         store.put(_ALICE, "keep", {"code": "456"})
         advance(5)
         assert store.get(_ALICE, "otp", refresh_ttl=False) is not None
@@ -443,8 +489,9 @@ class StoreConformance:
     def test_ttl_refresh_on_read(self, store_factory: StoreFactory) -> None:
         """A read with refresh_ttl extends the TTL; one without does not."""
         store, advance = self._ttl_store(store_factory)
-        store.put(_ALICE, "a", {"v": 1}, ttl=10)
-        store.put(_ALICE, "b", {"v": 2}, ttl=10)
+        unit = self.ttl_unit_minutes
+        store.put(_ALICE, "a", {"v": 1}, ttl=10 * unit)
+        store.put(_ALICE, "b", {"v": 2}, ttl=10 * unit)
         advance(8)
         assert store.get(_ALICE, "a", refresh_ttl=True) is not None
         assert store.get(_ALICE, "b", refresh_ttl=False) is not None
