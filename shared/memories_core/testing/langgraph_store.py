@@ -396,7 +396,7 @@ class StoreConformance:
         except ImportError as exc:
             raise MissingExtraError("langchain-core", "langchain") from exc
 
-        class Hashing(base.Embeddings):  # type: ignore[misc,name-defined]
+        class Hashing(base.Embeddings):  # type: ignore[name-defined]
             def embed_documents(self, texts: list[str]) -> list[list[float]]:
                 return hashing_embed(texts)
 
