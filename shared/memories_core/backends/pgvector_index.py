@@ -9,7 +9,7 @@ a B-tree on ``user_id``, and ``graph`` (schema version 3): whether the row is in
 index (``vector_cosine_ops``), which is partial (``WHERE graph``).
 
 Small users are searched exactly (schema version 3): a user with at most ``exact_below``
-vectors (2,000) keeps them out of the HNSW graph and is searched by an exact sort of their
+vectors (10,000) keeps them out of the HNSW graph and is searched by an exact sort of their
 rows (read from the covering index below), like
 :class:`~memories_core.backends.ChromaIndex`'s small users. One global graph made every
 insert a walk of everybody's vectors: about 50 ms per 384-dimension vector into a 1M-row
@@ -89,7 +89,12 @@ __all__ = ["PgVectorIndex"]
 _TIE = 1e-5
 
 #: Users with at most this many vectors are searched exactly, outside the HNSW graph.
-EXACT_BELOW = 2000
+#: Chosen by cost (``benchmarks/pg_exact_cost.py`` on the 1M-row store, PostgreSQL's default
+#: settings, the covering index): an exact search of a 10,000-vector user took 7.9 ms p50,
+#: a search of a graph holding only that user's rows 14.6 ms; at 20,000 the two were level
+#: (23.7 / 22.6 ms); and a row written outside the graph costs 0.14 ms against 2.3-4.6 ms
+#: into even a one-user graph (BENCHMARKS.md, "Scale out"). Was 2,000 (Chroma's bound).
+EXACT_BELOW = 10_000
 
 #: Rows added by this process after which the table's planner statistics are refreshed
 #: (or a fifth of the rows counted at the last refresh, whichever is more).
