@@ -663,10 +663,11 @@ class ChromaIndex(ChromaFiltering, ChromaReachability, ChromaVerification, Chrom
     def warm(self, user_id: str) -> bool:
         """Load ``user_id``'s collection for searching now, ahead of their first search.
 
-        Chroma reads a collection's HNSW graph from disk on its first query in a process
-        (at 100k vectors about 90 ms: BENCHMARKS.md, "Retrieval quality"); a small user's
-        exact mirror is read the same way. One query with one of the user's own vectors
-        does that. Returns ``False`` when the user has no vectors.
+        Chroma reads a collection's HNSW graph from disk on its first query in a process;
+        a small user's exact mirror is read on first use too. One query with one of the
+        user's own vectors does both. Measured on a 100k-record user within one process
+        (where Chroma may keep the graph loaded), the first recall after it gained little
+        (BENCHMARKS.md, "Retrieval quality"). Returns ``False`` when the user has no vectors.
         """
         check_user_id(user_id)
 
