@@ -463,12 +463,10 @@ def git_state(repo: Path) -> str:
 
 
 def nice_command_line() -> str:
-    """``machine_info.command_line`` (paths relative to the repository), with its ``nice``."""
-    from machine_info import command_line
+    """``machine_info.nice_command_line`` of this script."""
+    from machine_info import nice_command_line as of
 
-    nice = os.nice(0)
-    prefix = f"nice -n {nice} " if nice > 0 else ""
-    return prefix + command_line("benchmarks/engine_compare.py", sys.argv[1:])
+    return of("benchmarks/engine_compare.py", sys.argv[1:])
 
 
 def orchestrate(args: argparse.Namespace) -> dict[str, Any]:

@@ -42,7 +42,6 @@ import platform
 import random
 import re
 import resource
-import shlex
 import shutil
 import statistics
 import subprocess
@@ -977,9 +976,10 @@ def machine() -> dict[str, Any]:
 
 
 def command_line() -> str:
-    nice = os.nice(0)
-    prefix = f"nice -n {nice} " if nice > 0 else ""
-    return prefix + "python " + " ".join(shlex.quote(a) for a in sys.argv)
+    """This process's command as results record it (``machine_info.nice_command_line``)."""
+    from machine_info import nice_command_line, portable_path
+
+    return nice_command_line(portable_path(sys.argv[0]), sys.argv[1:])
 
 
 def overlap(a: list[list[str]], b: list[list[str]]) -> float | None:

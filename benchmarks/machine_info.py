@@ -72,7 +72,8 @@ def portable_path(path: str | os.PathLike[str]) -> str:
 
     Absolute paths on the benchmarking machine mean nothing elsewhere; ``../shared/datasets``
     does (it is where every benchmark's default data lives). A path in the system's
-    temporary folder becomes ``<tmp>/...`` (a scratch copy; only its tail says anything).
+    temporary folder becomes ``<tmp>/...`` (a scratch copy; only its tail says anything),
+    and one elsewhere outside the repository ``<local>/<name>``.
     """
     import tempfile
 
@@ -89,12 +90,19 @@ def portable_path(path: str | os.PathLike[str]) -> str:
     scratch = os.path.realpath(tempfile.gettempdir())
     if resolved == scratch or resolved.startswith(scratch + os.sep):
         return "<tmp>" + resolved[len(scratch) :]
-    return os.path.relpath(resolved, root)
+    # Anywhere else on this machine (a kept store, a work folder): only its name says anything.
+    return "<local>/" + os.path.basename(resolved)
 
 
 #: Options whose value is a database address: recorded as ``<dsn>`` (it names this machine's
 #: sockets or hosts, and may hold credentials).
 DSN_OPTIONS = ("--dsn", "--postgres-dsn")
+
+
+def nice_command_line(script: str, argv: list[str]) -> str:
+    """:func:`command_line`, prefixed with the process's ``nice`` level when it has one."""
+    nice = os.nice(0)
+    return (f"nice -n {nice} " if nice > 0 else "") + command_line(script, argv)
 
 
 def command_line(script: str, argv: list[str]) -> str:

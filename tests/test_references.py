@@ -118,6 +118,7 @@ def test_portable_path_is_relative_to_the_repository(
     assert portable_path(data) == "../shared/datasets/x.json"
     assert portable_path("relative/kept.json") == "relative/kept.json"
     assert portable_path(tmp_path / "a.db").startswith("<tmp>/")
+    assert portable_path("/srv/kept/late100k_store") == "<local>/late100k_store"
     # A clone inside the temporary folder (a CI checkout) still records ``../shared``.
     monkeypatch.setattr(tempfile, "tempdir", str(ROOT.parent))
     assert portable_path(data) == "../shared/datasets/x.json"
