@@ -220,8 +220,9 @@ class PgVectorIndex:
             name=f"llm-memories-pgvector-{schema}",
         )
         self._stored_dimension: int | None = None
-        # Whether the covering indexes of migration 4 exist (a DBA may drop them for disk).
-        self._covering = False
+        # The covering indexes' condition (alias ``v.``) where both exist, read at open and
+        # after reset (a DBA may drop them for disk); ``None``: searches read the heap.
+        self._exact_fits: str | None = None
         # Rows this process added since it last refreshed the planner's statistics.
         self._added_since_analyze = 0
         self._rows_at_analyze = 0
@@ -233,7 +234,7 @@ class PgVectorIndex:
                 conn, schema=schema, component=f"pgvector:{table}", migrations=self._migrations()
             )
             self._stored_dimension = self._read_dimension(conn)
-            self._covering = self._has_covering_index(conn)
+            self._exact_fits = self._covering_condition(conn)
 
         prepare(self._pool, create, what=f"the pgvector table at {self._dsn_redacted}")
 
@@ -328,14 +329,16 @@ class PgVectorIndex:
             f"WHERE NOT graph AND NOT {fits}"
         )
 
-    def _has_covering_index(self, conn: Any) -> bool:
-        """Whether both indexes of :meth:`_covering_exact_index` exist on the table."""
+    def _covering_condition(self, conn: Any) -> str | None:
+        """The search's :func:`_fits_clause` if both covering indexes exist, else ``None``."""
         row = conn.execute(
             "SELECT count(*) FROM pg_indexes WHERE schemaname = %s AND tablename = %s "
             "AND indexname IN (%s, %s)",
             (self.schema, self.table, f"{self.table}_exact", f"{self.table}_exact_rest"),
         ).fetchone()
-        return bool(row) and int(row[0]) == 2
+        if not row or int(row[0]) != 2:
+            return None
+        return _fits_clause(_key_budget(self._read_dimension(conn)), "v.")
 
     def _migrations(self) -> tuple[Any, ...]:
         """Migration ``i`` brings the table to version ``i + 1`` (see ``pg_common.migrate``)."""
@@ -517,14 +520,13 @@ class PgVectorIndex:
             ).fetchone()
             if flag is None:
                 return []
-            budget = _key_budget(self._stored_dimension or self.dimension)
+            fits = self._exact_fits
             if flag[0]:  # the user's rows are in the graph: ``v.graph`` lets HNSW serve
                 self._tune(conn, max(self.ef_search, min(k, 1000)))
                 sql = f"{select} AND v.graph{clause} ORDER BY d LIMIT %s"
                 args = [literal, user_id, *params, k]
-            elif self._covering and budget >= _MIN_KEY_BYTES:
+            elif fits is not None:
                 # An exact sort of the user's rows, from the two covering indexes' parts.
-                fits = _fits_clause(budget, "v.")
                 sql = (
                     f"SELECT id, d FROM (({select} AND NOT v.graph AND {fits}{clause} "
                     f"ORDER BY d LIMIT %s) UNION ALL ({select} AND NOT v.graph AND NOT {fits}"
@@ -591,7 +593,7 @@ class PgVectorIndex:
             for step in self._migrations():  # the latest shape; its version stays recorded
                 step(conn)
             self._stored_dimension = self._read_dimension(conn)
-            self._covering = self._has_covering_index(conn)
+            self._exact_fits = self._covering_condition(conn)
 
     # -- verification and export ------------------------------------------------------------
 
