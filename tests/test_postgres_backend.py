@@ -676,6 +676,24 @@ def _unit(seed: int, dim: int = DIM) -> np.ndarray:
     return vector / np.linalg.norm(vector)
 
 
+def _units(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
+    vectors = rng.normal(size=(n, dim)).astype(np.float32)
+    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+
+def _exact_top(vectors: np.ndarray, query: np.ndarray, k: int, prefix: str = "v") -> list[str]:
+    """The ids (``prefix`` + row) of the ``k`` rows nearest ``query`` by cosine, ties stable."""
+    return [f"{prefix}{i}" for i in np.argsort(-(vectors @ query), kind="stable")[:k]]
+
+
+def _index_names(dsn: str, schema: str) -> set[str]:
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute("SELECT indexname FROM pg_indexes WHERE schemaname = %s", (schema,))
+        return {name for (name,) in rows}
+
+
 @pytest.mark.parametrize("exact_below", [2000, 0])  # exact search; every user in the graph
 def test_pgvector_index_scopes_filters_and_round_trips(
     postgres_dsn: str, pg_schema: str, exact_below: int
@@ -942,13 +960,11 @@ def test_pgvector_small_users_are_searched_exactly_and_large_ones_enter_the_grap
     postgres_dsn: str, pg_schema: str
 ) -> None:
     rng = np.random.default_rng(3)
-    vectors = rng.normal(size=(80, 16)).astype(np.float32)
-    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    vectors = _units(rng, 80, 16)
     meta = [{"user_id": "big", "kind": "turn"}] * 80
 
     def exact_top(query: np.ndarray, upto: int, k: int) -> list[str]:
-        order = np.argsort(-(vectors[:upto] @ query), kind="stable")[:k]
-        return [f"v{i}" for i in order]
+        return _exact_top(vectors[:upto], query, k)
 
     with PgVectorIndex(postgres_dsn, dimension=16, schema=pg_schema, exact_below=50) as index:
         index.add([f"v{i}" for i in range(30)], vectors[:30], meta[:30])
@@ -1009,13 +1025,7 @@ def test_a_version_2_vector_table_keeps_only_large_users_in_the_graph(
         assert _graph_rows(postgres_dsn, pg_schema) == {"few": (3, 0), "many": (many, many)}
         assert len(index.search(np.ones(4, dtype=np.float32), user_id="few", k=5)) == 3
         assert len(index.search(np.ones(4, dtype=np.float32), user_id="many", k=5)) == 5
-    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
-        indexes = {
-            name
-            for (name,) in conn.execute(
-                "SELECT indexname FROM pg_indexes WHERE schemaname = %s", (pg_schema,)
-            )
-        }
+    indexes = _index_names(postgres_dsn, pg_schema)
     assert "vectors_graph_hnsw" in indexes and "vectors_hnsw" not in indexes
     assert {"vectors_exact", "vectors_exact_rest"} <= indexes  # and version 4's
 
@@ -1035,8 +1045,7 @@ def test_pgvector_small_users_are_read_from_the_covering_index_and_long_keys_are
     from memories_core.backends.pgvector_index import _fits_clause, _key_budget, _literal
 
     rng = np.random.default_rng(5)
-    vectors = rng.normal(size=(60, 384)).astype(np.float32)
-    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    vectors = _units(rng, 60, 384)
     # Rows 0-49 fit a B-tree row beside their vector; 50-59 have session ids that do not.
     metas: list[dict[str, Any]] = [
         {"user_id": "u", "kind": "turn", "session_id": "s" if i < 50 else "x" * (1200 + i)}
@@ -1048,7 +1057,7 @@ def test_pgvector_small_users_are_read_from_the_covering_index_and_long_keys_are
         index.add(["other"], vectors[:1], [{"user_id": "someone-else", "kind": "turn"}])
         for query in list(vectors[[0, 55]]) + list(rng.normal(size=(3, 384)).astype(np.float32)):
             query = query / np.linalg.norm(query)
-            want = [ids[i] for i in np.argsort(-(vectors @ query), kind="stable")[:12]]
+            want = _exact_top(vectors, query, 12)
             got = index.search(query, user_id="u", k=12)
             assert [h for h, _ in got] == want
             assert np.allclose([s for _, s in got], np.sort(vectors @ query)[::-1][:12], atol=1e-5)
@@ -1069,14 +1078,13 @@ def test_pgvector_small_users_are_read_from_the_covering_index_and_long_keys_are
         conn.execute(f'DROP INDEX "{pg_schema}".vectors_exact, "{pg_schema}".vectors_exact_rest')
     with PgVectorIndex(postgres_dsn, dimension=384, schema=pg_schema) as index:
         query = vectors[55] / np.linalg.norm(vectors[55])
-        want = [ids[i] for i in np.argsort(-(vectors @ query), kind="stable")[:60]]
+        want = _exact_top(vectors, query, 60)
         assert [h for h, _ in index.search(query, user_id="u", k=60)] == want
 
 
 def test_pgvector_vectors_too_long_for_a_btree_row_are_searched_without_covering_index(
     postgres_dsn: str, pg_schema: str
 ) -> None:
-    import psycopg
 
     rng = np.random.default_rng(6)
     vectors = rng.normal(size=(20, 768)).astype(np.float32)
@@ -1085,11 +1093,5 @@ def test_pgvector_vectors_too_long_for_a_btree_row_are_searched_without_covering
         query = vectors[7] / np.linalg.norm(vectors[7])
         assert index.search(query, user_id="u", k=3)[0][0] == "v7"
         assert len(index.search(query, user_id="u", k=50)) == 20
-    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
-        names = {
-            n
-            for (n,) in conn.execute(
-                "SELECT indexname FROM pg_indexes WHERE schemaname = %s", (pg_schema,)
-            )
-        }
+    names = _index_names(postgres_dsn, pg_schema)
     assert "vectors_exact" not in names and "vectors_user" in names
