@@ -121,6 +121,36 @@ def test_record_and_respond_builders_snapshot() -> None:
     ].content.startswith("Be brief.\n\n")
 
 
+def test_json_record_names_related_lines_by_number() -> None:
+    """Table 18's step 1 as line numbers: the local model copied whole dialogues and ran out
+    of tokens before the note; numbers cost a few tokens and map back to the exact lines."""
+    lines = ("user: I moved to Lyon", "assistant: Nice!", "user: I cycle to work there")
+    inputs = c.RecordInput(lines, "I cycle to work there")
+    body = c.RECORD_JSON.build(inputs)[1].content
+    assert body.startswith(
+        "<dialogue_context>\n[1] user: I moved to Lyon\n[2] assistant: Nice!\n"
+        "[3] user: I cycle to work there\n</dialogue_context>"
+    )
+    schema = c.RECORD_JSON.response_format().schema  # type: ignore[union-attr]
+    assert schema["properties"]["context"]["items"] == {"type": "integer"}
+    note = c.RECORD_JSON.parse(
+        '{"context": [3, 1, 9, 0, 1], "summary": "They moved.", "note": "The user cycles."}',
+        inputs,
+    )
+    # Out-of-range numbers are dropped, repeats merged, the lines come back in order.
+    assert note.related_context == "user: I moved to Lyon\nuser: I cycle to work there"
+    assert (note.summary, note.note) == ("They moved.", "The user cycles.")
+    # Another model's habit: a copied text or "NaN" instead of numbers still parses.
+    copied = c.RECORD_JSON.parse(
+        '{"context": "user: I moved to Lyon", "summary": "", "note": "The user cycles."}',
+        inputs,
+    )
+    assert copied.related_context == "" and copied.note == "The user cycles."
+    assert c.RECORD_JSON.parse('{"context": "1", "summary": "", "note": "n1"}', inputs) == (
+        c.ConditionalNote("user: I moved to Lyon", "", "n1")
+    )
+
+
 def test_summary_and_reflection_builders_snapshot() -> None:
     summary = SESSION_SUMMARY.build(SummaryInput(DIALOGUE))
     assert summary[1].content == (

@@ -19,9 +19,10 @@ Two answer formats, chosen by what the model offers:
   ``<Context>/<Summary>/<Note>``): the prompt-only layer, for server models and any model
   without structured output; parsed tolerantly with one repair retry.
 * **JSON** (the same fields: ``{"decision": "yes"|"no"}``, ``{"respond", "decision"}``,
-  ``{"context", "summary", "note"}``): each spec's :attr:`~PromptSpec.structured` twin, used
-  when the model offers schema-constrained decoding (the bundled SmolLM2 through
-  lm-format-enforcer; OpenAI-compatible servers through ``response_format``) or JSON mode.
+  ``{"context": [line numbers], "summary", "note"}``): each spec's
+  :attr:`~PromptSpec.structured` twin, used when the model offers schema-constrained
+  decoding (the local models through lm-format-enforcer; OpenAI-compatible servers through
+  ``response_format``) or JSON mode.
   A 135M-parameter model rarely follows the tagged format (see
   ``benchmarks/out/parse_rate.md``), while a schema makes every answer parse; the fields and
   rules are the paper's, only the envelope differs.
@@ -121,6 +122,9 @@ RECORD_SYSTEM = (
 )
 
 _NAN = {"nan", "none", "n/a", "na", "null", ""}
+
+#: Related dialogue lines a JSON record may name (step 1 of Table 18).
+MAX_RELATED = 12
 
 
 @dataclass(frozen=True)
@@ -387,14 +391,34 @@ class RespondAnswer(pydantic.BaseModel):
 
 
 class RecordAnswer(pydantic.BaseModel):
-    """JSON form of Table 18's ``<Context>``, ``<Summary>`` and ``<Note>``."""
+    """JSON form of Table 18's ``<Context>``, ``<Summary>`` and ``<Note>``.
+
+    Step 1 (find the related context) names the related dialogue lines by number instead of
+    copying them: the copy is an intermediate product (not stored), and the local default model
+    copied the whole dialogue, looped, and ran out of its token budget before the note, so
+    every record of a LoCoMo session failed to parse (BENCHMARKS.md, "Conditional memory:
+    the record call with the local model"). The numbers are mapped back to the exact lines.
+    """
 
     model_config = pydantic.ConfigDict(extra="forbid")
-    context: str = pydantic.Field(max_length=600, description='Related turns, or "NaN"')
-    summary: str = pydantic.Field(max_length=400, description="Why the user said it")
-    note: str = pydantic.Field(
-        min_length=1, max_length=400, description="The note for future reference"
+    context: list[int] = pydantic.Field(
+        max_length=MAX_RELATED,
+        description="Numbers of the dialogue lines related to the user input ([] if none)",
     )
+    summary: str = pydantic.Field(max_length=300, description="Why the user said it")
+    note: str = pydantic.Field(
+        min_length=1, max_length=300, description="The note for future reference"
+    )
+
+    @pydantic.field_validator("context", mode="before")
+    @classmethod
+    def _numbers(cls, value: object) -> object:
+        """Read "NaN", "", ``None`` or a copied text (another model's habit) as numbers."""
+        if value is None:
+            return []
+        if isinstance(value, str):
+            return [int(n) for n in re.findall(r"\b\d+\b", value)][:MAX_RELATED]
+        return value
 
 
 DECIDE_JSON_SYSTEM = (
@@ -412,11 +436,12 @@ RESPOND_JSON_SYSTEM = (
 
 RECORD_JSON_SYSTEM = (
     "You write the long-term memory of a personal assistant. Work in three steps.\n"
-    '"context": from the dialogue context, copy the turns that relate to the user input, or '
-    '"NaN" if none relate.\n'
-    '"summary": why the user said the user input: the situation, reasons or background.\n'
-    '"note": rewrite the user input as a note for future reference that keeps the new '
-    "information or knowledge it contains.\n" + json_instruction(RecordAnswer)
+    '"context": the numbers of the dialogue context lines that relate to the user input, or '
+    "[] if none relate.\n"
+    '"summary": in one sentence, why the user said the user input: the situation, reasons or '
+    "background.\n"
+    '"note": in one sentence, rewrite the user input as a note for future reference that '
+    "keeps the new information or knowledge it contains.\n" + json_instruction(RecordAnswer)
 )
 
 
@@ -447,6 +472,11 @@ def _record_parts(inputs: RecordInput) -> tuple[str, str, str]:
     return " | ".join(related) or "NaN", why, f"The user said: {inputs.user_input}"
 
 
+def _related_numbers(inputs: RecordInput) -> list[int]:
+    count = len(inputs.dialogue_context)
+    return list(range(max(1, count - 2), count)) if count > 1 else []
+
+
 def _record_stand_in(inputs: RecordInput) -> str:
     related, why, note = _record_parts(inputs)
     return f"<Context>: {related}\n<Summary>: {why}\n<Note>: {note}"
@@ -462,11 +492,32 @@ def _parse_respond_json(text: str, inputs: RespondInput) -> RespondDecision:
     return RespondDecision(respond=respond, decision=answer.decision == "yes")
 
 
+def numbered(lines: Sequence[str]) -> str:
+    """The dialogue context with line numbers from 1 (``"[2] user: ..."``), or ``"NaN"``."""
+    return "\n".join(f"[{n}] {line}" for n, line in enumerate(lines, 1)) or "NaN"
+
+
+def unnumbered(line: str) -> str:
+    """A line of :func:`numbered` without its number."""
+    return re.sub(r"^\[\d+\] ", "", line)
+
+
+def _record_json_messages(inputs: RecordInput) -> list[ChatMessage]:
+    body = (
+        f"{fence('dialogue_context', numbered(inputs.dialogue_context))}\n\n"
+        f"{_fence(inputs.user_input)}"
+    )
+    return [ChatMessage("system", RECORD_JSON_SYSTEM), ChatMessage("user", body)]
+
+
 def _parse_record_json(text: str, inputs: RecordInput) -> ConditionalNote:
     answer = parse_model(text, RecordAnswer, [inputs.user_input])
-    related, summary = answer.context.strip(), answer.summary.strip()
+    lines = inputs.dialogue_context
+    chosen = sorted({n for n in answer.context if 1 <= n <= len(lines)})
+    related = "\n".join(lines[n - 1] for n in chosen)
+    summary = answer.summary.strip()
     return ConditionalNote(
-        related_context="" if related.lower() in _NAN else unescape(related),
+        related_context=related,
         summary="" if summary.lower() in _NAN else unescape(summary),
         note=require_text(answer.note, "note", text),
     )
@@ -546,14 +597,13 @@ RESPOND_AND_DECIDE: PromptSpec[RespondInput, RespondDecision] = PromptSpec(
 RECORD_JSON: PromptSpec[RecordInput, ConditionalNote] = PromptSpec(
     name="conditional.record.json",
     system=RECORD_JSON_SYSTEM,
-    build=lambda i: _with_system(
-        build_record_messages(i.dialogue_context, i.user_input), RECORD_JSON_SYSTEM
-    ),
+    build=_record_json_messages,
     parse=_parse_record_json,
     stand_in=lambda i: RecordAnswer(
-        context=_record_parts(i)[0], summary=_record_parts(i)[1], note=_record_parts(i)[2]
+        context=_related_numbers(i), summary=_record_parts(i)[1], note=_record_parts(i)[2]
     ).model_dump_json(),
     response_model=RecordAnswer,
+    # Two one-sentence fields of at most 300 characters each, the numbers and the braces.
     max_tokens=200,
 )
 

@@ -38,8 +38,9 @@ def _respond(user: str) -> conditional.RespondInput:
 
 
 def _record(user: str) -> conditional.RecordInput:
+    lines = _lines(read_section(user, "dialogue_context"))
     return conditional.RecordInput(
-        _lines(read_section(user, "dialogue_context")), read_section(user, "user_input")
+        tuple(conditional.unnumbered(line) for line in lines), read_section(user, "user_input")
     )
 
 
