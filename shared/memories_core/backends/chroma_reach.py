@@ -12,9 +12,7 @@ ignored (logged), never executed.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import random
 import threading
 import time
@@ -27,6 +25,7 @@ import numpy as np
 from memories_core.backends.chroma_exact import _MIRRORS, Mirror, _key_of
 from memories_core.backends.chroma_verify import _READ_BATCH
 from memories_core.backends.numpy_index import PROBE_DEPTH
+from memories_core.files import read_json_file, write_json_atomic
 
 __all__ = ["ChromaReachability"]
 
@@ -296,12 +295,12 @@ class ChromaReachability:
         ignored).
         """
         path = self._pins_path()
-        if path is None or not path.is_file():
+        if path is None:
             return {}
         try:
-            if path.stat().st_size > _PINS_MAX_BYTES:
-                raise ValueError("too large")
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = read_json_file(path, max_bytes=_PINS_MAX_BYTES)
+            if data is None:
+                return {}
             if not isinstance(data, dict) or not all(
                 isinstance(k, str) and isinstance(v, list) and all(isinstance(i, str) for i in v)
                 for k, v in data.items()
@@ -321,12 +320,7 @@ class ChromaReachability:
         if not kept:
             path.unlink(missing_ok=True)
             return
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as handle:
-            json.dump(kept, handle, sort_keys=True)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
+        write_json_atomic(path, kept, indent=None)
 
     def _remember_pins(self, key: str, ids: Iterable[str]) -> None:
         """Add ``ids`` to the collection's pinned ids on disk."""

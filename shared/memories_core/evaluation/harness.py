@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import statistics
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -43,6 +41,7 @@ from memories_core.evaluation.qa import (
     reader_messages,
     resolve_option,
 )
+from memories_core.files import write_json_atomic
 from memories_core.types import Scope, Turn, ensure_utc
 from memories_core.usage import Usage
 
@@ -491,22 +490,6 @@ def median(values: Iterable[float]) -> float:
     """Median, ``nan`` for no values."""
     data = list(values)
     return float(statistics.median(data)) if data else math.nan
-
-
-def write_json_atomic(path: str | Path, data: Any) -> None:
-    """Write JSON to ``path`` through a temporary sibling and a rename (never half-written)."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp = tempfile.mkstemp(prefix=f".{target.name}-", dir=target.parent)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            json.dump(data, out, indent=2, sort_keys=True)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
