@@ -342,3 +342,57 @@ def test_prefetch_loads_a_users_collection_after_a_reopen(tmp_path: Path, exact_
     assert hits and hits[0].record.text.endswith(texts[7])
     assert memory.engine.failures.get("index", 0) == before
     memory.close()
+
+
+def test_learned_filter_shares_size_the_first_search_after_a_reopen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A reopened index fetches what it learned it needs, not the first guess (4k + 20)."""
+    import json
+
+    from chromadb.api.models.Collection import Collection
+
+    from memories_core.backends.chroma_filtered import SHARES_FILE
+
+    fetches: list[int] = []
+    real_query = Collection.query
+
+    def spy(self: Collection, *args: object, **kwargs: object) -> object:
+        if "where" not in kwargs:
+            fetches.append(int(kwargs["n_results"]))  # type: ignore[call-overload]
+        return real_query(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Collection, "query", spy)
+    folder = tmp_path / "chroma"
+    ids = [f"r{i}" for i in range(300)]
+    vectors = _near_duplicates(300, 0.5)
+    index = ChromaIndex(path=folder, exact_below=0, open_check=0)
+    index.add(ids, vectors, _meta(300))  # every record is a turn: every hit passes
+    key = _collection_key(index)
+    fetches.clear()
+    turns = {"kind": "turn"}
+    assert len(index.search(vectors[0], user_id=USER, k=20, where=turns)) == 20
+    # A filter holding a value (here a session id) is learned too, but never written down.
+    assert index.search(vectors[0], user_id=USER, k=20, where={**turns, "session_id": "s1"}) == []
+    assert fetches == [100, 100]  # nothing learned yet: 4 * 20 + 20
+    index.close()
+    kept = json.loads((folder / SHARES_FILE).read_text(encoding="utf-8"))
+    assert kept == [[key, json.dumps(turns), 0.8]]
+
+    fetches.clear()
+    again = ChromaIndex(path=folder, exact_below=0, open_check=0)
+    assert len(again.search(vectors[1], user_id=USER, k=20, where=turns)) == 20
+    assert fetches == [45]  # 20 / 0.8 + 20, as before the reopen
+    again.close()
+
+    (folder / SHARES_FILE).write_text('[["x", "{\\"kind\\": 1}", 7]]', encoding="utf-8")
+    fetches.clear()
+    with caplog.at_level("WARNING"):
+        third = ChromaIndex(path=folder, exact_below=0, open_check=0)
+    assert "damaged filter shares file" in caplog.text
+    assert len(third.search(vectors[1], user_id=USER, k=20, where=turns)) == 20
+    assert fetches == [100]  # back to the first guess, and still a right answer
+    third.delete_user(USER)
+    third.close()
+    assert not (folder / SHARES_FILE).exists()  # nothing is kept of a deleted user
+

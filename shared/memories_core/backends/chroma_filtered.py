@@ -13,15 +13,25 @@ explores as many candidates as it is asked to return, so a smaller fetch is also
 exhaustive graph search: on a 100k-record profile store (hashing embedder, random token
 vectors) a late-interaction recall went from 77.0 to 59.9 ms p50 and 16 of 20 top-5 lists
 stayed identical (0.97 of their records shared). Users searched exactly are not affected.
+
+The shares of filters on ``kind`` alone (what every mechanism's recall filters on) are kept
+in ``llm_memories_filter_shares.json`` in an embedded index's folder, written when the index
+closes and read when it opens, so a reopened index sizes its first deep search by what it
+learned before instead of the 4k + 20 guess (BENCHMARKS.md, "Retrieval quality", the cold
+first recall). Other filters' signatures hold their values (session ids, user metadata), so
+they stay in memory only. The file is untrusted input: a damaged one is ignored with a
+warning.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,9 +40,17 @@ import numpy.typing as npt
 from memories_core.backends.chroma_exact import _key_of
 from memories_core.backends.chroma_results import _pairs
 from memories_core.backends.numpy_index import metadata_matcher
+from memories_core.files import read_json_file, write_json_atomic
 from memories_core.interfaces import Filter
 
-__all__ = ["ChromaFiltering"]
+__all__ = ["SHARES_FILE", "ChromaFiltering"]
+
+logger = logging.getLogger("memories_core.backends.chroma_index")
+
+#: File of an embedded index's folder keeping the learned shares of ``kind`` filters.
+SHARES_FILE = "llm_memories_filter_shares.json"
+#: Largest shares file read (bytes); a bigger one is ignored as damaged.
+_SHARES_MAX_BYTES = 4 * 2**20
 
 #: Share of hits assumed to pass a filter never seen on a collection (fetch 4k + 20).
 _FIRST_SHARE = 0.25
@@ -52,12 +70,69 @@ class ChromaFiltering:
     """
 
     _guard: Callable[..., Any]
+    _folder: Path | None
 
     def _init_filtering(self) -> None:
-        """Start with no learned share (called by the index's ``__init__``)."""
+        """Start with the shares kept on disk, if any (called by the index's ``__init__``)."""
         self._shares_lock = threading.Lock()
         #: (collection key, filter signature) -> pass share seen last, least recent first.
-        self._shares: OrderedDict[tuple[str, str], float] = OrderedDict()
+        self._shares: OrderedDict[tuple[str, str], float] = OrderedDict(self._read_shares())
+
+    def _shares_path(self) -> Path | None:
+        folder = getattr(self, "_folder", None)
+        return Path(folder) / SHARES_FILE if folder is not None else None
+
+    def _read_shares(self) -> list[tuple[tuple[str, str], float]]:
+        """The kept shares, validated (``[]`` if absent; a damaged file is logged, ignored)."""
+        path = self._shares_path()
+        if path is None:
+            return []
+        try:
+            data = read_json_file(path, max_bytes=_SHARES_MAX_BYTES)
+            if data is None:
+                return []
+            if not isinstance(data, list):
+                raise ValueError("not a list")
+            kept: list[tuple[tuple[str, str], float]] = []
+            for item in data[-_REMEMBERED:]:
+                if not (
+                    isinstance(item, list)
+                    and len(item) == 3
+                    and isinstance(item[0], str)
+                    and isinstance(item[1], str)
+                    and _persistable(item[1])
+                    and isinstance(item[2], int | float)
+                    and not isinstance(item[2], bool)
+                    and 0.0 <= float(item[2]) <= 1.0
+                ):
+                    raise ValueError(f"not a [collection, filter, share] entry: {item!r:.80}")
+                kept.append(((item[0], item[1]), float(item[2])))
+        except (OSError, ValueError) as exc:
+            logger.warning("ignoring the damaged filter shares file %s: %s", path, exc)
+            return []
+        return kept
+
+    def _write_shares(self) -> None:
+        """Keep the learned shares of ``kind`` filters on disk (called when the index closes)."""
+        path = self._shares_path()
+        if path is None:
+            return
+        with self._shares_lock:
+            entries = [[key, sig, share] for (key, sig), share in self._shares.items()]
+        entries = [entry for entry in entries if _persistable(str(entry[1]))]
+        try:
+            if entries:
+                write_json_atomic(path, entries, indent=None)
+            else:
+                path.unlink(missing_ok=True)
+        except OSError as exc:  # a cache: the next open starts from the first guess
+            logger.warning("could not keep the filter shares in %s: %s", path, exc)
+
+    def _forget_shares(self, key: str) -> None:
+        """Drop what was learned on the collection ``key`` (its user was deleted)."""
+        with self._shares_lock:
+            for pair in [pair for pair in self._shares if pair[0] == key]:
+                del self._shares[pair]
 
     def _share_of(self, collection: Any, wheres: Sequence[Filter]) -> float:
         """The smallest learned pass share among ``wheres`` on ``collection``."""
@@ -133,3 +208,12 @@ class ChromaFiltering:
 def _signature(where: Filter) -> str:
     """A filter's identity for the share memory (its canonical JSON)."""
     return json.dumps(where, sort_keys=True, default=str)
+
+
+def _persistable(signature: str) -> bool:
+    """Whether a filter's share may go to disk: a filter on ``kind`` alone (no user data)."""
+    try:
+        where = json.loads(signature)
+    except ValueError:
+        return False
+    return isinstance(where, dict) and set(where) == {"kind"}

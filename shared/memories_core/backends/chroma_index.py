@@ -655,6 +655,7 @@ class ChromaIndex(ChromaFiltering, ChromaReachability, ChromaVerification, Chrom
             if dropped is not None:
                 _MIRRORS.forget(_key_of(dropped))  # no deleted vector stays in memory
                 self._forget_pins(_key_of(dropped))  # nor a pinned id on disk
+                self._forget_shares(_key_of(dropped))
             self._drop_collection(self._user_collection_name(user_id))
             self.erase_deleted()
             self._sweep_late_segment_folders()
@@ -708,6 +709,8 @@ class ChromaIndex(ChromaFiltering, ChromaReachability, ChromaVerification, Chrom
             for dropped in self._collections.values():
                 _MIRRORS.forget(_key_of(dropped))
             self._write_pins({})  # every collection goes: so do their pinned ids
+            with self._shares_lock:
+                self._shares.clear()
             self._collections.clear()
             self._dimension = None
             for name in self._own_collection_names():
@@ -737,6 +740,7 @@ class ChromaIndex(ChromaFiltering, ChromaReachability, ChromaVerification, Chrom
     def _close(self) -> None:
         with self._lock:
             self._flush_reports(self._collections.values())
+            self._write_shares()
             self._collections.clear()
             if self._erase_on_close:
                 self._erase_on_close = False
