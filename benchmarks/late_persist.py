@@ -16,6 +16,9 @@ background derivation. Measured:
   first call that also loads them, and the first recall of the first stage alone after a
   reopen (what the store's reopen costs without the late stage), and after one more reopen
   ``prefetch(user)`` (what an app calls when a user signs in) and the first recall after it;
+* a new process: a fresh interpreter opens the store (Chroma reads the user's graph from
+  disk, SQLite starts cold), loads both models, and times its first recall and then ten more
+  (their p50 is the same process's warm figure); a second one calls ``prefetch`` first;
 * recall p50 over the queries, interleaved per query: the default pipeline, the late
   pipeline (vectors from its cache or the store), and the late pipeline with no cache
   (every recall reads its pool's vectors from SQLite). Every recall embeds its query.
@@ -129,6 +132,66 @@ def timed(call: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
+def new_process(folder: Path, mode: str, args: argparse.Namespace) -> dict[str, float]:
+    """Run the cold recall in a fresh interpreter (``--child``) and return its figures."""
+    import subprocess
+
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        mode,
+        "--child-store",
+        str(folder),
+        "--queries",
+        str(args.queries),
+        "--seed",
+        str(args.seed),
+        "--torch-threads",
+        str(args.torch_threads),
+        "--query-runtime",
+        args.query_runtime,
+    ]
+    done = subprocess.run(command, check=True, capture_output=True, text=True)
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def child(folder: Path, mode: str, args: argparse.Namespace) -> None:
+    """A new process's first recall on a kept store: prints one JSON line."""
+    from memories_core import HistoryMemory, Scope
+    from memories_core.retrieval.late_interaction import (
+        late_interaction_pipeline,
+        late_interaction_reranker,
+    )
+
+    queries = make_queries(args.queries + 2, args.seed + 1)
+    embedder = real_embedder(args.torch_threads, args.query_runtime)
+    embedder.embed_query("load the model")
+    reranker = late_interaction_reranker(cache_bytes=64 * 2**20)
+    reranker.encoder.encode_query("load the model")  # models loaded, nothing of the store
+    scope = Scope(TARGET)
+    opened = time.perf_counter()
+    memory = HistoryMemory(
+        path=folder, embedder=embedder, pipeline=late_interaction_pipeline(reranker=reranker)
+    )
+    figures: dict[str, float] = {"open_ms": round(1000 * (time.perf_counter() - opened), 1)}
+    if mode == "prefetch":
+        figures["prefetch_ms"] = round(
+            1000 * timed(lambda: memory.prefetch(TARGET, progress=False)), 1
+        )
+    figures["first_recall_ms"] = round(
+        1000 * timed(lambda: memory.recall(queries[1], scope, k=5)), 1
+    )
+    later = []
+    for query in queries[2:12]:
+        start = time.perf_counter()
+        memory.recall(query, scope, k=5)
+        later.append(time.perf_counter() - start)
+    figures["next_10_p50_ms"] = percentiles(later)["p50_ms"]
+    memory.close()
+    print(json.dumps(figures))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size", type=int, default=10_000)
@@ -148,7 +211,12 @@ def main(argv: list[str] | None = None) -> None:
         "(their ingest figures are reused) instead of ingesting",
     )
     parser.add_argument("--report-only", action="store_true", help="redo md/png from the JSON")
+    parser.add_argument("--child", choices=("cold", "prefetch"), help=argparse.SUPPRESS)
+    parser.add_argument("--child-store", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.child:
+        child(Path(args.child_store), args.child, args)
+        return
     if args.report_only:
         saved: dict[str, Any] = json.loads((OUT / f"{args.name}.json").read_text())
         (OUT / f"{args.name}.md").write_text(report(saved))
@@ -257,6 +325,10 @@ def main(argv: list[str] | None = None) -> None:
         }
         result["recall"] = warm
         memory.close()
+        # A new process: nothing of the store is loaded (what a restarted server sees).
+        result["new_process"] = {
+            mode: new_process(work / "late", mode, args) for mode in ("cold", "prefetch")
+        }
     finally:
         if kept is None:
             shutil.rmtree(work, ignore_errors=True)
@@ -314,6 +386,7 @@ def report(result: dict[str, Any]) -> str:
             if "prefetch_ms" in reopen
             else []
         ),
+        *new_process_rows(result.get("new_process")),
         "",
         "| recall (query embedding included) | p50 ms | p95 ms | mean ms |",
         "| --- | ---: | ---: | ---: |",
@@ -321,6 +394,25 @@ def report(result: dict[str, Any]) -> str:
     for name, row in result["recall"].items():
         lines.append(f"| {name} | {row['p50_ms']} | {row['p95_ms']} | {row['mean_ms']} |")
     return "\n".join(lines) + "\n"
+
+
+def new_process_rows(figures: dict[str, dict[str, float]] | None) -> list[str]:
+    """The new-process table (empty for results made before it was measured)."""
+    if not figures:
+        return []
+    cold, prefetched = figures["cold"], figures["prefetch"]
+    return [
+        "",
+        "| a new process (models loaded first) | ms |",
+        "| --- | ---: |",
+        f"| open the memory | {cold['open_ms']} |",
+        f"| first recall | {cold['first_recall_ms']} |",
+        f"| next 10 recalls, p50 | {cold['next_10_p50_ms']} |",
+        f"| first recall / that p50 | {cold['first_recall_ms'] / cold['next_10_p50_ms']:.1f}x |",
+        f"| `prefetch(user)` in another new process | {prefetched['prefetch_ms']} |",
+        f"| its first recall after the prefetch | {prefetched['first_recall_ms']} |",
+        f"| its next 10 recalls, p50 | {prefetched['next_10_p50_ms']} |",
+    ]
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
