@@ -395,4 +395,3 @@ def test_learned_filter_shares_size_the_first_search_after_a_reopen(
     third.delete_user(USER)
     third.close()
     assert not (folder / SHARES_FILE).exists()  # nothing is kept of a deleted user
-

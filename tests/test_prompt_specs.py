@@ -142,13 +142,17 @@ def test_json_record_names_related_lines_by_number() -> None:
     assert (note.summary, note.note) == ("They moved.", "The user cycles.")
     # Another model's habit: a copied text or "NaN" instead of numbers still parses.
     copied = c.RECORD_JSON.parse(
-        '{"context": "user: I moved to Lyon", "summary": "", "note": "The user cycles."}',
+        '{"context": "user: I moved to Lyon on 2 May", "summary": "", "note": "The user cycles."}',
         inputs,
     )
     assert copied.related_context == "" and copied.note == "The user cycles."
     assert c.RECORD_JSON.parse('{"context": "1", "summary": "", "note": "n1"}', inputs) == (
         c.ConditionalNote("user: I moved to Lyon", "", "n1")
     )
+    many = c.RECORD_JSON.parse(
+        '{"context": [' + ", ".join(["2"] * 40) + '], "summary": "", "note": "n1"}', inputs
+    )
+    assert many.related_context == "assistant: Nice!"  # cut to MAX_RELATED, not refused
 
 
 def test_summary_and_reflection_builders_snapshot() -> None:

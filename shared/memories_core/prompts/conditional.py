@@ -413,11 +413,19 @@ class RecordAnswer(pydantic.BaseModel):
     @pydantic.field_validator("context", mode="before")
     @classmethod
     def _numbers(cls, value: object) -> object:
-        """Read "NaN", "", ``None`` or a copied text (another model's habit) as numbers."""
+        """Read the numbers another model may give in another shape.
+
+        ``"1, 3"`` is two numbers; "NaN", ``None`` or a copied text (its own digits are no
+        line numbers) is none; a longer list is cut, not refused.
+        """
         if value is None:
             return []
         if isinstance(value, str):
-            return [int(n) for n in re.findall(r"\b\d+\b", value)][:MAX_RELATED]
+            if not re.fullmatch(r"[\s\d,;#\[\]]*", value):
+                return []
+            return [int(n) for n in re.findall(r"\d+", value)][:MAX_RELATED]
+        if isinstance(value, list):
+            return value[:MAX_RELATED]
         return value
 
 
