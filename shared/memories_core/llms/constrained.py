@@ -20,6 +20,14 @@ def enforcer_data(tokenizer: Any) -> Any:
     lm-format-enforcer's own transformers integration imports a module that transformers 5
     removed; its tokenizer-agnostic core only needs, per regular token, the text it decodes
     to after a digit (to see a leading space) and whether it starts a word.
+
+    Tokens that decode to an incomplete UTF-8 sequence (a byte-level piece of a character the
+    vocabulary has no token for, shown as U+FFFD) are left out: the enforcer sees them add no
+    text, so it allowed them where the schema allowed nothing else (a string at its
+    ``maxLength``), and the 1.5B model ended a conditional record there with ``"about\ufffdf``
+    and no closing quote, an unparsable answer (BENCHMARKS.md, "Conditional memory: the record
+    call with the local model"). The cost: a constrained answer cannot hold a character made
+    of such pieces (some emoji and rare scripts); free-text answers are not affected.
     """
     from lmformatenforcer.tokenenforcer import TokenEnforcerTokenizerData
 
@@ -32,6 +40,8 @@ def enforcer_data(tokenizer: Any) -> Any:
             continue
         after_zero = tokenizer.decode([zero, token])[1:]
         alone = tokenizer.decode([token])
+        if "\ufffd" in alone:
+            continue
         regular.append((token, after_zero, len(after_zero) > len(alone)))
 
     def decode(tokens: list[int]) -> str:
