@@ -392,6 +392,9 @@ def test_learned_filter_shares_size_the_first_search_after_a_reopen(
     assert "damaged filter shares file" in caplog.text
     assert len(third.search(vectors[1], user_id=USER, k=20, where=turns)) == 20
     assert fetches == [100]  # back to the first guess, and still a right answer
-    third.delete_user(USER)
-    third.close()
+    third.close()  # writes what it learned again
+    assert key in (folder / SHARES_FILE).read_text(encoding="utf-8")
+    fourth = ChromaIndex(path=folder, exact_below=0, open_check=0)
+    fourth.delete_user(USER)
     assert not (folder / SHARES_FILE).exists()  # nothing is kept of a deleted user
+    fourth.close()

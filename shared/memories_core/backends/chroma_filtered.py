@@ -129,10 +129,14 @@ class ChromaFiltering:
             logger.warning("could not keep the filter shares in %s: %s", path, exc)
 
     def _forget_shares(self, key: str) -> None:
-        """Drop what was learned on the collection ``key`` (its user was deleted)."""
+        """Drop what was learned on the collection ``key`` (its user was deleted), on disk too."""
         with self._shares_lock:
-            for pair in [pair for pair in self._shares if pair[0] == key]:
+            gone = [pair for pair in self._shares if pair[0] == key]
+            for pair in gone:
                 del self._shares[pair]
+        path = self._shares_path()
+        if path is not None and path.is_file():
+            self._write_shares()
 
     def _share_of(self, collection: Any, wheres: Sequence[Filter]) -> float:
         """The smallest learned pass share among ``wheres`` on ``collection``."""
