@@ -18,7 +18,8 @@ background derivation. Measured:
   ``prefetch(user)`` (what an app calls when a user signs in) and the first recall after it;
 * a new process: a fresh interpreter opens the store (Chroma reads the user's graph from
   disk, SQLite starts cold), loads both models, and times its first recall and then ten more
-  (their p50 is the same process's warm figure); a second one calls ``prefetch`` first;
+  (their p50 shows how long a new process stays slower than a long-running one: at 100k,
+  all ten); a second one calls ``prefetch`` first;
 * recall p50 over the queries, interleaved per query: the default pipeline, the late
   pipeline (vectors from its cache or the store), and the late pipeline with no cache
   (every recall reads its pool's vectors from SQLite). Every recall embeds its query.
