@@ -211,16 +211,26 @@ def build_respond_and_decide_messages(
     return [ChatMessage("system", system), ChatMessage("user", "\n\n".join(parts))]
 
 
-def build_record_messages(dialogue_context: Sequence[str], user_input: str) -> list[ChatMessage]:
+def build_record_messages(
+    dialogue_context: Sequence[str],
+    user_input: str,
+    *,
+    system: str = RECORD_SYSTEM,
+    numbered_lines: bool = False,
+) -> list[ChatMessage]:
     """Messages asking for a conditional memory record (Table 18).
 
     Args:
         dialogue_context: The ongoing dialogue up to and including the user input, rendered.
         user_input: The user turn to remember.
+        system: The instructions (the JSON form's are :data:`RECORD_JSON_SYSTEM`).
+        numbered_lines: Number the dialogue lines (:func:`numbered`), for an answer that
+            names the related lines by number (the JSON form).
     """
-    context = "\n".join(dialogue_context) or "NaN"
+    join = numbered if numbered_lines else lambda lines: "\n".join(lines) or "NaN"
+    context = join(dialogue_context)
     body = f"{fence('dialogue_context', context)}\n\n{_fence(user_input)}"
-    return [ChatMessage("system", RECORD_SYSTEM), ChatMessage("user", body)]
+    return [ChatMessage("system", system), ChatMessage("user", body)]
 
 
 def parse_decision(text: str, user_input: str) -> bool:
@@ -468,9 +478,14 @@ def _respond_text(inputs: RespondInput) -> str:
     )
 
 
+def _related_indices(inputs: RecordInput) -> range:
+    """The stand-ins' related lines (0-based): the two before the user input."""
+    count = len(inputs.dialogue_context)
+    return range(max(0, count - 3), count - 1) if count > 1 else range(0)
+
+
 def _record_parts(inputs: RecordInput) -> tuple[str, str, str]:
-    lines = list(inputs.dialogue_context)
-    related = lines[-3:-1] if len(lines) > 1 else []
+    related = [inputs.dialogue_context[i] for i in _related_indices(inputs)]
     asked = [line.split(": ", 1)[-1] for line in related if line.startswith("user: ")]
     why = (
         f"The user reacted to the assistant's answer to '{asked[-1]}'."
@@ -478,11 +493,6 @@ def _record_parts(inputs: RecordInput) -> tuple[str, str, str]:
         else "The user said this without earlier context."
     )
     return " | ".join(related) or "NaN", why, f"The user said: {inputs.user_input}"
-
-
-def _related_numbers(inputs: RecordInput) -> list[int]:
-    count = len(inputs.dialogue_context)
-    return list(range(max(1, count - 2), count)) if count > 1 else []
 
 
 def _record_stand_in(inputs: RecordInput) -> str:
@@ -508,14 +518,6 @@ def numbered(lines: Sequence[str]) -> str:
 def unnumbered(line: str) -> str:
     """A line of :func:`numbered` without its number."""
     return re.sub(r"^\[\d+\] ", "", line)
-
-
-def _record_json_messages(inputs: RecordInput) -> list[ChatMessage]:
-    body = (
-        f"{fence('dialogue_context', numbered(inputs.dialogue_context))}\n\n"
-        f"{_fence(inputs.user_input)}"
-    )
-    return [ChatMessage("system", RECORD_JSON_SYSTEM), ChatMessage("user", body)]
 
 
 def _parse_record_json(text: str, inputs: RecordInput) -> ConditionalNote:
@@ -605,10 +607,14 @@ RESPOND_AND_DECIDE: PromptSpec[RespondInput, RespondDecision] = PromptSpec(
 RECORD_JSON: PromptSpec[RecordInput, ConditionalNote] = PromptSpec(
     name="conditional.record.json",
     system=RECORD_JSON_SYSTEM,
-    build=_record_json_messages,
+    build=lambda i: build_record_messages(
+        i.dialogue_context, i.user_input, system=RECORD_JSON_SYSTEM, numbered_lines=True
+    ),
     parse=_parse_record_json,
     stand_in=lambda i: RecordAnswer(
-        context=_related_numbers(i), summary=_record_parts(i)[1], note=_record_parts(i)[2]
+        context=[n + 1 for n in _related_indices(i)],
+        summary=_record_parts(i)[1],
+        note=_record_parts(i)[2],
     ).model_dump_json(),
     response_model=RecordAnswer,
     # Two one-sentence fields of at most 300 characters each, the numbers and the braces.
