@@ -123,7 +123,8 @@ RECORD_SYSTEM = (
 
 _NAN = {"nan", "none", "n/a", "na", "null", ""}
 
-#: Related dialogue lines a JSON record may name (step 1 of Table 18).
+#: Related dialogue lines a JSON record may name (step 1 of Table 18): a bound on the answer's
+#: size, above the 6 lines ``ConditionalMemory`` shows by default (``context_turns``).
 MAX_RELATED = 12
 
 
