@@ -300,6 +300,12 @@ def test_parsers_reject_empty_answers(spec: PromptSpec[Any, Any], inputs: Any, r
             c.RecordInput((), "x"),
             '{"context": "NaN", "summary": "", "note": "The note for future reference"}',
         ),
+        (
+            c.RECORD_JSON,
+            c.RecordInput((), "x"),
+            '{"context": [], "summary": "s", "note": "The note for future reference that '
+            'keeps the new information or knowledge it contains."}',
+        ),
     ],
 )
 def test_json_parsers_reject_copied_placeholders(
@@ -435,6 +441,22 @@ def test_runner_falls_back_to_prompt_only_with_one_repair_that_shows_the_error()
     repair = llm.calls[1]
     assert repair[-2] == ChatMessage("assistant", "I think it should be kept.")
     assert "could not be read" in repair[-1].content and "Decision" in repair[-1].content
+
+
+def test_repair_of_a_copied_placeholder_asks_for_content_not_the_same_content() -> None:
+    # The local model, asked for "the same content", copied the note's description again on
+    # every retry (BENCHMARKS.md, conditional row): the repair must ask for the field itself.
+    copied = '{"context": [], "summary": "s", "note": "The note for future reference"}'
+    written = '{"context": [1], "summary": "s", "note": "Caroline adopted a dog."}'
+    llm = StructuredFake([copied, written], frozenset({"json_schema"}))
+    note = run_spec(llm, c.RECORD, c.RecordInput(("user: I adopted a dog",), "I adopted a dog"))
+    assert note.note == "Caroline adopted a dog."
+    request = llm.calls[1][-1].content
+    assert "'note'" in request and "description" in request
+    assert "same content" not in request
+    plain = ScriptedLLM(["no tags here", "<Decision>: yes"])
+    run_spec(plain, c.DECISION, c.DecisionInput("I am vegan"))
+    assert "same content" in plain.calls[1][-1].content
 
 
 def test_runner_repairs_in_schema_mode_and_then_raises_a_typed_error() -> None:

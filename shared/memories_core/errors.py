@@ -126,11 +126,14 @@ class ParseError(MemoriesError, ValueError):
 
     Attributes:
         raw: The text that failed to parse.
+        fix: What a repair request should ask of the model, when "the same content in the
+            requested format" would repeat the fault (a copied placeholder); else ``None``.
     """
 
-    def __init__(self, message: str, raw: str = "") -> None:
+    def __init__(self, message: str, raw: str = "", *, fix: str | None = None) -> None:
         super().__init__(message)
         self.raw = raw
+        self.fix = fix
 
 
 class MissingExtraError(MemoriesError, ImportError):

@@ -609,13 +609,15 @@ def repair_messages(
     """Return a new conversation asking the model to fix an unparsable answer.
 
     The original messages are kept (never mutated); the bad answer is appended as the
-    assistant's turn, followed by a user turn that quotes the parse error.
+    assistant's turn, followed by a user turn that quotes the parse error and asks for the
+    same content in the requested format, or for what ``error.fix`` says when the content
+    itself was the fault (a copied placeholder: asked for "the same content", the local
+    model copied it again on every retry).
     """
-    request = (
-        "Your previous answer could not be read by the program: "
-        f"{error}. Reply again with the same content in exactly the format requested above, "
-        "and nothing else."
+    fix = getattr(error, "fix", None) or (
+        "Reply again with the same content in exactly the format requested above, and nothing else."
     )
+    request = f"Your previous answer could not be read by the program: {error}. {fix}"
     return (
         *messages,
         ChatMessage("assistant", bad_output),

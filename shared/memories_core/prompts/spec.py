@@ -323,19 +323,35 @@ def _norm(text: str) -> str:
 
 
 def check_not_placeholder(answer: pydantic.BaseModel, raw: str) -> None:
-    """Raise ``ParseError`` if a text field only repeats its description or a template word.
+    """Raise ``ParseError`` if a text field repeats its description or a template word.
 
-    A schema makes any reply parse; a copied field description is still no answer.
+    A schema makes any reply parse; a copied field description is still no answer. A field
+    that opens with its description (of four words or more) is a copy too: refused the bare
+    description, the local model continued it with the instruction's words ("The note for
+    future reference that keeps the new information...", BENCHMARKS.md, conditional row).
     """
     fields = type(answer).model_fields
     for name, info in fields.items():
         value = getattr(answer, name)
         values = value if isinstance(value, list) else [value]
-        banned = {_norm(info.description or ""), _norm(name), *map(_norm, _PLACEHOLDERS)}
+        description = _norm(info.description or "")
+        banned = {description, _norm(name), *map(_norm, _PLACEHOLDERS)}
         banned.discard("")
+        opening = description + " " if len(description.split()) >= 4 else None
         for item in values:
-            if isinstance(item, str) and item.strip() and _norm(item) in banned:
-                raise ParseError(f"the model copied a placeholder into {name!r}: {item!r}", raw)
+            if not isinstance(item, str) or not item.strip():
+                continue
+            text = _norm(item)
+            if text in banned or (opening is not None and text.startswith(opening)):
+                raise ParseError(
+                    f"the model copied a placeholder into {name!r}: {item!r}",
+                    raw,
+                    fix=(
+                        f"In {name!r} you wrote the words of its description, not its content. "
+                        f"Reply again in the same format, with {name!r} written from the text "
+                        "above in your own words."
+                    ),
+                )
 
 
 def require_text(value: str, what: str, raw: str) -> str:
