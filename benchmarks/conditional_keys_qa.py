@@ -1,6 +1,6 @@
 """Conditional memory's search keys, before and after, on the answer-quality harness.
 
-``ConditionalMemory`` indexes each record twice since issue #23 item 6: the rendered record
+``ConditionalMemory`` indexes each record twice: the rendered record
 (``"Context: ... Knowledge: ..."``, what the reader sees) and a search key holding the note
 alone, because the session context shared by every note of a session dominated the rendered
 text's vector (BENCHMARKS.md, "Conditional memory: what is indexed"). This script measures
@@ -11,8 +11,8 @@ searches the rendered records alone, the shape before the change), and answers t
 questions again with the harness. The records, the reader and the questions are the same,
 so the F1 difference is the keys' alone (the ``after`` row is the source run's own).
 
-    python benchmarks/conditional_keys_qa.py --source benchmarks/out/locomo_qa_150 \
-        --out /tmp/cond_before -- --conversations 2 --sessions 10 --questions 150 \
+    python benchmarks/conditional_keys_qa.py --source <the ingest run's --out> \
+        --out <a new folder> -- --conversations 2 --sessions 10 --questions 150 \
         --recall-budget 0
 
 The arguments after ``--`` go to ``locomo_qa.py`` (``--mechanisms conditional --resume
@@ -54,7 +54,7 @@ def copy_without_answers(source: Path, out: Path) -> list[Path]:
         shutil.copytree(folder / "memory", target / "memory")
         folders.append(target)
     reader = source / "state" / "reader.json"
-    if reader.is_file():
+    if reader.is_file() and folders:
         shutil.copy2(reader, out / "state" / "reader.json")
     return folders
 

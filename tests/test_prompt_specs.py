@@ -445,7 +445,8 @@ def test_runner_falls_back_to_prompt_only_with_one_repair_that_shows_the_error()
 
 def test_repair_of_a_copied_placeholder_asks_for_content_not_the_same_content() -> None:
     # The local model, asked for "the same content", copied the note's description again on
-    # every retry (BENCHMARKS.md, conditional row): the repair must ask for the field itself.
+    # every retry (BENCHMARKS.md, "Conditional memory: the record call with the local model"):
+    # the repair must ask for the field itself.
     copied = '{"context": [], "summary": "s", "note": "The note for future reference"}'
     written = '{"context": [1], "summary": "s", "note": "Caroline adopted a dog."}'
     llm = StructuredFake([copied, written], frozenset({"json_schema"}))

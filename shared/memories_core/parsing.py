@@ -614,7 +614,7 @@ def repair_messages(
     itself was the fault (a copied placeholder: asked for "the same content", the local
     model copied it again on every retry).
     """
-    fix = getattr(error, "fix", None) or (
+    fix = error.fix or (
         "Reply again with the same content in exactly the format requested above, and nothing else."
     )
     request = f"Your previous answer could not be read by the program: {error}. {fix}"

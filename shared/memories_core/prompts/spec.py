@@ -328,7 +328,8 @@ def check_not_placeholder(answer: pydantic.BaseModel, raw: str) -> None:
     A schema makes any reply parse; a copied field description is still no answer. A field
     that opens with its description (of four words or more) is a copy too: refused the bare
     description, the local model continued it with the instruction's words ("The note for
-    future reference that keeps the new information...", BENCHMARKS.md, conditional row).
+    future reference that keeps the new information..."; BENCHMARKS.md, "Conditional memory:
+    the record call with the local model").
     """
     fields = type(answer).model_fields
     for name, info in fields.items():
