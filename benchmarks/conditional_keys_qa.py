@@ -23,7 +23,6 @@ of the ingest, not the committed copy, which holds only answers and costs).
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -36,27 +35,6 @@ from tqdm import tqdm
 from memories_core import FixedClock
 from memories_core.engine import MemoryEngine
 from memories_core.retrieval.keys import KEY_FOR, SEARCH_KEY_KIND
-
-
-def copy_without_answers(source: Path, out: Path) -> list[Path]:
-    """Copy each kept ``conditional`` ingest (memory folder + ingest.json), no answers."""
-    conversations = sorted((source / "state" / "conditional").glob("*/ingest.json"))
-    folders = []
-    for marker in conversations:
-        folder = marker.parent
-        if not (folder / "memory").is_dir():
-            raise SystemExit(f"{folder} has no memory folder: give the ingest's own --out")
-        target = out / "state" / "conditional" / folder.name
-        if target.exists():
-            shutil.rmtree(target)
-        target.mkdir(parents=True)
-        shutil.copy2(marker, target / "ingest.json")
-        shutil.copytree(folder / "memory", target / "memory")
-        folders.append(target)
-    reader = source / "state" / "reader.json"
-    if reader.is_file() and folders:
-        shutil.copy2(reader, out / "state" / "reader.json")
-    return folders
 
 
 def drop_record_keys(memory_dir: Path, user_id: str) -> tuple[int, int]:
@@ -88,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--source", type=Path, required=True, help="the ingest run's --out")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    folders = copy_without_answers(args.source, args.out)
+    folders = locomo_qa.copy_ingest(args.source, args.out, "conditional")
     for folder in tqdm(folders, desc="drop record keys", unit="conversation"):
         records, deleted = drop_record_keys(folder / "memory", folder.name)
         print(f"{folder.name}: {records} records, {deleted} search keys deleted")

@@ -310,6 +310,32 @@ def run_row(
     return summarise(name, results, ingests, judged=judge is not None)
 
 
+def copy_ingest(source: Path, out: Path, name: str) -> list[Path]:
+    """Copy the finished ``name`` ingests of the run ``source`` into ``out``, without answers.
+
+    Each conversation's memory folder and ``ingest.json`` (its cost) are copied, and the
+    reader label, so ``main([... "--resume", "--out", out])`` answers the same memories
+    again (a before/after on the same records). ``source`` is the ingest run's own ``--out``
+    (the committed copies hold answers and costs, not the memory folders).
+    """
+    folders = []
+    for marker in sorted((source / "state" / name).glob("*/ingest.json")):
+        folder = marker.parent
+        if not (folder / "memory").is_dir():
+            raise SystemExit(f"{folder} has no memory folder: give the ingest's own --out")
+        target = out / "state" / name / folder.name
+        if target.exists():
+            shutil.rmtree(target)
+        target.mkdir(parents=True)
+        shutil.copy2(marker, target / "ingest.json")
+        shutil.copytree(folder / "memory", target / "memory")
+        folders.append(target)
+    reader = source / "state" / "reader.json"
+    if reader.is_file() and folders:
+        shutil.copy2(reader, out / "state" / "reader.json")
+    return folders
+
+
 def _kept_ingest(folder: Path) -> IngestStats | None:
     """The finished ingest's record in ``folder`` (``None``: not finished)."""
     marker = folder / "ingest.json"

@@ -522,6 +522,39 @@ def test_kept_answers_rebuild_the_table_without_the_memory_folders(
     capsys.readouterr()
 
 
+def test_a_copied_ingest_is_answered_again_without_ingesting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before/after scripts answer a kept ingest again: same records, fresh answers."""
+    calls: list[str] = []
+
+    def reader(messages: object) -> str:
+        text = messages[-1].content  # type: ignore[index]
+        calls.append(text)
+        return "Miso" if "Miso" in text else "dunno"
+
+    bench = _offline_bench(monkeypatch, ScriptedLLM([], default=reader))
+    data = _dataset(tmp_path / "locomo.json")
+    source, copy = tmp_path / "source", tmp_path / "copy"
+    argv = ["--data", str(data), "--mechanisms", "history", "--sessions", "2", "-q"]
+    assert bench.main([*argv, "--out", str(source)]) == 0  # type: ignore[attr-defined]
+    first = json.loads((source / "locomo_qa.json").read_text())["rows"][0]
+    asked = len(calls)
+    folders = bench.copy_ingest(source, copy, "history")  # type: ignore[attr-defined]
+    assert [f.name for f in folders] == [p.name for p in (source / "state" / "history").iterdir()]
+    assert all((f / "memory").is_dir() and not (f / "answers.jsonl").exists() for f in folders)
+    saves = []
+    monkeypatch.setattr(HistoryMemory, "save", lambda *a, **k: saves.append(a))
+    assert bench.main([*argv, "--resume", "--out", str(copy)]) == 0  # type: ignore[attr-defined]
+    again = json.loads((copy / "locomo_qa.json").read_text())["rows"][0]
+    assert saves == [] and len(calls) == 2 * asked  # answered again, nothing ingested
+    assert again["f1"] == first["f1"] and again["ingest_s"] == first["ingest_s"]
+    with pytest.raises(SystemExit, match="no memory folder"):
+        shutil.rmtree(folders[0] / "memory")
+        bench.copy_ingest(copy, tmp_path / "third", "history")  # type: ignore[attr-defined]
+    capsys.readouterr()
+
+
 def test_full_row_gives_the_whole_window_the_reader_has() -> None:
     bench = _load_benchmark()
 
