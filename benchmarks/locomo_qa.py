@@ -316,7 +316,9 @@ def copy_ingest(source: Path, out: Path, name: str) -> list[Path]:
     Each conversation's memory folder and ``ingest.json`` (its cost) are copied, and the
     reader label, so ``main([... "--resume", "--out", out])`` answers the same memories
     again (a before/after on the same records). ``source`` is the ingest run's own ``--out``
-    (the committed copies hold answers and costs, not the memory folders).
+    (the committed copies hold answers and costs, not the memory folders). A conversation
+    already copied into ``out`` is kept as it is, with its answers (an interrupted re-answer
+    resumes).
     """
     folders = []
     for marker in sorted((source / "state" / name).glob("*/ingest.json")):
@@ -324,6 +326,9 @@ def copy_ingest(source: Path, out: Path, name: str) -> list[Path]:
         if not (folder / "memory").is_dir():
             raise SystemExit(f"{folder} has no memory folder: give the ingest's own --out")
         target = out / "state" / name / folder.name
+        if (target / "ingest.json").is_file() and (target / "memory").is_dir():
+            folders.append(target)
+            continue
         if target.exists():
             shutil.rmtree(target)
         target.mkdir(parents=True)

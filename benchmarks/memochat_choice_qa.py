@@ -18,7 +18,9 @@ is the recall path's alone (the ``after`` row is the source run's own).
         --recall-budget 0
 
 The arguments after ``--`` go to ``locomo_qa.py`` (``--mechanisms memochat --resume --out
-OUT`` are added).
+OUT`` are added). Conversations are answered in the harness's order; one with no kept
+ingest in ``--source`` stops the run (the answers so far are kept, so copying its ingest
+later and running the same command again resumes).
 """
 
 from __future__ import annotations
@@ -87,6 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     def make_memory(name: str, folder: Path, clock: Any, llm: Any, embedder: Any, **kw: Any) -> Any:
         if name != "memochat":
             return plain(name, folder, clock, llm, embedder, **kw)
+        if not (folder / "records.sqlite3").is_file():
+            # Only recall differs: a conversation with no kept ingest would be ingested here
+            # for nothing (its answers so far stay kept; copy its ingest and resume).
+            raise SystemExit(f"{folder.parent.name}: no kept memochat ingest in --source")
         return fused_memochat(folder, clock, llm, embedder, recall_budget=kw.get("recall_budget"))
 
     locomo_qa.make_memory = make_memory  # the harness builds its rows through this name

@@ -549,6 +549,9 @@ def test_a_copied_ingest_is_answered_again_without_ingesting(
     again = json.loads((copy / "locomo_qa.json").read_text())["rows"][0]
     assert saves == [] and len(calls) == 2 * asked  # answered again, nothing ingested
     assert again["f1"] == first["f1"] and again["ingest_s"] == first["ingest_s"]
+    # copied again (a resumed before/after): the copy and its answers are kept
+    assert bench.copy_ingest(source, copy, "history") == folders  # type: ignore[attr-defined]
+    assert all((f / "answers.jsonl").is_file() for f in folders)
     with pytest.raises(SystemExit, match="no memory folder"):
         shutil.rmtree(folders[0] / "memory")
         bench.copy_ingest(copy, tmp_path / "third", "history")  # type: ignore[attr-defined]
