@@ -558,6 +558,46 @@ def test_a_copied_ingest_is_answered_again_without_ingesting(
     capsys.readouterr()
 
 
+def test_memochat_fused_variant_answers_the_kept_ingest_with_the_earlier_recall(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """variant_qa re-answers a kept MemoChat ingest: fused recall returns k records always."""
+    from memories_core.prompts.memochat import rule_following_reply
+
+    def reader(messages: object) -> str:
+        memochat = rule_following_reply(messages)  # type: ignore[arg-type]
+        if memochat is not None:
+            return memochat
+        text = messages[-1].content  # type: ignore[index]
+        return "Miso" if "Miso" in text else "dunno"
+
+    bench = _offline_bench(monkeypatch, ScriptedLLM([], default=reader))
+    spec = importlib.util.spec_from_file_location(
+        "variant_qa", ROOT / "benchmarks" / "variant_qa.py"
+    )
+    assert spec is not None and spec.loader is not None
+    variant = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(variant)
+    data = _dataset(tmp_path / "locomo.json")
+    source, out = tmp_path / "source", tmp_path / "fused"
+    argv = ["--data", str(data), "--sessions", "2", "--recall-budget", "0", "-q"]
+    assert bench.main([*argv, "--mechanisms", "memochat", "--out", str(source)]) == 0  # type: ignore[attr-defined]
+    after = json.loads((source / "locomo_qa.json").read_text())["rows"][0]
+    assert (
+        variant.main(
+            ["--variant", "memochat-fused", "--source", str(source), "--out", str(out), "--", *argv]
+        )
+        == 0
+    )
+    before = json.loads((out / "locomo_qa.json").read_text())["rows"][0]
+    assert before["mechanism"] == after["mechanism"] == "memochat"
+    assert before["ingest_s"] == after["ingest_s"]  # the same ingest, not written again
+    # the stand-in model chooses few memos (NOTO when no word is shared); fused recall adds
+    # dense and lexical hits up to k, so the reader sees more context per question
+    assert before["context_chars"] > after["context_chars"]
+    capsys.readouterr()
+
+
 def test_full_row_gives_the_whole_window_the_reader_has() -> None:
     bench = _load_benchmark()
 
