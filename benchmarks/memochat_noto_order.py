@@ -14,8 +14,10 @@ Items: every ``retrieval_*`` item of MemoChat's test set whose reference answer 
 the first ``--sample / 2`` other items of each source. Per order it prints the paper's option
 F1 (NOTO included; an answer that names no real option counts as NOTO, as in
 ``memochat_eval.py``), the share of NOTO items answered NOTO, the share of other items
-answered NOTO, the share of answers that include the option shown last (position bias),
-failed calls and seconds per query. Every answer is appended to a JSON-lines file as it comes
+answered NOTO, how many items score better / worse than under the first order given (and
+whose choice changed), failed calls and seconds per query. The choice is asked through the
+library's :func:`~memories_core.mechanisms.memochat.choose_memos` (its ``noto_at`` sets the
+place), as every MemoChat recall asks it. Every answer is appended to a JSON-lines file as it comes
 (``--resume`` reuses them), so an interrupted run loses nothing.
 
     python benchmarks/memochat_noto_order.py [ITEMS] [--sample 20] [--model qwen2.5-1.5b]
@@ -37,9 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from memochat_eval import DEFAULT_ITEMS, f1, retrieval_items
 
-from memories_core.errors import LLMError, ParseError
-from memories_core.prompts.memochat import MEMO_RETRIEVAL, RetrievalInput, noto_position
-from memories_core.prompts.spec import run_spec
+from memories_core.mechanisms.memochat import choose_memos
+from memories_core.prompts.memochat import noto_position
 
 OUT = Path(__file__).resolve().parent / "out"
 ORDERS = ("last", "hashed", "reference")
@@ -74,49 +75,45 @@ def key(item: dict[str, Any], order: str) -> str:
 
 
 def ask(llm: Any, item: dict[str, Any], order: str) -> dict[str, Any]:
-    """One memo-retrieval call; the answer mapped back to the item's own option numbers."""
+    """One memo choice (the library's ``choose_memos``), in the item's own option numbers."""
     numbers = [i for i in range(1, len(item["options"]) + 1) if i != item["noto"]]
     real = [item["options"][i - 1] for i in numbers]
     at = place(item, order)
-    inputs = RetrievalInput(item["query"], tuple(real), noto_at=at)
-    noto = inputs.noto()
     started = time.perf_counter()
-    error = None
-    picked: list[int] = []
-    try:
-        picked = list(run_spec(llm, MEMO_RETRIEVAL, inputs))
-    except (LLMError, ParseError) as exc:
-        error = f"{type(exc).__name__}: {exc}"[:300]
-    seconds = time.perf_counter() - started
-    shown_last = len(real) + 1
-    shown = range(1, len(real) + 2)
-    chosen = sorted(
-        {numbers[(p - 1) if p < noto else (p - 2)] for p in picked if p in shown and p != noto}
-    )
+    chosen = choose_memos(llm, item["query"], real, noto_at=at)
     return {
         "key": key(item, order),
         "order": order,
-        "noto_at": noto,
-        "picked": picked,
-        "chosen": chosen,
-        "picked_last": shown_last in picked,
-        "error": error,
-        "seconds": seconds,
+        "noto_at": at,
+        "chosen": None if chosen is None else sorted(numbers[c] for c in chosen),
+        "seconds": time.perf_counter() - started,
     }
 
 
-def score(items: Sequence[dict[str, Any]], answers: dict[str, dict[str, Any]], order: str) -> dict:
-    f1s, noto_hit, other_noto, last, secs, failed = [], [], [], [], [], 0
+def _chosen(answer: dict[str, Any]) -> list[int]:
+    return answer["chosen"] or []  # a failed choice (None) chose nothing
+
+
+def score(
+    items: Sequence[dict[str, Any]], answers: dict[str, dict[str, Any]], order: str, base: str
+) -> dict[str, Any]:
+    """One order's figures, and per item against the order ``base`` (F1 better / worse)."""
+    f1s, noto_hit, other_noto, secs = [], [], [], []
+    failed = better = worse = changed = 0
     for item in items:
-        a = answers.get(key(item, order))
+        a, b = answers.get(key(item, order)), answers.get(key(item, base))
         if a is None:
             continue
-        pred = set(a["chosen"]) or {item["noto"]}
-        f1s.append(f1(pred, item["gold"]))
-        (noto_hit if item["gold"] == {item["noto"]} else other_noto).append(not a["chosen"])
-        last.append(bool(a["picked_last"]))
+        mine = f1(set(_chosen(a)) or {item["noto"]}, item["gold"])
+        f1s.append(mine)
+        (noto_hit if item["gold"] == {item["noto"]} else other_noto).append(not _chosen(a))
         secs.append(a["seconds"])
-        failed += a["error"] is not None
+        failed += a["chosen"] is None
+        if b is not None:
+            theirs = f1(set(_chosen(b)) or {item["noto"]}, item["gold"])
+            better += mine > theirs
+            worse += mine < theirs
+            changed += _chosen(a) != _chosen(b)
     mean = statistics.fmean
 
     def share(xs: list[bool]) -> float:
@@ -130,22 +127,27 @@ def score(items: Sequence[dict[str, Any]], answers: dict[str, dict[str, Any]], o
         "noto_items": len(noto_hit),
         "other_items_answered_noto": share(other_noto),
         "other_items": len(other_noto),
-        "picked_shown_last": share(last),
+        "against": base,
+        "better": better,
+        "worse": worse,
+        "changed": changed,
         "failed": failed,
         "seconds_per_query": mean(secs) if secs else float("nan"),
     }
 
 
 def table(rows: Sequence[dict[str, Any]]) -> str:
+    base = rows[0]["against"] if rows else ""
     head = (
         "| NOTO shown | answered | option F1 | NOTO items answered NOTO | other items answered "
-        "NOTO | answers naming the last line | failed | s / query |\n"
+        f"NOTO | against {base}: items better / worse (choice changed) | failed | s / query |\n"
         "|---|---|---|---|---|---|---|---|"
     )
     body = [
         f"| {r['order']} | {r['answered']} | {r['f1']:.3f} | {r['noto_items_answered_noto']:.2f} "
         f"({r['noto_items']}) | {r['other_items_answered_noto']:.2f} ({r['other_items']}) | "
-        f"{r['picked_shown_last']:.2f} | {r['failed']} | {r['seconds_per_query']:.1f} |"
+        f"{r['better']} / {r['worse']} ({r['changed']}) | {r['failed']} | "
+        f"{r['seconds_per_query']:.1f} |"
         for r in rows
     ]
     return "\n".join([head, *body])
@@ -159,14 +161,13 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 3.2))
     names = [r["order"] for r in rows]
-    width = 0.27
+    width = 0.4
     series = [
         ("option F1", "f1"),
         ("NOTO items answered NOTO", "noto_items_answered_noto"),
-        ("answers naming the last line", "picked_shown_last"),
     ]
     for n, (label, field) in enumerate(series):
-        xs = [i + (n - 1) * width for i in range(len(rows))]
+        xs = [i + (n - 0.5) * width for i in range(len(rows))]
         ax.bar(xs, [r[field] for r in rows], width, label=label)
     ax.set_xticks(range(len(rows)), names)
     ax.set_xlabel("where NOTO is shown")
@@ -223,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             sink.write(json.dumps(a) + "\n")
             sink.flush()
 
-    results = [score(items, answers, o) for o in orders]
+    results = [score(items, answers, o, orders[0]) for o in orders]
     text = table(results)
     print(f"model {llm.name}; {len(items)} items")
     print(text)

@@ -418,6 +418,15 @@ def test_choose_memos_maps_numbers_around_a_noto_in_the_middle() -> None:
     assert "(2) NOTO. None of the others." in llm.calls[0][-1].content
 
 
+def test_choose_memos_shows_noto_where_the_caller_asks() -> None:
+    options = ["japan. bowing", "qubits. physics"]
+    llm = ScriptedLLM(["2", "1"])
+    assert choose_memos(llm, "qubits", options, noto_at=1) == [0]  # (1) NOTO (2) japan ...
+    assert "(1) NOTO. None of the others.\n(2) japan. bowing" in llm.calls[0][-1].content
+    assert choose_memos(llm, "qubits", options, noto_at=3) == [0]  # last: (1) is japan
+    assert "(3) NOTO. None of the others." in llm.calls[1][-1].content
+
+
 def test_chat_with_memo_respond_saves_the_exchange() -> None:
     memory = _filled(_llm())
     reply = memory.respond(

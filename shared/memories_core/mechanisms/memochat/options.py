@@ -144,6 +144,7 @@ def choose_memos(
     *,
     budget: float | None = None,
     spec: PromptSpec[RetrievalInput, list[int]] = MEMO_RETRIEVAL,
+    noto_at: int | None = None,
 ) -> list[int] | None:
     """Ask ``llm`` which of ``options`` relate to ``query`` (0-based; ``None`` on failure).
 
@@ -151,11 +152,14 @@ def choose_memos(
     place among the options, here reproducible); ``[]`` means the model chose NOTO.
     ``budget``: seconds to wait for the answer (a repair retry included); past it the
     choice has failed (``None``). ``spec``: the retrieval prompt as the caller runs it
-    (e.g. with an override, ``MemoChatMemory.prompt_spec(MEMO_RETRIEVAL)``).
+    (e.g. with an override, ``MemoChatMemory.prompt_spec(MEMO_RETRIEVAL)``). ``noto_at``:
+    NOTO's 1-based place instead (``len(options) + 1``: last); no place measured better
+    with the offline model (BENCHMARKS.md, "Where NOTO is shown, with the offline model").
     """
     if not options:
         return []
-    inputs = RetrievalInput(query, tuple(options), noto_at=noto_position(query, options))
+    at = noto_position(query, options) if noto_at is None else noto_at
+    inputs = RetrievalInput(query, tuple(options), noto_at=at)
     noto = inputs.noto()
     try:
         picked = run_with_timeout(
