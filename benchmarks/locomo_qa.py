@@ -262,7 +262,7 @@ def run_row(
         if name not in BASELINES:
             # Every answer kept: the row needs its ingest's cost, not the memory itself (kept
             # answers and ingest records travel without the memory folders).
-            kept = None if todo else _kept_ingest(folder)
+            kept = None if todo else kept_ingest(folder)
             if kept is None:
                 memory, kept = _ingested(name, conversation, folder, clock, llm, embedder, args)
             ingests.append(kept)
@@ -341,7 +341,7 @@ def copy_ingest(source: Path, out: Path, name: str) -> list[Path]:
     return folders
 
 
-def _kept_ingest(folder: Path) -> IngestStats | None:
+def kept_ingest(folder: Path) -> IngestStats | None:
     """The finished ingest's record in ``folder`` (``None``: not finished)."""
     marker = folder / "ingest.json"
     if not marker.is_file():
@@ -362,7 +362,7 @@ def _ingested(
     marker = folder / "ingest.json"
     memory_dir = folder / "memory"
     budget = args.recall_budget or None  # 0: no limit
-    stats = _kept_ingest(folder) if memory_dir.is_dir() else None  # no memory: redone
+    stats = kept_ingest(folder) if memory_dir.is_dir() else None  # no memory: redone
     if stats is not None:
         return make_memory(name, memory_dir, clock, llm, embedder, recall_budget=budget), stats
     shutil.rmtree(memory_dir, ignore_errors=True)

@@ -19,6 +19,10 @@ Variants (``--variant``):
   includes a memory when its activation passes the threshold (``fallback="threshold"``).
 * ``dpem-stm-cut``: DPeM with the short-term lookup's measured relevance cut
   (``stm_cut=MEASURED_STM_CUT["levenshtein"]``; off by default).
+* ``conditional-no-keys``: conditional memory as it was indexed before each record's note
+  got a search key of its own (BENCHMARKS.md, "Conditional memory: what is indexed"): the
+  copies' note keys are deleted through the engine's public ``delete_records``, so recall
+  ranks the rendered records (``"Context: ... Knowledge: ..."``) alone.
 
     python benchmarks/variant_qa.py --variant memochat-fused \
         --source <the ingest run's --out> --out <a new folder> -- \
@@ -35,20 +39,27 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import locomo_qa
+from tqdm import tqdm
 
-from memories_core import DualProcessMemory, EMGMemory, MemoChatMemory, Scope
+from memories_core import DualProcessMemory, EMGMemory, FixedClock, MemoChatMemory, Scope
+from memories_core.engine import MemoryEngine
 from memories_core.mechanisms.base import MemoryBase
 from memories_core.mechanisms.dpem import MEASURED_STM_CUT
 from memories_core.mechanisms.memochat import LLMOptionSource
 from memories_core.retrieval import DenseSource, LexicalSource, Pipeline
+from memories_core.retrieval.keys import KEY_FOR, SEARCH_KEY_KIND
 from memories_core.types import Recall
+
+#: A factory on a kept memory folder: (path/clock/embedder, the model, the recall budget).
+Factory = Callable[[dict[str, Any], Any, "float | None"], Any]
 
 
 class FusedChoiceMemoChat(MemoChatMemory):
@@ -66,6 +77,7 @@ class FusedChoiceMemoChat(MemoChatMemory):
 
 
 def memochat_fused(common: dict[str, Any], llm: Any, budget: float | None) -> Any:
+    """MemoChat's earlier recall: the model's choice fused as a third ranking."""
     source = LLMOptionSource(llm, budget=budget)
     pipeline = Pipeline(sources=(DenseSource(), LexicalSource(), source), rerankers=())
     return FusedChoiceMemoChat(**common, llm=llm, budget=budget, pipeline=pipeline)
@@ -79,11 +91,44 @@ def dpem_stm_cut(common: dict[str, Any], llm: Any, budget: float | None) -> Any:
     return DualProcessMemory(**common, llm=llm, stm_cut=MEASURED_STM_CUT["levenshtein"])
 
 
-#: variant -> (the harness row it re-answers, its factory on a kept memory folder)
-VARIANTS: dict[str, tuple[str, Callable[[dict[str, Any], Any, float | None], Any]]] = {
-    "memochat-fused": ("memochat", memochat_fused),
-    "emg-threshold": ("emg", emg_threshold),
-    "dpem-stm-cut": ("dpem", dpem_stm_cut),
+def drop_note_keys(memory_dir: Path, user_id: str, embedder: Any) -> tuple[int, int]:
+    """Delete the search keys of ``user_id``'s conditional records; (records, keys deleted)."""
+    clock = FixedClock(datetime(2024, 1, 1, tzinfo=timezone.utc))  # deletion time only
+    engine = MemoryEngine(path=memory_dir, clock=clock, embedder=embedder)
+    try:
+        records = {r.id for r in engine.records(user_id, where={"kind": "conditional"})}
+        keys = [
+            k.id
+            for k in engine.records(user_id, where={"kind": SEARCH_KEY_KIND})
+            if k.metadata.get(KEY_FOR) in records
+        ]
+        deleted = engine.delete_records(user_id, keys, reason="variant_qa: conditional-no-keys")
+    finally:
+        engine.close()
+    return len(records), deleted
+
+
+@dataclass(frozen=True)
+class Variant:
+    """What a variant re-answers and how.
+
+    Attributes:
+        mechanism: The harness row whose kept ingest is answered again.
+        factory: The variant on a kept memory folder (``None``: the row's own memory).
+        prepare: Run once on each copied memory folder (``memory_dir``, user id, embedder)
+            before answering, e.g. to delete what the variant does without.
+    """
+
+    mechanism: str
+    factory: Factory | None = None
+    prepare: Callable[[Path, str, Any], tuple[int, int]] | None = None
+
+
+VARIANTS: dict[str, Variant] = {
+    "memochat-fused": Variant("memochat", memochat_fused),
+    "emg-threshold": Variant("emg", emg_threshold),
+    "dpem-stm-cut": Variant("dpem", dpem_stm_cut),
+    "conditional-no-keys": Variant("conditional", prepare=drop_note_keys),
 }
 
 
@@ -98,20 +143,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--source", type=Path, required=True, help="the ingest run's --out")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    mechanism, factory = VARIANTS[args.variant]
+    variant = VARIANTS[args.variant]
+    mechanism = variant.mechanism
     folders = locomo_qa.copy_ingest(args.source, args.out, mechanism)
     print(f"{args.variant}: {len(folders)} kept {mechanism} ingests")
+    if variant.prepare is not None:
+        from memories_core.embedders import SentenceTransformerEmbedder
+
+        embedder = SentenceTransformerEmbedder()
+        for folder in tqdm(folders, desc=args.variant, unit="conversation"):
+            records, deleted = variant.prepare(folder / "memory", folder.name, embedder)
+            print(f"{folder.name}: {records} records, {deleted} deleted")
     plain = locomo_qa.make_memory
 
     def make_memory(name: str, folder: Path, clock: Any, llm: Any, embedder: Any, **kw: Any) -> Any:
         if name != mechanism:
             return plain(name, folder, clock, llm, embedder, **kw)
-        if not (folder / "records.sqlite3").is_file():
+        if locomo_qa.kept_ingest(folder.parent) is None:
             # Only recall differs: a conversation with no kept ingest would be ingested here
             # for nothing (its answers so far stay kept; copy its ingest and resume).
             raise SystemExit(f"{folder.parent.name}: no kept {mechanism} ingest in --source")
+        if variant.factory is None:
+            return plain(name, folder, clock, llm, embedder, **kw)
         common = {"path": folder, "clock": clock, "embedder": embedder}
-        return factory(common, llm, kw.get("recall_budget"))
+        return variant.factory(common, llm, kw.get("recall_budget"))
 
     locomo_qa.make_memory = make_memory  # the harness builds its rows through this name
     return locomo_qa.main([*rest, "--mechanisms", mechanism, "--resume", "--out", str(args.out)])

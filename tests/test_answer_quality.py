@@ -7,13 +7,16 @@ import json
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from memories_core import FixedClock, HistoryMemory, Scope
 from memories_core.embedders import HashingEmbedder
+from memories_core.engine import MemoryEngine
 from memories_core.evaluation.harness import (
     IngestStats,
     QAItem,
@@ -276,6 +279,41 @@ def _offline_bench(monkeypatch: pytest.MonkeyPatch, llm: ScriptedLLM) -> object:
     return bench
 
 
+def _miso_bench(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    calls: list[str],
+    first: Callable[[object], str | None] | None = None,
+) -> tuple[object, Path]:
+    """The offline benchmark whose reader answers "Miso" when its prompt says it, and data.
+
+    ``first`` answers the prompts it knows (a mechanism's writing or choice) before the reader;
+    the reader's prompts are appended to ``calls``.
+    """
+
+    def reader(messages: object) -> str:
+        known = first(messages) if first is not None else None
+        if known is not None:
+            return known
+        text = messages[-1].content  # type: ignore[index]
+        calls.append(text)
+        return "Miso" if "Miso" in text else "dunno"
+
+    bench = _offline_bench(monkeypatch, ScriptedLLM([], default=reader))
+    return bench, _dataset(tmp_path / "locomo.json")
+
+
+def _load_variant_qa() -> Any:
+    spec = importlib.util.spec_from_file_location(
+        "variant_qa", ROOT / "benchmarks" / "variant_qa.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["variant_qa"] = module  # its dataclass resolves annotations through it
+    spec.loader.exec_module(module)
+    return module
+
+
 def _dataset(path: Path) -> Path:
     conversation = _conversation()
     sample = {
@@ -488,14 +526,7 @@ def test_kept_answers_rebuild_the_table_without_the_memory_folders(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     calls: list[str] = []
-
-    def reader(messages: object) -> str:
-        text = messages[-1].content  # type: ignore[index]
-        calls.append(text)
-        return "Miso" if "Miso" in text else "dunno"
-
-    bench = _offline_bench(monkeypatch, ScriptedLLM([], default=reader))
-    data = _dataset(tmp_path / "locomo.json")
+    bench, data = _miso_bench(monkeypatch, tmp_path, calls)
     out = tmp_path / "out"
     argv = ["--data", str(data), "--mechanisms", "history", "--out", str(out), "--sessions", "2"]
     assert bench.main([*argv, "-q"]) == 0  # type: ignore[attr-defined]
@@ -527,14 +558,7 @@ def test_a_copied_ingest_is_answered_again_without_ingesting(
 ) -> None:
     """Before/after scripts answer a kept ingest again: same records, fresh answers."""
     calls: list[str] = []
-
-    def reader(messages: object) -> str:
-        text = messages[-1].content  # type: ignore[index]
-        calls.append(text)
-        return "Miso" if "Miso" in text else "dunno"
-
-    bench = _offline_bench(monkeypatch, ScriptedLLM([], default=reader))
-    data = _dataset(tmp_path / "locomo.json")
+    bench, data = _miso_bench(monkeypatch, tmp_path, calls)
     source, copy = tmp_path / "source", tmp_path / "copy"
     argv = ["--data", str(data), "--mechanisms", "history", "--sessions", "2", "-q"]
     assert bench.main([*argv, "--out", str(source)]) == 0  # type: ignore[attr-defined]
@@ -564,21 +588,8 @@ def test_memochat_fused_variant_answers_the_kept_ingest_with_the_earlier_recall(
     """variant_qa re-answers a kept MemoChat ingest: fused recall returns k records always."""
     from memories_core.prompts.memochat import rule_following_reply
 
-    def reader(messages: object) -> str:
-        memochat = rule_following_reply(messages)  # type: ignore[arg-type]
-        if memochat is not None:
-            return memochat
-        text = messages[-1].content  # type: ignore[index]
-        return "Miso" if "Miso" in text else "dunno"
-
-    bench = _offline_bench(monkeypatch, ScriptedLLM([], default=reader))
-    spec = importlib.util.spec_from_file_location(
-        "variant_qa", ROOT / "benchmarks" / "variant_qa.py"
-    )
-    assert spec is not None and spec.loader is not None
-    variant = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(variant)
-    data = _dataset(tmp_path / "locomo.json")
+    bench, data = _miso_bench(monkeypatch, tmp_path, [], first=rule_following_reply)  # type: ignore[arg-type]
+    variant = _load_variant_qa()
     source, out = tmp_path / "source", tmp_path / "fused"
     argv = ["--data", str(data), "--sessions", "2", "--recall-budget", "0", "-q"]
     assert bench.main([*argv, "--mechanisms", "memochat", "--out", str(source)]) == 0  # type: ignore[attr-defined]
@@ -596,6 +607,34 @@ def test_memochat_fused_variant_answers_the_kept_ingest_with_the_earlier_recall(
     # dense and lexical hits up to k, so the reader sees more context per question
     assert before["context_chars"] > after["context_chars"]
     capsys.readouterr()
+
+
+def test_conditional_no_keys_variant_deletes_only_the_notes_keys(tmp_path: Path) -> None:
+    """The variant's preparation leaves the rendered records and the turns' own keys."""
+    from memories_core import ConditionalMemory, Turn
+
+    notes = ["Ann is allergic to peanuts.", "Ann adopted a cat named Miso."]
+    replies = []
+    for note in notes:
+        replies += ["<Decision>: yes", f"<Context>: NaN <Summary>: a chat <Note>: {note}"]
+    memory = ConditionalMemory(
+        path=tmp_path / "memory", llm=ScriptedLLM(replies), embedder=HashingEmbedder()
+    )
+    for note in notes:
+        memory.save([Turn("user", note)], Scope("ann", "s1"))
+    memory.flush("ann")
+    records = {r.id for r in memory.records(Scope("ann"))}
+    memory.close()
+    variant = _load_variant_qa()
+    assert variant.drop_note_keys(tmp_path / "memory", "ann", HashingEmbedder()) == (2, 2)
+    engine = MemoryEngine(path=tmp_path / "memory", embedder=HashingEmbedder())
+    try:
+        left = engine.records("ann", where={"kind": "search_key"})
+        assert len(left) == 2 and not [k for k in left if k.metadata["key_for"] in records]
+        assert {r.id for r in engine.records("ann", where={"kind": "conditional"})} == records
+    finally:
+        engine.close()
+    assert variant.drop_note_keys(tmp_path / "memory", "ann", HashingEmbedder()) == (2, 0)
 
 
 def test_full_row_gives_the_whole_window_the_reader_has() -> None:
