@@ -49,7 +49,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -163,6 +163,21 @@ def token_counter(llm: Any) -> Callable[[str], int]:
 
 
 # ----------------------------------------------------------------------------- memories
+class MemoryFactory(Protocol):
+    """Builds a mechanism row's memory on its folder (the signature of :func:`make_memory`)."""
+
+    def __call__(
+        self,
+        name: str,
+        folder: Path,
+        clock: FixedClock,
+        llm: Any,
+        embedder: Any,
+        *,
+        recall_budget: float | None = ...,
+    ) -> Any: ...
+
+
 def make_memory(
     name: str,
     folder: Path,
@@ -232,8 +247,13 @@ def run_row(
     llm: Any,
     judge: Any,
     embedder: Any,
+    factory: MemoryFactory | None = None,
 ) -> dict[str, Any]:
-    """Ingest (unless a baseline) and answer every item for one mechanism; resumable."""
+    """Ingest (unless a baseline) and answer every item for one mechanism; resumable.
+
+    ``factory`` builds the mechanism on its memory folder (default :func:`make_memory`); a
+    variant of one mechanism's recall passes its own (``benchmarks/variant_qa.py``).
+    """
     # The full row's answers depend on its budget: each budget keeps its own.
     state = Path(args.out) / "state" / (f"full-{args.full_tokens}" if name == "full" else name)
     ingests: list[IngestStats] = []
@@ -264,7 +284,9 @@ def run_row(
             # answers and ingest records travel without the memory folders).
             kept = None if todo else kept_ingest(folder)
             if kept is None:
-                memory, kept = _ingested(name, conversation, folder, clock, llm, embedder, args)
+                memory, kept = _ingested(
+                    name, conversation, folder, clock, llm, embedder, args, factory or make_memory
+                )
             ingests.append(kept)
         clock.set(asked_at)
         user = conversation.sample_id
@@ -357,6 +379,7 @@ def _ingested(
     llm: Any,
     embedder: Any,
     args: argparse.Namespace,
+    factory: MemoryFactory,
 ) -> tuple[Any, IngestStats]:
     """Open a finished ingest, or ingest the conversation afresh (a torn one is redone)."""
     marker = folder / "ingest.json"
@@ -364,9 +387,9 @@ def _ingested(
     budget = args.recall_budget or None  # 0: no limit
     stats = kept_ingest(folder) if memory_dir.is_dir() else None  # no memory: redone
     if stats is not None:
-        return make_memory(name, memory_dir, clock, llm, embedder, recall_budget=budget), stats
+        return factory(name, memory_dir, clock, llm, embedder, recall_budget=budget), stats
     shutil.rmtree(memory_dir, ignore_errors=True)
-    memory = make_memory(name, memory_dir, clock, llm, embedder, recall_budget=budget)
+    memory = factory(name, memory_dir, clock, llm, embedder, recall_budget=budget)
     total = sum(
         1 for turn in conversation.turns if args.sessions is None or turn.session <= args.sessions
     )
@@ -703,7 +726,8 @@ def reader_label(llm: Any, out: Path) -> str:
     return label
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, factory: MemoryFactory | None = None) -> int:
+    """Run the harness; ``factory`` replaces :func:`make_memory` for every mechanism row."""
     args = parse_args(argv)
     names = [n.strip() for n in args.mechanisms.split(",") if n.strip()]
     unknown = [n for n in names if n not in BASELINES + MECHANISMS]
@@ -737,7 +761,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     embedder = SentenceTransformerEmbedder()
     rows = []
     for name in names:
-        row = run_row(name, conversations, items, args, llm, judge, embedder)
+        row = run_row(name, conversations, items, args, llm, judge, embedder, factory)
         rows.append(row)
         if not args.quiet:
             print(f"{name}: F1 {row['f1']:.3f} over {row['questions']} questions", flush=True)

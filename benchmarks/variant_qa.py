@@ -156,20 +156,29 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{folder.name}: {records} records, {deleted} deleted")
     plain = locomo_qa.make_memory
 
-    def make_memory(name: str, folder: Path, clock: Any, llm: Any, embedder: Any, **kw: Any) -> Any:
+    def make_memory(
+        name: str,
+        folder: Path,
+        clock: Any,
+        llm: Any,
+        embedder: Any,
+        *,
+        recall_budget: float | None = locomo_qa.DEFAULT_RECALL_BUDGET,
+    ) -> Any:
         if name != mechanism:
-            return plain(name, folder, clock, llm, embedder, **kw)
+            return plain(name, folder, clock, llm, embedder, recall_budget=recall_budget)
         if locomo_qa.kept_ingest(folder.parent) is None:
             # Only recall differs: a conversation with no kept ingest would be ingested here
             # for nothing (its answers so far stay kept; copy its ingest and resume).
             raise SystemExit(f"{folder.parent.name}: no kept {mechanism} ingest in --source")
         if variant.factory is None:
-            return plain(name, folder, clock, llm, embedder, **kw)
+            return plain(name, folder, clock, llm, embedder, recall_budget=recall_budget)
         common = {"path": folder, "clock": clock, "embedder": embedder}
-        return variant.factory(common, llm, kw.get("recall_budget"))
+        return variant.factory(common, llm, recall_budget)
 
-    locomo_qa.make_memory = make_memory  # the harness builds its rows through this name
-    return locomo_qa.main([*rest, "--mechanisms", mechanism, "--resume", "--out", str(args.out)])
+    return locomo_qa.main(
+        [*rest, "--mechanisms", mechanism, "--resume", "--out", str(args.out)], factory=make_memory
+    )
 
 
 if __name__ == "__main__":
