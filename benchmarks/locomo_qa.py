@@ -332,7 +332,9 @@ def run_row(
     return summarise(name, results, ingests, judged=judge is not None)
 
 
-def copy_ingest(source: Path, out: Path, name: str) -> list[Path]:
+def copy_ingest(
+    source: Path, out: Path, name: str, *, on_copy: Callable[[Path], None] | None = None
+) -> list[Path]:
     """Copy the finished ``name`` ingests of the run ``source`` into ``out``, without answers.
 
     Each conversation's memory folder and ``ingest.json`` (its cost) are copied, and the
@@ -340,7 +342,8 @@ def copy_ingest(source: Path, out: Path, name: str) -> list[Path]:
     again (a before/after on the same records). ``source`` is the ingest run's own ``--out``
     (the committed copies hold answers and costs, not the memory folders). A conversation
     already copied into ``out`` is kept as it is, with its answers (an interrupted re-answer
-    resumes).
+    resumes). ``on_copy`` runs on each new copy's folder before its ``ingest.json`` is
+    written, which marks the copy finished (an interrupted copy is made again).
     """
     folders = []
     for marker in sorted((source / "state" / name).glob("*/ingest.json")):
@@ -354,8 +357,10 @@ def copy_ingest(source: Path, out: Path, name: str) -> list[Path]:
         if target.exists():
             shutil.rmtree(target)
         target.mkdir(parents=True)
-        shutil.copy2(marker, target / "ingest.json")
         shutil.copytree(folder / "memory", target / "memory")
+        if on_copy is not None:
+            on_copy(target)
+        shutil.copy2(marker, target / "ingest.json")
         folders.append(target)
     reader = source / "state" / "reader.json"
     if reader.is_file() and folders:

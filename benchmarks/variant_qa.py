@@ -5,7 +5,10 @@ is measured here without writing the memories again: the script copies the finis
 of one mechanism from a ``benchmarks/locomo_qa.py`` run (memory folders and ingest cost, no
 answer, :func:`locomo_qa.copy_ingest`) and answers the same questions with the variant
 built on those folders. Records, reader and questions are the same, so the F1 difference
-from the source run's row is the variant's alone.
+from the source run's row is the variant's alone. Answering can change a memory's state
+(MemoryBank reinforces what it recalls), so each copy's record state is first put back as
+the ingest left it (:func:`~memories_core.evaluation.harness.rewind_state`, from the update
+history, to before the question time).
 
 Variants (``--variant``):
 
@@ -19,6 +22,9 @@ Variants (``--variant``):
   includes a memory when its activation passes the threshold (``fallback="threshold"``).
 * ``dpem-stm-cut``: DPeM with the short-term lookup's measured relevance cut
   (``stm_cut=MEASURED_STM_CUT["levenshtein"]``; off by default).
+* ``memorybank-decay``: MemoryBank's recall before cross-validation chose no query-time
+  decay: scores multiplied by retention (``forgetting_weight=1``) and daily summaries not
+  decaying (``summaries_decay=False``), the earlier defaults.
 * ``conditional-no-keys``: conditional memory as it was indexed before each record's note
   got a search key of its own (BENCHMARKS.md, "Conditional memory: what is indexed"): the
   copies' note keys are deleted through the engine's public ``delete_records``, so recall
@@ -49,8 +55,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import locomo_qa
 from tqdm import tqdm
 
-from memories_core import DualProcessMemory, EMGMemory, FixedClock, MemoChatMemory, Scope
+from memories_core import (
+    DualProcessMemory,
+    EMGMemory,
+    FixedClock,
+    MemoChatMemory,
+    MemoryBankMemory,
+    Scope,
+)
 from memories_core.engine import MemoryEngine
+from memories_core.evaluation import load_locomo
+from memories_core.evaluation.harness import question_time, rewind_state
 from memories_core.mechanisms.base import MemoryBase
 from memories_core.mechanisms.dpem import MEASURED_STM_CUT
 from memories_core.mechanisms.memochat import LLMOptionSource
@@ -91,6 +106,11 @@ def dpem_stm_cut(common: dict[str, Any], llm: Any, budget: float | None) -> Any:
     return DualProcessMemory(**common, llm=llm, stm_cut=MEASURED_STM_CUT["levenshtein"])
 
 
+def memorybank_decay(common: dict[str, Any], llm: Any, budget: float | None) -> Any:
+    """MemoryBank's earlier defaults: scores x retention, daily summaries kept at R = 1."""
+    return MemoryBankMemory(**common, llm=llm, forgetting_weight=1.0, summaries_decay=False)
+
+
 def drop_note_keys(memory_dir: Path, user_id: str, embedder: Any) -> tuple[int, int]:
     """Delete the search keys of ``user_id``'s conditional records; (records, keys deleted)."""
     clock = FixedClock(datetime(2024, 1, 1, tzinfo=timezone.utc))  # deletion time only
@@ -128,6 +148,7 @@ VARIANTS: dict[str, Variant] = {
     "memochat-fused": Variant("memochat", memochat_fused),
     "emg-threshold": Variant("emg", emg_threshold),
     "dpem-stm-cut": Variant("dpem", dpem_stm_cut),
+    "memorybank-decay": Variant("memorybank", memorybank_decay),
     "conditional-no-keys": Variant("conditional", prepare=drop_note_keys),
 }
 
@@ -145,12 +166,24 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     variant = VARIANTS[args.variant]
     mechanism = variant.mechanism
-    folders = locomo_qa.copy_ingest(args.source, args.out, mechanism)
+    from memories_core.embedders import SentenceTransformerEmbedder
+
+    embedder = SentenceTransformerEmbedder()
+    harness = locomo_qa.parse_args(rest)  # the harness's own --data and --sessions
+    asked = {c.sample_id: question_time(c, harness.sessions) for c in load_locomo(harness.data)}
+
+    def rewind(target: Path) -> None:
+        clock = FixedClock(asked[target.name])
+        engine = MemoryEngine(path=target / "memory", clock=clock, embedder=embedder)
+        try:
+            changed = rewind_state(engine, target.name, asked[target.name])
+        finally:
+            engine.close()
+        print(f"{target.name}: {changed} records' state put back as the ingest left it")
+
+    folders = locomo_qa.copy_ingest(args.source, args.out, mechanism, on_copy=rewind)
     print(f"{args.variant}: {len(folders)} kept {mechanism} ingests")
     if variant.prepare is not None:
-        from memories_core.embedders import SentenceTransformerEmbedder
-
-        embedder = SentenceTransformerEmbedder()
         for folder in tqdm(folders, desc=args.variant, unit="conversation"):
             records, deleted = variant.prepare(folder / "memory", folder.name, embedder)
             print(f"{folder.name}: {records} records, {deleted} deleted")

@@ -28,6 +28,7 @@ from memories_core.evaluation.harness import (
     percentile,
     question_time,
     read_jsonl,
+    rewind_state,
     score_answer,
     select_questions,
     write_json_atomic,
@@ -635,6 +636,82 @@ def test_conditional_no_keys_variant_deletes_only_the_notes_keys(tmp_path: Path)
     finally:
         engine.close()
     assert variant.drop_note_keys(tmp_path / "memory", "ann", HashingEmbedder()) == (2, 0)
+
+
+def test_rewind_state_puts_recalled_records_back_as_they_were_before_the_questions(
+    tmp_path: Path,
+) -> None:
+    """MemoryBank reinforces what it recalls; the rewind undoes exactly the later changes."""
+    from memories_core import MemoryBankMemory, Turn
+    from memories_core.prompts.memorybank import memorybank_reply
+
+    ingest, asked = (
+        datetime(2024, 3, 1, tzinfo=timezone.utc),
+        datetime(2024, 3, 5, tzinfo=timezone.utc),
+    )
+    clock = FixedClock(ingest)
+    memory = MemoryBankMemory(
+        path=tmp_path / "m",
+        clock=clock,
+        llm=ScriptedLLM([], default=memorybank_reply),
+        embedder=HashingEmbedder(),
+    )
+    memory.save([Turn("user", "I adopted a cat named Miso", timestamp=ingest)], Scope("ann", "s1"))
+    memory.save([Turn("user", "I love hiking in the rain", timestamp=ingest)], Scope("ann", "s1"))
+    engine = memory.engine
+    first = engine.records("ann")[0].id
+    engine.update_state("ann", {first: {"tier": "kept", "attrs": {"old": 1}}}, at=ingest)
+    before = {r.id: r.state for r in engine.records("ann")}
+    clock.set(asked)
+    for query in ("what is my cat called", "cat Miso", "hiking"):
+        memory.recall(query, Scope("ann"), now=asked)
+    engine.update_state("ann", {first: {"attrs": {"new": 2}}}, at=asked)
+    changed = [r.id for r in engine.records("ann") if r.state != before[r.id]]
+    assert changed  # the recalls reinforced something
+
+    assert rewind_state(engine, "ann", asked) == len(changed)
+    assert {r.id: r.state for r in engine.records("ann")} == before  # tier and attrs kept too
+    assert rewind_state(engine, "ann", asked) == 0  # rewinding again changes nothing
+    engine.edit_text("ann", first, "I adopted a dog", reason="edited")
+    with pytest.raises(ValueError, match="not state changes"):
+        rewind_state(engine, "ann", ingest)
+    memory.close()
+
+
+def test_memorybank_decay_variant_answers_from_the_state_the_ingest_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The source run's reinforcement is undone in the copy before the variant answers."""
+    from memories_core.prompts.memorybank import memorybank_reply
+
+    def writer(messages: object) -> str | None:
+        reply = memorybank_reply(messages)  # type: ignore[arg-type]
+        return None if reply.startswith("I can only answer") else reply
+
+    bench, data = _miso_bench(monkeypatch, tmp_path, [], first=writer)
+    variant = _load_variant_qa()
+    source, out = tmp_path / "source", tmp_path / "decay"
+    argv = ["--data", str(data), "--sessions", "2", "-q"]
+    assert bench.main([*argv, "--mechanisms", "memorybank", "--out", str(source)]) == 0  # type: ignore[attr-defined]
+    args = ["--variant", "memorybank-decay", "--source", str(source), "--out", str(out)]
+    assert variant.main([*args, "--", *argv]) == 0
+    row = json.loads((out / "locomo_qa.json").read_text())["rows"][0]
+    assert row["mechanism"] == "memorybank" and row["questions"] > 0
+    (folder,) = (out / "state" / "memorybank").iterdir()
+    engine = MemoryEngine(path=folder / "memory", embedder=HashingEmbedder(dimension=64))
+    try:
+        history = engine.history(folder.name)
+    finally:
+        engine.close()
+    rewound = [c for c in history if (c.reason or "").startswith("rewound")]
+    recalled = [c for c in history if c.reason == "recalled"]
+    assert rewound and all(c.new["recall_count"] == 0 for c in rewound if "recall_count" in c.new)
+    # the source's recalls come before the rewind, the variant's own after it
+    first_rewind = min(c.seq for c in rewound)
+    assert any(c.seq < first_rewind for c in recalled) and any(
+        c.seq > first_rewind for c in recalled
+    )
+    capsys.readouterr()
 
 
 def test_full_row_gives_the_whole_window_the_reader_has() -> None:

@@ -42,7 +42,7 @@ from memories_core.evaluation.qa import (
     resolve_option,
 )
 from memories_core.files import write_json_atomic
-from memories_core.types import Scope, Turn, ensure_utc
+from memories_core.types import RecordState, Scope, Turn, ensure_utc
 from memories_core.usage import Usage
 
 __all__ = [
@@ -353,6 +353,70 @@ def ingest_conversation(
     usage = getattr(memory, "usage", None)
     stats.failures = dict(getattr(usage, "failures", {}) or {})
     return stats
+
+
+#: The mutable fields of a record's state, as its update history writes them.
+_STATE_KEYS = frozenset(RecordState().to_json())
+_TIME_KEYS = frozenset({"last_recalled_at", "valid_from", "valid_until"})
+
+
+def rewind_state(engine: Any, user_id: str, since: datetime) -> int:
+    """Undo every change to ``user_id``'s record state made at or after ``since``.
+
+    Answering questions can change a memory (MemoryBank reinforces what it recalls, §2.3 of
+    its paper), so the memory left by one set of answers is not the one the ingest made.
+    This puts each record's state back as it was before ``since`` (the question time),
+    from the update history, so another recall setting answers the same questions from the
+    same memory. The rewind is itself one history entry per record, dated just before
+    ``since``, so rewinding again undoes nothing more. Records written at or after ``since``
+    are kept.
+
+    Args:
+        engine: The memory's :class:`~memories_core.engine.MemoryEngine`.
+        user_id: Whose records.
+        since: The first instant to undo.
+
+    Returns:
+        How many records' state changed.
+
+    Raises:
+        ValueError: if a text edit or deletion was made at or after ``since`` (only state
+            can be rewound; nothing is changed then).
+    """
+    since = ensure_utc(since)
+    later = [c for c in engine.history(user_id) if c.at >= since]
+    other = [c for c in later if not set(c.old) <= _STATE_KEYS]
+    if other:
+        raise ValueError(
+            f"{len(other)} changes after {since.isoformat()} are not state changes "
+            f"(first: {other[0].reason!r}); only state can be rewound"
+        )
+    if not later:
+        return 0
+    states = {r.id: r.state for r in engine.get(user_id, [c.record_id for c in later])}
+    target = {record_id: state.to_json() for record_id, state in states.items()}
+    for change in sorted(later, key=lambda c: c.seq, reverse=True):  # newest first
+        if change.record_id in target:
+            target[change.record_id].update(change.old)
+    changes: dict[str, dict[str, Any]] = {}
+    for record_id, fields in target.items():
+        attrs = fields.pop("attrs")
+        # attrs merge on update; a key added since ``since`` is deleted with None.
+        dropped = {key: None for key in states[record_id].attrs if key not in attrs}
+        changes[record_id] = {
+            **{
+                key: datetime.fromisoformat(value) if key in _TIME_KEYS and value else value
+                for key, value in fields.items()
+            },
+            "attrs": {**dropped, **attrs},
+        }
+    written = engine.update_state(
+        user_id,
+        changes,
+        reason=f"rewound to before {since.isoformat()}",
+        at=since - timedelta(microseconds=1),
+    )
+    return len(written)
 
 
 @dataclass
