@@ -247,7 +247,7 @@ def run_row(
     llm: Any,
     judge: Any,
     embedder: Any,
-    factory: MemoryFactory | None = None,
+    factory: MemoryFactory = make_memory,
 ) -> dict[str, Any]:
     """Ingest (unless a baseline) and answer every item for one mechanism; resumable.
 
@@ -285,7 +285,7 @@ def run_row(
             kept = None if todo else kept_ingest(folder)
             if kept is None:
                 memory, kept = _ingested(
-                    name, conversation, folder, clock, llm, embedder, args, factory or make_memory
+                    name, conversation, folder, clock, llm, embedder, args, factory
                 )
             ingests.append(kept)
         clock.set(asked_at)
@@ -731,8 +731,17 @@ def reader_label(llm: Any, out: Path) -> str:
     return label
 
 
-def main(argv: Sequence[str] | None = None, *, factory: MemoryFactory | None = None) -> int:
-    """Run the harness; ``factory`` replaces :func:`make_memory` for every mechanism row."""
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    factory: MemoryFactory = make_memory,
+    embedder: Any = None,
+) -> int:
+    """Run the harness.
+
+    ``factory`` replaces :func:`make_memory` for every mechanism row; ``embedder`` is the
+    one already loaded by a caller (default: the bundled MiniLM, loaded here).
+    """
     args = parse_args(argv)
     names = [n.strip() for n in args.mechanisms.split(",") if n.strip()]
     unknown = [n for n in names if n not in BASELINES + MECHANISMS]
@@ -761,9 +770,10 @@ def main(argv: Sequence[str] | None = None, *, factory: MemoryFactory | None = N
                 args.quantize,
             )
         )
-    from memories_core.embedders import SentenceTransformerEmbedder
+    if embedder is None:
+        from memories_core.embedders import SentenceTransformerEmbedder
 
-    embedder = SentenceTransformerEmbedder()
+        embedder = SentenceTransformerEmbedder()
     rows = []
     for name in names:
         row = run_row(name, conversations, items, args, llm, judge, embedder, factory)

@@ -210,7 +210,9 @@ def main(argv: list[str] | None = None) -> int:
         return variant.factory(common, llm, recall_budget)
 
     return locomo_qa.main(
-        [*rest, "--mechanisms", mechanism, "--resume", "--out", str(args.out)], factory=make_memory
+        [*rest, "--mechanisms", mechanism, "--resume", "--out", str(args.out)],
+        factory=make_memory,
+        embedder=embedder,
     )
 
 

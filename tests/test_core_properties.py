@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from datetime import timezone
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
@@ -149,3 +150,27 @@ def test_index_failure_during_save_keeps_the_turn_and_heals() -> None:
     assert [t.content for t in memory.turns(Scope("u"))] == ["the wifi password is on the fridge"]
     memory.index.add = original  # type: ignore[method-assign]
     assert "fridge" in memory.recall("wifi password", Scope("u")).context
+
+
+@given(
+    strength=st.floats(min_value=0.0, max_value=1e6, allow_nan=False),
+    count=st.integers(min_value=0, max_value=10**6),
+    recalled=st.none() | st.datetimes(timezones=st.just(timezone.utc)),
+    tier=st.none() | st.sampled_from(["stm", "ltm"]),
+    archived=st.booleans(),
+    attrs=st.dictionaries(st.sampled_from(["a", "b"]), st.integers()),
+)
+def test_record_state_json_round_trips(
+    strength: float, count: int, recalled: object, tier: str | None, archived: bool, attrs: dict
+) -> None:
+    from memories_core.types import RecordState
+
+    state = RecordState(
+        strength=strength,
+        recall_count=count,
+        last_recalled_at=recalled,  # type: ignore[arg-type]
+        tier=tier,
+        archived=archived,
+        attrs=attrs,
+    )
+    assert RecordState.from_json(state.to_json()) == state

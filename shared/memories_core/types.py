@@ -396,6 +396,22 @@ class RecordState:
             "attrs": dict(self.attrs),
         }
 
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RecordState:
+        """The state that :meth:`to_json` wrote (ISO strings back to datetimes)."""
+        times = {
+            name: None if data.get(name) is None else datetime.fromisoformat(data[name])
+            for name in ("last_recalled_at", "valid_from", "valid_until")
+        }
+        return cls(
+            strength=float(data["strength"]),
+            recall_count=int(data["recall_count"]),
+            tier=data.get("tier"),
+            archived=bool(data.get("archived", False)),
+            attrs=dict(data.get("attrs") or {}),
+            **times,
+        )
+
 
 def _iso(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat()

@@ -25,7 +25,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, TypeVar
@@ -357,7 +357,6 @@ def ingest_conversation(
 
 #: The mutable fields of a record's state, as its update history writes them.
 _STATE_KEYS = frozenset(RecordState().to_json())
-_TIME_KEYS = frozenset({"last_recalled_at", "valid_from", "valid_until"})
 
 
 def rewind_state(engine: Any, user_id: str, since: datetime) -> int:
@@ -393,22 +392,20 @@ def rewind_state(engine: Any, user_id: str, since: datetime) -> int:
         )
     if not later:
         return 0
-    states = {r.id: r.state for r in engine.get(user_id, [c.record_id for c in later])}
+    ids = list(dict.fromkeys(c.record_id for c in later))
+    states = {r.id: r.state for r in engine.get(user_id, ids)}
     target = {record_id: state.to_json() for record_id, state in states.items()}
     for change in sorted(later, key=lambda c: c.seq, reverse=True):  # newest first
         if change.record_id in target:
             target[change.record_id].update(change.old)
     changes: dict[str, dict[str, Any]] = {}
-    for record_id, fields in target.items():
-        attrs = fields.pop("attrs")
+    for record_id, saved in target.items():
+        before = RecordState.from_json(saved)
         # attrs merge on update; a key added since ``since`` is deleted with None.
-        dropped = {key: None for key in states[record_id].attrs if key not in attrs}
+        dropped = {key: None for key in states[record_id].attrs if key not in before.attrs}
         changes[record_id] = {
-            **{
-                key: datetime.fromisoformat(value) if key in _TIME_KEYS and value else value
-                for key, value in fields.items()
-            },
-            "attrs": {**dropped, **attrs},
+            **{f.name: getattr(before, f.name) for f in fields(before) if f.name != "attrs"},
+            "attrs": {**dropped, **before.attrs},
         }
     written = engine.update_state(
         user_id,
