@@ -12,6 +12,7 @@ import random
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -275,6 +276,61 @@ def test_pinned_ids_are_kept_on_disk_restored_after_a_restart_and_erased_with_th
     assert "damaged Chroma pins file" in caplog.text
     third.delete_user(USER)
     third.close()
+
+
+def _graph_hiding(monkeypatch: pytest.MonkeyPatch, hidden: str, shallow: int = 10) -> None:
+    """Make every Chroma query of ``shallow`` results or fewer miss ``hidden`` (a lossy graph).
+
+    Deeper queries still return it, as a graph search with a wider beam may.
+    """
+    from chromadb.api.models.Collection import Collection
+
+    real = Collection.query
+
+    def query(self: Any, *args: Any, **kwargs: Any) -> Any:
+        n = int(kwargs.get("n_results", 10))
+        if n > shallow:
+            return real(self, *args, **kwargs)
+        got = real(self, *args, **{**kwargs, "n_results": n + 1})
+        shown = [[i != hidden for i in row] for row in got["ids"]]
+        for key in ("ids", "distances"):
+            got[key] = [
+                [v for v, keep in zip(row, keep_row, strict=True) if keep][:n]
+                for row, keep_row in zip(got[key], shown, strict=True)
+            ]
+        return got
+
+    monkeypatch.setattr(Collection, "query", query)
+
+
+def test_a_probe_pins_a_near_duplicate_the_graph_finds_only_deeper(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 30 near-duplicates lie 1e-6 apart: all under the tie distance, none equal to r5.
+    ids = [f"r{i}" for i in range(30)]
+    vectors = _near_duplicates(30, 0.001)
+    index = ChromaIndex(path=tmp_path / "chroma", exact_below=0, open_check=0)
+    index.add(ids, vectors, _meta(30))
+    _graph_hiding(monkeypatch, "r5")
+    assert "r5" not in {hit for hit, _ in index.search(vectors[5], user_id=USER, k=10)}
+    # Found deeper, but its own distance beats the tenth neighbour's: lost, not crowded out.
+    assert index.probe(ids, user_id=USER) == {"r5"}
+    assert index.search(vectors[5], user_id=USER, k=10)[0][0] == "r5"  # pinned
+    assert index.probe(ids, user_id=USER) == set()
+    index.close()
+
+
+def test_a_probe_accepts_an_id_crowded_out_by_equal_vectors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 15 copies of one vector: any 10 of them are a correct answer for r5's own vector.
+    ids = [f"r{i}" for i in range(15)]
+    vectors = np.repeat(_near_duplicates(1, 0.0), 15, axis=0)
+    index = ChromaIndex(path=tmp_path / "chroma", exact_below=0, open_check=0)
+    index.add(ids, vectors, _meta(15))
+    _graph_hiding(monkeypatch, "r5")
+    assert index.probe(ids, user_id=USER) == set()
+    index.close()
 
 
 def test_a_close_during_the_background_open_check_stops_it(tmp_path: Path) -> None:

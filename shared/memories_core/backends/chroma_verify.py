@@ -21,8 +21,12 @@ from memories_core.errors import BackendError, InvalidInputError
 
 __all__ = ["ChromaVerification"]
 
-# Cosine distance up to which a neighbour ties with a probed vector's own distance (0).
+# Cosine distance up to which the neighbours at the probe's depth may tie with the probed
+# vector's own distance (0): the search then looks deeper for the id.
 _PROBE_TIE = 1e-5
+# How far past the probed id's own distance the depth's last neighbour may lie and still crowd
+# it out legitimately (float error of equal vectors). Near-duplicates 1e-6 apart do not.
+_TIE_EPS = 1e-7
 # How many ids one ``get`` of ``ids``/``probe`` reads.
 _READ_BATCH = 1000
 #: Ids per page when only ids are listed (no vectors, no metadata).
@@ -178,21 +182,44 @@ class ChromaVerification:
                 dists = [float(d) for d in result["distances"][row]]
                 if vid in found:
                     continue
-                deeper = depth
-                # Neighbours that all tie with the probe's own distance (0) may crowd the
-                # id out legitimately: look deeper until it shows or a worse one does.
-                while len(found) >= deeper and dists and dists[-1] <= _PROBE_TIE and deeper < total:
-                    deeper = min(total, deeper * 4)
-                    again = self._guard(
-                        collection.query,
-                        query_embeddings=vectors[row : row + 1],
-                        n_results=deeper,
-                        include=["distances"],
-                    )
-                    found = [str(x) for x in again["ids"][0]]
-                    dists = [float(d) for d in again["distances"][0]]
-                    if vid in found:
-                        break
-                if vid not in found:
+                if not self._crowded_out(collection, vectors[row], vid, found, dists, depth, total):
                     lost.add(vid)
         return lost
+
+    def _crowded_out(
+        self,
+        collection: Any,
+        vector: npt.NDArray[np.float32],
+        vid: str,
+        found: list[str],
+        dists: list[float],
+        depth: int,
+        total: int,
+    ) -> bool:
+        """Whether ``vid``, missing from the ``depth`` neighbours of its own vector, only tied.
+
+        Equal vectors may crowd the id out of the first ``depth`` legitimately; the search
+        looks deeper until the id shows or a worse neighbour does. The id is reachable only if
+        the neighbours at ``depth`` were no farther than its own distance (within float error):
+        a graph that returns near-duplicates 1e-6 away while the id itself lies at 6e-8 has
+        lost it, however deep a second search finds it.
+        """
+        if len(found) < depth or not dists or dists[-1] > _PROBE_TIE:
+            return False
+        edge = dists[-1]
+        deeper = depth
+        while deeper < total:
+            deeper = min(total, deeper * 4)
+            again = self._guard(
+                collection.query,
+                query_embeddings=vector[None, :],
+                n_results=deeper,
+                include=["distances"],
+            )
+            ids = [str(x) for x in again["ids"][0]]
+            far = [float(d) for d in again["distances"][0]]
+            if vid in ids:
+                return edge <= far[ids.index(vid)] + _TIE_EPS
+            if len(ids) < deeper or not far or far[-1] > _PROBE_TIE:
+                return False
+        return False
