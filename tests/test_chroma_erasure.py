@@ -300,3 +300,31 @@ def test_stale_memory_in_other_users_hnsw_files_is_scrubbed_at_close(tmp_path: P
     assert again.count("keeper") == 5
     found = again.search(vectors(5, 3)[2], user_id="keeper", k=1)
     assert found[0][0] == "k2"
+
+
+def test_hnsw_files_written_after_a_reopen_are_scrubbed_at_close_without_a_delete(
+    tmp_path: Path,
+) -> None:
+    # A process that once held a deleted user's texts may persist them into another user's
+    # HNSW buffer on a later open that deletes nothing: a close scrubs what was written since.
+    path = tmp_path / "chroma"
+    first = ChromaIndex(path=path)
+    first.add(
+        [f"k{i}" for i in range(5)], vectors(5, 3), [{"user_id": "keeper", "kind": "turn"}] * 5
+    )
+    close_all(first)
+    index = ChromaIndex(path=path)
+    index.add(["k5"], vectors(1, 5), [{"user_id": "keeper", "kind": "turn"}])
+    planted = b"STALE-gone-user-bytes"
+    segments = list(path.glob("*/data_level0.bin"))
+    assert segments
+    for data in segments:
+        with data.open("r+b") as handle:
+            handle.seek(data.stat().st_size - 64)
+            handle.write(planted)
+    close_all(index)
+    assert grep(path, [planted]) == []
+    again = ChromaIndex(path=path)
+    assert again.count("keeper") == 6
+    assert again.search(vectors(1, 5)[0], user_id="keeper", k=1)[0][0] == "k5"
+    close_all(again)

@@ -187,7 +187,7 @@ class ChromaErasure:
             calm = 0 if late else calm + 1
             time.sleep(0.15)
 
-    def _scrub_unused_capacity(self) -> int:
+    def _scrub_unused_capacity(self, since: float | None = None) -> int:
         """Zero the unused capacity of the live HNSW files; returns the files scrubbed.
 
         Chroma's HNSW writer persists an index's whole preallocated buffer, and the part past
@@ -195,6 +195,9 @@ class ChromaErasure:
         handled, a deleted user's texts and ids included (seen in 2 of 30 delete_user runs).
         The header (version, level-0 offset, capacity, element count, bytes per element) says
         where the used part ends; a file whose sizes do not match the header is left alone.
+
+        Args:
+            since: Only files modified at or after this time (``time.time()``); ``None``: all.
         """
         folder = self._folder
         if folder is None:
@@ -211,9 +214,12 @@ class ChromaErasure:
             for name, width in (("data_level0.bin", per_element), ("length.bin", 4)):
                 target = segment / name
                 try:
-                    size = target.stat().st_size
+                    stat = target.stat()
                 except OSError:
                     continue
+                if since is not None and stat.st_mtime < since:
+                    continue
+                size = stat.st_size
                 used = count * width
                 if not width or count > capacity or size != capacity * width or used >= size:
                     continue

@@ -11,6 +11,7 @@ import logging
 import re
 import shutil
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
@@ -78,6 +79,8 @@ _EF_SEARCH = 100
 
 # Chroma caps how many items one call may write; used when the client cannot tell us.
 _FALLBACK_BATCH = 5000
+# File times of coarse filesystems may round a write after the open to before it.
+_MTIME_SLACK_S = 2.0
 
 # Each user's collection is named ``<base>-<first 16 hex digits of sha1(user_id)>``.
 _USER_SUFFIX_LEN = 16
@@ -257,6 +260,8 @@ class ChromaIndex(ChromaFiltering, ChromaReachability, ChromaVerification, Chrom
             # A caller's PersistentClient: its folder is just as unsafe in two processes.
             self._folder_lock = FolderLock(self._folder, what="embedded Chroma index")
         self._erase_on_close = False
+        # HNSW files Chroma writes from now on may carry this process's stale memory.
+        self._opened_at = time.time()
         with suppress(BackendError):  # best effort on open; a delete_user repeats it
             for late in self._orphan_segment_folders():
                 shutil.rmtree(late, ignore_errors=True)
@@ -727,7 +732,9 @@ class ChromaIndex(ChromaFiltering, ChromaReachability, ChromaVerification, Chrom
 
         If users were deleted meanwhile, the erasure runs once more: Chroma may write a
         dropped collection's HNSW files from a background thread after the drop returned
-        (seen at 1,500 vectors), and those files hold ids and vectors. An embedded folder's
+        (seen at 1,500 vectors), and those files hold ids and vectors. Once a client this
+        index built is closed, the HNSW files written since the open have the unused part of
+        their buffer zeroed (it is uninitialised memory of this process). An embedded folder's
         process lock is released last (another process may open the folder after that).
         """
         self._closing = True  # background open checks stop at their next step
@@ -758,6 +765,12 @@ class ChromaIndex(ChromaFiltering, ChromaReachability, ChromaVerification, Chrom
                 if callable(closer):
                     with suppress(Exception):
                         closer()
+                # Chroma may persist a live user's HNSW files with the unused part of their
+                # buffer holding whatever this process's memory held, another user's deleted
+                # texts included (seen after a reopen in the process that had written them).
+                # With the client closed nothing writes those files any more.
+                with suppress(OSError):
+                    self._scrub_unused_capacity(since=self._opened_at - _MTIME_SLACK_S)
 
     # -- helpers ----------------------------------------------------------------------------
 
