@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 
 from memories_core import ConfigurationError, HistoryMemory, Scope, Turn
+from memories_core.clock import FixedClock
 from memories_core.embedders import HashingEmbedder
 from memories_core.llms import ScriptedLLM
 from memories_core.mechanisms.multiview import MultiViewMemory
@@ -73,12 +76,36 @@ def test_sufficient_candidates_are_selected_in_one_call() -> None:
     llm = ScriptedLLM(["<Memory>: My cat Tom needs a vaccine appointment"])
     memory = SelfReflectiveMemory(seeded_history(), llm)
     recall = memory.recall("what does Tom need?", S, k=3)
-    assert recall.context == "My cat Tom needs a vaccine appointment"
     assert [h.record.text for h in recall.records] == [
         "user: My cat Tom needs a vaccine appointment"
     ]
+    # The reader gets the selected record as the base renders it, not the model's copy.
+    assert recall.context.endswith("] user: My cat Tom needs a vaccine appointment")
     result = SelfReflectiveMemory(seeded_history(), llm_again()).reflect("what does Tom need?", S)
     assert (result.rounds, result.llm_calls) == (1, 1)
+
+
+def test_the_model_sees_dated_candidates_and_the_reader_keeps_the_date() -> None:
+    # A copy without the date (as the local model writes them) still selects the record,
+    # and the reader's context keeps the date the record was said on.
+    clock = FixedClock(datetime(2023, 5, 8, 13, 56, tzinfo=UTC))
+    base = HistoryMemory(embedder=HashingEmbedder(), clock=clock)
+    base.save([Turn("user", "I went to the LGBTQ support group yesterday")], S)
+    clock.set(datetime(2023, 7, 21, tzinfo=UTC))
+    base.save([Turn("user", "I bought a new bicycle")], S)
+    llm = ScriptedLLM(["<Memory>: I went to the LGBTQ support group yesterday"])
+    memory = SelfReflectiveMemory(base, llm)
+    recall = memory.recall("When did I go to the support group?", S, k=2)
+    shown = "\n".join(m.content for m in llm.calls[0])
+    assert "8 May 2023" in shown and "21 July 2023" in shown
+    assert [h.record.text for h in recall.records] == [
+        "user: I went to the LGBTQ support group yesterday"
+    ]
+    assert "8 May 2023" in recall.context and "bicycle" not in recall.context
+    result = SelfReflectiveMemory(
+        base, ScriptedLLM(["<Memory>: I went to the LGBTQ support group yesterday"])
+    ).reflect("When did I go to the support group?", S, k=2)
+    assert result.memory == "I went to the LGBTQ support group yesterday"
 
 
 def test_insufficient_candidates_extend_the_query_once() -> None:

@@ -3,9 +3,15 @@
 Yuan et al., §3.2 "Self-Reflection on Memory", appendix C.3, Table 19 and Table 5.
 
 After retrieval the LLM judges whether the candidates suffice to respond. If they do, it copies
-the relevant sentences (``<Memory>``) and those become the recall. If not, it names keywords
-(``<Query>``); the query is extended with them and retrieval repeats, at most ``max_rounds``
-times (the paper allows one round, Table 5).
+the relevant sentences (``<Memory>``) and the candidates they came from become the recall. If
+not, it names keywords (``<Query>``); the query is extended with them and retrieval repeats, at
+most ``max_rounds`` times (the paper allows one round, Table 5).
+
+:class:`SelfReflectiveMemory` shows the model each candidate as the wrapped memory renders it
+(its date first) and gives the reader the selected records rendered the same way. The paper's
+reader reads the copied sentences; here the copy selects, and the records themselves are read,
+because the local model's copies dropped the dates that temporal questions need (see
+``BENCHMARKS.md``, "Answer quality").
 
 :class:`SelfReflectiveRetrieval` is the loop, generic over what a search returns, so the
 LangChain and LlamaIndex adapters reuse it around their own retrievers;
@@ -157,6 +163,7 @@ class SelfReflectiveRetrieval:
         text_of: Callable[[T], str],
         *,
         llm: LLM | None = None,
+        shown: Callable[[T], str] | None = None,
     ) -> ReflectionResult[T]:
         """Search, reflect, and search again with an extended query while allowed.
 
@@ -167,12 +174,15 @@ class SelfReflectiveRetrieval:
         Args:
             query: The user input.
             search: Query -> candidates.
-            text_of: Candidate -> its text, shown to the model.
+            text_of: Candidate -> its text: shown to the model, and what the copied
+                sentences are matched against to select candidates.
             llm: The model for this call (e.g. a per-user model); default :attr:`llm`.
+            shown: Candidate -> what the model is shown instead of ``text_of`` (e.g. the
+                text with its date); the selection still matches ``text_of``.
         """
         model = llm or self.llm
         deadline = self._deadline()
-        steps = self._steps(query, text_of)
+        steps = self._steps(query, text_of, shown or text_of)
         step = next(steps)
         while True:
             reply: Any
@@ -199,11 +209,12 @@ class SelfReflectiveRetrieval:
         text_of: Callable[[T], str],
         *,
         llm: LLM | None = None,
+        shown: Callable[[T], str] | None = None,
     ) -> ReflectionResult[T]:
         """Async twin of :meth:`run` with an async search function (the same loop)."""
         model = llm or self.llm
         deadline = self._deadline()
-        steps = self._steps(query, text_of)
+        steps = self._steps(query, text_of, shown or text_of)
         step = next(steps)
         while True:
             reply: Any
@@ -234,7 +245,9 @@ class SelfReflectiveRetrieval:
     def _deadline(self) -> float | None:
         return None if self.budget is None else time.monotonic() + self.budget
 
-    def _steps(self, query: str, text_of: Callable[[T], str]) -> _Steps[T]:
+    def _steps(
+        self, query: str, text_of: Callable[[T], str], shown: Callable[[T], str]
+    ) -> _Steps[T]:
         """The loop itself: yields searches and reflections, receives their results.
 
         A reflection's result is a :class:`ReflectionVerdict`, or the ``LLMError`` /
@@ -247,7 +260,7 @@ class SelfReflectiveRetrieval:
         calls = 0
         for _ in range(self.max_rounds):
             calls += 1
-            verdict = yield _Reflect(ReflectionInput(query, tuple(text_of(i) for i in items)))
+            verdict = yield _Reflect(ReflectionInput(query, tuple(shown(i) for i in items)))
             if isinstance(verdict, LLMTimeoutError):
                 return self._timed_out(first, queries, calls, keywords, verdict)
             if isinstance(verdict, Exception):
@@ -337,8 +350,10 @@ class SelfReflectiveMemory:
     """Any mechanism, with self-reflective retrieval on its ``recall``.
 
     ``save`` and ``clear`` pass straight through; ``recall`` returns the records the model
-    selected and, as ``context``, the sentences it copied (or the rendered records when it
-    never judged them enough).
+    selected (or the last search's when it never judged them enough) and, as ``context``,
+    those records rendered as ``base`` renders them, dates included. The model sees each
+    candidate rendered the same way; the sentences it copied are in :meth:`reflect`'s
+    result (``memory``).
 
     Args:
         base: The mechanism to wrap (history, summary, conditional, multi-view, ...).
@@ -423,8 +438,9 @@ class SelfReflectiveMemory:
         return self.reflection.run(
             query,
             lambda q: self.base.recall(q, scope, k=k, now=now).records,
-            lambda hit: hit.record.text,
+            _text,
             llm=self._model(scope),
+            shown=self._shown,
         )
 
     async def areflect(
@@ -436,7 +452,7 @@ class SelfReflectiveMemory:
             return (await self.base.arecall(q, scope, k=k, now=now)).records
 
         return await self.reflection.arun(
-            query, search, lambda hit: hit.record.text, llm=self._model(scope)
+            query, search, _text, llm=self._model(scope), shown=self._shown
         )
 
     def recall(
@@ -444,6 +460,10 @@ class SelfReflectiveMemory:
     ) -> Recall:
         """Recall through the wrapped mechanism, reflecting on the candidates."""
         return _to_recall(query, self.reflect(query, scope, k=k, now=now), self.base)
+
+    def _shown(self, hit: ScoredRecord) -> str:
+        """A candidate as the model sees it: one record as the base renders it (dated)."""
+        return _render(self.base, [hit])
 
     def clear(self, scope: Scope) -> None:
         """Clear through the wrapped mechanism."""
@@ -475,20 +495,25 @@ class SelfReflectiveMemory:
         return getattr(self.base, name)
 
 
-def _to_recall(query: str, result: ReflectionResult[ScoredRecord], base: Any = None) -> Recall:
-    """The reflection's answer as a recall.
+def _text(hit: ScoredRecord) -> str:
+    return hit.record.text
 
-    The context is the model's composed memory when it wrote one, else the items rendered as
-    the base memory renders them (dates included).
-    """
+
+def _render(base: Any, hits: Sequence[ScoredRecord]) -> str:
+    """``hits`` as the base memory renders them (dates included), else their texts."""
     render = getattr(base, "_render", None)
-    fallback = (
-        render(result.items)
-        if callable(render)
-        else "\n".join(hit.record.text for hit in result.items)
-    )
-    context = result.memory or fallback
-    return Recall(query=query, records=tuple(result.items), context=context)
+    return render(hits) if callable(render) else "\n".join(hit.record.text for hit in hits)
+
+
+def _to_recall(query: str, result: ReflectionResult[ScoredRecord], base: Any = None) -> Recall:
+    """The reflection's answer as a recall: the final records, rendered as the base renders them.
+
+    When the model judged the candidates enough, the records are those its copied sentences
+    came from (:attr:`ReflectionResult.memory` keeps the copy). The reader gets the records
+    themselves, with their dates, rather than the copy: on LoCoMo the local model's copies
+    dropped the dates and the reader answered "when" questions with the question's date.
+    """
+    return Recall(query=query, records=tuple(result.items), context=_render(base, result.items))
 
 
 def _left(deadline: float | None) -> float | None:
