@@ -7,11 +7,11 @@ the relevant sentences (``<Memory>``) and the candidates they came from become t
 not, it names keywords (``<Query>``); the query is extended with them and retrieval repeats, at
 most ``max_rounds`` times (the paper allows one round, Table 5).
 
-:class:`SelfReflectiveMemory` shows the model each candidate as the wrapped memory renders it
-(its date first) and gives the reader the selected records rendered the same way. The paper's
-reader reads the copied sentences; here the copy selects, and the records themselves are read,
-because the local model's copies dropped the dates that temporal questions need (see
-``BENCHMARKS.md``, "Answer quality").
+:class:`SelfReflectiveMemory` shows the model each candidate after its date, as the wrapped
+memory dates its lines, and gives the reader the selected records as the wrapped memory renders
+them. The paper's reader reads the copied sentences; here the copy selects, and the records
+themselves are read, because the local model's copies dropped the dates that temporal
+questions need (see ``BENCHMARKS.md``, "Answer quality").
 
 :class:`SelfReflectiveRetrieval` is the loop, generic over what a search returns, so the
 LangChain and LlamaIndex adapters reuse it around their own retrievers;
@@ -352,8 +352,8 @@ class SelfReflectiveMemory:
     ``save`` and ``clear`` pass straight through; ``recall`` returns the records the model
     selected (or the last search's when it never judged them enough) and, as ``context``,
     those records rendered as ``base`` renders them, dates included. The model sees each
-    candidate rendered the same way; the sentences it copied are in :meth:`reflect`'s
-    result (``memory``).
+    candidate after its date; the sentences it copied are in :meth:`reflect`'s result
+    (``memory``).
 
     Args:
         base: The mechanism to wrap (history, summary, conditional, multi-view, ...).
@@ -462,8 +462,12 @@ class SelfReflectiveMemory:
         return _to_recall(query, self.reflect(query, scope, k=k, now=now), self.base)
 
     def _shown(self, hit: ScoredRecord) -> str:
-        """A candidate as the model sees it: one record as the base renders it (dated)."""
-        return _render(self.base, [hit])
+        """A candidate as the model sees it: its text after its date, as the base dates lines.
+
+        (The base's whole rendering would repeat group headings, e.g. DPeM's, per candidate.)
+        """
+        dated = getattr(self.base, "_dated", None)
+        return dated(hit.record.text, hit.record.created_at) if callable(dated) else _text(hit)
 
     def clear(self, scope: Scope) -> None:
         """Clear through the wrapped mechanism."""
