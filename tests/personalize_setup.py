@@ -43,6 +43,9 @@ def trained_personalizer(path: Path) -> Personalizer:
                 [Turn("user", question, timestamp=at), Turn("assistant", answer, timestamp=at)],
                 Scope(user),
             )
+    # DPeM's derivations run in a background worker: let them finish, or a recall made by
+    # an engine and one made by the test may see different memories (seen on a loaded run).
+    assert memory.flush(timeout=120) == 0
     model, tokenizer = tiny_model([t for pair in ANN + BOB for t in pair])
     config = LoRAConfig(learning_rate=3e-3, max_steps=6, checkpoint_every=0)
     personalizer = Personalizer(
