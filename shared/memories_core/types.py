@@ -343,6 +343,10 @@ class Scope:
             check_owner_id(self.session_id)  # valid Unicode, bounded length, no NUL
 
 
+#: RecordState's datetime fields (ISO strings in its JSON form).
+_STATE_TIMES = ("last_recalled_at", "valid_from", "valid_until")
+
+
 @dataclass(frozen=True)
 class RecordState:
     """The mutable part of a record: changed after it is written, never re-embedded.
@@ -371,7 +375,7 @@ class RecordState:
     attrs: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in ("last_recalled_at", "valid_from", "valid_until"):
+        for name in _STATE_TIMES:
             object.__setattr__(self, name, check_timestamp(getattr(self, name), what=name))
         object.__setattr__(self, "attrs", MappingProxyType(dict(self.attrs)))
 
@@ -401,7 +405,7 @@ class RecordState:
         """The state that :meth:`to_json` wrote (ISO strings back to datetimes)."""
         times = {
             name: None if data.get(name) is None else datetime.fromisoformat(data[name])
-            for name in ("last_recalled_at", "valid_from", "valid_until")
+            for name in _STATE_TIMES
         }
         return cls(
             strength=float(data["strength"]),
