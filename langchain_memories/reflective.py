@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from langchain_core.callbacks import (
@@ -15,6 +16,7 @@ from langchain_core.runnables import RunnableConfig
 from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
 from langchain_memories.bridges import LangChainLLM
+from memories_core.clock import dated_line, metadata_time
 from memories_core.interfaces import LLM
 from memories_core.mechanisms.reflection import ReflectionResult, SelfReflectiveRetrieval
 
@@ -28,6 +30,11 @@ def as_core_llm(llm: BaseChatModel | LLM) -> LLM:
 
 def _text(doc: Document) -> str:
     return doc.page_content
+
+
+def _dated(doc: Document) -> str:
+    """A document as the model judges it: after its ``created_at``/``timestamp``, if any."""
+    return dated_line(doc.page_content, metadata_time(doc.metadata))
 
 
 def _annotated(result: ReflectionResult[Document]) -> list[Document]:
@@ -60,6 +67,11 @@ class SelfReflectiveRetriever(BaseRetriever):
     searches. An unusable reflection (model error or garbled answer after one repair retry)
     returns the candidates as retrieved: retrieval never fails because of the reflection.
 
+    The model sees each document after its date when its metadata has one (``created_at``,
+    as :class:`MemoryRetriever` writes it, or ``timestamp``), as the core
+    ``SelfReflectiveMemory`` shows records, so "when ...?" questions can be judged
+    answerable; ``show_dates=False`` shows the bare ``page_content``.
+
     Returned documents are copies of the base retriever's (never mutated) whose metadata adds
     ``reflection_queries`` (every query searched, the original first), ``reflection_memory``
     (the sentences the model copied, or ``None``) and ``reflection_failed``. Whose memories
@@ -77,6 +89,8 @@ class SelfReflectiveRetriever(BaseRetriever):
             Judges the candidates; a LangChain chat model is bridged with ``LangChainLLM``.
         max_rounds: int
             Query expansions allowed (default 1, as in the paper; 0 disables reflection).
+        show_dates: bool
+            Show the model each document's date from its metadata (default ``True``).
         prompts: dict[str, str] | None
             Prompt overrides by name (``reflection``, ``reflection.json``), checked at
             construction (a refused one raises pydantic's ``ValidationError``).
@@ -123,6 +137,9 @@ class SelfReflectiveRetriever(BaseRetriever):
     base_retriever: BaseRetriever = Field(description="The retriever whose results are judged.")
     llm: BaseChatModel | LLM = Field(description="Judges the candidates (chat model or core LLM).")
     max_rounds: int = Field(default=1, ge=0, description="Query expansions allowed (paper: 1).")
+    show_dates: bool = Field(
+        default=True, description="Show the model each document's date from its metadata."
+    )
     prompts: dict[str, str] | None = Field(
         default=None,
         description="Prompt overrides by name (`reflection`, `reflection.json`), checked at "
@@ -150,7 +167,10 @@ class SelfReflectiveRetriever(BaseRetriever):
     ) -> list[Document]:
         config = RunnableConfig(callbacks=run_manager.get_child())  # searches nest in this run
         result = self._reflection.run(
-            query, lambda q: self.base_retriever.invoke(q, config=config, **kwargs), _text
+            query,
+            lambda q: self.base_retriever.invoke(q, config=config, **kwargs),
+            _text,
+            shown=self._shown,
         )
         return _annotated(result)
 
@@ -162,4 +182,8 @@ class SelfReflectiveRetriever(BaseRetriever):
         async def search(q: str) -> list[Document]:
             return await self.base_retriever.ainvoke(q, config=config, **kwargs)
 
-        return _annotated(await self._reflection.arun(query, search, _text))
+        return _annotated(await self._reflection.arun(query, search, _text, shown=self._shown))
+
+    @property
+    def _shown(self) -> Callable[[Document], str]:
+        return _dated if self.show_dates else _text

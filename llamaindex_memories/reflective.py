@@ -10,7 +10,7 @@ The loop, its prompt and its parsing live in :mod:`memories_core.mechanisms.refl
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from llama_index.core.base.base_retriever import BaseRetriever
@@ -22,6 +22,7 @@ from llama_index.core.prompts.mixin import PromptMixinType
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from llamaindex_memories.bridges import LlamaIndexLLM
+from memories_core.clock import dated_line, metadata_time
 from memories_core.interfaces import LLM
 from memories_core.mechanisms.reflection import ReflectionResult, SelfReflectiveRetrieval
 
@@ -38,6 +39,15 @@ def as_core_llm(llm: LLM | LIBaseLLM) -> LLM:
 
 def _text_of(node: NodeWithScore) -> str:
     return node.node.get_content()
+
+
+def _dated(node: NodeWithScore) -> str:
+    """A node as the model judges it: after its ``created_at``/``timestamp``, if any."""
+    return dated_line(node.node.get_content(), metadata_time(node.node.metadata))
+
+
+def _shown(show_dates: bool) -> Callable[[NodeWithScore], str]:
+    return _dated if show_dates else _text_of
 
 
 def _annotated(result: ReflectionResult[NodeWithScore]) -> list[NodeWithScore]:
@@ -74,6 +84,11 @@ class SelfReflectiveRetriever(BaseRetriever):
     retriever enforces (e.g. :class:`~llamaindex_memories.MemoryRetriever`'s user scope) holds
     for every round.
 
+    The model sees each node's text after its date when the node's metadata has one
+    (``created_at``, as :class:`~llamaindex_memories.MemoryRetriever` writes it, or
+    ``timestamp``), as the core ``SelfReflectiveMemory`` shows records;
+    ``show_dates=False`` shows the bare text.
+
     Setup:
         ``pip install 'llm-memories[llamaindex]'``
 
@@ -85,6 +100,7 @@ class SelfReflectiveRetriever(BaseRetriever):
             searches per query.
         prompts: Prompt overrides by name (``reflection``, ``reflection.json``), checked here
             (``PromptOverrideError``): an override must keep the output format.
+        show_dates: Show the model each node's date from its metadata (default ``True``).
 
     Instantiate and use in a query engine:
         .. code-block:: python
@@ -113,10 +129,12 @@ class SelfReflectiveRetriever(BaseRetriever):
         *,
         max_rounds: int = 1,
         prompts: Mapping[str, str] | None = None,
+        show_dates: bool = True,
         callback_manager: CallbackManager | None = None,
         verbose: bool = False,
     ) -> None:
         self._base = base_retriever
+        self._shown = _shown(show_dates)
         self._reflection = SelfReflectiveRetrieval(
             as_core_llm(llm), max_rounds=max_rounds, prompts=prompts
         )
@@ -144,6 +162,7 @@ class SelfReflectiveRetriever(BaseRetriever):
             query_bundle.query_str,
             lambda q: self._base.retrieve(self._bundle(query_bundle, q)),
             _text_of,
+            shown=self._shown,
         )
         return _annotated(result)
 
@@ -151,7 +170,9 @@ class SelfReflectiveRetriever(BaseRetriever):
         async def search(query: str) -> list[NodeWithScore]:
             return await self._base.aretrieve(self._bundle(query_bundle, query))
 
-        result = await self._reflection.arun(query_bundle.query_str, search, _text_of)
+        result = await self._reflection.arun(
+            query_bundle.query_str, search, _text_of, shown=self._shown
+        )
         return _annotated(result)
 
 
@@ -163,12 +184,14 @@ class SelfReflectiveFilter(BaseNodePostprocessor):
     asks for more (``<Query>: keywords``) every node is kept and the extended query is recorded
     in ``reflection_queries`` (original first, then the query with the keywords) for the app to
     act on; use :class:`SelfReflectiveRetriever` to have it searched. An unusable reflection
-    keeps every node. Nodes are returned as copies annotated like the retriever's.
+    keeps every node. Nodes are returned as copies annotated like the retriever's. The model
+    sees each node after its date, as :class:`SelfReflectiveRetriever` shows them.
 
     Key init args:
         llm: A LlamaIndex LLM (bridged with :class:`~llamaindex_memories.LlamaIndexLLM`) or a
             core LLM.
         prompts: Prompt overrides by name (``reflection``, ``reflection.json``).
+        show_dates: Show the model each node's date from its metadata (default ``True``).
 
     Use in a query engine:
         .. code-block:: python
@@ -187,6 +210,9 @@ class SelfReflectiveFilter(BaseNodePostprocessor):
     llm: LLM = Field(
         exclude=True,
         description="Judges the nodes: a core LLM, or a LlamaIndex LLM (bridged on input).",
+    )
+    show_dates: bool = Field(
+        default=True, description="Show the model each node's date from its metadata."
     )
     _reflection: SelfReflectiveRetrieval = PrivateAttr()
 
@@ -220,7 +246,9 @@ class SelfReflectiveFilter(BaseNodePostprocessor):
     ) -> list[NodeWithScore]:
         query = self._query(query_bundle)
         # max_rounds=1 and a search that returns the same nodes: exactly one reflection step.
-        return _annotated(self._reflection.run(query, lambda _q: nodes, _text_of))
+        return _annotated(
+            self._reflection.run(query, lambda _q: nodes, _text_of, shown=_shown(self.show_dates))
+        )
 
     async def _apostprocess_nodes(
         self, nodes: list[NodeWithScore], query_bundle: QueryBundle | None = None
@@ -230,4 +258,6 @@ class SelfReflectiveFilter(BaseNodePostprocessor):
         async def same_nodes(_q: str) -> list[NodeWithScore]:
             return nodes
 
-        return _annotated(await self._reflection.arun(query, same_nodes, _text_of))
+        return _annotated(
+            await self._reflection.arun(query, same_nodes, _text_of, shown=_shown(self.show_dates))
+        )

@@ -16,7 +16,7 @@ from llama_index.core.schema import NodeWithScore, TextNode
 from langchain_memories import ForgettingCurveRetriever, MemoryBankRetriever
 from llamaindex_memories import ForgettingCurvePostprocessor, MemoryBankBlock
 from memories_core import FixedClock, HistoryMemory, MemoryBankMemory, Scope, Turn
-from memories_core.clock import resolve_now
+from memories_core.clock import dated_line, metadata_time, parse_time, resolve_now
 from memories_core.embedders import HashingEmbedder
 from memories_core.llms import ScriptedLLM
 from memories_core.mechanisms.memorybank import GLOBAL_PORTRAIT
@@ -34,6 +34,20 @@ def test_resolve_now_prefers_the_given_time_then_the_clock() -> None:
     assert resolve_now(given, clock) == given.replace(tzinfo=timezone.utc)
     assert resolve_now(None, clock) == T
     assert abs(resolve_now().timestamp() - datetime.now(timezone.utc).timestamp()) < 60
+
+
+def test_times_in_untrusted_metadata_are_parsed_or_ignored() -> None:
+    when = datetime(2023, 5, 8, 13, 56, tzinfo=timezone.utc)
+    for value in (when, when.replace(tzinfo=None), "2023-05-08T13:56:00Z", when.timestamp()):
+        assert parse_time(value) == when
+    for junk in (None, True, "", "  ", "soon", float("nan"), float("inf"), 1e300, [when]):
+        assert parse_time(junk) is None
+    # created_at first, then timestamp (also when created_at is present but unusable).
+    assert metadata_time({"created_at": "soon", "timestamp": int(when.timestamp())}) == when
+    assert metadata_time({"created_at": when, "timestamp": 0}) == when
+    assert metadata_time({}) is None
+    assert dated_line("hi", when) == "[8 May 2023, 13:56] hi"
+    assert dated_line("hi", None) == "hi"
 
 
 def test_pipeline_takes_now_from_the_backends_clock() -> None:

@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+import math
 import threading
-from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Any
 
 from memories_core.types import ensure_utc, utcnow
 
 if TYPE_CHECKING:
     from memories_core.interfaces import Clock
 
-__all__ = ["FixedClock", "SystemClock", "memory_time", "resolve_now"]
+__all__ = [
+    "FixedClock",
+    "SystemClock",
+    "dated_line",
+    "memory_time",
+    "metadata_time",
+    "parse_time",
+    "resolve_now",
+]
 
 
 def resolve_now(now: datetime | None = None, clock: Clock | None = None) -> datetime:
@@ -45,6 +55,51 @@ def memory_time(when: datetime, *, time_of_day: bool = True) -> str:
     when = ensure_utc(when)
     day = f"{when.day} {when:%B %Y}"
     return f"{day}, {when:%H:%M}" if time_of_day else day
+
+
+def parse_time(value: Any) -> datetime | None:
+    """A time found in untrusted metadata, as an aware UTC datetime; ``None`` if unusable.
+
+    Accepts a datetime (naive: UTC), an ISO-8601 string (a trailing ``Z`` included) or Unix
+    seconds. Anything else (a bool, a non-finite number, an unparsable string, another type)
+    gives ``None`` rather than an error: metadata written by other tools is not ours to refuse.
+    """
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, datetime):
+        return ensure_utc(value)
+    if isinstance(value, (int, float)):
+        if not math.isfinite(value):
+            return None
+        try:
+            return datetime.fromtimestamp(float(value), tz=timezone.utc)
+        except (OverflowError, OSError, ValueError):
+            return None
+    if isinstance(value, str) and value.strip():
+        try:
+            return ensure_utc(datetime.fromisoformat(value.strip().replace("Z", "+00:00")))
+        except ValueError:
+            return None
+    return None
+
+
+def metadata_time(metadata: Mapping[str, Any]) -> datetime | None:
+    """When a document or node was written, from its ``created_at`` (else ``timestamp``).
+
+    The keys the adapters write (``created_at``, ISO 8601) and the one many loaders use
+    (``timestamp``); see :func:`parse_time` for the accepted values.
+    """
+    when = parse_time(metadata.get("created_at"))
+    return when if when is not None else parse_time(metadata.get("timestamp"))
+
+
+def dated_line(text: str, when: datetime | None) -> str:
+    """``text`` as a memory line a model reads: ``"[8 May 2023, 13:56] text"``.
+
+    The timestamped form of MemoryBank's memory (Zhong et al. §2.1), used by every mechanism
+    that shows dates; without a time the text is returned as it is.
+    """
+    return text if when is None else f"[{memory_time(when)}] {text}"
 
 
 class SystemClock:

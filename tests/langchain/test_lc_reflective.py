@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import Any
 from uuid import UUID
 
@@ -219,3 +220,42 @@ def test_a_bad_prompt_override_is_refused_at_construction() -> None:
         SelfReflectiveRetriever(
             base_retriever=vector_retriever(), llm=chat_model(), prompts={"reflexion": COACH_JUDGE}
         )
+
+
+def test_the_model_judges_memory_documents_after_their_dates() -> None:
+    """Around MemoryRetriever the model sees each memory's date (as the core wrapper shows it)."""
+    memory = history_memory()
+    said = datetime(2023, 5, 8, 13, 56, tzinfo=timezone.utc)
+    memory.save([Turn("user", "I adopted a puppy", timestamp=said)], Scope("alice"))
+    judge = chat_model("<Memory>: I adopted a puppy")
+    reflective = SelfReflectiveRetriever(
+        base_retriever=MemoryRetriever(memory=memory, user_id="alice", k=1), llm=judge
+    )
+    docs = reflective.invoke("when did I adopt a puppy?")
+    assert texts(docs) == ["user: I adopted a puppy"]  # selected by the copied sentence
+    assert "- [8 May 2023, 13:56] user: I adopted a puppy" in judge.prompts[0][-1].text
+
+    bare = chat_model("<Memory>: I adopted a puppy")
+    undated = SelfReflectiveRetriever(
+        base_retriever=MemoryRetriever(memory=memory, user_id="alice", k=1),
+        llm=bare,
+        show_dates=False,
+    )
+    assert texts(undated.invoke("when did I adopt a puppy?")) == ["user: I adopted a puppy"]
+    assert "2023" not in bare.prompts[0][-1].text
+
+
+def test_a_documents_timestamp_metadata_dates_it_and_bad_values_are_ignored() -> None:
+    store = InMemoryVectorStore(CoreEmbeddings(HashingEmbedder()))
+    store.add_texts(
+        ["Lunch with Ana", "Dentist appointment", "Gym session"],
+        metadatas=[{"timestamp": 1683554160}, {"timestamp": "not a date"}, {"created_at": True}],
+    )
+    judge = chat_model("<Memory>: Lunch with Ana")
+    docs = SelfReflectiveRetriever(
+        base_retriever=store.as_retriever(search_kwargs={"k": 3}), llm=judge
+    ).invoke("when was lunch with Ana?")
+    assert texts(docs) == ["Lunch with Ana"]
+    shown = judge.prompts[0][-1].text
+    assert "- [8 May 2023, 13:56] Lunch with Ana" in shown
+    assert "- Dentist appointment" in shown and "- Gym session" in shown

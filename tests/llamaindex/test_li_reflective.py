@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta, timezone
+
 import pytest
 from li_fakes import RecordingLLM, SpyRetriever
 from llama_index.core import Document, VectorStoreIndex
@@ -258,3 +260,53 @@ def test_filter_takes_a_prompt_override(index: VectorStoreIndex) -> None:
             SelfReflectiveFilter(llm=judge, prompts=bad)
         with pytest.raises(PromptOverrideError):
             SelfReflectiveRetriever(index.as_retriever(), llm=judge, prompts=bad)
+
+
+# ---------------------------------------------------------------- dates shown to the model
+
+
+def dated_history(history: HistoryMemory) -> MemoryRetriever:
+    said = datetime(2023, 5, 8, 13, 56, tzinfo=timezone.utc)
+    history.save(
+        [
+            Turn("user", "I adopted a puppy", timestamp=said),
+            Turn("user", "My sister lives in Lisbon", timestamp=said + timedelta(days=30)),
+        ],
+        Scope("alice"),
+    )
+    return MemoryRetriever(history, "alice", similarity_top_k=2)
+
+
+def test_the_retriever_shows_the_model_each_memorys_date(history: HistoryMemory) -> None:
+    llm = ScriptedLLM(["<Memory>: I adopted a puppy"])
+    nodes = SelfReflectiveRetriever(dated_history(history), llm=llm).retrieve(
+        "when did I adopt a puppy?"
+    )
+    assert texts(nodes) == ["user: I adopted a puppy"]
+    shown = llm.calls[0][-1].content
+    assert "- [8 May 2023, 13:56] user: I adopted a puppy" in shown
+    assert "- [7 June 2023, 13:56] user: My sister lives in Lisbon" in shown
+    # The reader's view of the node is unchanged: the date stays in hidden metadata.
+    assert nodes[0].node.get_content(metadata_mode=MetadataMode.LLM) == "user: I adopted a puppy"
+
+
+def test_dates_can_be_left_out(history: HistoryMemory) -> None:
+    llm = ScriptedLLM(["<Memory>: I adopted a puppy"])
+    SelfReflectiveRetriever(dated_history(history), llm=llm, show_dates=False).retrieve(
+        "when did I adopt a puppy?"
+    )
+    assert "2023" not in llm.calls[0][-1].content
+
+
+async def test_the_filter_shows_the_model_each_memorys_date(history: HistoryMemory) -> None:
+    retriever = dated_history(history)
+    llm = ScriptedLLM(["<Memory>: My sister lives in Lisbon"] * 2)
+    reflect = SelfReflectiveFilter(llm=llm)
+    for result in (
+        reflect.postprocess_nodes(retriever.retrieve("sister"), query_str="where is my sister?"),
+        await reflect.apostprocess_nodes(
+            await retriever.aretrieve("sister"), query_bundle=QueryBundle("where is my sister?")
+        ),
+    ):
+        assert texts(result) == ["user: My sister lives in Lisbon"]
+    assert all("- [7 June 2023, 13:56] user: My sister" in c[-1].content for c in llm.calls)

@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-from memories_core.clock import memory_time
+from memories_core.clock import dated_line
 from memories_core.engine import (
     Derivation,
     DeriveMode,
@@ -407,6 +407,18 @@ class MemoryBase:
         self._forget_pipeline_caches(user_id)
         self._on_delete_user(user_id)
 
+    def render(self, hits: Sequence[ScoredRecord]) -> str:
+        """``hits`` as this memory's recall renders them for a reader (its ``context``).
+
+        For wrappers that choose records themselves (e.g. self-reflection) and must hand the
+        reader the same block the memory would: dates, group headings and all.
+        """
+        return self._render(hits)
+
+    def dated(self, text: str, when: datetime) -> str:
+        """One memory line as this memory shows it: with :attr:`show_dates`, after its time."""
+        return self._dated(text, when)
+
     def _render(self, hits: Sequence[ScoredRecord]) -> str:
         """Render recalled records as one prompt block (hook); one record a line.
 
@@ -418,7 +430,7 @@ class MemoryBase:
 
     def _dated(self, text: str, when: datetime) -> str:
         """``text`` as one rendered line: with :attr:`show_dates`, after when it was said."""
-        return f"[{memory_time(when)}] {text}" if self.show_dates else text
+        return dated_line(text, when if self.show_dates else None)
 
     def _llm(self, scope: Scope) -> LLM:
         """The model serving ``scope`` (``engine.llm_for`` hook, else this memory's)."""

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
+from memories_core.clock import metadata_time, parse_time
 from memories_core.errors import ConfigurationError, InvalidInputError
 from memories_core.types import MemoryRecord, ensure_utc
 
@@ -125,8 +126,8 @@ class ForgettingCurve:
         Reads ``last_recalled_at`` (else ``created_at``, else ``timestamp``) as a datetime,
         an ISO-8601 string or a Unix timestamp, and ``strength`` (default 1).
         """
-        created = _as_datetime(metadata.get("created_at", metadata.get("timestamp")))
-        recalled = _as_datetime(metadata.get("last_recalled_at"))
+        created = metadata_time(metadata)
+        recalled = parse_time(metadata.get("last_recalled_at"))
         if created is None and recalled is None:
             return None
         raw = metadata.get("strength", 1.0)
@@ -139,23 +140,6 @@ class ForgettingCurve:
         since = recalled or created
         assert since is not None
         return retention(self.elapsed(since, now), strength, scale=self.scale)
-
-
-def _as_datetime(value: Any) -> datetime | None:
-    if value is None or isinstance(value, bool):
-        return None
-    if isinstance(value, datetime):
-        return ensure_utc(value)
-    if isinstance(value, (int, float)) and math.isfinite(value):
-        from datetime import timezone
-
-        return datetime.fromtimestamp(float(value), tz=timezone.utc)
-    if isinstance(value, str) and value.strip():
-        try:
-            return ensure_utc(datetime.fromisoformat(value.strip().replace("Z", "+00:00")))
-        except ValueError:
-            return None
-    return None
 
 
 def choose_forgotten(

@@ -40,6 +40,7 @@ from datetime import datetime
 from functools import partial
 from typing import Any, ClassVar, Generic, TypeAlias, TypeVar
 
+from memories_core.clock import dated_line
 from memories_core.errors import ConfigurationError, LLMError, LLMTimeoutError, ParseError
 from memories_core.interfaces import LLM, LLMRouter, Mechanism
 from memories_core.llms.base import llm_for_scope, run_with_timeout
@@ -466,8 +467,10 @@ class SelfReflectiveMemory:
 
         (The base's whole rendering would repeat group headings, e.g. DPeM's, per candidate.)
         """
-        dated = getattr(self.base, "_dated", None)
-        return dated(hit.record.text, hit.record.created_at) if callable(dated) else _text(hit)
+        dated = getattr(self.base, "dated", None)
+        if callable(dated):
+            return str(dated(hit.record.text, hit.record.created_at))
+        return dated_line(hit.record.text, hit.record.created_at)
 
     def clear(self, scope: Scope) -> None:
         """Clear through the wrapped mechanism."""
@@ -504,9 +507,11 @@ def _text(hit: ScoredRecord) -> str:
 
 
 def _render(base: Any, hits: Sequence[ScoredRecord]) -> str:
-    """``hits`` as the base memory renders them (dates included), else their texts."""
-    render = getattr(base, "_render", None)
-    return render(hits) if callable(render) else "\n".join(hit.record.text for hit in hits)
+    """``hits`` as the base memory renders them (dates included), else dated lines."""
+    render = getattr(base, "render", None)
+    if callable(render):
+        return str(render(hits))
+    return "\n".join(dated_line(hit.record.text, hit.record.created_at) for hit in hits)
 
 
 def _to_recall(query: str, result: ReflectionResult[ScoredRecord], base: Any = None) -> Recall:
