@@ -328,3 +328,24 @@ def test_hnsw_files_written_after_a_reopen_are_scrubbed_at_close_without_a_delet
     assert again.count("keeper") == 6
     assert again.search(vectors(1, 5)[0], user_id="keeper", k=1)[0][0] == "k5"
     close_all(again)
+
+
+def test_a_close_after_a_delete_scrubs_the_files_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every file after a delete, once, and after the client is closed (nothing writes then).
+    path = tmp_path / "chroma"
+    index = ChromaIndex(path=path)
+    index.add(["k0"], vectors(1, 3), [{"user_id": "keeper", "kind": "turn"}])
+    index.add(["v0"], vectors(1, 4), [{"user_id": "victim", "kind": "turn"}])
+    index.delete_user("victim")
+    calls: list[float | None] = []
+    scrub = ChromaIndex._scrub_unused_capacity
+
+    def counted(self: ChromaIndex, since: float | None = None) -> int:
+        calls.append(since)
+        return scrub(self, since)
+
+    monkeypatch.setattr(ChromaIndex, "_scrub_unused_capacity", counted)
+    index.close()
+    assert calls == [None]

@@ -749,11 +749,13 @@ class ChromaIndex(ChromaFiltering, ChromaReachability, ChromaVerification, Chrom
             self._flush_reports(self._collections.values())
             self._write_shares()
             self._collections.clear()
+            scrub_all = self._erase_on_close
             if self._erase_on_close:
                 self._erase_on_close = False
                 self.erase_deleted()
                 self._sweep_late_segment_folders()
-                self._scrub_unused_capacity()
+                if not self._owns_client:  # else once, below, after the client is closed
+                    self._scrub_unused_capacity()
             if self._ephemeral:
                 # Already gone is fine when closing.
                 with suppress(Exception):
@@ -769,8 +771,13 @@ class ChromaIndex(ChromaFiltering, ChromaReachability, ChromaVerification, Chrom
                 # buffer holding whatever this process's memory held, another user's deleted
                 # texts included (seen after a reopen in the process that had written them).
                 # With the client closed nothing writes those files any more.
-                with suppress(OSError):
-                    self._scrub_unused_capacity(since=self._opened_at - _MTIME_SLACK_S)
+                # After a delete every file is scrubbed (an error is the caller's, as for
+                # the rest of the erasure), else those written since the open.
+                if scrub_all:
+                    self._scrub_unused_capacity()
+                else:
+                    with suppress(OSError):
+                        self._scrub_unused_capacity(since=self._opened_at - _MTIME_SLACK_S)
 
     # -- helpers ----------------------------------------------------------------------------
 
