@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
@@ -152,3 +153,45 @@ async def test_async_reflection_passes_scope_through() -> None:
         "vet", Scope("nobody")
     )
     assert other.records == ()
+
+
+def test_multiview_reports_its_views_pending_work_and_folder(tmp_path: Path) -> None:
+    """Pending derivations of every view reach status()/pending() and the adapters' status."""
+    from langchain_memories import MemoryRetriever
+    from llamaindex_memories import MemoryBlock
+
+    down = ScriptedLLM()  # no reply: every model call fails, the jobs wait for a retry
+    memory = MultiViewMemory.from_defaults(
+        llm=down, embedder=HashingEmbedder(), views=("conditional", "summary"), path=tmp_path
+    )
+    try:
+        assert memory.path == tmp_path
+        memory.save([Turn("user", "I keep two cats, Tom and Ada"), Turn("assistant", "Ok")], S)
+        memory.end_session(S)
+        jobs = memory.pending("vi")
+        assert {job.mechanism for job in jobs} == {"conditional", "summary"}
+        status = memory.status("vi")
+        assert status.pending + status.failed == len(jobs) > 0
+        assert {mechanism for mechanism, _ in status.jobs} == {"conditional", "summary"}
+        assert memory.status("someone-else").idle  # another user's work is not shown
+        for adapter in (
+            MemoryRetriever(memory=memory, user_id="vi"),
+            MemoryBlock(memory=memory, user_id="vi"),
+        ):
+            shown = adapter.status()
+            assert shown is not None and shown.jobs == status.jobs
+        for view in memory.views.values():
+            view.llm = ScriptedLLM(default=rule_following_reply)  # type: ignore[attr-defined]
+        assert memory.retry_pending("vi") == 0
+        assert memory.pending("vi") == [] and memory.status("vi").idle
+    finally:
+        memory.close()
+    assert (
+        MultiViewMemory(
+            {
+                "a": HistoryMemory(embedder=HashingEmbedder()),
+                "b": HistoryMemory(embedder=HashingEmbedder()),
+            }
+        ).path
+        is None
+    )

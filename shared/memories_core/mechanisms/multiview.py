@@ -14,10 +14,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from memories_core.background import JobCounts, WorkStatus
 from memories_core.engine import MemoryEngine, default_llm
 from memories_core.errors import ConfigurationError
 from memories_core.interfaces import LLM, Embedder, Mechanism
-from memories_core.types import Recall, Scope, Turn
+from memories_core.types import Job, Recall, Scope, Turn
 
 if TYPE_CHECKING:
     from memories_core.usage import MemoryUsage
@@ -253,6 +254,57 @@ class MultiViewMemory:
             llm=sum(llms.values(), Usage()) if llms else None,
             embedder=sum(embedders.values(), Usage()),
             failures=failures,
+        )
+
+    @property
+    def path(self) -> Path | None:
+        """The folder of the views' shared engine (as :meth:`from_defaults` builds them).
+
+        ``None`` in memory, or when the views keep their records in several engines.
+        """
+        paths = {
+            getattr(getattr(view, "engine", None), "path", None) for view in self.views.values()
+        }
+        return paths.pop() if len(paths) == 1 else None
+
+    def pending(self, user_id: str) -> list[Job]:
+        """Every view's pending jobs for ``user_id`` (each view lists its own)."""
+        jobs: list[Job] = []
+        for view in self.views.values():
+            pending = getattr(view, "pending", None)
+            if callable(pending):
+                jobs.extend(pending(user_id))
+        return jobs
+
+    def status(self, user_id: str | None = None) -> WorkStatus:
+        """Every view's pending, running and failed derivations, as one report.
+
+        Views without a ``status`` (third-party mechanisms) add nothing; the worker is
+        reported alive only if every view's engine has its worker running.
+        """
+        reports = [
+            status(user_id)
+            for status in (getattr(view, "status", None) for view in self.views.values())
+            if callable(status)
+        ]
+        jobs: dict[tuple[str, str], JobCounts] = {}
+        errors: dict[tuple[str, str], str] = {}
+        for report in reports:
+            for key, counts in report.jobs.items():
+                seen = jobs.get(key, JobCounts())
+                jobs[key] = JobCounts(
+                    seen.pending + counts.pending,
+                    seen.running + counts.running,
+                    seen.failed + counts.failed,
+                )
+            errors.update(report.last_errors)
+        derive = {report.derive for report in reports}
+        return WorkStatus(
+            user_id=user_id,
+            derive=derive.pop() if len(derive) == 1 else "mixed",
+            worker_alive=bool(reports) and all(report.worker_alive for report in reports),
+            jobs=jobs,
+            last_errors=errors,
         )
 
     def flush(

@@ -244,12 +244,17 @@ def _notes_stand_in(inputs: NotesInput) -> list[str]:
     """Notes a rule-following coordinator takes: one per sentence of an utterance.
 
     ``The user said: <sentence>`` or ``The assistant said: <sentence>``; sentences of fewer
-    than two words (``Okay.``) are not noted.
+    than two words (``Okay.``) are not noted. In a dialogue between named people, where no
+    line is the user's by role, the first speaker is taken to be the user.
     """
+    speakers = [line.partition(": ")[0] for line in inputs.dialogue]
+    users = {s for s in speakers if s.lower() in ("user", "human", "patient")}
+    if not users and speakers:
+        users = {speakers[0]}
     notes: list[str] = []
     for line in inputs.dialogue:
         speaker, _, content = line.partition(": ")
-        who = "The user" if speaker.lower() in ("user", "human", "patient") else "The assistant"
+        who = "The user" if speaker in users else "The assistant"
         for sentence in _SENTENCE_END.split(" ".join(content.split())):
             if sentence and len(_WORD.findall(sentence)) >= 2:
                 notes.append(f"{who} said: {sentence}")

@@ -552,7 +552,8 @@ def rule_following_reply(messages: Sequence[ChatMessage]) -> str | None:
 
     A deterministic stand-in for a model (tests, examples, cost benchmarks; never to judge
     a prompt). Memo writing starts a new topic at a user line sharing no content word with
-    the current topic's user lines; retrieval chooses the options sharing a content word
+    the current topic's user lines (in a dialogue between named people, the first speaker's
+    lines are the user's); retrieval chooses the options sharing a content word
     with the query (else NOTO); chat replies by quoting the first evidence's topic.
 
     Returns:
@@ -565,10 +566,13 @@ def rule_following_reply(messages: Sequence[ChatMessage]) -> str | None:
         lines = [(int(n), text) for n, text in _LINE.findall(_section(user, "Conversation"))]
         topics: list[dict[str, Any]] = []
         seen: set[str] = set()
+        # Between named people (no line is the user's by role) the first speaker is the user.
+        speakers = [text.partition(": ")[0].strip() for _, text in lines]
+        users = {s for s in speakers if s.lower() == "user"} or set(speakers[:1])
         for number, text in lines:
             speaker, _, content = text.partition(": ")
             words = _words(content)
-            is_user = speaker.strip().lower() == "user"
+            is_user = speaker.strip() in users
             if not topics or (is_user and words and seen and not words & seen):
                 topics.append({"start": number, "end": number, "words": [], "said": []})
                 seen = set()
