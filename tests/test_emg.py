@@ -376,6 +376,38 @@ def test_extraction_parser_rejects_made_up_or_forged_memories() -> None:
     assert parse_extract(EXTRACT.stand_in(inputs), inputs)[0].object == "EK349"
 
 
+@pytest.mark.parametrize(
+    ("kind", "subclass", "meant"),
+    [
+        # The prompt lists "Type/Subclass" labels; the 1.5B model wrote one as the type.
+        ("Event/Arrangement", "", ("Event", "Arrangement")),
+        ("Event/Arrangement", "Arrangement", ("Event", "Arrangement")),
+        ("event", "Event/Arrangement", ("Event", "Arrangement")),
+        ("Relationship/Parents/Children", "", ("Relationship", "Parents/Children")),
+        ("Relationship", "Parents/Children", ("Relationship", "Parents/Children")),
+    ],
+)
+def test_a_type_written_as_the_prompts_label_is_read_as_the_model_meant(
+    kind: str, subclass: str, meant: tuple[str, str]
+) -> None:
+    inputs = ExtractInput("I booked the EK349 flight.", T0)
+    answer = json.dumps(
+        {
+            "memories": [
+                fact("I booked EK349.", "user", "booked", "EK349", kind=kind, subclass=subclass)
+            ]
+        }
+    )
+    (memory,) = parse_extract(answer, inputs)
+    assert (memory.type, memory.subclass) == meant
+
+
+def test_the_extraction_schema_allows_only_the_four_memory_types() -> None:
+    schema = EXTRACT.response_model.model_json_schema()  # type: ignore[union-attr]
+    memory = schema["$defs"]["ExtractedMemoryModel"]["properties"]["type"]
+    assert memory["enum"] == ["Relationship", "Preference", "Event", "Attribute"]
+
+
 @pytest.mark.parametrize("garbage", sorted(GARBAGE_REPLIES))
 def test_unparsable_extraction_falls_back_to_an_edgeless_memory(garbage: str) -> None:
     memory = make(llm=ScriptedLLM(default=lambda m: GARBAGE_REPLIES[garbage]))

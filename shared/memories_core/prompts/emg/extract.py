@@ -7,6 +7,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import Literal
 
 import pydantic
 
@@ -109,7 +110,11 @@ class ExtractedMemoryModel(pydantic.BaseModel):
     text: str = pydantic.Field(
         min_length=3, max_length=600, description="One self-contained statement, absolute dates"
     )
-    type: str = pydantic.Field(description="Relationship, Preference, Event or Attribute")
+    # Literal: a schema-constrained model can only write one of the four (the 1.5B model
+    # wrote the prompt's "Event/Life events" label here, an unusable answer).
+    type: Literal["Relationship", "Preference", "Event", "Attribute"] = pydantic.Field(
+        description="Relationship, Preference, Event or Attribute"
+    )
     subclass: str = pydantic.Field(description="A subclass of the type, from the list")
     subject: str = pydantic.Field(min_length=1, max_length=120, description="Head entity")
     relation: str = pydantic.Field(min_length=1, max_length=80, description="Relation name")
@@ -195,6 +200,42 @@ def _date_field(value: str | None, anchor: datetime, raw: str) -> datetime | Non
     return resolved
 
 
+class _LenientMemory(ExtractedMemoryModel):
+    """An extracted memory as parsed: any type text (the schema's enum holds for the model)."""
+
+    type: str  # type: ignore[assignment]
+
+
+class _LenientAnswer(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+    memories: list[_LenientMemory] = pydantic.Field(max_length=20)
+
+
+def _type_and_subclass(kind: str, subclass: str) -> tuple[str | None, str]:
+    """The memory type (one of :data:`MEMORY_TYPES`) and subclass a model meant.
+
+    The prompt lists subclasses as ``"Type/Subclass"`` labels, and a model may write such a
+    label as the type (``"Event/Life events"``) or as the subclass: its first part is then
+    the type and the rest the subclass. ``None`` when no type is named.
+    """
+    types = {t.lower(): t for t in MEMORY_TYPES}
+
+    def split(label: str) -> tuple[str | None, str]:
+        head, _, rest = label.strip().partition("/")
+        named = types.get(head.strip().lower())
+        return (named, rest.strip()) if named is not None and rest.strip() else (None, label)
+
+    found = types.get(kind.strip().lower())
+    if found is None:
+        found, rest = split(kind)
+        if found is not None and not subclass.strip():
+            subclass = rest
+    named, rest = split(subclass)
+    if named is not None and found in (None, named):
+        found, subclass = named, rest
+    return found, subclass.strip()
+
+
 def parse_extract(text: str, inputs: ExtractInput) -> list[ExtractedMemory]:
     """Validate an extraction answer; return the memories (possibly none).
 
@@ -212,16 +253,15 @@ def parse_extract(text: str, inputs: ExtractInput) -> list[ExtractedMemory]:
             back to storing the raw text, which replaces nothing).
         ParseError: on an unusable answer.
     """
-    answer = parse_model(text, ExtractAnswer, (inputs.text,))
+    answer = parse_model(text, _LenientAnswer, (inputs.text,))
     source = {w.lower() for w in _WORD.findall(inputs.text)}
-    types = {t.lower(): t for t in MEMORY_TYPES}
     out: list[ExtractedMemory] = []
     for item in answer.memories:
         statement = unescape(item.text).strip()
-        kind = types.get(item.type.strip().lower())
+        kind, subclass = _type_and_subclass(item.type, unescape(item.subclass))
         if kind is None:
             raise ParseError(f"unknown memory type {item.type!r}", text)
-        fields = (statement, item.subject, item.relation, item.object, item.subclass)
+        fields = (statement, item.subject, item.relation, item.object, subclass)
         if any(_MARKUP.search(unescape(value)) for value in fields):
             raise ParseError("a memory holds prompt markup", text)
         if not {w.lower() for w in _WORD.findall(statement)} & source:
@@ -238,7 +278,7 @@ def parse_extract(text: str, inputs: ExtractInput) -> list[ExtractedMemory]:
             ExtractedMemory(
                 text=statement,
                 type=kind,
-                subclass=unescape(item.subclass).strip(),
+                subclass=subclass,
                 subject=unescape(item.subject).strip(),
                 relation=_relation(unescape(item.relation)),
                 object=unescape(item.object).strip(),
