@@ -402,6 +402,27 @@ def test_a_type_written_as_the_prompts_label_is_read_as_the_model_meant(
     assert (memory.type, memory.subclass) == meant
 
 
+def test_a_named_speakers_memories_say_who_they_are_about() -> None:
+    """Between named people "I" is the speaker: the model is told who sent the text."""
+    llm = ScriptedLLM(default=scripted_reply)
+    memory = make(llm=llm)
+    said = Turn("user", "I adopted a puppy named Oscar.", speaker="Caroline", timestamp=T0)
+    memory.save([said], Scope(USER))
+    prompt = llm.calls[-1][-1].content
+    assert "Sender: Caroline" in prompt
+    (adopted,) = memory.memories(USER)
+    assert adopted.text.startswith("Caroline said: I adopted a puppy")
+    # The fallback (an unusable answer) keeps the text with who said it.
+    broken = make(llm=ScriptedLLM(default="not json"))
+    broken.save([said], Scope(USER))
+    assert [m.text for m in broken.memories(USER)] == ["Caroline: I adopted a puppy named Oscar."]
+    # Without a speaker nothing changes: no sender line, the user is the subject.
+    plain = make(llm=(quiet := ScriptedLLM(default=scripted_reply)))
+    plain.save([Turn("user", "I adopted a puppy named Oscar.", timestamp=T0)], Scope(USER))
+    assert "Sender:" not in quiet.calls[-1][-1].content
+    assert plain.memories(USER)[0].text.startswith("I adopted a puppy")
+
+
 def test_the_extraction_schema_allows_only_the_four_memory_types() -> None:
     schema = EXTRACT.response_model.model_json_schema()  # type: ignore[union-attr]
     memory = schema["$defs"]["ExtractedMemoryModel"]["properties"]["type"]

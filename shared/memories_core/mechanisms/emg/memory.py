@@ -261,9 +261,11 @@ class EMGMemory(MemoryBase):
         if not found:
             return None
         turn = found[0]
-        content = turn_from_record(turn).content
+        said = turn_from_record(turn)
+        content = said.content
         role = str(turn.metadata.get("role", "user"))
-        inputs = ExtractInput(content, turn.created_at, role, self.subclass_labels)
+        speaker = said.speaker or None
+        inputs = ExtractInput(content, turn.created_at, role, self.subclass_labels, speaker=speaker)
         llm = self._llm(Scope(user_id))
         try:
             memories: list[ExtractedMemory] | None = run_spec(
@@ -273,7 +275,9 @@ class EMGMemory(MemoryBase):
             raise JobFailed("extract", f"extraction of turn {turn.id} failed: {exc}") from exc
         except ParseError:
             memories = None  # documented fallback: stored under its nearest subclass
-        plan = self.editor.plan(user_id, memories, content, turn.created_at, (turn.id,))
+        # The fallback memory is the text as said, with who said it when that is known.
+        text = f"{speaker}: {content}" if speaker else content
+        plan = self.editor.plan(user_id, memories, text, turn.created_at, (turn.id,))
         return self.editor.derivation(user_id, plan)
 
     def add_memories(

@@ -91,6 +91,8 @@ class ExtractInput:
         at: When it was said or received; relative dates are resolved against it.
         source: What the text is (``"user"`` turn, ``"notification"``, ``"screenshot"``...).
         subclasses: The memory's subclasses as ``"Type/Subclass"`` labels.
+        speaker: Who said or sent the text, when it is known (a named speaker of a dialogue
+            between people); the memories then name that person instead of "I".
     """
 
     text: str
@@ -101,6 +103,7 @@ class ExtractInput:
             f"{t}/{s}" for t, subs in TABLE7_SUBCLASSES.items() for s in subs
         )
     )
+    speaker: str | None = None
 
 
 class ExtractedMemoryModel(pydantic.BaseModel):
@@ -162,10 +165,12 @@ EXTRACT_SYSTEM = (
     "text about the user: something they said, an app notification, or text read from a "
     "screenshot, and the time it was received. Pull out the facts worth keeping about the "
     "user and the people, plans and things around them, and ignore small talk. For each "
-    "fact give: a short self-contained statement in which every relative date or time "
-    "(tomorrow, next Monday, in two weeks) is rewritten as an absolute date against the "
-    "received time; its type (Relationship, Preference, Event or Attribute) and the best "
-    "fitting subclass from the list; the main entity it is about (subject), the relation, "
+    "fact give: a short self-contained statement that names who it is about (the sender "
+    "by name when the sender is given, else the user; never I or my) and in which every "
+    "relative date or time (yesterday, tomorrow, next Monday, in two weeks) is rewritten as "
+    "an absolute date against the received time; its type (Relationship, Preference, "
+    "Event or Attribute) and the best fitting subclass from the list; the main entity it "
+    "is about (subject), the relation, "
     "and the other entity or value (object); the absolute time of the event if it has one "
     "(ISO 8601, else null); and, if the fact stops being true at a known time (a voucher "
     "that expires, a booking that ends), that time as valid_until (ISO 8601, else null). "
@@ -180,7 +185,8 @@ def build_extract_messages(inputs: ExtractInput) -> list[ChatMessage]:
     user = (
         f"Received: {ensure_utc(inputs.at):%Y-%m-%d %H:%M} UTC ({ensure_utc(inputs.at):%A})\n"
         f"Source: {inputs.source}\n"
-        f"Subclasses: {'; '.join(inputs.subclasses)}\n"
+        + (f"Sender: {inputs.speaker}\n" if inputs.speaker else "")
+        + f"Subclasses: {'; '.join(inputs.subclasses)}\n"
         f"{fence('raw_text', inputs.text)}\n\nExtract the memories as JSON."
     )
     return [ChatMessage("system", EXTRACT_SYSTEM), ChatMessage("user", user)]
@@ -268,7 +274,7 @@ def parse_extract(text: str, inputs: ExtractInput) -> list[ExtractedMemory]:
             raise ParseError(f"the memory {statement!r} shares no word with the text", text)
         rejection = find_ungrounded(
             {"subject": unescape(item.subject)},
-            [inputs.text],
+            [inputs.text, *([inputs.speaker] if inputs.speaker else [])],
             values={"text": statement, "object": unescape(item.object)},
         )
         if rejection is not None:
@@ -378,7 +384,8 @@ def _stand_in_memories(inputs: ExtractInput) -> list[dict[str, str | None]]:
                 break
         names = [w for w in words if w[0].isupper() and w.lower() not in _STOP]
         first_person = any(w.lower() in {"i", "my", "me"} for w in words)
-        subject = "user" if first_person or not names else names[0]
+        me = inputs.speaker or "user"
+        subject = me if first_person or not names else names[0]
         rest = [n for n in names if n != subject]
         tokens = [w for w in words if w.lower() not in _STOP and w != subject]
         obj = rest[-1] if rest else (tokens[-1] if tokens else words[-1])
@@ -398,6 +405,8 @@ def _stand_in_memories(inputs: ExtractInput) -> list[dict[str, str | None]]:
                 f"{when:%Y-%m-%d}" if when.hour == when.minute == 0 else f"{when:%Y-%m-%d %H:%M}"
             )
             statement = sentence.replace(phrase.group(0), f"{phrase.group(0)} ({stamp})")
+        if inputs.speaker and first_person:
+            statement = f"{inputs.speaker} said: {statement}"  # names who "I" is
         expires = re.search(r"\b(expires?|valid until|ends?)\b", lowered) is not None
         memories.append(
             {
@@ -489,7 +498,13 @@ def _read_extract(user: str) -> ExtractInput:
         else datetime(2000, 1, 1, tzinfo=timezone.utc)
     )
     source = re.search(r"Source: (.*)", user)
-    return ExtractInput(read_section(user, "raw_text"), at, source.group(1) if source else "user")
+    sender = re.search(r"Sender: (.*)", user)
+    return ExtractInput(
+        read_section(user, "raw_text"),
+        at,
+        source.group(1) if source else "user",
+        speaker=sender.group(1).strip() if sender else None,
+    )
 
 
 #: Raw text -> memories with type, subclass, entities, relation and times (A.1 step 2).
