@@ -12,9 +12,14 @@ Baselines: ``none`` (no memory), ``full`` (the whole conversation with session d
 fits the reader's window, else its most recent part that fits; ``--full-tokens`` sets another
 budget) and ``gold`` (the evidence turns: the ceiling).
 
-Runs are resumable: ``--out DIR`` keeps each finished ingest (the memory folder and its cost)
-and every answer as it is made; ``--resume`` reuses them, so an interrupted run loses at most
-the conversation being ingested (an ingest is not idempotent, so a half-done one is redone).
+Runs are resumable: ``--out DIR`` keeps each finished ingest (the memory folder and its cost),
+every answer as it is made, and, while a conversation is being ingested, a checkpoint after
+each of its sessions (``checkpoint.json`` and the user's memory file,
+``checkpoint-s<N>.memories.zip``, written with ``export_user``); ``--resume`` reuses them, so
+an interrupted run loses at most the session being ingested: a fresh memory folder gets the
+checkpoint (``import_user``) and the next session is saved into it. The checkpoint files are
+small (text, vectors, state), so an ingest longer than a machine's session can be carried to
+the next one by copying them; they are deleted once the conversation's ingest is finished.
 A conversation whose answers are all kept needs only ``answers.jsonl`` and ``ingest.json``
 under ``DIR/state/<mechanism>/<conversation>/``: those small files can be copied to another
 machine (or committed) and the table rebuilt there without the memory folders; a kept
@@ -76,6 +81,7 @@ from memories_core.evaluation.harness import (
 )
 from memories_core.evaluation.locomo import CATEGORY_NAMES, LocomoConversation
 from memories_core.mechanisms.reflection import DEFAULT_RECALL_BUDGET
+from memories_core.portable import export_user, import_user
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_DATA = HERE.parent.parent / "shared" / "datasets" / "locomo" / "locomo_dev.json"
@@ -194,7 +200,6 @@ def make_memory(
     their documented first answer, so a slow model measures the fallback, not the paper.
     """
     import memories_core as mc
-    from memories_core.engine import MemoryEngine
     from memories_core.retrieval import Pipeline
 
     common: dict[str, Any] = {"path": folder, "clock": clock, "embedder": embedder}
@@ -212,12 +217,9 @@ def make_memory(
     if name == "conditional":
         return mc.ConditionalMemory(**common, llm=llm)
     if name == "multiview":
-        engine = MemoryEngine(path=folder, clock=clock, embedder=embedder, llm=llm)
-        return mc.MultiViewMemory(
-            {
-                "conditional": mc.ConditionalMemory(engine=engine, llm=llm),
-                "summary": mc.SummaryMemory(engine=engine, llm=llm),
-            }
+        # One shared engine, which the memory owns (its close closes it).
+        return mc.MultiViewMemory.from_defaults(
+            llm=llm, embedder=embedder, path=folder, views=("conditional", "summary"), clock=clock
         )
     if name == "reflective":
         return mc.SelfReflectiveMemory(mc.HistoryMemory(**first_stage), llm, budget=recall_budget)
@@ -376,6 +378,51 @@ def kept_ingest(folder: Path) -> IngestStats | None:
     return IngestStats.from_json(json.loads(marker.read_text(encoding="utf-8")))
 
 
+#: An unfinished ingest's last checkpoint: ``{"file": <memory file>, "stats": IngestStats}``.
+CHECKPOINT = "checkpoint.json"
+
+
+def kept_checkpoint(folder: Path) -> tuple[Path, IngestStats] | None:
+    """The last session checkpoint of an unfinished ingest in ``folder``, if any.
+
+    The memory file is written before the record that names it, so a checkpoint record
+    always names a complete file (an interrupted write leaves the previous checkpoint).
+    """
+    record = folder / CHECKPOINT
+    if not record.is_file():
+        return None
+    data = json.loads(record.read_text(encoding="utf-8"))
+    file = folder / Path(str(data["file"])).name
+    if not file.is_file():
+        return None
+    return file, IngestStats.from_json(data["stats"])
+
+
+def _checkpointer(memory: Any, folder: Path, user: str) -> Callable[[IngestStats], None]:
+    """After each session: the user's whole memory to a file (``export_user``), then its record.
+
+    So an ingest interrupted in a later session resumes from the last finished one
+    (``--resume``), in this process's memory folder or, with the checkpoint files copied
+    (they are small: text, vectors, state), on another machine.
+    """
+
+    def write(stats: IngestStats) -> None:
+        file = folder / f"checkpoint-s{stats.sessions}.memories.zip"
+        export_user(memory, user, file)
+        write_json_atomic(folder / CHECKPOINT, {"file": file.name, "stats": stats.to_json()})
+        for old in folder.glob("checkpoint-s*.memories.zip"):
+            if old != file:
+                old.unlink(missing_ok=True)
+
+    return write
+
+
+def _drop_checkpoints(folder: Path) -> None:
+    (folder / CHECKPOINT).unlink(missing_ok=True)
+    for file in folder.glob("checkpoint-s*.memories.zip"):
+        file.unlink(missing_ok=True)
+
+
 def _ingested(
     name: str,
     conversation: LocomoConversation,
@@ -386,7 +433,13 @@ def _ingested(
     args: argparse.Namespace,
     factory: MemoryFactory,
 ) -> tuple[Any, IngestStats]:
-    """Open a finished ingest, or ingest the conversation afresh (a torn one is redone)."""
+    """Open a finished ingest, or ingest the conversation (from its last checkpoint, if any).
+
+    An ingest interrupted after some sessions resumes from the last session checkpoint
+    (:func:`kept_checkpoint`): a fresh memory folder gets the checkpoint's memory file
+    (``import_user``, which restores records, vectors, state, jobs and graph), and the
+    remaining sessions are saved into it. Without a checkpoint a torn ingest is redone.
+    """
     marker = folder / "ingest.json"
     memory_dir = folder / "memory"
     budget = args.recall_budget or None  # 0: no limit
@@ -395,22 +448,29 @@ def _ingested(
         return factory(name, memory_dir, clock, llm, embedder, recall_budget=budget), stats
     shutil.rmtree(memory_dir, ignore_errors=True)
     memory = factory(name, memory_dir, clock, llm, embedder, recall_budget=budget)
+    user = conversation.sample_id
+    kept = kept_checkpoint(folder)
+    resume = None
+    if kept is not None:
+        file, resume = kept
+        import_user(memory, file, user_id=user)
     total = sum(
         1 for turn in conversation.turns if args.sessions is None or turn.session <= args.sessions
     )
-    with tqdm(
-        total=total, desc=f"{name} {conversation.sample_id} ingest", unit="turn", disable=args.quiet
-    ) as bar:
+    with tqdm(total=total, desc=f"{name} {user} ingest", unit="turn", disable=args.quiet) as bar:
         stats = ingest_conversation(
             memory,
             conversation,
             clock,
-            user_id=conversation.sample_id,
+            user_id=user,
             sessions=args.sessions,
             writer=llm if name in LLM_WRITTEN else None,
             progress=bar.update,
+            resume=resume,
+            on_session=_checkpointer(memory, folder, user),
         )
     write_json_atomic(marker, stats.to_json())
+    _drop_checkpoints(folder)  # the finished ingest is the memory folder and ingest.json
     return memory, stats
 
 

@@ -12,6 +12,7 @@ asks the model nothing again.
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from memories_core.prompts.dpem import dpem_reply
 from memories_core.prompts.emg.questions import emg_reply
 from memories_core.prompts.memorybank import memorybank_reply
 from memories_core.prompts.rule_following import rule_following_reply
-from memories_core.types import ChatMessage
+from memories_core.types import ChatMessage, Scope
 from test_answer_quality import _miso_bench
 
 #: The memory rows whose writing or recall asks the model (``history``/``late`` ask nothing
@@ -89,4 +90,74 @@ def test_each_model_row_ingests_answers_and_resumes(
     assert len(asked) == readers
     again = json.loads((out / "locomo_qa.json").read_text())["rows"][0]
     assert again["f1"] == summary["f1"]
+    capsys.readouterr()
+
+
+class Interrupted(Exception):
+    """Stands for a run stopped in the middle of an ingest (a kill, a machine reset)."""
+
+
+class StopsAtSession:
+    """A memory whose ``end_session`` of one session raises (everything else passes)."""
+
+    def __init__(self, memory: object, session: str) -> None:
+        self._memory, self._session = memory, session
+
+    def end_session(self, scope: Scope) -> None:
+        if scope.session_id == self._session:
+            raise Interrupted(scope.session_id)
+        self._memory.end_session(scope)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._memory, name)
+
+
+@pytest.mark.parametrize("row", ["summary", "memorybank", "dpem", "multiview"])
+def test_an_interrupted_ingest_resumes_from_its_last_session(
+    row: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The second run saves only the sessions after the checkpoint and answers as one run."""
+    asked: list[str] = []
+    bench, data = _miso_bench(monkeypatch, tmp_path, asked, first=every_prompt)  # type: ignore[arg-type]
+    argv = ["--data", str(data), "--sessions", "3", "--recall-budget", "0", "-q"]
+    argv += ["--mechanisms", row]
+    plain = bench.make_memory  # type: ignore[attr-defined]
+    assert bench.main([*argv, "--out", str(tmp_path / "whole")]) == 0  # type: ignore[attr-defined]
+    whole = json.loads((tmp_path / "whole" / "locomo_qa.json").read_text())["rows"][0]
+
+    opened: list[object] = []
+
+    def stopping(*args: object, **kwargs: object) -> object:
+        opened.append(plain(*args, **kwargs))
+        return StopsAtSession(opened[-1], "session_3")
+
+    out = tmp_path / "resumed"
+    with pytest.raises(Interrupted):
+        bench.main([*argv, "--out", str(out)], factory=stopping)  # type: ignore[attr-defined]
+    folder = out / "state" / row / "conv-t"
+    checkpoint = json.loads((folder / "checkpoint.json").read_text())
+    assert checkpoint["stats"]["sessions"] == 2
+    saved = checkpoint["stats"]["saves"]
+    # The process is gone and so is the memory folder (a machine reset): the checkpoint
+    # files alone resume the ingest.
+    for memory in opened:
+        memory.close()  # type: ignore[attr-defined]
+    shutil.rmtree(folder / "memory")
+    assert bench.main([*argv, "--out", str(out), "--resume"]) == 0  # type: ignore[attr-defined]
+    resumed = json.loads((out / "locomo_qa.json").read_text())["rows"][0]
+    ingest = json.loads((folder / "ingest.json").read_text())
+    assert ingest["sessions"] == 3 and ingest["saves"] > saved
+    assert not (folder / "checkpoint.json").exists()
+    assert not list(folder.glob("checkpoint-s*.memories.zip"))
+    for key in (
+        "f1",
+        "questions",
+        "turns",
+        "write_llm_calls_per_turn",
+        "pending_jobs_after_ingest",
+    ):
+        assert resumed[key] == whole[key], key
     capsys.readouterr()

@@ -285,6 +285,15 @@ def _wait(memory: Any) -> None:
         retry()
 
 
+def _add_spent(stats: IngestStats, base: IngestStats, spent: Usage, seconds: float) -> None:
+    """``stats``' model usage and wall time: the resumed part's plus this run's so far."""
+    stats.wall_s = base.wall_s + seconds
+    stats.llm_calls = base.llm_calls + spent.calls
+    stats.prompt_tokens = base.prompt_tokens + spent.prompt_tokens
+    stats.completion_tokens = base.completion_tokens + spent.completion_tokens
+    stats.llm_failures = base.llm_failures + spent.failures
+
+
 def ingest_conversation(
     memory: Any,
     conversation: LocomoConversation,
@@ -294,6 +303,8 @@ def ingest_conversation(
     sessions: int | None = None,
     writer: Any = None,
     progress: Callable[[int], None] | None = None,
+    resume: IngestStats | None = None,
+    on_session: Callable[[IngestStats], None] | None = None,
 ) -> IngestStats:
     """Save a conversation into ``memory`` session by session, as a chat app would.
 
@@ -304,16 +315,28 @@ def ingest_conversation(
         user_id: Whose memory.
         sessions: Only the first ``sessions`` sessions.
         writer: The model that writes memories (its usage is counted), if any.
-        progress: Called with the number of turns saved after each save.
+        progress: Called with the number of turns saved after each save (and once with the
+            turns of the sessions ``resume`` covers).
+        resume: What an earlier, interrupted ingest of the same conversation cost for its
+            first ``resume.sessions`` sessions, whose memories ``memory`` already holds
+            (restored from a checkpoint): those sessions are skipped and their cost is
+            carried into the result.
+        on_session: Called after each session's derivations are done, with the cost so
+            far (e.g. to write a checkpoint that a later ``resume`` starts from).
 
     Returns:
-        What the ingest cost.
+        What the ingest cost (the resumed part included).
     """
-    stats = IngestStats()
+    stats = IngestStats() if resume is None else IngestStats.from_json(resume.to_json())
+    base = IngestStats.from_json(stats.to_json())
     before = _usage(writer)
     started = time.perf_counter()
     first_speaker = conversation.speakers[0] if conversation.speakers else ""
-    for number, dated in dated_sessions(conversation, sessions).items():
+    todo = list(dated_sessions(conversation, sessions).items())
+    skipped, todo = todo[: base.sessions], todo[base.sessions :]
+    if skipped and progress is not None:
+        progress(sum(len(dated) for _, dated in skipped))
+    for number, dated in todo:
         scope = Scope(user_id, f"session_{number}")
         for start in range(0, len(dated), 2):
             pair = dated[start : start + 2]
@@ -341,12 +364,10 @@ def ingest_conversation(
         _wait(memory)
         stats.flush_ms.append((time.perf_counter() - tick) * 1000)
         stats.sessions += 1
-    spent = _usage(writer) - before
-    stats.wall_s = time.perf_counter() - started
-    stats.llm_calls = spent.calls
-    stats.prompt_tokens = spent.prompt_tokens
-    stats.completion_tokens = spent.completion_tokens
-    stats.llm_failures = spent.failures
+        _add_spent(stats, base, _usage(writer) - before, time.perf_counter() - started)
+        if on_session is not None:
+            on_session(stats)
+    _add_spent(stats, base, _usage(writer) - before, time.perf_counter() - started)
     stats.store_bytes = folder_bytes(getattr(memory, "path", None))
     pending = getattr(memory, "pending", None)
     stats.pending_jobs = len(pending(user_id)) if callable(pending) else 0

@@ -257,15 +257,23 @@ class MultiViewMemory:
         )
 
     @property
-    def path(self) -> Path | None:
-        """The folder of the views' shared engine (as :meth:`from_defaults` builds them).
+    def engine(self) -> MemoryEngine | None:
+        """The engine the views share (as :meth:`from_defaults` builds them).
 
-        ``None`` in memory, or when the views keep their records in several engines.
+        What engine-level tools take (``export_user``, ``import_user``, ``verify``); ``None``
+        when the views keep their records in several engines (use each view's then).
         """
-        paths = {
-            getattr(getattr(view, "engine", None), "path", None) for view in self.views.values()
-        }
-        return paths.pop() if len(paths) == 1 else None
+        engines = {id(getattr(view, "engine", None)): view for view in self.views.values()}
+        if len(engines) != 1:
+            return None
+        engine = getattr(next(iter(engines.values())), "engine", None)
+        return engine if isinstance(engine, MemoryEngine) else None
+
+    @property
+    def path(self) -> Path | None:
+        """The folder of the views' shared engine (``None`` in memory or with several)."""
+        engine = self.engine
+        return None if engine is None else engine.path
 
     def pending(self, user_id: str) -> list[Job]:
         """Every view's pending jobs for ``user_id`` (each view lists its own)."""
