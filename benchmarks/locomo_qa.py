@@ -19,7 +19,9 @@ each of its sessions (``checkpoint.json`` and the user's memory file,
 an interrupted run loses at most the session being ingested: a fresh memory folder gets the
 checkpoint (``import_user``) and the next session is saved into it. The checkpoint files are
 small (text, vectors, state), so an ingest longer than a machine's session can be carried to
-the next one by copying them; they are deleted once the conversation's ingest is finished.
+the next one by copying them. A finished ingest keeps its last checkpoint as
+``memory.memories.zip``: where the memory folder is missing (another machine), the memory is
+restored from it to answer the questions left, instead of ingesting again.
 A conversation whose answers are all kept needs only ``answers.jsonl`` and ``ingest.json``
 under ``DIR/state/<mechanism>/<conversation>/``: those small files can be copied to another
 machine (or committed) and the table rebuilt there without the memory folders; a kept
@@ -417,7 +419,15 @@ def _checkpointer(memory: Any, folder: Path, user: str) -> Callable[[IngestStats
     return write
 
 
-def _drop_checkpoints(folder: Path) -> None:
+#: A finished ingest's memory as one file (its last checkpoint), kept beside ``ingest.json``.
+MEMORY_FILE = "memory.memories.zip"
+
+
+def _keep_memory_file(folder: Path) -> None:
+    """The last checkpoint becomes the finished ingest's memory file; the rest go."""
+    kept = kept_checkpoint(folder)
+    if kept is not None:
+        kept[0].replace(folder / MEMORY_FILE)
     (folder / CHECKPOINT).unlink(missing_ok=True)
     for file in folder.glob("checkpoint-s*.memories.zip"):
         file.unlink(missing_ok=True)
@@ -443,12 +453,16 @@ def _ingested(
     marker = folder / "ingest.json"
     memory_dir = folder / "memory"
     budget = args.recall_budget or None  # 0: no limit
-    stats = kept_ingest(folder) if memory_dir.is_dir() else None  # no memory: redone
-    if stats is not None:
+    stats = kept_ingest(folder)
+    if stats is not None and memory_dir.is_dir():
         return factory(name, memory_dir, clock, llm, embedder, recall_budget=budget), stats
     shutil.rmtree(memory_dir, ignore_errors=True)
     memory = factory(name, memory_dir, clock, llm, embedder, recall_budget=budget)
     user = conversation.sample_id
+    if stats is not None and (folder / MEMORY_FILE).is_file():
+        # A finished ingest whose folder is gone (another machine): its memory file.
+        import_user(memory, folder / MEMORY_FILE, user_id=user)
+        return memory, stats
     kept = kept_checkpoint(folder)
     resume = None
     if kept is not None:
@@ -470,7 +484,7 @@ def _ingested(
             on_session=_checkpointer(memory, folder, user),
         )
     write_json_atomic(marker, stats.to_json())
-    _drop_checkpoints(folder)  # the finished ingest is the memory folder and ingest.json
+    _keep_memory_file(folder)
     return memory, stats
 
 

@@ -152,12 +152,21 @@ def test_an_interrupted_ingest_resumes_from_its_last_session(
     assert ingest["sessions"] == 3 and ingest["saves"] > saved
     assert not (folder / "checkpoint.json").exists()
     assert not list(folder.glob("checkpoint-s*.memories.zip"))
-    for key in (
-        "f1",
-        "questions",
-        "turns",
-        "write_llm_calls_per_turn",
-        "pending_jobs_after_ingest",
-    ):
+    assert (folder / "memory.memories.zip").is_file()  # the finished ingest's memory file
+    same = ("f1", "questions", "turns", "write_llm_calls_per_turn", "pending_jobs_after_ingest")
+    for key in same:
         assert resumed[key] == whole[key], key
+    # Answers left to make on a machine without the memory folder: the memory file is
+    # restored, nothing is ingested again, and the answers are the same.
+    shutil.rmtree(folder / "memory")
+    answers = folder / "answers.jsonl"
+    kept = answers.read_text().splitlines()
+    answers.write_text(kept[0] + "\n")
+    readers = len(asked)
+    recorded = (folder / "ingest.json").read_text()
+    assert bench.main([*argv, "--out", str(out), "--resume"]) == 0  # type: ignore[attr-defined]
+    assert len(asked) == readers + len(kept) - 1
+    assert (folder / "ingest.json").read_text() == recorded  # not ingested again
+    again = json.loads((out / "locomo_qa.json").read_text())["rows"][0]
+    assert again["f1"] == whole["f1"]
     capsys.readouterr()
