@@ -24,19 +24,15 @@ from memories_core.prompts.emg.questions import emg_reply
 from memories_core.prompts.memorybank import memorybank_reply
 from memories_core.prompts.rule_following import rule_following_reply
 from memories_core.types import ChatMessage, Scope
-from test_answer_quality import _miso_bench
+from test_answer_quality import _load_benchmark, _miso_bench
 
-#: The memory rows whose writing or recall asks the model (``history``/``late`` ask nothing
-#: of it and run in ``test_answer_quality``).
-MODEL_ROWS = (
-    "summary",
-    "conditional",
-    "multiview",
-    "reflective",
-    "memorybank",
-    "memochat",
-    "dpem",
-    "emg",
+#: Every memory row of the harness whose writing or recall asks the model (``history`` and
+#: ``late`` ask nothing of it and run in ``test_answer_quality``): a row added to the harness
+#: is tested here without being listed.
+MODEL_ROWS = tuple(
+    name
+    for name in _load_benchmark().MECHANISMS  # type: ignore[attr-defined]
+    if name not in ("history", "late")
 )
 
 
