@@ -7,7 +7,6 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Literal
 
 import pydantic
 
@@ -113,10 +112,12 @@ class ExtractedMemoryModel(pydantic.BaseModel):
     text: str = pydantic.Field(
         min_length=3, max_length=600, description="One self-contained statement, absolute dates"
     )
-    # Literal: a schema-constrained model can only write one of the four (the 1.5B model
-    # wrote the prompt's "Event/Life events" label here, an unusable answer).
-    type: Literal["Relationship", "Preference", "Event", "Attribute"] = pydantic.Field(
-        description="Relationship, Preference, Event or Attribute"
+    # The schema's enum keeps a schema-constrained model to the four types (the 1.5B model
+    # wrote the prompt's "Event/Life events" label here); parsing accepts any text, which
+    # :func:`parse_extract` reads as the type a model meant.
+    type: str = pydantic.Field(
+        description="Relationship, Preference, Event or Attribute",
+        json_schema_extra={"enum": list(MEMORY_TYPES)},
     )
     subclass: str = pydantic.Field(description="A subclass of the type, from the list")
     subject: str = pydantic.Field(min_length=1, max_length=120, description="Head entity")
@@ -206,17 +207,6 @@ def _date_field(value: str | None, anchor: datetime, raw: str) -> datetime | Non
     return resolved
 
 
-class _LenientMemory(ExtractedMemoryModel):
-    """An extracted memory as parsed: any type text (the schema's enum holds for the model)."""
-
-    type: str  # type: ignore[assignment]
-
-
-class _LenientAnswer(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid")
-    memories: list[_LenientMemory] = pydantic.Field(max_length=20)
-
-
 def _type_and_subclass(kind: str, subclass: str) -> tuple[str | None, str]:
     """The memory type (one of :data:`MEMORY_TYPES`) and subclass a model meant.
 
@@ -259,7 +249,7 @@ def parse_extract(text: str, inputs: ExtractInput) -> list[ExtractedMemory]:
             back to storing the raw text, which replaces nothing).
         ParseError: on an unusable answer.
     """
-    answer = parse_model(text, _LenientAnswer, (inputs.text,))
+    answer = parse_model(text, ExtractAnswer, (inputs.text,))
     source = {w.lower() for w in _WORD.findall(inputs.text)}
     out: list[ExtractedMemory] = []
     for item in answer.memories:
