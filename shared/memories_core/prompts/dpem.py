@@ -36,6 +36,7 @@ from memories_core.errors import ParseError
 from memories_core.prompts.spec import (
     PromptSpec,
     check_not_placeholder,
+    dialogue_users,
     fence,
     json_instruction,
     parse_model,
@@ -247,14 +248,11 @@ def _notes_stand_in(inputs: NotesInput) -> list[str]:
     than two words (``Okay.``) are not noted. In a dialogue between named people, where no
     line is the user's by role, the first speaker is taken to be the user.
     """
-    speakers = [line.partition(": ")[0] for line in inputs.dialogue]
-    users = {s for s in speakers if s.lower() in ("user", "human", "patient")}
-    if not users and speakers:
-        users = {speakers[0]}
+    users = dialogue_users(inputs.dialogue, ("user", "human", "patient"))
     notes: list[str] = []
     for line in inputs.dialogue:
         speaker, _, content = line.partition(": ")
-        who = "The user" if speaker in users else "The assistant"
+        who = "The user" if speaker.strip() in users else "The assistant"
         for sentence in _SENTENCE_END.split(" ".join(content.split())):
             if sentence and len(_WORD.findall(sentence)) >= 2:
                 notes.append(f"{who} said: {sentence}")

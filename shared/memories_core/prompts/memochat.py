@@ -37,7 +37,7 @@ import pydantic
 
 from memories_core.errors import ParseError
 from memories_core.parsing import parse_json, parse_options
-from memories_core.prompts.spec import PromptSpec, parse_model
+from memories_core.prompts.spec import PromptSpec, dialogue_users, parse_model
 from memories_core.types import ChatMessage
 
 __all__ = [
@@ -566,9 +566,7 @@ def rule_following_reply(messages: Sequence[ChatMessage]) -> str | None:
         lines = [(int(n), text) for n, text in _LINE.findall(_section(user, "Conversation"))]
         topics: list[dict[str, Any]] = []
         seen: set[str] = set()
-        # Between named people (no line is the user's by role) the first speaker is the user.
-        speakers = [text.partition(": ")[0].strip() for _, text in lines]
-        users = {s for s in speakers if s.lower() == "user"} or set(speakers[:1])
+        users = dialogue_users([text for _, text in lines])
         for number, text in lines:
             speaker, _, content = text.partition(": ")
             words = _words(content)
