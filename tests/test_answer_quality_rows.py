@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -166,3 +167,28 @@ def test_an_interrupted_ingest_resumes_from_its_last_session(
     again = json.loads((out / "locomo_qa.json").read_text())["rows"][0]
     assert again["f1"] == whole["f1"]
     capsys.readouterr()
+
+
+def test_the_checkpoints_time_is_not_counted_as_the_memorys(tmp_path: Path) -> None:
+    """``wall_s`` is the memory's ingest time: the per-session hook's own time is left out."""
+    from datetime import datetime, timezone
+
+    from memories_core import FixedClock, HistoryMemory
+    from memories_core.embedders import HashingEmbedder
+    from memories_core.evaluation.harness import ingest_conversation
+    from test_answer_quality import _conversation
+
+    clock = FixedClock(datetime(2024, 1, 1, tzinfo=timezone.utc))
+    memory = HistoryMemory(path=tmp_path / "m", embedder=HashingEmbedder(dimension=64), clock=clock)
+    slept: list[float] = []
+
+    def slow_checkpoint(stats: object) -> None:
+        time.sleep(0.5)
+        slept.append(0.5)
+
+    stats = ingest_conversation(
+        memory, _conversation(), clock, user_id="conv-t", on_session=slow_checkpoint
+    )
+    memory.close()
+    assert len(slept) == stats.sessions == 3
+    assert stats.wall_s < sum(slept)

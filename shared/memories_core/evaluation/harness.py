@@ -19,13 +19,14 @@ rounds. Sampling (:func:`select_questions`) is deterministic for a seed.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import random
 import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, TypeVar
@@ -322,15 +323,17 @@ def ingest_conversation(
             (restored from a checkpoint): those sessions are skipped and their cost is
             carried into the result.
         on_session: Called after each session's derivations are done, with the cost so
-            far (e.g. to write a checkpoint that a later ``resume`` starts from).
+            far (e.g. to write a checkpoint that a later ``resume`` starts from); its own
+            time is not counted in ``wall_s``.
 
     Returns:
         What the ingest cost (the resumed part included).
     """
-    stats = IngestStats() if resume is None else IngestStats.from_json(resume.to_json())
-    base = IngestStats.from_json(stats.to_json())
+    stats = IngestStats() if resume is None else copy.deepcopy(resume)
+    base = replace(stats)  # the resumed part's totals (its lists are not read)
     before = _usage(writer)
     started = time.perf_counter()
+    outside = 0.0  # seconds spent in on_session, which is not the memory's cost
     first_speaker = conversation.speakers[0] if conversation.speakers else ""
     todo = list(dated_sessions(conversation, sessions).items())
     skipped, todo = todo[: base.sessions], todo[base.sessions :]
@@ -364,10 +367,12 @@ def ingest_conversation(
         _wait(memory)
         stats.flush_ms.append((time.perf_counter() - tick) * 1000)
         stats.sessions += 1
-        _add_spent(stats, base, _usage(writer) - before, time.perf_counter() - started)
+        _add_spent(stats, base, _usage(writer) - before, time.perf_counter() - started - outside)
         if on_session is not None:
+            tick = time.perf_counter()
             on_session(stats)
-    _add_spent(stats, base, _usage(writer) - before, time.perf_counter() - started)
+            outside += time.perf_counter() - tick
+    _add_spent(stats, base, _usage(writer) - before, time.perf_counter() - started - outside)
     stats.store_bytes = folder_bytes(getattr(memory, "path", None))
     pending = getattr(memory, "pending", None)
     stats.pending_jobs = len(pending(user_id)) if callable(pending) else 0
