@@ -263,11 +263,20 @@ class MultiViewMemory:
         What engine-level tools take (``export_user``, ``import_user``, ``verify``); ``None``
         when the views keep their records in several engines (use each view's then).
         """
-        engines = {id(getattr(view, "engine", None)): view for view in self.views.values()}
-        if len(engines) != 1:
-            return None
-        engine = getattr(next(iter(engines.values())), "engine", None)
-        return engine if isinstance(engine, MemoryEngine) else None
+        engines = self._engines()
+        shared = len(engines) == 1 and all(
+            getattr(view, "engine", None) is engines[0] for view in self.views.values()
+        )
+        return engines[0] if shared else None
+
+    def _engines(self) -> list[MemoryEngine]:
+        """The views' distinct engines (views that share one give it once)."""
+        engines: dict[int, MemoryEngine] = {}
+        for view in self.views.values():
+            engine = getattr(view, "engine", None)
+            if isinstance(engine, MemoryEngine):
+                engines.setdefault(id(engine), engine)
+        return list(engines.values())
 
     @property
     def path(self) -> Path | None:
@@ -322,13 +331,8 @@ class MultiViewMemory:
 
         Views that share an engine are waited for once.
         """
-        engines: dict[int, Any] = {}
-        for view in self.views.values():
-            engine = getattr(view, "engine", None)
-            if engine is not None:
-                engines.setdefault(id(engine), engine)
         return sum(
-            int(e.flush(user_id, timeout=timeout, progress=progress)) for e in engines.values()
+            int(e.flush(user_id, timeout=timeout, progress=progress)) for e in self._engines()
         )
 
     def close(self) -> None:
