@@ -16,6 +16,7 @@ import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -49,6 +50,20 @@ def every_prompt(messages: Sequence[ChatMessage]) -> str | None:
     return None
 
 
+def _row_bench(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, row: str, *, sessions: int
+) -> tuple[Any, list[str], list[str]]:
+    """The offline harness on the small dataset, answering every prompt by rule.
+
+    Returns the harness module, the reader's prompts so far, and the arguments of one row
+    (``--out`` left to the caller).
+    """
+    asked: list[str] = []
+    bench, data = _miso_bench(monkeypatch, tmp_path, asked, first=every_prompt)  # type: ignore[arg-type]
+    argv = ["--data", str(data), "--sessions", str(sessions), "--recall-budget", "0", "-q"]
+    return bench, asked, [*argv, "--mechanisms", row]
+
+
 @pytest.mark.parametrize("row", MODEL_ROWS)
 def test_each_model_row_ingests_answers_and_resumes(
     row: str,
@@ -56,11 +71,9 @@ def test_each_model_row_ingests_answers_and_resumes(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    asked: list[str] = []
-    bench, data = _miso_bench(monkeypatch, tmp_path, asked, first=every_prompt)  # type: ignore[arg-type]
+    bench, asked, argv = _row_bench(monkeypatch, tmp_path, row, sessions=2)
     out = tmp_path / "out"
-    argv = ["--data", str(data), "--sessions", "2", "--recall-budget", "0", "-q"]
-    argv += ["--mechanisms", row, "--out", str(out)]
+    argv += ["--out", str(out)]
     assert bench.main(argv) == 0  # type: ignore[attr-defined]
     result = json.loads((out / "locomo_qa.json").read_text())
     (summary,) = result["rows"]
@@ -117,10 +130,7 @@ def test_an_interrupted_ingest_resumes_from_its_last_session(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """The second run saves only the sessions after the checkpoint and answers as one run."""
-    asked: list[str] = []
-    bench, data = _miso_bench(monkeypatch, tmp_path, asked, first=every_prompt)  # type: ignore[arg-type]
-    argv = ["--data", str(data), "--sessions", "3", "--recall-budget", "0", "-q"]
-    argv += ["--mechanisms", row]
+    bench, asked, argv = _row_bench(monkeypatch, tmp_path, row, sessions=3)
     plain = bench.make_memory  # type: ignore[attr-defined]
     assert bench.main([*argv, "--out", str(tmp_path / "whole")]) == 0  # type: ignore[attr-defined]
     whole = json.loads((tmp_path / "whole" / "locomo_qa.json").read_text())["rows"][0]
