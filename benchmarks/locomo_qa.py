@@ -63,7 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine_info import command_line
 from tqdm import tqdm
 
-from memories_core import FixedClock, Scope
+from memories_core import FixedClock, MemoryEngine, Scope
 from memories_core.evaluation import load_locomo
 from memories_core.evaluation.harness import (
     IngestStats,
@@ -337,23 +337,38 @@ def run_row(
 
 
 def copy_ingest(
-    source: Path, out: Path, name: str, *, on_copy: Callable[[Path], None] | None = None
+    source: Path,
+    out: Path,
+    name: str,
+    *,
+    on_copy: Callable[[Path], None] | None = None,
+    embedder: Any = None,
 ) -> list[Path]:
     """Copy the finished ``name`` ingests of the run ``source`` into ``out``, without answers.
 
     Each conversation's memory folder and ``ingest.json`` (its cost) are copied, and the
     reader label, so ``main([... "--resume", "--out", out])`` answers the same memories
-    again (a before/after on the same records). ``source`` is the ingest run's own ``--out``
-    (the committed copies hold answers and costs, not the memory folders). A conversation
-    already copied into ``out`` is kept as it is, with its answers (an interrupted re-answer
-    resumes). ``on_copy`` runs on each new copy's folder before its ``ingest.json`` is
-    written, which marks the copy finished (an interrupted copy is made again).
+    again (a before/after on the same records). Where ``source`` kept no memory folder (the
+    committed copies, or another machine) the finished ingest's memory file
+    (:data:`MEMORY_FILE`) is restored into the copy's folder instead (``import_user`` into a
+    :class:`~memories_core.MemoryEngine` with ``embedder``, the run's own, so the file's
+    vectors are kept). A conversation already copied into ``out`` is kept as it is, with its
+    answers (an interrupted re-answer resumes). ``on_copy`` runs on each new copy's folder
+    before its ``ingest.json`` is written, which marks the copy finished (an interrupted copy
+    is made again).
+
+    Raises:
+        SystemExit: when a finished ingest has neither a memory folder nor a memory file, or
+            only the file and no ``embedder`` was given.
     """
     folders = []
     for marker in sorted((source / "state" / name).glob("*/ingest.json")):
         folder = marker.parent
-        if not (folder / "memory").is_dir():
-            raise SystemExit(f"{folder} has no memory folder: give the ingest's own --out")
+        kept_file = folder / MEMORY_FILE
+        if not (folder / "memory").is_dir() and not kept_file.is_file():
+            raise SystemExit(f"{folder} has no memory folder or memory file")
+        if not (folder / "memory").is_dir() and embedder is None:
+            raise SystemExit(f"{folder} has only a memory file: restoring it needs the embedder")
         target = out / "state" / name / folder.name
         if (target / "ingest.json").is_file() and (target / "memory").is_dir():
             folders.append(target)
@@ -361,7 +376,15 @@ def copy_ingest(
         if target.exists():
             shutil.rmtree(target)
         target.mkdir(parents=True)
-        shutil.copytree(folder / "memory", target / "memory")
+        if (folder / "memory").is_dir():
+            shutil.copytree(folder / "memory", target / "memory")
+        else:
+            shutil.copy2(kept_file, target / MEMORY_FILE)
+            engine = MemoryEngine(path=target / "memory", embedder=embedder)
+            try:
+                import_user(engine, kept_file, user_id=folder.name)
+            finally:
+                engine.close()
         if on_copy is not None:
             on_copy(target)
         shutil.copy2(marker, target / "ingest.json")

@@ -2,8 +2,9 @@
 
 Some changes touch only how a mechanism recalls, not what it writes. Their effect on answers
 is measured here without writing the memories again: the script copies the finished ingests
-of one mechanism from a ``benchmarks/locomo_qa.py`` run (memory folders and ingest cost, no
-answer, :func:`locomo_qa.copy_ingest`) and answers the same questions with the variant
+of one mechanism from a ``benchmarks/locomo_qa.py`` run (memory folders, or where the run
+kept none its memory files restored with the run's embedder, and ingest cost, no answer,
+:func:`locomo_qa.copy_ingest`) and answers the same questions with the variant
 built on those folders. Records, reader and questions are the same, so the F1 difference
 from the source run's row is the variant's alone. Answering can change a memory's state
 (MemoryBank reinforces what it recalls), so each copy's record state is first put back as
@@ -181,7 +182,9 @@ def main(argv: list[str] | None = None) -> int:
             engine.close()
         print(f"{target.name}: {changed} records' state put back as the ingest left it")
 
-    folders = locomo_qa.copy_ingest(args.source, args.out, mechanism, on_copy=rewind)
+    folders = locomo_qa.copy_ingest(
+        args.source, args.out, mechanism, on_copy=rewind, embedder=embedder
+    )
     print(f"{args.variant}: {len(folders)} kept {mechanism} ingests")
     if variant.prepare is not None:
         for folder in tqdm(folders, desc=args.variant, unit="conversation"):

@@ -577,9 +577,22 @@ def test_a_copied_ingest_is_answered_again_without_ingesting(
     # copied again (a resumed before/after): the copy and its answers are kept
     assert bench.copy_ingest(source, copy, "history") == folders  # type: ignore[attr-defined]
     assert all((f / "answers.jsonl").is_file() for f in folders)
-    with pytest.raises(SystemExit, match="no memory folder"):
+    with pytest.raises(SystemExit, match="no memory folder or memory file"):
         shutil.rmtree(folders[0] / "memory")
         bench.copy_ingest(copy, tmp_path / "third", "history")  # type: ignore[attr-defined]
+    # the source's memory folders gone (another machine): its memory files are restored
+    for kept in (source / "state" / "history").iterdir():
+        shutil.rmtree(kept / "memory")
+    restored = tmp_path / "restored"
+    with pytest.raises(SystemExit, match="needs the embedder"):
+        bench.copy_ingest(source, restored, "history")  # type: ignore[attr-defined]
+    embedder = HashingEmbedder(dimension=64)
+    folders = bench.copy_ingest(source, restored, "history", embedder=embedder)  # type: ignore[attr-defined]
+    assert folders and all((f / "memory").is_dir() for f in folders)
+    assert bench.main([*argv, "--resume", "--out", str(restored)]) == 0  # type: ignore[attr-defined]
+    third = json.loads((restored / "locomo_qa.json").read_text())["rows"][0]
+    assert saves == [] and len(calls) == 3 * asked  # answered from the restored records
+    assert third["f1"] == first["f1"] and third["ingest_s"] == first["ingest_s"]
     capsys.readouterr()
 
 
