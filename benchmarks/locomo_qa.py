@@ -69,7 +69,7 @@ from memories_core.evaluation.harness import (
     IngestStats,
     QAItem,
     QAResult,
-    answer_question,
+    answer_questions,
     evidence_context,
     full_context,
     ingest_conversation,
@@ -303,7 +303,7 @@ def run_row(
         unjudged = (
             [] if judge is None else [i for i in mine if i.id in done and done[i.id].judge is None]
         )
-        bar = tqdm(todo, desc=f"{name} {user} answers", unit="q", disable=args.quiet)
+        bar = tqdm(total=len(todo), desc=f"{name} {user} answers", unit="q", disable=args.quiet)
         with answers_path.open("a", encoding="utf-8") as log:
             # Answers kept from a run without a judge are judged now (not answered again);
             # the appended row supersedes the old one when the file is read back.
@@ -313,23 +313,27 @@ def run_row(
                 log.write(json.dumps(old.to_json()) + "\n")
                 log.flush()
                 os.fsync(log.fileno())
-            for item in bar:
+            for start in range(0, len(todo), args.answer_batch):
                 assert recall is not None  # todo is not empty
-                result = answer_question(
-                    item,
+                part = todo[start : start + args.answer_batch]
+                answered = answer_questions(
+                    part,
                     reader=llm,
-                    recall=recall(item),
+                    recalls=[recall(item) for item in part],
                     now=asked_at,
                     writer=llm if name in LLM_WRITTEN | {"reflective"} else None,
                     judge=judge,
                     seed=args.seed,
                     max_tokens=args.max_tokens,
                 )
-                result.recall_fallbacks = fallbacks.get(item.id, 0)
-                done[item.id] = result
-                log.write(json.dumps(result.to_json()) + "\n")
+                for item, result in zip(part, answered, strict=True):
+                    result.recall_fallbacks = fallbacks.get(item.id, 0)
+                    done[item.id] = result
+                    log.write(json.dumps(result.to_json()) + "\n")
                 log.flush()
                 os.fsync(log.fileno())
+                bar.update(len(part))
+            bar.close()
         if memory is not None:
             close(memory)
         results += [done[item.id] for item in mine]
@@ -752,6 +756,13 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- main
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", default=str(DEFAULT_DATA), help="LoCoMo JSON file")
@@ -789,6 +800,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         f"{FULL_RESERVE_TOKENS} tokens, or {FULL_DEFAULT_TOKENS} if it does not say)",
     )
     parser.add_argument("--max-tokens", type=int, default=32, help="reader answer cap")
+    parser.add_argument(
+        "--answer-batch",
+        type=_positive,
+        default=1,
+        help="questions recalled in turn, then answered by the reader in one batch "
+        "(generate_batch; each answer's time is its share); 1: one at a time, as the "
+        "table's rows were made (a batch does not reuse the reader's prompt cache)",
+    )
     parser.add_argument(
         "--recall-budget",
         type=float,

@@ -757,3 +757,47 @@ def test_a_rebuilt_table_names_the_reader_as_it_ran(tmp_path: Path) -> None:
     assert bench.reader_label(Local(loaded=False), tmp_path) == ran  # type: ignore[attr-defined]
     other = tmp_path / "other"
     assert bench.reader_label(Local(loaded=False), other) == "local:Model"  # type: ignore[attr-defined]
+
+
+def test_answers_in_batches_match_answers_one_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--answer-batch: recall per question in turn, one reader batch, the same answers."""
+    calls: list[str] = []
+    bench, data = _miso_bench(monkeypatch, tmp_path, calls)
+    llm = bench.make_llm()  # type: ignore[attr-defined]
+    sizes: list[int] = []
+    plain = llm.generate_batch
+
+    def counted(conversations: Any, **options: Any) -> Any:
+        sizes.append(len(conversations))
+        return plain(conversations, **options)
+
+    monkeypatch.setattr(llm, "generate_batch", counted)
+    argv = ["--data", str(data), "--mechanisms", "memorybank", "--sessions", "2", "-q"]
+    assert bench.main([*argv, "--out", str(tmp_path / "one")]) == 0  # type: ignore[attr-defined]
+    assert sizes == []
+    assert bench.main([*argv, "--answer-batch", "2", "--out", str(tmp_path / "two")]) == 0  # type: ignore[attr-defined]
+    one, two = (
+        [
+            json.loads(line)
+            for path in sorted((tmp_path / run).glob("state/*/*/answers.jsonl"))
+            for line in path.read_text().splitlines()
+        ]
+        for run in ("one", "two")
+    )
+    # three questions: a batch of two, then the last one alone (no batch of one)
+    assert sizes == [2] and len(two) == len(one) == 3
+    for a, b in zip(
+        one, two, strict=True
+    ):  # same recalls (MemoryBank reinforces on recall), same answers
+        assert (a["id"], a["prediction"], a["records"], a["context_chars"]) == (
+            b["id"],
+            b["prediction"],
+            b["records"],
+            b["context_chars"],
+        )
+        assert b["reader_prompt_tokens"] == a["reader_prompt_tokens"] > 0
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--answer-batch", "0"])  # type: ignore[attr-defined]
+    capsys.readouterr()

@@ -507,3 +507,40 @@ def test_messages_are_copied_not_mutated() -> None:
     assert llm.generate(msgs) == "system,user"
     msgs.append(ChatMessage("user", "later"))
     assert llm.calls[0] == tuple(HELLO)
+
+
+# ------------------------------------------------------------------ batches
+def test_generate_batch_answers_each_conversation_in_order_and_counts_each() -> None:
+    llm = ScriptedLLM([], default=lambda messages: "re: " + messages[-1].content)
+    replies = llm.generate_batch(
+        [[ChatMessage("user", "one")], [ChatMessage("user", "two.\nUser: more")]],
+        stop=["\nUser:"],
+    )
+    assert [r.text for r in replies] == ["re: one", "re: two."]
+    assert all(r.prompt_tokens and r.completion_tokens for r in replies)
+    assert llm.usage.calls == 2 and llm.usage.failures == 0
+    assert llm.generate_batch([]) == [] and llm.usage.calls == 2
+
+
+@pytest.mark.parametrize(
+    "conversations",
+    ["not a list", [[]], [[ChatMessage("user", "ok")], "text"]],
+)
+def test_generate_batch_refuses_a_malformed_batch_before_running_any(
+    conversations: Any,
+) -> None:
+    llm = ScriptedLLM([], default="x")
+    with pytest.raises(InvalidInputError):
+        llm.generate_batch(conversations)
+    assert llm.usage.calls == 0 and llm.usage.failures == 0
+
+
+def test_generate_batch_refuses_a_backend_that_drops_replies() -> None:
+    class Short(ScriptedLLM):
+        def _generate_batch(self, conversations: Any, **options: Any) -> list[LLMResult]:
+            return super()._generate_batch(conversations, **options)[:-1]
+
+    llm = Short([], default="x")
+    with pytest.raises(LLMError, match="1 replies for 2 conversations"):
+        llm.generate_batch([[ChatMessage("user", "a")], [ChatMessage("user", "b")]])
+    assert llm.usage.failures == 1 and llm.usage.calls == 0

@@ -288,6 +288,37 @@ def test_decode_int8_reads_a_whole_prompt_pass_in_float32_head_included() -> Non
     assert torch.allclose(one, expected_step, atol=0.05)
 
 
+def test_decode_int8_decodes_a_batch_step_with_the_int8_copy() -> None:
+    """A step over several sequences (one new token each) uses the int8 copy for every row."""
+    torch = _int8_kernel()
+    from memories_core.llms.decode_int8 import convert_for_decoding
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(2)
+            self.embed = torch.nn.Embedding(40, 16)
+            self.head = torch.nn.Linear(16, 40)
+
+        def get_input_embeddings(self) -> Any:
+            return self.embed
+
+        def forward(self, ids: Any) -> Any:
+            return self.head(self.embed(ids))
+
+    model = Model()
+    steps = torch.tensor([[9], [3], [27]])  # three sequences, one token each
+    with torch.inference_mode():
+        exact = model(steps)
+        assert convert_for_decoding(model) == 1
+        batch = model(steps)
+        singles = torch.cat([model(steps[i : i + 1]) for i in range(3)])
+        prompts = model(torch.tensor([[9, 3], [27, 1]]))  # two tokens each: float32
+    assert batch.shape == exact.shape and not torch.equal(batch, exact)
+    assert torch.allclose(batch, singles, atol=1e-3) and torch.allclose(batch, exact, atol=0.05)
+    assert prompts.shape == (2, 2, 40)
+
+
 def test_decode_int8_keeps_a_tied_head_tied() -> None:
     torch = _int8_kernel()
     from memories_core.llms.decode_int8 import convert_for_decoding
@@ -364,3 +395,59 @@ def test_real_local_model_with_int8_decoding_weights(one_torch_thread: int) -> N
     )
     text = llm.generate([ChatMessage("user", "Name one fruit.")])
     assert text.strip() and llm.quantized == "int8-decode"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("quantize", ["none", "int8-decode"])
+def test_real_local_model_answers_a_batch_as_it_answers_one_at_a_time(
+    one_torch_thread: int, quantize: str
+) -> None:
+    llm = LocalLLM(
+        backend="transformers",
+        n_threads=one_torch_thread,
+        max_new_tokens=12,
+        quantize=quantize,  # type: ignore[arg-type]
+        batch_size=2,
+    )
+    conversations = [
+        [ChatMessage("user", "Name one fruit.")],
+        [ChatMessage("system", "Answer with a number."), ChatMessage("user", "What is 2+2?")],
+        [ChatMessage("user", "Write a short sentence about the sea and its waves.")],
+    ]
+    alone = [llm.generate(c) for c in conversations]
+    runtime = llm._runtime
+    assert runtime is not None
+    passes: list[int] = []
+    generate = runtime.model.generate
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        passes.append(int(ids.shape[0]))
+        return generate(*args, **kwargs)
+
+    runtime.model.generate = counted
+    together = llm.generate_batch(conversations)
+    assert [r.text for r in together] == alone  # greedy: padding changes nothing
+    assert all(r.text and 1 <= (r.completion_tokens or 0) <= 12 for r in together)
+    assert llm.usage.calls == 6
+    # int8 decoding weights: passes of batch_size; float32 (slower in a batch): one by one
+    assert passes == ([2, 1] if quantize == "int8-decode" else [1, 1, 1])
+    # a stop string ends each reply on its own
+    cut = llm.generate_batch(conversations[:2], stop=["."])
+    assert all("." not in r.text for r in cut)
+
+
+@pytest.mark.slow
+def test_real_local_model_batch_stops_at_its_timeout(one_torch_thread: int) -> None:
+    llm = LocalLLM(
+        backend="transformers",
+        n_threads=one_torch_thread,
+        max_new_tokens=200,
+        quantize="int8-decode",  # a batch decoded in one pass
+    )
+    llm.load()
+    story = [ChatMessage("user", "Write a long story about a lighthouse keeper.")]
+    with pytest.raises(LLMTimeoutError):
+        llm.generate_batch([story, story], timeout=0.3)
+    assert llm.usage.failures == 1
+    assert len(llm.generate_batch([story], max_tokens=4, timeout=60)) == 1

@@ -43,7 +43,7 @@ from memories_core.evaluation.qa import (
     resolve_option,
 )
 from memories_core.files import write_json_atomic
-from memories_core.types import RecordState, Scope, Turn, ensure_utc
+from memories_core.types import ChatMessage, RecordState, Scope, Turn, ensure_utc
 from memories_core.usage import Usage
 
 __all__ = [
@@ -52,6 +52,7 @@ __all__ = [
     "QAItem",
     "QAResult",
     "answer_question",
+    "answer_questions",
     "dated_sessions",
     "evidence_context",
     "full_context",
@@ -476,6 +477,66 @@ class QAResult(_JsonRow):
     recall_fallbacks: int = 0
 
 
+@dataclass
+class _Asked:
+    """A question whose memory was recalled: what the reader is shown, before it answers."""
+
+    item: QAItem
+    context: str
+    count: int
+    recall_ms: float
+    recall_calls: int
+    messages: list[ChatMessage]
+
+
+def _ask(
+    item: QAItem,
+    recall: Callable[[str], tuple[str, int]],
+    now: datetime,
+    writer: Any,
+    seed: int,
+) -> _Asked:
+    qa = item.qa
+    before = _usage(writer)
+    tick = time.perf_counter()
+    context, count = recall(qa.question)
+    recall_ms = (time.perf_counter() - tick) * 1000
+    recall_calls = (_usage(writer) - before).calls if writer is not None else 0
+    options = adversarial_options(item.id, qa.answer, seed=seed) if qa.category == 5 else None
+    messages = reader_messages(qa.question, context, now=now, options=options)
+    return _Asked(item, context, count, recall_ms, recall_calls, list(messages))
+
+
+def _scored(
+    asked: _Asked,
+    prediction: str,
+    *,
+    prompt_tokens: int,
+    answer_ms: float,
+    judge: Any,
+    seed: int,
+) -> QAResult:
+    item, qa = asked.item, asked.item.qa
+    f1, bleu = score_answer(item, prediction, seed=seed)
+    label = judge_answer(judge, item, prediction, f1) if judge is not None else None
+    return QAResult(
+        id=item.id,
+        category=qa.category,
+        question=qa.question,
+        gold=qa.answer,
+        prediction=prediction,
+        f1=f1,
+        bleu1=bleu,
+        judge=label,
+        records=asked.count,
+        context_chars=len(asked.context),
+        reader_prompt_tokens=prompt_tokens,
+        recall_ms=asked.recall_ms,
+        answer_ms=answer_ms,
+        recall_llm_calls=asked.recall_calls,
+    )
+
+
 def answer_question(
     item: QAItem,
     *,
@@ -499,37 +560,84 @@ def answer_question(
         seed: Fixes the order of an adversarial question's options.
         max_tokens: Cap on the reader's answer.
     """
-    qa = item.qa
-    before = _usage(writer)
-    tick = time.perf_counter()
-    context, count = recall(qa.question)
-    recall_ms = (time.perf_counter() - tick) * 1000
-    recall_calls = (_usage(writer) - before).calls if writer is not None else 0
-    options = adversarial_options(item.id, qa.answer, seed=seed) if qa.category == 5 else None
-    messages = reader_messages(qa.question, context, now=now, options=options)
+    asked = _ask(item, recall, now, writer, seed)
     reader_before = _usage(reader)
     tick = time.perf_counter()
-    prediction = reader.generate(messages, max_tokens=max_tokens, temperature=0.0).strip()
+    prediction = reader.generate(asked.messages, max_tokens=max_tokens, temperature=0.0).strip()
     answer_ms = (time.perf_counter() - tick) * 1000
     prompt_tokens = (_usage(reader) - reader_before).prompt_tokens
-    f1, bleu = score_answer(item, prediction, seed=seed)
-    label = judge_answer(judge, item, prediction, f1) if judge is not None else None
-    return QAResult(
-        id=item.id,
-        category=qa.category,
-        question=qa.question,
-        gold=qa.answer,
-        prediction=prediction,
-        f1=f1,
-        bleu1=bleu,
-        judge=label,
-        records=count,
-        context_chars=len(context),
-        reader_prompt_tokens=prompt_tokens,
-        recall_ms=recall_ms,
-        answer_ms=answer_ms,
-        recall_llm_calls=recall_calls,
+    return _scored(
+        asked, prediction, prompt_tokens=prompt_tokens, answer_ms=answer_ms, judge=judge, seed=seed
     )
+
+
+def answer_questions(
+    items: Sequence[QAItem],
+    *,
+    reader: Any,
+    recalls: Sequence[Callable[[str], tuple[str, int]]],
+    now: datetime,
+    writer: Any = None,
+    judge: Any = None,
+    seed: int = 0,
+    max_tokens: int = 32,
+) -> list[QAResult]:
+    """:func:`answer_question` for several questions, the reader answering them in one batch.
+
+    Recall runs for each question in order first (a memory whose recall changes its state,
+    such as MemoryBank's reinforcement, sees the same sequence of recalls as one question at
+    a time: answering changes no memory), then the reader answers every question with one
+    ``generate_batch`` (a reader without it answers one question after another). Each
+    answer's ``answer_ms`` is its share of the batch's time (the batch's time divided by its
+    questions), and its ``reader_prompt_tokens`` its own prompt.
+
+    Args:
+        items: The questions.
+        reader: The model that answers (``generate_batch``, else ``generate``).
+        recalls: One recall per question (as ``recall`` of :func:`answer_question`).
+        now: When the questions are asked (shown to the reader).
+        writer: The memory's own model, to count calls the recalls make.
+        judge: A judge model, or ``None``.
+        seed: Fixes the order of an adversarial question's options.
+        max_tokens: Cap on each answer.
+
+    Raises:
+        ValueError: if there are not as many recalls as questions.
+    """
+    if len(items) != len(recalls):
+        raise ValueError(f"{len(items)} questions but {len(recalls)} recalls")
+    batch = getattr(reader, "generate_batch", None)
+    if batch is None or len(items) < 2:
+        return [
+            answer_question(
+                item,
+                reader=reader,
+                recall=recall,
+                now=now,
+                writer=writer,
+                judge=judge,
+                seed=seed,
+                max_tokens=max_tokens,
+            )
+            for item, recall in zip(items, recalls, strict=True)
+        ]
+    asked = [
+        _ask(item, recall, now, writer, seed) for item, recall in zip(items, recalls, strict=True)
+    ]
+    tick = time.perf_counter()
+    replies = batch([a.messages for a in asked], max_tokens=max_tokens, temperature=0.0)
+    share = (time.perf_counter() - tick) * 1000 / len(asked)
+    return [
+        _scored(
+            one,
+            reply.text.strip(),
+            prompt_tokens=int(reply.prompt_tokens or 0),
+            answer_ms=share,
+            judge=judge,
+            seed=seed,
+        )
+        for one, reply in zip(asked, replies, strict=True)
+    ]
 
 
 def judge_answer(judge: Any, item: QAItem, prediction: str, f1: float) -> bool | None:

@@ -529,6 +529,79 @@ class BaseLLM(ABC):
             result = self._within(call, limit)
         return self._success(msgs, result)
 
+    def generate_batch(
+        self,
+        conversations: Sequence[Sequence[ChatMessage]],
+        *,
+        max_tokens: int | None = None,
+        temperature: float = 0.0,
+        stop: Sequence[str] | None = None,
+        timeout: float | None = None,
+    ) -> list[LLMResult]:
+        """Replies to several independent conversations, in their order.
+
+        A backend that can decode several sequences in one pass overrides
+        :meth:`_generate_batch` (:class:`~memories_core.llms.LocalLLM` on transformers: a CPU
+        reads every weight once per decoding step whatever the number of sequences, so
+        writing costs about the same for eight replies as for one); the others answer one
+        conversation after another. The rules of :meth:`generate_result` apply to each
+        conversation, and each reply counts as one call in :attr:`usage`. There is no
+        ``response_format`` here: structured calls go one at a time.
+
+        Args:
+            conversations: The conversations, each as :meth:`generate` takes ``messages``.
+            max_tokens: Cap on each reply.
+            temperature: As in :meth:`generate`.
+            stop: As in :meth:`generate`, for every reply.
+            timeout: Seconds the whole batch may take (``None``: the model's
+                :attr:`timeout`); a backend that splits a batch into passes may apply it
+                per pass, and says so.
+
+        Returns:
+            One result per conversation, in order, with its counted token figures.
+
+        Raises:
+            InvalidInputError: if a conversation or an option is malformed (nothing is run).
+            LLMTimeoutError: if the batch did not finish within the timeout (one failure).
+            LLMError: if the backend fails (one failure); no reply of the batch is returned.
+        """
+        if isinstance(conversations, (str, bytes)) or not isinstance(conversations, Sequence):
+            raise InvalidInputError(
+                f"conversations must be a sequence of message lists, got "
+                f"{type(conversations).__name__}"
+            )
+        prepared = [
+            self._prepare(messages, max_tokens, temperature, stop, None)
+            for messages in conversations
+        ]
+        if not prepared:
+            return []
+        batch = [msgs for msgs, _ in prepared]
+        options = prepared[0][1]
+        limit = self._limit(timeout)
+        with self._counted():
+            results = self._within(lambda: self._generate_batch(batch, **options), limit)
+            if not isinstance(results, list) or len(results) != len(batch):
+                raise LLMError(
+                    f"{self.name} returned {len(results) if isinstance(results, list) else 0} "
+                    f"replies for {len(batch)} conversations"
+                )
+        return [self._success(msgs, result) for msgs, result in zip(batch, results, strict=True)]
+
+    def _generate_batch(
+        self,
+        conversations: list[tuple[ChatMessage, ...]],
+        *,
+        max_tokens: int | None,
+        temperature: float,
+        stop: tuple[str, ...] | None,
+    ) -> list[LLMResult]:
+        """Batch hook: one :meth:`_generate` per conversation, in order (the default)."""
+        return [
+            self._generate(messages, max_tokens=max_tokens, temperature=temperature, stop=stop)
+            for messages in conversations
+        ]
+
     def _limit(self, timeout: float | None) -> float | None:
         if timeout is None:
             return self.timeout
@@ -539,13 +612,12 @@ class BaseLLM(ABC):
     def _timed_out(self, limit: float) -> LLMTimeoutError:
         return LLMTimeoutError(f"{self.name} gave no answer within {limit:g} s", timeout=limit)
 
-    def _within(self, call: Any, limit: float | None) -> LLMResult:
+    def _within(self, call: Callable[[], _T], limit: float | None) -> _T:
         """Run the hook ``call`` under ``limit`` seconds (see the class docstring)."""
         token = _CALL_TIMEOUT.set(limit)
         try:
             if limit is None or self.enforces_timeout:
-                result: LLMResult = call()
-                return result
+                return call()
             return run_with_timeout(call, limit, label=self.name)
         finally:
             _CALL_TIMEOUT.reset(token)

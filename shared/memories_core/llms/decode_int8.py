@@ -30,9 +30,9 @@ __all__ = ["DECODE_ROWS", "DecodeInt8Linear", "convert_for_decoding", "kernel_wo
 
 logger = logging.getLogger(__name__)
 
-#: Passes over at most this many tokens use the int8 copy: one generated token per step
-#: (batch size 1). A prompt, or the part of it not served from the key/value cache, uses the
-#: float32 weights when it is longer.
+#: Passes over at most this many tokens per sequence use the int8 copy: one generated token
+#: per step, for one sequence or each of a batch. A prompt, or the part of it not served from
+#: the key/value cache, uses the float32 weights when it is longer.
 DECODE_ROWS = 1
 
 
@@ -75,14 +75,18 @@ class DecodeInt8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ W.T + b``: int8 weights for a decoding step, float32 otherwise.
 
-        A step is a forward pass over at most :data:`DECODE_ROWS` tokens; outside a hooked
-        model, the rows of ``x`` are counted instead.
+        A step is a forward pass over at most :data:`DECODE_ROWS` tokens per sequence (the
+        pass's sequence length, told by the model's hook, whatever the batch size); outside
+        a hooked model, the rows of ``x`` are counted instead.
         """
-        rows = self._pass.tokens
-        if rows is None:
-            rows = x.numel() // self.in_features
-        if rows > DECODE_ROWS or x.dtype != torch.float32 or x.device.type != "cpu":
+        rows = x.numel() // self.in_features
+        tokens = self._pass.tokens
+        if tokens is None:
+            tokens = rows
+        if tokens > DECODE_ROWS or x.dtype != torch.float32 or x.device.type != "cpu":
             return functional.linear(x, self.weight, self.bias)
+        # One new token per sequence: a batch of sequences shares the step (the kernel reads
+        # the int8 weights once for all rows).
         flat = x.reshape(rows, self.in_features).to(torch.bfloat16)
         out = torch._weight_int8pack_mm(flat, self.weight_int8, self.scale).to(x.dtype)
         out = out.reshape(*x.shape[:-1], self.out_features)
