@@ -160,7 +160,14 @@ def main(argv: list[str] | None = None) -> int:
         "rows": kept,
     }
     (args.out / "answer_batch.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
-    (args.out / "answer_batch.md").write_text(text + "\n", encoding="utf-8")
+    info = report["machine"]
+    header = (
+        f"Machine: {info['nproc']} CPU cores ({info['cpu']}), {info['ram']} RAM, load average "
+        f"{info['load_avg_1min_at_start']} when the run started; code {info['code']}. "
+        f"Command: `{report['command']}`. Reader: the harness's (`--model`, default the "
+        f"offline default model); row `{args.mechanism}`; the same kept ingest for every size."
+    )
+    (args.out / "answer_batch.md").write_text(f"{header}\n\n{text}\n", encoding="utf-8")
     best = max(rows, key=lambda r: r["speedup"])
     print(
         f"batch {best['batch']}: {best['speedup']:.2f}x faster answers, F1 {best['f1']:.3f} "
