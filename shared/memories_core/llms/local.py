@@ -216,9 +216,8 @@ _CACHE_ARGUMENT = _cache_argument()
 LOCAL_TIMEOUT = 900.0
 
 #: Conversations decoded together by :meth:`LocalLLM.generate_batch` (int8 decoding
-#: weights): the int8 kernel took as long for 8 rows as for one on this project's 2-core
-#: machine (1536 x 8960 layer), and the reader answered 1.75x faster at 8 than one at a time
-#: (BENCHMARKS.md, "Batched answers").
+#: weights): on this project's 2-core machine the 1.5B reader answered 1.77x faster in
+#: batches of 8 than one at a time, 1.42x in batches of 4 (BENCHMARKS.md, "Batched answers").
 DEFAULT_BATCH = 8
 
 #: Shortest shared prompt start worth reusing the cache for (tokens).
@@ -643,7 +642,7 @@ class LocalLLM(BaseLLM):
 
         Only a model that decodes with its int8 copy (``quantized == "int8-decode"``, the
         1.5B model's default) decodes a batch in one pass: measured on this project's 2-core
-        machine, a step over several sequences then costs about one step's time (answers 1.75x
+        machine, a step over several sequences then costs about one step's time (answers 1.77x
         faster at 8 for the 1.5B model, 2.5x at 4 for SmolLM2), while float32 weights made a
         batch slower than one call after another (0.82x at 4 for SmolLM2; BENCHMARKS.md,
         "Batched answers"). Other models, and llama.cpp (its Python binding decodes one
