@@ -29,7 +29,6 @@ import shutil
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -50,6 +49,7 @@ from memories_core.llms.quantize import (
     quantized_as,
     resolve_quantize,
 )
+from memories_core.llms.transformers_runtime import Runtime, run_batch, run_one
 from memories_core.types import ChatMessage
 
 __all__ = ["LocalLLM", "default_cache_root", "find_bundled_gguf"]
@@ -126,90 +126,6 @@ def _require(module: str) -> None:
         raise MissingExtraError(module, "local")
 
 
-def _stop_criteria(tokenizer: Any, stops: list[str], prompt_length: int) -> Any:
-    """A transformers stopping criterion that ends a sequence once a stop string appears.
-
-    Each sequence of a batch is checked on its own tail (a finished one is padded by
-    ``generate`` while the others go on).
-
-    transformers' own ``stop_strings`` option pre-computes tables over the whole vocabulary
-    (tens of seconds on a small CPU for each new set of strings); decoding the tail of the
-    output at each step costs microseconds instead.
-    """
-    import torch
-    from transformers import StoppingCriteria, StoppingCriteriaList
-
-    # Every token decodes to at least one character (or none, for specials), so this many
-    # trailing tokens always cover a stop string that has just been completed.
-    tail = max(len(s) for s in stops) + 2
-
-    class StopOnStrings(StoppingCriteria):
-        def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
-            done = [
-                any(
-                    s in tokenizer.decode(row[prompt_length:][-tail:], skip_special_tokens=True)
-                    for s in stops
-                )
-                for row in input_ids
-            ]
-            return torch.tensor(done, dtype=torch.bool)
-
-    return StoppingCriteriaList([StopOnStrings()])
-
-
-class _Deadline:
-    """A transformers stopping criterion that ends generation at a monotonic ``deadline``.
-
-    transformers' ``max_time`` stops silently and returns a cut answer; this one also records
-    that it fired, so the call raises ``LLMTimeoutError`` instead of passing half an answer
-    to a parser.
-    """
-
-    def __init__(self, deadline: float) -> None:
-        from transformers import StoppingCriteria
-
-        self.fired = False
-        outer = self
-
-        class StopAtDeadline(StoppingCriteria):
-            def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
-                import torch
-
-                if time.monotonic() >= deadline:
-                    outer.fired = True
-                return torch.full((input_ids.shape[0],), outer.fired, dtype=torch.bool)
-
-        self.criterion = StopAtDeadline()
-
-
-@dataclass
-class _Runtime:
-    """A loaded model and the function that runs it."""
-
-    backend: str
-    model: Any
-    tokenizer: Any = None
-    # lm-format-enforcer's view of the vocabulary, built on the first constrained call.
-    enforcer_data: Any = None
-    context_tokens: int = 8192
-    # The key/value cache of the last call's tokens, reused for a prompt that starts the same
-    # way (a reader asked many questions over one long memory reads that memory once).
-    cached_ids: list[int] | None = None
-    cache: Any = None
-
-
-def _cache_argument() -> str:
-    """``generate``'s name for a key/value cache: ``cache`` from transformers 5 on."""
-    try:
-        from importlib.metadata import version
-
-        return "cache" if int(version("transformers").split(".")[0]) >= 5 else "past_key_values"
-    except Exception:  # pragma: no cover - metadata missing
-        return "past_key_values"
-
-
-_CACHE_ARGUMENT = _cache_argument()
-
 #: Default timeout of a local call (s): a CPU reads a 1.5B model's prompt at ~20-30 tokens/s
 #: and writes ~1-2 tokens/s, so a 160-token summary of a long day takes minutes when the
 #: machine is busy; remote models keep the shorter default of :class:`BaseLLM`.
@@ -219,48 +135,6 @@ LOCAL_TIMEOUT = 900.0
 #: weights): on this project's 2-core machine the 1.5B reader answered 1.77x faster in
 #: batches of 8 than one at a time, 1.42x in batches of 4 (BENCHMARKS.md, "Batched answers").
 DEFAULT_BATCH = 8
-
-#: Shortest shared prompt start worth reusing the cache for (tokens).
-MIN_REUSED_PREFIX = 64
-
-
-def _shared_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
-
-
-def _reusable_cache(runtime: _Runtime, ids: list[int]) -> Any:
-    """A copy of the cached keys/values for the start ``ids`` shares with the last call.
-
-    Returns ``None`` when fewer than :data:`MIN_REUSED_PREFIX` tokens are shared. At least
-    one token of ``ids`` is always left to compute.
-    """
-    if runtime.cache is None or runtime.cached_ids is None:
-        return None
-    shared = min(_shared_prefix(runtime.cached_ids, ids), len(ids) - 1)
-    if shared < MIN_REUSED_PREFIX:
-        return None
-    import copy
-
-    cache = copy.deepcopy(runtime.cache)
-    extra = cache.get_seq_length() - shared
-    if extra > 0:
-        cache.crop(-extra)  # transformers 5: a negative count removes tokens from the end
-    if cache.get_seq_length() != shared:  # an unexpected cache API: do not reuse
-        return None
-    return cache
-
-
-def _allowed_tokens_fn(runtime: _Runtime, fmt: ResponseFormat, prompt_length: int) -> Any:
-    """A ``prefix_allowed_tokens_fn`` that keeps generation inside the JSON schema."""
-    from memories_core.llms.constrained import allowed_tokens_fn, enforcer_data
-
-    if runtime.enforcer_data is None:
-        runtime.enforcer_data = enforcer_data(runtime.tokenizer)
-    return allowed_tokens_fn(runtime.enforcer_data, fmt, prompt_length)
 
 
 class LocalLLM(BaseLLM):
@@ -385,7 +259,7 @@ class LocalLLM(BaseLLM):
         self._cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else None
         self._max_new_tokens = max_new_tokens
         self._n_threads = n_threads
-        self._runtime: _Runtime | None = None
+        self._runtime: Runtime | None = None
         self._load_lock = threading.Lock()
         # Neither llama.cpp contexts nor torch generation on one model are safe to share
         # between threads; calls are serialised (the CPU is the bottleneck anyway).
@@ -502,7 +376,7 @@ class LocalLLM(BaseLLM):
         """
         self._get_runtime()
 
-    def _get_runtime(self) -> _Runtime:
+    def _get_runtime(self) -> Runtime:
         runtime = self._runtime
         if runtime is not None:
             return runtime
@@ -515,7 +389,7 @@ class LocalLLM(BaseLLM):
                     self._runtime = self._load_transformers()
             return self._runtime
 
-    def _load_llama_cpp(self) -> _Runtime:
+    def _load_llama_cpp(self) -> Runtime:
         try:
             from llama_cpp import Llama
         except ImportError as exc:
@@ -526,9 +400,9 @@ class LocalLLM(BaseLLM):
             n_threads=self._n_threads or os.cpu_count(),
             verbose=False,
         )
-        return _Runtime("llama_cpp", model)
+        return Runtime("llama_cpp", model)
 
-    def _load_transformers(self) -> _Runtime:
+    def _load_transformers(self) -> Runtime:
         for module in ("torch", "transformers", "gguf", "accelerate"):
             _require(module)
         import torch
@@ -545,7 +419,7 @@ class LocalLLM(BaseLLM):
         model = apply_quantize(
             model, resolve_quantize(model, self._quantize, self._torch_dtype_name())
         )
-        return _Runtime("transformers", model, tokenizer, context_tokens=self.context_tokens)
+        return Runtime("transformers", model, tokenizer, context_tokens=self.context_tokens)
 
     def _torch_dtype_name(self) -> str:
         if self._dtype != "auto":
@@ -668,9 +542,7 @@ class LocalLLM(BaseLLM):
                     timeout=timeout,
                 )
             try:
-                done = self._run_transformers_batch(
-                    runtime, part, limit, temperature, stop, deadline
-                )
+                done = run_batch(runtime, part, limit, temperature, stop, deadline)
             finally:
                 self._run_lock.release()
             if done is None:
@@ -706,9 +578,7 @@ class LocalLLM(BaseLLM):
                     runtime, messages, limit, temperature, stop, fmt, deadline
                 )
             else:
-                result = self._run_transformers(
-                    runtime, messages, limit, temperature, stop, fmt, deadline
-                )
+                result = run_one(runtime, messages, limit, temperature, stop, fmt, deadline)
         finally:
             self._run_lock.release()
         if result is None:
@@ -720,7 +590,7 @@ class LocalLLM(BaseLLM):
 
     @staticmethod
     def _run_llama_cpp(
-        runtime: _Runtime,
+        runtime: Runtime,
         messages: tuple[ChatMessage, ...],
         limit: int,
         temperature: float,
@@ -771,158 +641,3 @@ class LocalLLM(BaseLLM):
             prompt_tokens=usage.get("prompt_tokens"),
             completion_tokens=usage.get("completion_tokens"),
         )
-
-    @staticmethod
-    def _run_transformers(
-        runtime: _Runtime,
-        messages: tuple[ChatMessage, ...],
-        limit: int,
-        temperature: float,
-        stop: tuple[str, ...] | None,
-        fmt: ResponseFormat | None = None,
-        deadline: float | None = None,
-    ) -> LLMResult | None:
-        """One transformers call; ``None`` if ``deadline`` passed before the answer ended."""
-        import torch
-        from transformers import StoppingCriteriaList
-
-        tokenizer = runtime.tokenizer
-        model = runtime.model
-        inputs = tokenizer.apply_chat_template(
-            [m.to_dict() for m in messages],
-            add_generation_prompt=True,
-            return_tensors="pt",
-            return_dict=True,
-        )
-        input_ids = inputs["input_ids"]
-        # Keep the most recent context when the prompt is longer than the window.
-        room = max(1, runtime.context_tokens - limit)
-        if input_ids.shape[1] > room:
-            input_ids = input_ids[:, -room:]
-            inputs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
-        options: dict[str, Any] = {"max_new_tokens": limit}
-        if temperature == 0:
-            options["do_sample"] = False
-        else:
-            options.update(do_sample=True, temperature=temperature, top_p=0.95)
-        clean_stop = [s for s in stop or () if s]
-        criteria = StoppingCriteriaList()
-        if clean_stop:
-            # Stop inside generate (saves decoding time); the text is still cut below because
-            # the criterion fires after the token that completes the string.
-            criteria.extend(_stop_criteria(tokenizer, clean_stop, input_ids.shape[1]))
-        timer = _Deadline(deadline) if deadline is not None else None
-        if timer is not None:
-            criteria.append(timer.criterion)
-        if criteria:
-            options["stopping_criteria"] = criteria
-        if tokenizer.pad_token_id is None:
-            options["pad_token_id"] = tokenizer.eos_token_id
-        if fmt is not None:
-            options["prefix_allowed_tokens_fn"] = _allowed_tokens_fn(
-                runtime, fmt, int(input_ids.shape[1])
-            )
-        ids = [int(t) for t in input_ids[0].tolist()]
-        cache = _reusable_cache(runtime, ids)
-        if cache is not None:
-            options[_CACHE_ARGUMENT] = cache
-        with torch.inference_mode():
-            try:
-                result = model.generate(**inputs, **options, return_dict_in_generate=True)
-            except Exception:
-                if cache is None:
-                    raise
-                # A cache this transformers version cannot continue: compute from scratch.
-                options.pop(_CACHE_ARGUMENT, None)
-                runtime.cache = runtime.cached_ids = None
-                result = model.generate(**inputs, **options, return_dict_in_generate=True)
-        output = result.sequences
-        kept = getattr(result, "cache", None) or getattr(result, "past_key_values", None)
-        if kept is not None and hasattr(kept, "get_seq_length") and hasattr(kept, "crop"):
-            length = int(kept.get_seq_length())
-            runtime.cache = kept
-            runtime.cached_ids = [int(t) for t in output[0, :length].tolist()]
-        if timer is not None and timer.fired:
-            return None
-        new_tokens = output[0, input_ids.shape[1] :]
-        text = tokenizer.decode(new_tokens, skip_special_tokens=True)
-        return LLMResult(
-            truncate_at_stop(text, stop).strip(),
-            prompt_tokens=int(input_ids.shape[1]),
-            completion_tokens=int(new_tokens.shape[0]),
-        )
-
-    @staticmethod
-    def _run_transformers_batch(
-        runtime: _Runtime,
-        conversations: list[tuple[ChatMessage, ...]],
-        limit: int,
-        temperature: float,
-        stop: tuple[str, ...] | None,
-        deadline: float | None = None,
-    ) -> list[LLMResult] | None:
-        """Several conversations in one ``generate``; ``None`` if ``deadline`` passed.
-
-        Prompts are padded on the left (the attention mask hides the padding, and positions
-        are counted from each prompt's first real token), so every reply starts at the same
-        column. The key/value cache of single calls is neither used nor replaced.
-        """
-        import torch
-        from transformers import StoppingCriteriaList
-
-        tokenizer = runtime.tokenizer
-        room = max(1, runtime.context_tokens - limit)
-        prompts = []
-        for messages in conversations:
-            encoded = tokenizer.apply_chat_template(
-                [m.to_dict() for m in messages],
-                add_generation_prompt=True,
-                return_tensors="pt",
-                return_dict=True,
-            )
-            # Keep the most recent context when a prompt is longer than the window.
-            prompts.append([int(t) for t in encoded["input_ids"][0].tolist()][-room:])
-        pad = tokenizer.pad_token_id
-        if pad is None:
-            pad = tokenizer.eos_token_id
-        width = max(len(ids) for ids in prompts)
-        input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in prompts])
-        attention_mask = torch.tensor(
-            [[0] * (width - len(ids)) + [1] * len(ids) for ids in prompts]
-        )
-        options: dict[str, Any] = {"max_new_tokens": limit, "pad_token_id": pad}
-        if temperature == 0:
-            options["do_sample"] = False
-        else:
-            options.update(do_sample=True, temperature=temperature, top_p=0.95)
-        clean_stop = [s for s in stop or () if s]
-        criteria = StoppingCriteriaList()
-        if clean_stop:
-            criteria.extend(_stop_criteria(tokenizer, clean_stop, width))
-        timer = _Deadline(deadline) if deadline is not None else None
-        if timer is not None:
-            criteria.append(timer.criterion)
-        if criteria:
-            options["stopping_criteria"] = criteria
-        with torch.inference_mode():
-            output = runtime.model.generate(
-                input_ids=input_ids, attention_mask=attention_mask, **options
-            )
-        if timer is not None and timer.fired:
-            return None
-        ends = set(tokenizer.all_special_ids) | {pad}
-        results = []
-        for ids, row in zip(prompts, output, strict=True):
-            new = [int(t) for t in row[width:].tolist()]
-            # A finished sequence is padded while the others go on: its reply ends at its
-            # first special token (end of turn, end of text or padding).
-            cut = next((i + 1 for i, t in enumerate(new) if t in ends), len(new))
-            text = tokenizer.decode(new[:cut], skip_special_tokens=True)
-            results.append(
-                LLMResult(
-                    truncate_at_stop(text, stop).strip(),
-                    prompt_tokens=len(ids),
-                    completion_tokens=cut,
-                )
-            )
-        return results

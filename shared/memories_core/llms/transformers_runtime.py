@@ -1,0 +1,298 @@
+"""The transformers runtime of :class:`~memories_core.llms.LocalLLM`: one call, or a batch.
+
+Kept apart from the model's loading and configuration (:mod:`memories_core.llms.local`):
+how a loaded model turns messages into a reply, with stop strings, a deadline, a reused
+key/value cache for a shared prompt start, constrained JSON, and several conversations in
+one ``generate`` (left padding).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from memories_core.llms.base import LLMResult, ResponseFormat, truncate_at_stop
+from memories_core.types import ChatMessage
+
+__all__ = ["MIN_REUSED_PREFIX", "Runtime", "run_batch", "run_one"]
+
+
+def _stop_criteria(tokenizer: Any, stops: list[str], prompt_length: int) -> Any:
+    """A transformers stopping criterion that ends a sequence once a stop string appears.
+
+    Each sequence of a batch is checked on its own tail (a finished one is padded by
+    ``generate`` while the others go on).
+
+    transformers' own ``stop_strings`` option pre-computes tables over the whole vocabulary
+    (tens of seconds on a small CPU for each new set of strings); decoding the tail of the
+    output at each step costs microseconds instead.
+    """
+    import torch
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    # Every token decodes to at least one character (or none, for specials), so this many
+    # trailing tokens always cover a stop string that has just been completed.
+    tail = max(len(s) for s in stops) + 2
+
+    class StopOnStrings(StoppingCriteria):
+        def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+            done = [
+                any(
+                    s in tokenizer.decode(row[prompt_length:][-tail:], skip_special_tokens=True)
+                    for s in stops
+                )
+                for row in input_ids
+            ]
+            return torch.tensor(done, dtype=torch.bool)
+
+    return StoppingCriteriaList([StopOnStrings()])
+
+
+class _Deadline:
+    """A transformers stopping criterion that ends generation at a monotonic ``deadline``.
+
+    transformers' ``max_time`` stops silently and returns a cut answer; this one also records
+    that it fired, so the call raises ``LLMTimeoutError`` instead of passing half an answer
+    to a parser.
+    """
+
+    def __init__(self, deadline: float) -> None:
+        from transformers import StoppingCriteria
+
+        self.fired = False
+        outer = self
+
+        class StopAtDeadline(StoppingCriteria):
+            def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+                import torch
+
+                if time.monotonic() >= deadline:
+                    outer.fired = True
+                return torch.full((input_ids.shape[0],), outer.fired, dtype=torch.bool)
+
+        self.criterion = StopAtDeadline()
+
+
+@dataclass
+class Runtime:
+    """A loaded model and the function that runs it."""
+
+    backend: str
+    model: Any
+    tokenizer: Any = None
+    # lm-format-enforcer's view of the vocabulary, built on the first constrained call.
+    enforcer_data: Any = None
+    context_tokens: int = 8192
+    # The key/value cache of the last call's tokens, reused for a prompt that starts the same
+    # way (a reader asked many questions over one long memory reads that memory once).
+    cached_ids: list[int] | None = None
+    cache: Any = None
+
+
+def _cache_argument() -> str:
+    """``generate``'s name for a key/value cache: ``cache`` from transformers 5 on."""
+    try:
+        from importlib.metadata import version
+
+        return "cache" if int(version("transformers").split(".")[0]) >= 5 else "past_key_values"
+    except Exception:  # pragma: no cover - metadata missing
+        return "past_key_values"
+
+
+_CACHE_ARGUMENT = _cache_argument()
+
+#: Shortest shared prompt start worth reusing the cache for (tokens).
+MIN_REUSED_PREFIX = 64
+
+
+def _shared_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def _reusable_cache(runtime: Runtime, ids: list[int]) -> Any:
+    """A copy of the cached keys/values for the start ``ids`` shares with the last call.
+
+    Returns ``None`` when fewer than :data:`MIN_REUSED_PREFIX` tokens are shared. At least
+    one token of ``ids`` is always left to compute.
+    """
+    if runtime.cache is None or runtime.cached_ids is None:
+        return None
+    shared = min(_shared_prefix(runtime.cached_ids, ids), len(ids) - 1)
+    if shared < MIN_REUSED_PREFIX:
+        return None
+    import copy
+
+    cache = copy.deepcopy(runtime.cache)
+    extra = cache.get_seq_length() - shared
+    if extra > 0:
+        cache.crop(-extra)  # transformers 5: a negative count removes tokens from the end
+    if cache.get_seq_length() != shared:  # an unexpected cache API: do not reuse
+        return None
+    return cache
+
+
+def _allowed_tokens_fn(runtime: Runtime, fmt: ResponseFormat, prompt_length: int) -> Any:
+    """A ``prefix_allowed_tokens_fn`` that keeps generation inside the JSON schema."""
+    from memories_core.llms.constrained import allowed_tokens_fn, enforcer_data
+
+    if runtime.enforcer_data is None:
+        runtime.enforcer_data = enforcer_data(runtime.tokenizer)
+    return allowed_tokens_fn(runtime.enforcer_data, fmt, prompt_length)
+
+
+def run_one(
+    runtime: Runtime,
+    messages: tuple[ChatMessage, ...],
+    limit: int,
+    temperature: float,
+    stop: tuple[str, ...] | None,
+    fmt: ResponseFormat | None = None,
+    deadline: float | None = None,
+) -> LLMResult | None:
+    """One transformers call; ``None`` if ``deadline`` passed before the answer ended."""
+    import torch
+    from transformers import StoppingCriteriaList
+
+    tokenizer = runtime.tokenizer
+    model = runtime.model
+    inputs = tokenizer.apply_chat_template(
+        [m.to_dict() for m in messages],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )
+    input_ids = inputs["input_ids"]
+    # Keep the most recent context when the prompt is longer than the window.
+    room = max(1, runtime.context_tokens - limit)
+    if input_ids.shape[1] > room:
+        input_ids = input_ids[:, -room:]
+        inputs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
+    options: dict[str, Any] = {"max_new_tokens": limit}
+    if temperature == 0:
+        options["do_sample"] = False
+    else:
+        options.update(do_sample=True, temperature=temperature, top_p=0.95)
+    clean_stop = [s for s in stop or () if s]
+    criteria = StoppingCriteriaList()
+    if clean_stop:
+        # Stop inside generate (saves decoding time); the text is still cut below because
+        # the criterion fires after the token that completes the string.
+        criteria.extend(_stop_criteria(tokenizer, clean_stop, input_ids.shape[1]))
+    timer = _Deadline(deadline) if deadline is not None else None
+    if timer is not None:
+        criteria.append(timer.criterion)
+    if criteria:
+        options["stopping_criteria"] = criteria
+    if tokenizer.pad_token_id is None:
+        options["pad_token_id"] = tokenizer.eos_token_id
+    if fmt is not None:
+        options["prefix_allowed_tokens_fn"] = _allowed_tokens_fn(
+            runtime, fmt, int(input_ids.shape[1])
+        )
+    ids = [int(t) for t in input_ids[0].tolist()]
+    cache = _reusable_cache(runtime, ids)
+    if cache is not None:
+        options[_CACHE_ARGUMENT] = cache
+    with torch.inference_mode():
+        try:
+            result = model.generate(**inputs, **options, return_dict_in_generate=True)
+        except Exception:
+            if cache is None:
+                raise
+            # A cache this transformers version cannot continue: compute from scratch.
+            options.pop(_CACHE_ARGUMENT, None)
+            runtime.cache = runtime.cached_ids = None
+            result = model.generate(**inputs, **options, return_dict_in_generate=True)
+    output = result.sequences
+    kept = getattr(result, "cache", None) or getattr(result, "past_key_values", None)
+    if kept is not None and hasattr(kept, "get_seq_length") and hasattr(kept, "crop"):
+        length = int(kept.get_seq_length())
+        runtime.cache = kept
+        runtime.cached_ids = [int(t) for t in output[0, :length].tolist()]
+    if timer is not None and timer.fired:
+        return None
+    new_tokens = output[0, input_ids.shape[1] :]
+    text = tokenizer.decode(new_tokens, skip_special_tokens=True)
+    return LLMResult(
+        truncate_at_stop(text, stop).strip(),
+        prompt_tokens=int(input_ids.shape[1]),
+        completion_tokens=int(new_tokens.shape[0]),
+    )
+
+
+def run_batch(
+    runtime: Runtime,
+    conversations: list[tuple[ChatMessage, ...]],
+    limit: int,
+    temperature: float,
+    stop: tuple[str, ...] | None,
+    deadline: float | None = None,
+) -> list[LLMResult] | None:
+    """Several conversations in one ``generate``; ``None`` if ``deadline`` passed.
+
+    Prompts are padded on the left (the attention mask hides the padding, and positions
+    are counted from each prompt's first real token), so every reply starts at the same
+    column. The key/value cache of single calls is neither used nor replaced.
+    """
+    import torch
+    from transformers import StoppingCriteriaList
+
+    tokenizer = runtime.tokenizer
+    room = max(1, runtime.context_tokens - limit)
+    prompts = []
+    for messages in conversations:
+        encoded = tokenizer.apply_chat_template(
+            [m.to_dict() for m in messages],
+            add_generation_prompt=True,
+            return_tensors="pt",
+            return_dict=True,
+        )
+        # Keep the most recent context when a prompt is longer than the window.
+        prompts.append([int(t) for t in encoded["input_ids"][0].tolist()][-room:])
+    pad = tokenizer.pad_token_id
+    if pad is None:
+        pad = tokenizer.eos_token_id
+    width = max(len(ids) for ids in prompts)
+    input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in prompts])
+    attention_mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in prompts])
+    options: dict[str, Any] = {"max_new_tokens": limit, "pad_token_id": pad}
+    if temperature == 0:
+        options["do_sample"] = False
+    else:
+        options.update(do_sample=True, temperature=temperature, top_p=0.95)
+    clean_stop = [s for s in stop or () if s]
+    criteria = StoppingCriteriaList()
+    if clean_stop:
+        criteria.extend(_stop_criteria(tokenizer, clean_stop, width))
+    timer = _Deadline(deadline) if deadline is not None else None
+    if timer is not None:
+        criteria.append(timer.criterion)
+    if criteria:
+        options["stopping_criteria"] = criteria
+    with torch.inference_mode():
+        output = runtime.model.generate(
+            input_ids=input_ids, attention_mask=attention_mask, **options
+        )
+    if timer is not None and timer.fired:
+        return None
+    ends = set(tokenizer.all_special_ids) | {pad}
+    results = []
+    for ids, row in zip(prompts, output, strict=True):
+        new = [int(t) for t in row[width:].tolist()]
+        # A finished sequence is padded while the others go on: its reply ends at its
+        # first special token (end of turn, end of text or padding).
+        cut = next((i + 1 for i, t in enumerate(new) if t in ends), len(new))
+        text = tokenizer.decode(new[:cut], skip_special_tokens=True)
+        results.append(
+            LLMResult(
+                truncate_at_stop(text, stop).strip(),
+                prompt_tokens=len(ids),
+                completion_tokens=cut,
+            )
+        )
+    return results
