@@ -29,8 +29,10 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from memories_core.cache import cache_root
 from memories_core.errors import ConfigurationError, LLMTimeoutError, MissingExtraError
@@ -51,6 +53,8 @@ from memories_core.llms.quantize import (
 )
 from memories_core.llms.transformers_runtime import Runtime, run_batch, run_one
 from memories_core.types import ChatMessage
+
+_R = TypeVar("_R")
 
 __all__ = ["LocalLLM", "default_cache_root", "find_bundled_gguf"]
 
@@ -532,26 +536,36 @@ class LocalLLM(BaseLLM):
         results: list[LLMResult] = []
         for start in range(0, len(conversations), self.batch_size):
             part = conversations[start : start + self.batch_size]
-            timeout = self.call_timeout()
-            deadline = None if timeout is None else time.monotonic() + timeout
-            wait = -1 if timeout is None else max(0.0, _left(deadline))
-            if not self._run_lock.acquire(timeout=wait):
-                assert timeout is not None
-                raise LLMTimeoutError(
-                    f"{self.name}: the model was busy for the whole timeout ({timeout:g} s)",
-                    timeout=timeout,
-                )
-            try:
-                done = run_batch(runtime, part, limit, temperature, stop, deadline)
-            finally:
-                self._run_lock.release()
-            if done is None:
-                assert timeout is not None
-                raise LLMTimeoutError(
-                    f"{self.name} gave no complete answers within {timeout:g} s", timeout=timeout
-                )
-            results += done
+            results += self._locked(partial(run_batch, runtime, part, limit, temperature, stop))
         return results
+
+    def _locked(self, run: Callable[[float | None], _R | None]) -> _R:
+        """``run(deadline)`` while holding the model, within the call's timeout.
+
+        Waiting for another thread's generation counts against the timeout; ``run`` returns
+        ``None`` when the deadline passed before it finished.
+
+        Raises:
+            LLMTimeoutError: if the model stayed busy, or ``run`` missed the deadline.
+        """
+        timeout = self.call_timeout()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self._run_lock.acquire(timeout=-1 if timeout is None else max(0.0, _left(deadline))):
+            assert timeout is not None
+            raise LLMTimeoutError(
+                f"{self.name}: the model was busy for the whole timeout ({timeout:g} s)",
+                timeout=timeout,
+            )
+        try:
+            result = run(deadline)
+        finally:
+            self._run_lock.release()
+        if result is None:
+            assert timeout is not None
+            raise LLMTimeoutError(
+                f"{self.name} gave no complete answer within {timeout:g} s", timeout=timeout
+            )
+        return result
 
     def _run(
         self,
@@ -562,31 +576,16 @@ class LocalLLM(BaseLLM):
         fmt: ResponseFormat | None,
     ) -> LLMResult:
         runtime = self._get_runtime()  # a first load (once) does not count against the call
-        timeout = self.call_timeout()
-        deadline = None if timeout is None else time.monotonic() + timeout
         limit = max_tokens or self._max_new_tokens
-        # Waiting for another thread's generation counts against this call's timeout.
-        if not self._run_lock.acquire(timeout=-1 if timeout is None else max(0.0, _left(deadline))):
-            assert timeout is not None
-            raise LLMTimeoutError(
-                f"{self.name}: the model was busy for the whole timeout ({timeout:g} s)",
-                timeout=timeout,
-            )
-        try:
-            if runtime.backend == "llama_cpp":
-                result = self._run_llama_cpp(
+        if runtime.backend == "llama_cpp":
+            return self._locked(
+                lambda deadline: self._run_llama_cpp(
                     runtime, messages, limit, temperature, stop, fmt, deadline
                 )
-            else:
-                result = run_one(runtime, messages, limit, temperature, stop, fmt, deadline)
-        finally:
-            self._run_lock.release()
-        if result is None:
-            assert timeout is not None
-            raise LLMTimeoutError(
-                f"{self.name} gave no complete answer within {timeout:g} s", timeout=timeout
             )
-        return result
+        return self._locked(
+            lambda deadline: run_one(runtime, messages, limit, temperature, stop, fmt, deadline)
+        )
 
     @staticmethod
     def _run_llama_cpp(
