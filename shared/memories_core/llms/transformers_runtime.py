@@ -145,6 +145,53 @@ def _allowed_tokens_fn(runtime: Runtime, fmt: ResponseFormat, prompt_length: int
     return allowed_tokens_fn(runtime.enforcer_data, fmt, prompt_length)
 
 
+def _prompt_ids(runtime: Runtime, messages: tuple[ChatMessage, ...], limit: int) -> list[int]:
+    """The chat template's token ids for ``messages``, cut from the left to fit the window.
+
+    The most recent context is kept: ``limit`` tokens of the window are left for the reply.
+    """
+    encoded = runtime.tokenizer.apply_chat_template(
+        [m.to_dict() for m in messages],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )
+    room = max(1, runtime.context_tokens - limit)
+    return [int(t) for t in encoded["input_ids"][0].tolist()][-room:]
+
+
+def _generation_options(
+    tokenizer: Any,
+    limit: int,
+    temperature: float,
+    stop: tuple[str, ...] | None,
+    prompt_length: int,
+    deadline: float | None,
+) -> tuple[dict[str, Any], _Deadline | None]:
+    """``generate``'s options (length, sampling, stop strings, deadline) and the deadline's timer.
+
+    Stop strings end generation inside ``generate`` (saves decoding time); the text is still
+    cut afterwards because the criterion fires after the token that completes the string.
+    """
+    from transformers import StoppingCriteriaList
+
+    options: dict[str, Any] = {"max_new_tokens": limit}
+    if temperature == 0:
+        options["do_sample"] = False
+    else:
+        options.update(do_sample=True, temperature=temperature, top_p=0.95)
+    criteria = StoppingCriteriaList()
+    clean_stop = [s for s in stop or () if s]
+    if clean_stop:
+        criteria.extend(_stop_criteria(tokenizer, clean_stop, prompt_length))
+    timer = _Deadline(deadline) if deadline is not None else None
+    if timer is not None:
+        criteria.append(timer.criterion)
+    if criteria:
+        options["stopping_criteria"] = criteria
+    return options, timer
+
+
 def run_one(
     runtime: Runtime,
     messages: tuple[ChatMessage, ...],
@@ -156,45 +203,17 @@ def run_one(
 ) -> LLMResult | None:
     """One transformers call; ``None`` if ``deadline`` passed before the answer ended."""
     import torch
-    from transformers import StoppingCriteriaList
 
     tokenizer = runtime.tokenizer
     model = runtime.model
-    inputs = tokenizer.apply_chat_template(
-        [m.to_dict() for m in messages],
-        add_generation_prompt=True,
-        return_tensors="pt",
-        return_dict=True,
-    )
-    input_ids = inputs["input_ids"]
-    # Keep the most recent context when the prompt is longer than the window.
-    room = max(1, runtime.context_tokens - limit)
-    if input_ids.shape[1] > room:
-        input_ids = input_ids[:, -room:]
-        inputs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
-    options: dict[str, Any] = {"max_new_tokens": limit}
-    if temperature == 0:
-        options["do_sample"] = False
-    else:
-        options.update(do_sample=True, temperature=temperature, top_p=0.95)
-    clean_stop = [s for s in stop or () if s]
-    criteria = StoppingCriteriaList()
-    if clean_stop:
-        # Stop inside generate (saves decoding time); the text is still cut below because
-        # the criterion fires after the token that completes the string.
-        criteria.extend(_stop_criteria(tokenizer, clean_stop, input_ids.shape[1]))
-    timer = _Deadline(deadline) if deadline is not None else None
-    if timer is not None:
-        criteria.append(timer.criterion)
-    if criteria:
-        options["stopping_criteria"] = criteria
+    ids = _prompt_ids(runtime, messages, limit)
+    input_ids = torch.tensor([ids])
+    inputs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
+    options, timer = _generation_options(tokenizer, limit, temperature, stop, len(ids), deadline)
     if tokenizer.pad_token_id is None:
         options["pad_token_id"] = tokenizer.eos_token_id
     if fmt is not None:
-        options["prefix_allowed_tokens_fn"] = _allowed_tokens_fn(
-            runtime, fmt, int(input_ids.shape[1])
-        )
-    ids = [int(t) for t in input_ids[0].tolist()]
+        options["prefix_allowed_tokens_fn"] = _allowed_tokens_fn(runtime, fmt, len(ids))
     cache = _reusable_cache(runtime, ids)
     if cache is not None:
         options[_CACHE_ARGUMENT] = cache
@@ -216,11 +235,11 @@ def run_one(
         runtime.cached_ids = [int(t) for t in output[0, :length].tolist()]
     if timer is not None and timer.fired:
         return None
-    new_tokens = output[0, input_ids.shape[1] :]
+    new_tokens = output[0, len(ids) :]
     text = tokenizer.decode(new_tokens, skip_special_tokens=True)
     return LLMResult(
         truncate_at_stop(text, stop).strip(),
-        prompt_tokens=int(input_ids.shape[1]),
+        prompt_tokens=len(ids),
         completion_tokens=int(new_tokens.shape[0]),
     )
 
@@ -240,40 +259,17 @@ def run_batch(
     column. The key/value cache of single calls is neither used nor replaced.
     """
     import torch
-    from transformers import StoppingCriteriaList
 
     tokenizer = runtime.tokenizer
-    room = max(1, runtime.context_tokens - limit)
-    prompts = []
-    for messages in conversations:
-        encoded = tokenizer.apply_chat_template(
-            [m.to_dict() for m in messages],
-            add_generation_prompt=True,
-            return_tensors="pt",
-            return_dict=True,
-        )
-        # Keep the most recent context when a prompt is longer than the window.
-        prompts.append([int(t) for t in encoded["input_ids"][0].tolist()][-room:])
+    prompts = [_prompt_ids(runtime, messages, limit) for messages in conversations]
     pad = tokenizer.pad_token_id
     if pad is None:
         pad = tokenizer.eos_token_id
     width = max(len(ids) for ids in prompts)
     input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in prompts])
     attention_mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in prompts])
-    options: dict[str, Any] = {"max_new_tokens": limit, "pad_token_id": pad}
-    if temperature == 0:
-        options["do_sample"] = False
-    else:
-        options.update(do_sample=True, temperature=temperature, top_p=0.95)
-    clean_stop = [s for s in stop or () if s]
-    criteria = StoppingCriteriaList()
-    if clean_stop:
-        criteria.extend(_stop_criteria(tokenizer, clean_stop, width))
-    timer = _Deadline(deadline) if deadline is not None else None
-    if timer is not None:
-        criteria.append(timer.criterion)
-    if criteria:
-        options["stopping_criteria"] = criteria
+    options, timer = _generation_options(tokenizer, limit, temperature, stop, width, deadline)
+    options["pad_token_id"] = pad
     with torch.inference_mode():
         output = runtime.model.generate(
             input_ids=input_ids, attention_mask=attention_mask, **options
