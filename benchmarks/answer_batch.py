@@ -42,44 +42,38 @@ def _answers(folder: Path, mechanism: str) -> dict[str, dict[str, Any]]:
 
 
 def measure(sizes: list[int], mechanism: str, out: Path, rest: list[str]) -> list[dict[str, Any]]:
-    """Answer with each batch size; return one summary per size (the first is the baseline)."""
-    loaded: dict[tuple[Any, ...], Any] = {}
-    plain = locomo_qa.make_llm
+    """Answer with each batch size; return one summary per size (the first is the baseline).
 
-    def make_llm(*spec: Any) -> Any:
-        if spec not in loaded:
-            loaded[spec] = plain(*spec)
-        return loaded[spec]
+    The reader and the embedder are loaded once and given to every run of the harness.
+    """
+    from memories_core.embedders import SentenceTransformerEmbedder
 
-    locomo_qa.make_llm = make_llm  # type: ignore[assignment]
-    embedder = None
+    harness = locomo_qa.parse_args(rest)
+    llm = locomo_qa.make_llm(
+        harness.llm, harness.model, harness.base_url, harness.threads, harness.quantize
+    )
+    embedder = SentenceTransformerEmbedder()
+    first = out / f"b{sizes[0]}"
     rows = []
-    try:
-        from memories_core.embedders import SentenceTransformerEmbedder
-
-        embedder = SentenceTransformerEmbedder()
-        first = out / f"b{sizes[0]}"
-        for size in sizes:
-            folder = out / f"b{size}"
-            if size != sizes[0] and mechanism not in locomo_qa.BASELINES:
-                # The same records for every size: the first size's ingest, copied.
-                locomo_qa.copy_ingest(first, folder, mechanism, embedder=embedder)
-            argv = [*rest, "--mechanisms", mechanism, "--answer-batch", str(size)]
-            locomo_qa.main([*argv, "--resume", "--out", str(folder), "-q"], embedder=embedder)
-            summary = json.loads((folder / "locomo_qa.json").read_text(encoding="utf-8"))
-            row = summary["rows"][0]
-            rows.append(
-                {
-                    "batch": size,
-                    "questions": row["questions"],
-                    "answer_s": row["answer_s"],
-                    "answer_s_per_q": row["answer_s"] / max(1, row["questions"]),
-                    "f1": row["f1"],
-                    "answers": _answers(folder, mechanism),
-                }
-            )
-    finally:
-        locomo_qa.make_llm = plain
+    for size in sizes:
+        folder = out / f"b{size}"
+        if size != sizes[0] and mechanism not in locomo_qa.BASELINES:
+            # The same records for every size: the first size's ingest, copied.
+            locomo_qa.copy_ingest(first, folder, mechanism, embedder=embedder)
+        argv = [*rest, "--mechanisms", mechanism, "--answer-batch", str(size)]
+        locomo_qa.main([*argv, "--resume", "--out", str(folder), "-q"], embedder=embedder, llm=llm)
+        summary = json.loads((folder / "locomo_qa.json").read_text(encoding="utf-8"))
+        row = summary["rows"][0]
+        rows.append(
+            {
+                "batch": size,
+                "questions": row["questions"],
+                "answer_s": row["answer_s"],
+                "answer_s_per_q": row["answer_s"] / max(1, row["questions"]),
+                "f1": row["f1"],
+                "answers": _answers(folder, mechanism),
+            }
+        )
     base = rows[0]
     for row in rows:
         same = [

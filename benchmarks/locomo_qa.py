@@ -852,11 +852,14 @@ def main(
     *,
     factory: MemoryFactory = make_memory,
     embedder: Any = None,
+    llm: Any = None,
 ) -> int:
     """Run the harness.
 
     ``factory`` replaces :func:`make_memory` for every mechanism row; ``embedder`` is the
-    one already loaded by a caller (default: the bundled MiniLM, loaded here).
+    one already loaded by a caller (default: the bundled MiniLM, loaded here), and ``llm``
+    the reader/writer already loaded by a caller (default: :func:`make_llm` of the
+    arguments).
     """
     args = parse_args(argv)
     names = [n.strip() for n in args.mechanisms.split(",") if n.strip()]
@@ -868,7 +871,8 @@ def main(
         conversations, sessions=args.sessions, limit=args.questions, seed=args.seed
     )
     started = time.perf_counter()
-    llm = make_llm(args.llm, args.model, args.base_url, args.threads, args.quantize)
+    if llm is None:
+        llm = make_llm(args.llm, args.model, args.base_url, args.threads, args.quantize)
     args.full_tokens = full_budget(llm, args.full_tokens)
     judge = None
     if args.judge_llm or args.judge_model:

@@ -804,3 +804,44 @@ def test_answers_in_batches_match_answers_one_at_a_time(
     with pytest.raises(SystemExit):
         bench.parse_args(["--answer-batch", "0"])  # type: ignore[attr-defined]
     capsys.readouterr()
+
+
+def test_answer_batch_script_answers_one_ingest_at_each_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """benchmarks/answer_batch.py: one ingest and one reader for every size, answers compared."""
+    pytest.importorskip("matplotlib")
+    calls: list[str] = []
+    bench, data = _miso_bench(monkeypatch, tmp_path, calls)
+    loads: list[tuple[Any, ...]] = []
+    reader = bench.make_llm()  # type: ignore[attr-defined]
+    monkeypatch.setattr(bench, "make_llm", lambda *spec: loads.append(spec) or reader)
+    saves: list[object] = []
+    plain_save = HistoryMemory.save
+
+    def counted(self: HistoryMemory, *args: Any, **kwargs: Any) -> Any:
+        saves.append(args)
+        return plain_save(self, *args, **kwargs)
+
+    monkeypatch.setattr(HistoryMemory, "save", counted)
+    spec = importlib.util.spec_from_file_location(
+        "answer_batch", ROOT / "benchmarks" / "answer_batch.py"
+    )
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    rest = ["--", "--data", str(data), "--sessions", "2"]
+    assert script.main(["--sizes", "1", "--out", str(tmp_path / "alone"), *rest]) == 0
+    one_ingest = len(saves)
+    out = tmp_path / "batches"
+    assert script.main(["--sizes", "1,2", "--out", str(out), *rest]) == 0
+    assert one_ingest > 0 and len(saves) == 2 * one_ingest  # size 2 answered a copy
+    assert len(loads) == 2  # one reader per invocation, shared by its sizes
+    report = json.loads((out / "answer_batch.json").read_text())
+    one, two = report["rows"]
+    assert (one["batch"], two["batch"]) == (1, 2)
+    assert one["questions"] == two["questions"] == two["same_as_first"] == 3
+    assert one["f1"] == two["f1"] and one["speedup"] == 1.0
+    assert (out / "answer_batch.png").is_file()
+    assert "| 2 | 3 |" in (out / "answer_batch.md").read_text()
+    capsys.readouterr()
