@@ -562,6 +562,11 @@ class MechanismHooks:
         on_delete_user: Removes the mechanism's own data of a user kept outside the store.
         deferred: Its jobs are long (e.g. training an adapter): a save or a session end
             never runs them; an explicit :meth:`MemoryEngine.run_pending` (a worker) does.
+        prepare: Makes the model calls of several claimed jobs together (batched) and keeps
+            each job's answers in its payload, where :attr:`run_job` finds them; returns the
+            jobs that failed (id -> the error :attr:`run_job` would have raised). Optional.
+        batch_size: How many jobs :attr:`prepare` takes at once (read before each run; 1:
+            the jobs run one by one, without :attr:`prepare`).
     """
 
     name: str
@@ -571,3 +576,5 @@ class MechanismHooks:
     run_job: Callable[[Job], Derivation | None] | None = None
     on_delete_user: Callable[[str], None] | None = None
     deferred: bool = False
+    prepare: Callable[[Sequence[Job]], Mapping[str, BaseException]] | None = None
+    batch_size: Callable[[], int] | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from li_fakes import RecordingLLM
 from llama_index.core.chat_engine import SimpleChatEngine
 from llama_index.core.memory import Memory
@@ -13,18 +14,19 @@ from memories_core.llms import ScriptedLLM
 from memories_core.prompts.dpem import dpem_reply
 
 
-def _memory(**options: object) -> DualProcessMemory:
+def _memory(batch: int = 1, **options: object) -> DualProcessMemory:
     return DualProcessMemory(
-        llm=ScriptedLLM(default=dpem_reply),
+        llm=ScriptedLLM(default=dpem_reply, batch_capacity=batch),
         embedder=HashingEmbedder(),
         **options,  # type: ignore[arg-type]
     )
 
 
+@pytest.mark.parametrize("batch", [1, 4], ids=["one-by-one", "batched"])
 def test_a_block_flush_of_three_exchanges_promotes_like_three_saves(
-    recording_llm: RecordingLLM,
+    recording_llm: RecordingLLM, batch: int
 ) -> None:
-    flushed, saved = _memory(theta=3), _memory(theta=3)
+    flushed, saved = _memory(batch, theta=3), _memory(theta=3)
     block = MemoryBlock(memory=flushed, user_id="ann")
     chat_memory = Memory.from_defaults(session_id="s1", memory_blocks=[block])
     recording_llm.default = "Noted."
@@ -40,6 +42,10 @@ def test_a_block_flush_of_three_exchanges_promotes_like_three_saves(
     assert flushed.rounds("ann") == saved.rounds("ann") == 3
     assert [i.text for i in flushed.ltm("ann")] == [i.text for i in saved.ltm("ann")]
     assert "The user said: I have type 2 diabetes." in [i.text for i in flushed.ltm("ann")]
+    coordinator = flushed.llm
+    assert isinstance(coordinator, ScriptedLLM)
+    # Batched: the flush's three rounds are asked each step together.
+    assert coordinator.batches == ([3, 3, 3] if batch > 1 else [])
 
 
 async def test_the_block_adds_no_stm_item_below_the_cut() -> None:

@@ -14,6 +14,7 @@ from memories_core.errors import (
     InvalidInputError,
     LLMError,
 )
+from memories_core.interfaces import MechanismHooks
 from memories_core.types import (
     Job,
     JobSpec,
@@ -102,25 +103,99 @@ class EngineJobs(EngineSearch):
             # The save's own jobs may be in backoff already (another worker failed them).
             own = [j for j in self.store.jobs(user_id=user_id, mechanisms=names) if j.id in wanted]
         model_ok = True
-        for job in [*own, *others]:
-            if job.mechanism not in self._hooks:
-                continue
+        for group in self._groups([*own, *others]):
             if self._worker is not None and self._worker.stopping:
                 break  # closing: the rest stays pending for the next run
             # The lease starts now, not when the run started: jobs before this one may have
             # taken longer than a lease, which would hand this one to another worker at once.
-            if not self.store.claim_job(job.id, now=self.clock.now(), lease=self.policy.lease):
+            # A batch holds each of its jobs until the last one has run.
+            lease = self.policy.lease * len(group)
+            claimed = [
+                j for j in group if self.store.claim_job(j.id, now=self.clock.now(), lease=lease)
+            ]
+            if not claimed:
                 continue
             with self._running_lock:
-                self._running[job.id] = job.user_id
+                self._running.update((j.id, j.user_id) for j in claimed)
             try:
-                model_ok = self._run_job(job)
+                model_ok = self._run_group(claimed)
             finally:
                 with self._running_lock:
-                    self._running.pop(job.id, None)
+                    for j in claimed:
+                        self._running.pop(j.id, None)
             if not model_ok:
                 break
         return len(self.store.jobs(user_id=user_id, mechanisms=names)), model_ok
+
+    def _groups(self, jobs: Sequence[Job]) -> list[list[Job]]:
+        """``jobs`` in order, in runs of one, or batches where the mechanism prepares them.
+
+        Consecutive jobs of a mechanism with a ``prepare`` hook form a batch of up to its
+        ``batch_size`` (asked once per run); every other job is a run of its own.
+        """
+        sizes: dict[str, int] = {}
+        groups: list[list[Job]] = []
+        for job in jobs:
+            hooks = self._hooks.get(job.mechanism)
+            if hooks is None:
+                continue
+            if job.mechanism not in sizes:
+                sizes[job.mechanism] = self._batch_size(hooks)
+            last = groups[-1] if groups else []
+            if last and last[0].mechanism == job.mechanism and len(last) < sizes[job.mechanism]:
+                last.append(job)
+            else:
+                groups.append([job])
+        return groups
+
+    @staticmethod
+    def _batch_size(hooks: MechanismHooks) -> int:
+        if hooks.prepare is None or hooks.batch_size is None:
+            return 1
+        try:
+            size = hooks.batch_size()
+        except Exception:  # e.g. the model cannot load: its jobs report that one by one
+            logger.warning("%s: batch size unknown; jobs run one by one", hooks.name, exc_info=True)
+            return 1
+        return size if isinstance(size, int) and not isinstance(size, bool) and size > 1 else 1
+
+    def _run_group(self, claimed: list[Job]) -> bool:
+        """Run claimed jobs (a batch is prepared first); ``False`` if the model is down."""
+        if len(claimed) == 1:
+            return self._run_job(claimed[0])
+        hooks = self._hooks[claimed[0].mechanism]
+        assert hooks.prepare is not None
+        failures: dict[str, BaseException] = {}
+        try:
+            failures = dict(hooks.prepare(claimed))
+        except LLMError as exc:
+            self._fail(claimed[0], claimed[0].kind, exc)
+            self._release(claimed[1:])
+            return False
+        except Exception:  # its jobs make their own calls below, and fail there if they must
+            logger.warning("%s: preparing a batch failed", hooks.name, exc_info=True)
+        for n, job in enumerate(claimed):
+            if self._worker is not None and self._worker.stopping:
+                self._release(claimed[n:])
+                return True
+            error = failures.get(job.id)
+            if error is not None:
+                self._fail(job, error.label if isinstance(error, JobFailed) else job.kind, error)
+                continue
+            # Its payload now holds what the batch answered.
+            current = self.store.jobs(user_id=job.user_id, mechanisms=[job.mechanism], key=job.key)
+            fresh = next((j for j in current if j.id == job.id), None)
+            if fresh is not None and not self._run_job(fresh):
+                self._release(claimed[n + 1 :])
+                return False
+        return True
+
+    def _release(self, jobs: Sequence[Job]) -> None:
+        """Give back claims of jobs not run (they are due again at once, no failure counted)."""
+        release = getattr(self.store, "release_job", None)
+        for job in jobs:
+            if release is not None:
+                release(job.id)
 
     # ------------------------------------------------------------------ background work
     def _drain(self, user_id: str | None) -> tuple[int, bool]:

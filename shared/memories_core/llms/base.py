@@ -536,6 +536,7 @@ class BaseLLM(ABC):
         max_tokens: int | None = None,
         temperature: float = 0.0,
         stop: Sequence[str] | None = None,
+        response_format: ResponseFormat | None = None,
         timeout: float | None = None,
     ) -> list[LLMResult]:
         """Replies to several independent conversations, in their order.
@@ -545,14 +546,14 @@ class BaseLLM(ABC):
         reads every weight once per decoding step whatever the number of sequences, so
         writing costs about the same for eight replies as for one); the others answer one
         conversation after another. The rules of :meth:`generate_result` apply to each
-        conversation, and each reply counts as one call in :attr:`usage`. There is no
-        ``response_format`` here: structured calls go one at a time.
+        conversation, and each reply counts as one call in :attr:`usage`.
 
         Args:
             conversations: The conversations, each as :meth:`generate` takes ``messages``.
             max_tokens: Cap on each reply.
             temperature: As in :meth:`generate`.
             stop: As in :meth:`generate`, for every reply.
+            response_format: As in :meth:`generate`, for every reply (one schema per batch).
             timeout: Seconds the whole batch may take (``None``: the model's
                 :attr:`timeout`); a backend that splits a batch into passes may apply it
                 per pass, and says so.
@@ -571,13 +572,13 @@ class BaseLLM(ABC):
                 f"{type(conversations).__name__}"
             )
         prepared = [
-            self._prepare(messages, max_tokens, temperature, stop, None)
+            self._prepare(messages, max_tokens, temperature, stop, response_format)
             for messages in conversations
         ]
         if not prepared:
             return []
         batch = [msgs for msgs, _ in prepared]
-        options = prepared[0][1]
+        options = {**prepared[0][1], "response_format": response_format}
         limit = self._limit(timeout)
         with self._counted():
             results = self._within(lambda: self._generate_batch(batch, **options), limit)
@@ -595,12 +596,26 @@ class BaseLLM(ABC):
         max_tokens: int | None,
         temperature: float,
         stop: tuple[str, ...] | None,
+        response_format: ResponseFormat | None = None,
     ) -> list[LLMResult]:
-        """Batch hook: one :meth:`_generate` per conversation, in order (the default)."""
+        """Batch hook: one call per conversation, in order (the default)."""
+        options: dict[str, Any] = {"max_tokens": max_tokens, "temperature": temperature}
+        if response_format is None:
+            return [self._generate(m, stop=stop, **options) for m in conversations]
         return [
-            self._generate(messages, max_tokens=max_tokens, temperature=temperature, stop=stop)
-            for messages in conversations
+            self._generate_structured(m, response_format=response_format, stop=stop, **options)
+            for m in conversations
         ]
+
+    @property
+    def batch_capacity(self) -> int:
+        """How many conversations one :meth:`generate_batch` pass decodes together.
+
+        1 (the default): the backend answers a batch one conversation after another, so a
+        caller gains nothing by gathering work into batches. A backend that decodes several
+        sequences per step says how many.
+        """
+        return 1
 
     def _limit(self, timeout: float | None) -> float | None:
         if timeout is None:

@@ -515,6 +515,7 @@ class LocalLLM(BaseLLM):
         max_tokens: int | None,
         temperature: float,
         stop: tuple[str, ...] | None,
+        response_format: ResponseFormat | None = None,
     ) -> list[LLMResult]:
         """Decode up to :attr:`batch_size` conversations per pass (int8 decoding weights).
 
@@ -525,19 +526,35 @@ class LocalLLM(BaseLLM):
         batch slower than one call after another (0.82x at 4 for SmolLM2; BENCHMARKS.md,
         "Batched answers"). Other models, and llama.cpp (its Python binding decodes one
         sequence per context), answer one conversation after another. Each pass waits for
-        the model and stops at the call's timeout like a single call.
+        the model and stops at the call's timeout like a single call. A ``response_format``
+        constrains every row of a pass to the schema, each row on its own.
         """
-        runtime = self._get_runtime()
-        if runtime.backend != "transformers" or self.quantized != "int8-decode":
+        if self.batch_capacity == 1:
             return super()._generate_batch(
-                conversations, max_tokens=max_tokens, temperature=temperature, stop=stop
+                conversations,
+                max_tokens=max_tokens,
+                temperature=temperature,
+                stop=stop,
+                response_format=response_format,
             )
+        runtime = self._get_runtime()
         limit = max_tokens or self._max_new_tokens
         results: list[LLMResult] = []
         for start in range(0, len(conversations), self.batch_size):
             part = conversations[start : start + self.batch_size]
-            results += self._locked(partial(run_batch, runtime, part, limit, temperature, stop))
+            run = partial(run_batch, runtime, part, limit, temperature, stop, response_format)
+            results += self._locked(run)
         return results
+
+    @property
+    def batch_capacity(self) -> int:
+        """:attr:`batch_size` when a batch is decoded in one pass (see :meth:`generate_batch`).
+
+        1 on llama.cpp and for float32 weights; loads the model to know its conversion.
+        """
+        if self.batch_size == 1 or self._get_runtime().backend != "transformers":
+            return 1
+        return self.batch_size if self.quantized == "int8-decode" else 1
 
     def _locked(self, run: Callable[[float | None], _R | None]) -> _R:
         """``run(deadline)`` while holding the model, within the call's timeout.

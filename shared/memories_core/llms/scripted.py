@@ -78,6 +78,9 @@ class ScriptedLLM(BaseLLM):
         structured_output: Structured-output modes to claim (``"json_schema"``,
             ``"json_object"``); a structured call answers from the same script and its
             ``response_format`` is kept in :attr:`response_formats`. None by default.
+        batch_capacity: How many conversations to claim a batch pass decodes (1 by
+            default). A batch is still answered in order, one response per conversation;
+            the size of every :meth:`generate_batch` is kept in :attr:`batches`.
 
     Example:
         >>> from memories_core.types import ChatMessage
@@ -99,8 +102,16 @@ class ScriptedLLM(BaseLLM):
         *,
         default: Response | None = None,
         structured_output: frozenset[str] = frozenset(),
+        batch_capacity: int = 1,
     ) -> None:
         super().__init__()
+        if isinstance(batch_capacity, bool) or not isinstance(batch_capacity, int):
+            raise ConfigurationError(f"batch_capacity must be an int, got {batch_capacity!r}")
+        if batch_capacity < 1:
+            raise ConfigurationError(f"batch_capacity must be at least 1, got {batch_capacity}")
+        self._batch_capacity = batch_capacity
+        #: The number of conversations of every :meth:`generate_batch`, in call order.
+        self.batches: list[int] = []
         unknown = set(structured_output) - {"json_schema", "json_object"}
         if unknown:
             raise ConfigurationError(f"unknown structured output modes: {sorted(unknown)}")
@@ -143,6 +154,30 @@ class ScriptedLLM(BaseLLM):
     def structured_output(self) -> frozenset[str]:
         """The modes given at construction (none by default)."""
         return self._modes
+
+    @property
+    def batch_capacity(self) -> int:
+        """The capacity given at construction (1 by default)."""
+        return self._batch_capacity
+
+    def _generate_batch(
+        self,
+        conversations: list[tuple[ChatMessage, ...]],
+        *,
+        max_tokens: int | None,
+        temperature: float,
+        stop: tuple[str, ...] | None,
+        response_format: ResponseFormat | None = None,
+    ) -> list[LLMResult]:
+        with self._lock:
+            self.batches.append(len(conversations))
+        return super()._generate_batch(
+            conversations,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            stop=stop,
+            response_format=response_format,
+        )
 
     @property
     def name(self) -> str:

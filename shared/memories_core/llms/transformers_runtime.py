@@ -145,6 +145,24 @@ def _allowed_tokens_fn(runtime: Runtime, fmt: ResponseFormat, prompt_length: int
     return allowed_tokens_fn(runtime.enforcer_data, fmt, prompt_length)
 
 
+def _row_allowed_fn(
+    runtime: Runtime, fmt: ResponseFormat, width: int, ends: set[int], pad: int
+) -> Any:
+    """:func:`_allowed_tokens_fn` for a batch: a row that has ended may only be padded.
+
+    ``generate`` still asks for the rows it pads; the schema's parser has no state after
+    the end of its answer, so it is not asked.
+    """
+    inner = _allowed_tokens_fn(runtime, fmt, width)
+
+    def allowed(batch_id: int, sentence: Any) -> list[int]:
+        if any(int(t) in ends for t in sentence[width:].tolist()):
+            return [pad]
+        return list(inner(batch_id, sentence))
+
+    return allowed
+
+
 def _prompt_ids(runtime: Runtime, messages: tuple[ChatMessage, ...], limit: int) -> list[int]:
     """The chat template's token ids for ``messages``, cut from the left to fit the window.
 
@@ -250,13 +268,16 @@ def run_batch(
     limit: int,
     temperature: float,
     stop: tuple[str, ...] | None,
+    fmt: ResponseFormat | None = None,
     deadline: float | None = None,
 ) -> list[LLMResult] | None:
     """Several conversations in one ``generate``; ``None`` if ``deadline`` passed.
 
     Prompts are padded on the left (the attention mask hides the padding, and positions
     are counted from each prompt's first real token), so every reply starts at the same
-    column. The key/value cache of single calls is neither used nor replaced.
+    column. The key/value cache of single calls is neither used nor replaced. With ``fmt``
+    each row is kept inside the JSON schema on its own (the enforcer keys its state by the
+    row's own tokens); a row that has ended is only padded.
     """
     import torch
 
@@ -270,13 +291,15 @@ def run_batch(
     attention_mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in prompts])
     options, timer = _generation_options(tokenizer, limit, temperature, stop, width, deadline)
     options["pad_token_id"] = pad
+    ends = set(tokenizer.all_special_ids) | {pad}
+    if fmt is not None:
+        options["prefix_allowed_tokens_fn"] = _row_allowed_fn(runtime, fmt, width, ends, pad)
     with torch.inference_mode():
         output = runtime.model.generate(
             input_ids=input_ids, attention_mask=attention_mask, **options
         )
     if timer is not None and timer.fired:
         return None
-    ends = set(tokenizer.all_special_ids) | {pad}
     results = []
     for ids, row in zip(prompts, output, strict=True):
         new = [int(t) for t in row[width:].tolist()]

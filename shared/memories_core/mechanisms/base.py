@@ -160,6 +160,8 @@ class MemoryBase:
                 on_session_end=self._session_jobs,
                 run_job=self._run_job,
                 on_delete_user=self._delete_user_data,
+                prepare=self._prepare_jobs if self._batches_jobs() else None,
+                batch_size=self._job_batch_size,
             )
         )
         # A late-interaction stage: the turns' token vectors are encoded by a pending job.
@@ -394,6 +396,23 @@ class MemoryBase:
     def _run_job(self, job: Job) -> Derivation | None:
         """Run one of this memory's jobs (hook; model calls happen here)."""
         return None
+
+    def _prepare_jobs(self, jobs: Sequence[Job]) -> Mapping[str, BaseException]:
+        """Make several jobs' model calls together, answers kept in their payloads (hook).
+
+        A mechanism whose jobs' calls are independent of one another overrides it (see
+        :attr:`~memories_core.interfaces.MechanismHooks.prepare`); returns the failed jobs.
+        """
+        return {}
+
+    def _batches_jobs(self) -> bool:
+        return type(self)._prepare_jobs is not MemoryBase._prepare_jobs
+
+    def _job_batch_size(self) -> int:
+        """Jobs prepared at once: what this memory's model decodes in one pass."""
+        from memories_core.prompts.batch import batch_capacity
+
+        return batch_capacity(self.llm if self.llm is not None else self.engine.llm)
 
     def _on_delete_user(self, user_id: str) -> None:
         """Remove what this memory keeps of ``user_id`` outside the engine (hook)."""

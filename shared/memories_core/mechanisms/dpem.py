@@ -44,9 +44,7 @@ is the prompt ``p = Retriever(x)`` of MaLP's eq. (3) (:meth:`DualProcessMemory.p
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
@@ -61,6 +59,16 @@ from memories_core.engine import (
 from memories_core.errors import ConfigurationError, LLMError, ParseError
 from memories_core.grounding import find_ungrounded, log_rejection
 from memories_core.mechanisms.base import MemoryBase
+from memories_core.mechanisms.dpem_items import (
+    MERGE_THRESHOLD,
+    DPeMStats,
+    KnowledgeItem,
+    knowledge_item,
+    near_duplicate,
+    processed_text,
+    similarity,
+)
+from memories_core.prompts.batch import run_spec_batch
 from memories_core.prompts.dpem import (
     COMMON_SENSE,
     KNOWLEDGE,
@@ -106,11 +114,6 @@ KNOWLEDGE_KIND = "dpem_knowledge"
 NOTE_KIND = "dpem_note"
 #: Tiers (record state ``tier``).
 WORKING, STM, LTM = "working", "stm", "ltm"
-#: Default near-duplicate threshold of :func:`similarity` (0-100). Chosen on the labelled
-#: pairs of ``tests/test_dpem.py``: trivial rephrasings (case, punctuation, articles, word
-#: order) score 89-100; different facts that share most words (another token, another
-#: condition) score at most 84.
-MERGE_THRESHOLD = 88.0
 #: Relevance cut of the STM lookup per scorer (0-1) chosen by leave-one-conversation-out
 #: cross-validation on LoCoMo (observations as STM items, questions as queries; the same cut
 #: in every fold; BENCHMARKS.md, "DPeM: rounds by exchange, STM relevance cut"): held-out
@@ -124,105 +127,6 @@ DEFAULT_STM_CUT: dict[str, float] = {"levenshtein": 0.0, "partial": 0.0}
 
 T = TypeVar("T")
 StmScorer = Literal["levenshtein", "partial"]
-
-_DIGITS = re.compile(r"\d+")
-
-
-def _processed(text: str) -> str:
-    from rapidfuzz import utils
-
-    return str(utils.default_process(text))
-
-
-def similarity(a: str, b: str) -> float:
-    """How alike two items read, 0-100: the better of rapidfuzz's ratio and token-sort ratio.
-
-    Both texts are lower-cased and stripped of punctuation first, so case, punctuation and
-    word order alone never make two items differ.
-    """
-    from rapidfuzz import fuzz
-
-    pa, pb = _processed(a), _processed(b)
-    return float(max(fuzz.ratio(pa, pb), fuzz.token_sort_ratio(pa, pb)))
-
-
-def near_duplicate(a: str, b: str, threshold: float = MERGE_THRESHOLD) -> bool:
-    """Whether ``b`` is a trivial rephrasing of ``a`` (one flag-table entry, not two).
-
-    ``similarity(a, b) >= threshold`` and the same numbers in both: "is 45" and "is 46"
-    differ, however alike the rest reads.
-    """
-    if _DIGITS.findall(a) != _DIGITS.findall(b):
-        return False
-    return similarity(a, b) >= threshold
-
-
-@dataclass(frozen=True)
-class KnowledgeItem:
-    """One entry of a user's working memory, STM or LTM, as :class:`DualProcessMemory` shows it.
-
-    Attributes:
-        id: Record id.
-        text: The note or knowledge item.
-        tier: ``"working"``, ``"stm"`` or ``"ltm"``.
-        type: ``"user-specific"`` or ``"common-sense"`` (``None`` for working notes).
-        count: Flag-table count: in how many iterations the item (or a near-duplicate) appeared.
-        first_round: Iteration it first appeared in.
-        last_round: Iteration it last appeared in.
-        created_at: When the record was written.
-    """
-
-    id: str
-    text: str
-    tier: str
-    type: str | None
-    count: int
-    first_round: int
-    last_round: int
-    created_at: datetime
-
-
-@dataclass(frozen=True)
-class DPeMStats:
-    """A user's memory dynamics so far (for inspection and benchmarks).
-
-    Attributes:
-        rounds: Iterations saved.
-        processed: Iterations whose job has finished memorizing.
-        working: Notes in working memory.
-        stm: Items in short-term memory.
-        ltm: Items in long-term memory.
-        merges: Items that were near-duplicates of a stored one (counted, not added).
-        promotions: STM -> LTM moves.
-        refreshes: STM refreshes done.
-        dropped: STM items dropped by refreshes or by the capacity limit.
-    """
-
-    rounds: int
-    processed: int
-    working: int
-    stm: int
-    ltm: int
-    merges: int
-    promotions: int
-    refreshes: int
-    dropped: int
-
-
-def _item(record: MemoryRecord) -> KnowledgeItem:
-    attrs = record.state.attrs
-    rounds = [int(r) for r in attrs.get("rounds", [])] or [int(attrs.get("round", 0))]
-    kind = attrs.get("type", record.metadata.get("type"))
-    return KnowledgeItem(
-        id=record.id,
-        text=record.text,
-        tier=record.state.tier or "",
-        type=None if kind is None else str(kind),
-        count=int(attrs.get("count", len(rounds))),
-        first_round=min(rounds),
-        last_round=max(rounds),
-        created_at=record.created_at,
-    )
 
 
 class DualProcessMemory(MemoryBase):
@@ -399,7 +303,7 @@ class DualProcessMemory(MemoryBase):
 
     def _tier(self, user_id: str, kind: str, tier: str) -> list[KnowledgeItem]:
         found = self.engine.records(check_user_id(user_id), where={"kind": kind, "tier": tier})
-        return [_item(r) for r in found if not r.state.archived]
+        return [knowledge_item(r) for r in found if not r.state.archived]
 
     # ------------------------------------------------------------------ recall
     def recall(
@@ -469,7 +373,7 @@ class DualProcessMemory(MemoryBase):
             query,
             [r.text for r in records],
             scorer=scorer,
-            processor=_processed,
+            processor=processed_text,
             limit=min(k, len(records)),
         )
         ranked = sorted(ranked, key=lambda hit: (-hit[1], hit[2]))
@@ -530,27 +434,100 @@ class DualProcessMemory(MemoryBase):
         turns = self.engine.get(user_id, [str(t) for t in job.payload.get("turn_ids", [])])
         if not turns:
             return None  # the turns were cleared meanwhile: nothing to learn from
-        dialogue = _fit([r.text[:2000] for r in turns], self.max_dialogue_chars)
+        dialogue = self._dialogue(turns)
         payload: dict[str, Any] = dict(job.payload)
-        if "notes" not in payload:
-            notes = self._ask(NOTES, NotesInput(tuple(dialogue), self.working_capacity), "notes")
-            payload["notes"] = self._grounded(notes, dialogue, "note")[: self.working_capacity]
-            self.engine.update_job(job, payload)
+        self._step(job, payload, "notes", dialogue)
         notes = tuple(str(n) for n in payload["notes"])
         if not self._write_working(job, round_no, notes):
             return None  # the job is gone (its user deleted meanwhile): nothing more to write
-        if "knowledge" not in payload:
-            items = self._ask(KNOWLEDGE, KnowledgeInput(notes), "knowledge") if notes else ()
-            payload["knowledge"] = self._grounded(items, dialogue, "knowledge")
-            self.engine.update_job(job, payload)
+        self._step(job, payload, "knowledge", dialogue)
+        self._step(job, payload, "types", dialogue)
         knowledge = tuple(str(k) for k in payload["knowledge"])
-        if "types" not in payload:
-            types = self._ask(TYPING, TypingInput(knowledge), "typing") if knowledge else ()
-            payload["types"] = list(types)
-            self.engine.update_job(job, payload)
         typed = list(zip(knowledge, (str(t) for t in payload["types"]), strict=True))
         self._memorize(job, round_no, typed)
         return None
+
+    def _dialogue(self, turns: Sequence[MemoryRecord]) -> list[str]:
+        return _fit([r.text[:2000] for r in turns], self.max_dialogue_chars)
+
+    def _request(
+        self, stage: str, payload: dict[str, Any], dialogue: Sequence[str]
+    ) -> tuple[PromptSpec[Any, Any], Any] | None:
+        """The call a round's ``stage`` makes (``None``: nothing to ask, an empty input).
+
+        Each step reads only its own round (its dialogue, or the step before it), so the
+        same step of several rounds can be asked together (:meth:`_prepare_jobs`).
+        """
+        if stage == "notes":
+            return NOTES, NotesInput(tuple(dialogue), self.working_capacity)
+        if stage == "knowledge":
+            notes = tuple(str(n) for n in payload["notes"])
+            return (KNOWLEDGE, KnowledgeInput(notes)) if notes else None
+        knowledge = tuple(str(k) for k in payload["knowledge"])
+        return (TYPING, TypingInput(knowledge)) if knowledge else None
+
+    def _keep(
+        self, job: Job, payload: dict[str, Any], stage: str, answer: Any, dialogue: Sequence[str]
+    ) -> None:
+        """Keep a step's answer in the job's payload, so a retry does not ask again."""
+        if stage == "notes":
+            payload[stage] = self._grounded(answer, dialogue, "note")[: self.working_capacity]
+        elif stage == "knowledge":
+            payload[stage] = self._grounded(answer, dialogue, "knowledge")
+        else:
+            payload[stage] = [str(t) for t in answer]
+        self.engine.update_job(job, payload)
+
+    def _step(self, job: Job, payload: dict[str, Any], stage: str, dialogue: list[str]) -> None:
+        if stage in payload:
+            return
+        request = self._request(stage, payload, dialogue)
+        answer = () if request is None else self._ask(request[0], request[1], _LABELS[stage])
+        self._keep(job, payload, stage, answer, dialogue)
+
+    def _prepare_jobs(self, jobs: Sequence[Job]) -> dict[str, BaseException]:
+        """Ask each model step of several rounds together, one batch per step.
+
+        The rounds' notes are asked in one batch, then their knowledge items, then the
+        items' types (the three steps of the module docstring); the answers are kept in
+        each job's payload, and :meth:`_run_job` then only writes, round by round in order
+        (working memory, flag table). A round whose answer still does not parse is returned
+        as failed, as its own run would have failed.
+
+        Raises:
+            LLMError: if the model is down (the answers so far are kept).
+        """
+        work = []
+        for job in jobs:
+            turns = self.engine.get(job.user_id, [str(t) for t in job.payload.get("turn_ids", [])])
+            if turns:
+                work.append((job, dict(job.payload), self._dialogue(turns)))
+        failed: dict[str, BaseException] = {}
+        for stage in ("notes", "knowledge", "types"):
+            asks = []
+            for job, payload, dialogue in work:
+                if job.id in failed or stage in payload:
+                    continue
+                request = self._request(stage, payload, dialogue)
+                if request is None:
+                    self._keep(job, payload, stage, (), dialogue)
+                else:
+                    asks.append((job, payload, dialogue, request))
+            if not asks:
+                continue
+            spec = self.prompt_spec(asks[0][3][0])
+            answers = run_spec_batch(
+                self._coordinator(), spec, [a[3][1] for a in asks], retries=self.retries
+            )
+            for (job, payload, dialogue, _), answer in zip(asks, answers, strict=True):
+                if isinstance(answer, ParseError):
+                    label = _LABELS[stage]
+                    error = JobFailed(label, f"DPeM {label} failed: {answer}")
+                    error.__cause__ = answer
+                    failed[job.id] = error
+                else:
+                    self._keep(job, payload, stage, answer, dialogue)
+        return failed
 
     def _grounded(self, items: Sequence[str], dialogue: Sequence[str], what: str) -> list[str]:
         """The items grounded in the round's ``dialogue`` (:mod:`memories_core.grounding`).
@@ -719,6 +696,10 @@ class DualProcessMemory(MemoryBase):
             dropped += live[: len(live) - self.stm_capacity]
         log["dropped"] = log.get("dropped", 0) + len(dropped)
         return dropped
+
+
+#: Each model step's name in ``usage.failures``.
+_LABELS = {"notes": "notes", "knowledge": "knowledge", "types": "typing"}
 
 
 def _mark_processed(log: dict[str, Any], round_no: int) -> bool:

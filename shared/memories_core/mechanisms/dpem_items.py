@@ -1,0 +1,122 @@
+"""DPeM's items: the flag table's near-duplicate rule and the views of a user's memories.
+
+Part of :mod:`memories_core.mechanisms.dpem` (Zhang et al., 2023, "DPeM Mechanism"): what
+counts as a recurrence of a stored item (executive process, memorizing), and the
+:class:`KnowledgeItem` / :class:`DPeMStats` views that :class:`~memories_core.mechanisms.dpem.
+DualProcessMemory` shows.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime
+
+from memories_core.types import MemoryRecord
+
+__all__ = ["MERGE_THRESHOLD", "DPeMStats", "KnowledgeItem", "near_duplicate", "similarity"]
+
+#: Default near-duplicate threshold of :func:`similarity` (0-100). Chosen on the labelled
+#: pairs of ``tests/test_dpem.py``: trivial rephrasings (case, punctuation, articles, word
+#: order) score 89-100; different facts that share most words (another token, another
+#: condition) score at most 84.
+MERGE_THRESHOLD = 88.0
+
+_DIGITS = re.compile(r"\d+")
+
+
+def processed_text(text: str) -> str:
+    from rapidfuzz import utils
+
+    return str(utils.default_process(text))
+
+
+def similarity(a: str, b: str) -> float:
+    """How alike two items read, 0-100: the better of rapidfuzz's ratio and token-sort ratio.
+
+    Both texts are lower-cased and stripped of punctuation first, so case, punctuation and
+    word order alone never make two items differ.
+    """
+    from rapidfuzz import fuzz
+
+    pa, pb = processed_text(a), processed_text(b)
+    return float(max(fuzz.ratio(pa, pb), fuzz.token_sort_ratio(pa, pb)))
+
+
+def near_duplicate(a: str, b: str, threshold: float = MERGE_THRESHOLD) -> bool:
+    """Whether ``b`` is a trivial rephrasing of ``a`` (one flag-table entry, not two).
+
+    ``similarity(a, b) >= threshold`` and the same numbers in both: "is 45" and "is 46"
+    differ, however alike the rest reads.
+    """
+    if _DIGITS.findall(a) != _DIGITS.findall(b):
+        return False
+    return similarity(a, b) >= threshold
+
+
+@dataclass(frozen=True)
+class KnowledgeItem:
+    """One entry of a user's working memory, STM or LTM, as :class:`DualProcessMemory` shows it.
+
+    Attributes:
+        id: Record id.
+        text: The note or knowledge item.
+        tier: ``"working"``, ``"stm"`` or ``"ltm"``.
+        type: ``"user-specific"`` or ``"common-sense"`` (``None`` for working notes).
+        count: Flag-table count: in how many iterations the item (or a near-duplicate) appeared.
+        first_round: Iteration it first appeared in.
+        last_round: Iteration it last appeared in.
+        created_at: When the record was written.
+    """
+
+    id: str
+    text: str
+    tier: str
+    type: str | None
+    count: int
+    first_round: int
+    last_round: int
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class DPeMStats:
+    """A user's memory dynamics so far (for inspection and benchmarks).
+
+    Attributes:
+        rounds: Iterations saved.
+        processed: Iterations whose job has finished memorizing.
+        working: Notes in working memory.
+        stm: Items in short-term memory.
+        ltm: Items in long-term memory.
+        merges: Items that were near-duplicates of a stored one (counted, not added).
+        promotions: STM -> LTM moves.
+        refreshes: STM refreshes done.
+        dropped: STM items dropped by refreshes or by the capacity limit.
+    """
+
+    rounds: int
+    processed: int
+    working: int
+    stm: int
+    ltm: int
+    merges: int
+    promotions: int
+    refreshes: int
+    dropped: int
+
+
+def knowledge_item(record: MemoryRecord) -> KnowledgeItem:
+    attrs = record.state.attrs
+    rounds = [int(r) for r in attrs.get("rounds", [])] or [int(attrs.get("round", 0))]
+    kind = attrs.get("type", record.metadata.get("type"))
+    return KnowledgeItem(
+        id=record.id,
+        text=record.text,
+        tier=record.state.tier or "",
+        type=None if kind is None else str(kind),
+        count=int(attrs.get("count", len(rounds))),
+        first_round=min(rounds),
+        last_round=max(rounds),
+        created_at=record.created_at,
+    )

@@ -1,0 +1,105 @@
+"""benchmarks/writer_batch.py offline: DPeM written one round at a time and in batches."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from memories_core.embedders import HashingEmbedder
+from memories_core.llms import ScriptedLLM
+from memories_core.prompts.dpem import dpem_reply
+
+ROOT = Path(__file__).resolve().parents[1]
+
+LINES = [
+    ("Ann", "I adopted a cat named Miso last week."),
+    ("Bob", "Lovely! How is Miso settling in?"),
+    ("Ann", "She sleeps on my keyboard all day."),
+    ("Bob", "Cats love warm laptops."),
+    ("Ann", "I adopted a cat named Miso last week."),
+    ("Bob", "You told me, she sounds sweet."),
+    ("Ann", "I also started learning the cello."),
+    ("Bob", "Great, how are the lessons?"),
+    ("Ann", "I adopted a cat named Miso last week."),
+    ("Bob", "Three times now!"),
+]
+
+
+def _data(path: Path) -> Path:
+    session = [
+        {"speaker": who, "dia_id": f"D1:{i + 1}", "text": text}
+        for i, (who, text) in enumerate(LINES)
+    ]
+    sample = {
+        "sample_id": "conv-x",
+        "conversation": {
+            "speaker_a": "Ann",
+            "speaker_b": "Bob",
+            "session_1": session,
+            "session_1_date_time": "1:56 pm on 8 May, 2023",
+        },
+        "qa": [],
+    }
+    path.write_text(json.dumps([sample]), encoding="utf-8")
+    return path
+
+
+def _script() -> Any:
+    spec = importlib.util.spec_from_file_location(
+        "writer_batch", ROOT / "benchmarks" / "writer_batch.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.background
+def test_writer_batch_writes_the_same_memory_at_each_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib")
+    script = _script()
+    models: dict[int, ScriptedLLM] = {}
+
+    def factory(size: int) -> ScriptedLLM:
+        started = threading.Event()
+
+        def slow_first(messages: Any) -> str:
+            # The worker's first call outlasts the other saves (a few ms each), as a real
+            # model's does: the rounds saved meanwhile wait together.
+            if not started.is_set():
+                started.set()
+                time.sleep(1.0)
+            return dpem_reply(messages)
+
+        models[size] = ScriptedLLM(default=slow_first, batch_capacity=size)
+        return models[size]
+
+    out = tmp_path / "out"
+    argv = ["--data", str(_data(tmp_path / "locomo.json")), "--exchanges", "5"]
+    argv += ["--sizes", "1,4", "--out", str(out)]
+    assert script.main(argv, llm_factory=factory, embedder=HashingEmbedder()) == 0
+    report = json.loads((out / "writer_batch.json").read_text())
+    one, four = report["rows"]
+    assert one["rounds"] == four["rounds"] == four["processed"] == 5
+    assert one["memory"] == four["memory"] and four["memory"]["ltm"]
+    assert four["same_as_first"] == {"working": 1.0, "stm": 1.0, "ltm": 1.0}
+    # Rounds saved while the worker wrote an earlier one wait and go in one batch.
+    assert one["batches"] == [] and max(four["batches"]) > 1
+    assert one["llm_calls"] == four["llm_calls"] == 3 * 5
+    assert (out / "writer_batch.png").is_file()
+    assert "| 4 | 5 |" in (out / "writer_batch.md").read_text()
+    # A size already measured is kept, not run again.
+    models.clear()
+    assert script.main(argv, llm_factory=factory, embedder=HashingEmbedder()) == 0
+    assert models == {}
+    capsys.readouterr()
