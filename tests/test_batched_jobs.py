@@ -13,13 +13,14 @@ from typing import Any
 
 import pytest
 
-from memories_core import DualProcessMemory, FixedClock, Scope, Turn
+from memories_core import ConditionalMemory, DualProcessMemory, FixedClock, Scope, Turn
 from memories_core.embedders import HashingEmbedder
 from memories_core.errors import LLMError, ParseError
 from memories_core.llms import ScriptedLLM
 from memories_core.prompts.batch import batch_capacity, drive_batch, run_spec_batch
 from memories_core.prompts.conditional import DECISION, DecisionInput
 from memories_core.prompts.dpem import dpem_reply
+from memories_core.prompts.rule_following import rule_following_reply
 from memories_core.types import ChatMessage
 
 T0 = datetime(2024, 5, 1, 9, 0, tzinfo=timezone.utc)
@@ -180,3 +181,47 @@ def test_one_batch_over_two_users_keeps_each_users_memory_apart() -> None:
     assert ann and all("diabetes" in t for t in ann)
     assert bob and all("Rex" in t for t in bob)
     assert memory.stats("ann").processed == memory.stats("bob").processed == 2
+
+
+# ---------------------------------------------------------------------------- conditional memory
+def _conditional(llm: ScriptedLLM) -> ConditionalMemory:
+    return ConditionalMemory(llm=llm, embedder=HashingEmbedder(dimension=128), clock=FixedClock(T0))
+
+
+def _records(memory: ConditionalMemory, user: str) -> list[tuple[str, int]]:
+    """Each record's text and the position of the turn it was written for."""
+    turns = [t.id for t in memory.records(Scope(user), kind="turn")]
+    found = memory.records(Scope(user), kind="conditional")
+    return sorted((r.text, turns.index(str(r.metadata["turn_id"]))) for r in found)
+
+
+def test_batched_decisions_and_records_write_what_one_turn_at_a_time_does() -> None:
+    one = ScriptedLLM(default=rule_following_reply)
+    batched = ScriptedLLM(default=rule_following_reply, batch_capacity=8)
+    by_one, by_batch = _conditional(one), _conditional(batched)
+    by_one.save(_exchanges(FACTS), Scope("ann"))
+    by_batch.save(_exchanges(FACTS), Scope("ann"))
+    assert by_batch.pending("ann") == by_one.pending("ann") == []
+    assert _records(by_batch, "ann") == _records(by_one, "ann")
+    written = len(_records(by_one, "ann"))
+    assert written > 0
+    # Seven decisions in one batch, then the records of the turns worth remembering.
+    assert batched.batches == [7, written]
+    assert len(batched.calls) == len(one.calls) == 7 + written
+
+
+def test_a_turn_whose_record_never_parses_fails_alone_with_its_decision_kept() -> None:
+    def reply(messages: Sequence[ChatMessage]) -> str:
+        text = rule_following_reply(messages)
+        if any("peanuts" in m.content for m in messages) and "Decision" not in text:
+            return "no record here"
+        return text
+
+    llm = ScriptedLLM(default=reply, batch_capacity=8)
+    memory = _conditional(llm)
+    memory.save(_exchanges(FACTS), Scope("ann"))
+    pending = memory.pending("ann")
+    assert len(pending) == 1 and pending[0].attempts == 1
+    assert pending[0].payload["decision"] is True and "note" not in pending[0].payload
+    assert memory.usage.failures.get("record") == 1
+    assert all("peanuts" not in text for text, _ in _records(memory, "ann"))

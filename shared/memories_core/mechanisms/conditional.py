@@ -33,6 +33,7 @@ from memories_core.errors import LLMError, ParseError
 from memories_core.grounding import find_ungrounded, log_rejection
 from memories_core.interfaces import LLM
 from memories_core.mechanisms.base import MemoryBase, turn_from_record
+from memories_core.prompts.batch import run_spec_batch
 from memories_core.prompts.conditional import (
     DECISION,
     RECORD,
@@ -246,14 +247,11 @@ class ConditionalMemory(MemoryBase):
         context = self._context_before(turn)
         content = _content(turn)
         if decision is None:
-            previous = next(
-                (r for r in reversed(context) if r.metadata.get("role") == "assistant"), None
-            )
             try:
                 decision = run_spec(
                     writer,
                     self.prompt_spec(DECISION),
-                    DecisionInput(content, _content(previous) if previous else None),
+                    DecisionInput(content, _previous_reply(context)),
                     retries=retries,
                 )
             except (LLMError, ParseError) as exc:
@@ -263,15 +261,19 @@ class ConditionalMemory(MemoryBase):
         if not decision:
             return None
         dialogue = [r.text for r in context] + [turn.text]
-        try:
-            note = run_spec(
-                writer,
-                self.prompt_spec(RECORD),
-                RecordInput(tuple(dialogue), content),
-                retries=retries,
-            )
-        except (LLMError, ParseError) as exc:
-            raise JobFailed("record", f"record for turn {turn_id} failed: {exc}") from exc
+        kept = job.payload.get("note")
+        if isinstance(kept, dict):  # written by a batch (_prepare_jobs)
+            note = ConditionalNote(**{f: str(kept.get(f, "")) for f in _NOTE_FIELDS})
+        else:
+            try:
+                note = run_spec(
+                    writer,
+                    self.prompt_spec(RECORD),
+                    RecordInput(tuple(dialogue), content),
+                    retries=retries,
+                )
+            except (LLMError, ParseError) as exc:
+                raise JobFailed("record", f"record for turn {turn_id} failed: {exc}") from exc
         rejection = find_ungrounded({"summary": note.summary, "note": note.note}, dialogue)
         if rejection is not None:
             # Not written; the turn itself stays stored and recalled (memories_core.grounding).
@@ -279,6 +281,60 @@ class ConditionalMemory(MemoryBase):
             self.engine.count_failure("grounding")
             return None
         return Derivation(add=self.derive_records(note, turn, context))
+
+    def _prepare_jobs(self, jobs: Sequence[Job]) -> dict[str, BaseException]:
+        """Ask several turns' decisions together, then the records of those decided "yes".
+
+        Each turn's two calls read only that turn and the turns before it (already stored),
+        so the same step of several turns goes to the model as one batch, per writing
+        model. The answers are kept in each job's payload (the decision, the parsed note),
+        and :meth:`_run_job` then only checks and writes. A turn whose answer still does not
+        parse is returned as failed, as its own run would have failed. ``respond()``'s own
+        jobs (no repair budget) are left to their run.
+
+        Raises:
+            LLMError: if the model is down (the answers so far are kept).
+        """
+        work = []
+        for job in jobs:
+            if int(job.payload.get("retries", 1)) == 0:
+                continue
+            found = self.engine.get(job.user_id, [str(job.payload["turn_id"])])
+            if found:
+                turn = found[0]
+                writer = self._llm(Scope(job.user_id, turn.session_id))
+                work.append(
+                    _Pending(job, dict(job.payload), turn, writer, self._context_before(turn))
+                )
+        failed: dict[str, BaseException] = {}
+        undecided = [w for w in work if w.payload.get("decision") is None]
+        for writer, group in _by_writer(undecided):
+            inputs = [DecisionInput(_content(w.turn), _previous_reply(w.context)) for w in group]
+            answers = run_spec_batch(writer, self.prompt_spec(DECISION), inputs)
+            for w, answer in zip(group, answers, strict=True):
+                if isinstance(answer, ParseError):
+                    failed[w.job.id] = _failed("decision", w.turn.id, answer)
+                else:
+                    w.payload["decision"] = bool(answer)
+                    self.engine.update_job(w.job, w.payload)
+        to_write = [
+            w
+            for w in work
+            if w.job.id not in failed and w.payload.get("decision") and "note" not in w.payload
+        ]
+        for writer, group in _by_writer(to_write):
+            notes = run_spec_batch(
+                writer,
+                self.prompt_spec(RECORD),
+                [RecordInput(tuple(w.dialogue), _content(w.turn)) for w in group],
+            )
+            for w, note in zip(group, notes, strict=True):
+                if isinstance(note, ParseError):
+                    failed[w.job.id] = _failed("record", w.turn.id, note)
+                else:
+                    w.payload["note"] = {f: getattr(note, f) for f in _NOTE_FIELDS}
+                    self.engine.update_job(w.job, w.payload)
+        return failed
 
     def derive_records(
         self, note: ConditionalNote, turn: MemoryRecord, context: Sequence[MemoryRecord] = ()
@@ -375,3 +431,42 @@ class ConditionalMemory(MemoryBase):
 
 def _content(record: MemoryRecord) -> str:
     return turn_from_record(record).content
+
+
+#: The parts of a record answer kept in a job's payload between a batch and the job's run.
+_NOTE_FIELDS = ("related_context", "summary", "note")
+
+
+@dataclass
+class _Pending:
+    """A decision job in a batch: its payload so far, its turn and who writes it."""
+
+    job: Job
+    payload: dict[str, Any]
+    turn: MemoryRecord
+    writer: LLM
+    context: list[MemoryRecord]
+
+    @property
+    def dialogue(self) -> list[str]:
+        return [r.text for r in self.context] + [self.turn.text]
+
+
+def _previous_reply(context: Sequence[MemoryRecord]) -> str | None:
+    """The last assistant turn before a user turn (the decision's context), if any."""
+    previous = next((r for r in reversed(context) if r.metadata.get("role") == "assistant"), None)
+    return _content(previous) if previous is not None else None
+
+
+def _by_writer(work: Sequence[_Pending]) -> list[tuple[LLM, list[_Pending]]]:
+    """``work`` grouped by writing model (a user may be served by another one), in order."""
+    groups: dict[int, tuple[LLM, list[_Pending]]] = {}
+    for item in work:
+        groups.setdefault(id(item.writer), (item.writer, []))[1].append(item)
+    return list(groups.values())
+
+
+def _failed(label: str, turn_id: str, error: ParseError) -> JobFailed:
+    failure = JobFailed(label, f"{label} for turn {turn_id} failed: {error}")
+    failure.__cause__ = error
+    return failure
