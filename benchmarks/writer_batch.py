@@ -1,17 +1,18 @@
-"""Batched memory writing: DPeM's coordinator steps for several rounds in one pass.
+"""Batched memory writing: a mechanism's model steps for several waiting jobs in one pass.
 
-DPeM makes three model calls per round of dialogue (notes, knowledge items, their types), and
-each call reads only its own round. When several rounds wait (a chat app saves faster than the
-coordinator writes), the engine hands them to the mechanism together and each step is asked
-for all of them in one ``generate_batch``: with the int8 decoding weights
-(``LocalLLM(quantize="auto")``) a CPU pass over eight sequences costs about what a pass over
-one costs. This script saves the first ``--exchanges`` exchanges of a LoCoMo conversation's
-first session into a fresh ``DualProcessMemory`` (one save per exchange, the background
-worker writing, as the answer-quality harness saves), once per batch size, and reports the
-ingest's wall time per round, model calls and tokens, and whether the memory written is the
-same as one round at a time.
+DPeM makes three model calls per round of dialogue (notes, knowledge items, their types) and
+conditional memory two per user turn (worth remembering? then the record); each call reads
+only its own round or turn. When several wait (a chat app saves faster than the model
+writes), the engine hands them to the mechanism together and each step is asked for all of
+them in one ``generate_batch``: with the int8 decoding weights (``LocalLLM(quantize="auto")``)
+a CPU pass over eight sequences costs about what a pass over one costs. This script saves the
+first ``--exchanges`` exchanges of a LoCoMo conversation's first session into a fresh memory
+(one save per exchange, the background worker writing, as the answer-quality harness saves),
+once per batch size, and reports the ingest's wall time per exchange, model calls and tokens,
+and whether the memory written is the same as one job at a time.
 
-    python benchmarks/writer_batch.py --exchanges 8 --sizes 1,8 --out benchmarks/out/writer_batch
+    python benchmarks/writer_batch.py --mechanism dpem --exchanges 8 --sizes 1,8 \
+        --out benchmarks/out/writer_batch_dpem
 
 Sizes already measured in ``--out`` are kept (delete its ``b<N>.json`` to measure one again);
 the model is loaded once.
@@ -35,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import locomo_qa
 from machine_info import command_line, machine
 
+from memories_core import Scope
 from memories_core.evaluation.harness import ingest_conversation
 from memories_core.evaluation.locomo import LocomoConversation, load_locomo
 
@@ -48,19 +50,32 @@ def first_exchanges(conversation: LocomoConversation, exchanges: int) -> LocomoC
     return dataclasses.replace(conversation, turns=tuple(turns[: 2 * exchanges]), qa=())
 
 
-def _memory_view(memory: Any, user: str) -> dict[str, list[str]]:
-    return {
+#: What each mechanism wrote, per part: the texts compared between batch sizes.
+VIEWS: dict[str, Callable[[Any, str], dict[str, list[str]]]] = {
+    "dpem": lambda memory, user: {
         "working": sorted(i.text for i in memory.working(user)),
         "stm": sorted(i.text for i in memory.stm(user)),
         "ltm": sorted(i.text for i in memory.ltm(user)),
-    }
+    },
+    "conditional": lambda memory, user: {
+        "records": sorted(r.text for r in memory.records(Scope(user), kind="conditional")),
+    },
+}
+
+
+def make_memory(mechanism: str, folder: Path, llm: Any, embedder: Any, clock: Any) -> Any:
+    """The mechanism's memory on ``folder``, written by ``llm`` (the harness's defaults)."""
+    import memories_core as mc
+
+    kind = {"dpem": mc.DualProcessMemory, "conditional": mc.ConditionalMemory}[mechanism]
+    return kind(path=folder, llm=llm, embedder=embedder, clock=clock)
 
 
 def measure_size(
-    conversation: LocomoConversation, llm: Any, embedder: Any, folder: Path
+    mechanism: str, conversation: LocomoConversation, llm: Any, embedder: Any, folder: Path
 ) -> dict[str, Any]:
-    """Ingest ``conversation`` into a new DPeM memory with ``llm``; cost and memory written."""
-    from memories_core import DualProcessMemory, FixedClock
+    """Ingest ``conversation`` into a new memory written by ``llm``; cost and memory written."""
+    from memories_core import FixedClock
 
     sizes: list[int] = []
     batch = getattr(llm, "generate_batch", None)
@@ -70,25 +85,22 @@ def measure_size(
             sizes.append(len(conversations))
             return batch(conversations, **options)
 
-        llm.generate_batch = recorded  # instrument: how many rounds each batch held
+        llm.generate_batch = recorded  # instrument: how many jobs each batch held
     clock = FixedClock(datetime(2023, 1, 1, tzinfo=timezone.utc))  # each save sets it
-    memory = DualProcessMemory(path=folder, llm=llm, embedder=embedder, clock=clock)
+    memory = make_memory(mechanism, folder, llm, embedder, clock)
     try:
         started = time.perf_counter()
         stats = ingest_conversation(memory, conversation, clock, user_id="user", writer=llm)
         wall = time.perf_counter() - started
-        view = _memory_view(memory, "user")
-        rounds = memory.rounds("user")
-        processed = memory.stats("user").processed
+        view = VIEWS[mechanism](memory, "user")
     finally:
         memory.close()
         if batch is not None:
             del llm.generate_batch
     return {
-        "rounds": rounds,
-        "processed": processed,
+        "exchanges": stats.saves,
         "wall_s": wall,
-        "s_per_round": wall / max(1, rounds),
+        "s_per_exchange": wall / max(1, stats.saves),
         "llm_calls": stats.llm_calls,
         "prompt_tokens": stats.prompt_tokens,
         "completion_tokens": stats.completion_tokens,
@@ -100,40 +112,41 @@ def measure_size(
 
 
 def _same(a: dict[str, list[str]], b: dict[str, list[str]]) -> dict[str, float]:
-    """Per tier, the share of items in both (Jaccard; 1.0 when both are empty)."""
+    """Per part, the share of texts in both (Jaccard; 1.0 when both are empty)."""
     out = {}
-    for tier in ("working", "stm", "ltm"):
-        x, y = set(a[tier]), set(b[tier])
-        out[tier] = 1.0 if not (x or y) else len(x & y) / len(x | y)
+    for part in a:
+        x, y = set(a[part]), set(b.get(part, []))
+        out[part] = 1.0 if not (x or y) else len(x & y) / len(x | y)
     return out
 
 
 def table(rows: list[dict[str, Any]]) -> str:
+    parts = list(rows[0]["memory"])
+    names = "/".join(parts)
     lines = [
-        "| batch | rounds | s/round | speed-up | model calls | written tokens | items "
-        "(working/STM/LTM) | same items as batch 1 (STM, LTM) |",
-        "|---|---|---|---|---|---|---|---|",
+        f"| batch | exchanges | s/exchange | speed-up | model calls | written tokens | failed "
+        f"| items ({names}) | same items as batch {rows[0]['batch']} ({names}) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
-        mem = row["memory"]
-        same = row["same_as_first"]
+        counts = "/".join(str(len(row["memory"][p])) for p in parts)
+        same = ", ".join(f"{row['same_as_first'][p]:.2f}" for p in parts)
         lines.append(
-            f"| {row['batch']} | {row['rounds']} | {row['s_per_round']:.1f} "
+            f"| {row['batch']} | {row['exchanges']} | {row['s_per_exchange']:.1f} "
             f"| {row['speedup']:.2f}x | {row['llm_calls']} | {row['completion_tokens']:,} "
-            f"| {len(mem['working'])}/{len(mem['stm'])}/{len(mem['ltm'])} "
-            f"| {same['stm']:.2f}, {same['ltm']:.2f} |"
+            f"| {sum(row['failures'].values())} | {counts} | {same} |"
         )
     return "\n".join(lines)
 
 
-def plot(rows: list[dict[str, Any]], path: Path) -> None:
+def plot(rows: list[dict[str, Any]], mechanism: str, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5.5, 3.5))
-    bars = ax.bar([str(r["batch"]) for r in rows], [r["s_per_round"] for r in rows])
+    bars = ax.bar([str(r["batch"]) for r in rows], [r["s_per_exchange"] for r in rows])
     for bar, row in zip(bars, rows, strict=True):
         ax.annotate(
             f"{row['speedup']:.2f}x",
@@ -142,9 +155,9 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
             va="bottom",
             fontsize=8,
         )
-    ax.set_xlabel("rounds written per batch (LocalLLM batch_size)")
-    ax.set_ylabel("ingest seconds per round")
-    ax.set_title("DPeM memory writing, offline coordinator")
+    ax.set_xlabel("jobs written per batch (LocalLLM batch_size)")
+    ax.set_ylabel("ingest seconds per exchange")
+    ax.set_title(f"{mechanism} memory writing, offline model")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -170,6 +183,7 @@ def main(
     """Run the measurement; ``llm_factory`` (size -> model) and ``embedder`` for tests."""
     given = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mechanism", choices=sorted(VIEWS), default="dpem")
     parser.add_argument("--data", type=Path, default=locomo_qa.DEFAULT_DATA)
     parser.add_argument("--conversation", type=int, default=0, help="index in --data")
     parser.add_argument("--exchanges", type=int, default=8)
@@ -196,19 +210,22 @@ def main(
             row = json.loads(kept.read_text(encoding="utf-8"))
         else:
             with tempfile.TemporaryDirectory() as folder:
-                measured = measure_size(conversation, factory(size), embedder, Path(folder))
+                measured = measure_size(
+                    args.mechanism, conversation, factory(size), embedder, Path(folder)
+                )
             row = {"batch": size, **measured}
             kept.write_text(json.dumps(row, indent=2), encoding="utf-8")
         rows.append(row)
     for row in rows:
-        row["speedup"] = rows[0]["s_per_round"] / max(1e-9, row["s_per_round"])
+        row["speedup"] = rows[0]["s_per_exchange"] / max(1e-9, row["s_per_exchange"])
         row["same_as_first"] = _same(rows[0]["memory"], row["memory"])
     text = table(rows)
     print(text)
-    plot(rows, args.out / "writer_batch.png")
+    plot(rows, args.mechanism, args.out / "writer_batch.png")
     report: dict[str, Any] = {
         "command": command_line("benchmarks/writer_batch.py", given),
         "machine": machine(),
+        "mechanism": args.mechanism,
         "conversation": conversation.sample_id,
         "rows": rows,
     }
@@ -218,11 +235,11 @@ def main(
         f"Machine: {info['nproc']} CPU cores ({info['cpu']}), {info['ram']} RAM, load average "
         f"{info['load_avg_1min_at_start']} when the run started; code {info['code']}. "
         f"Command: `{report['command']}`. {conversation.sample_id}, first session, "
-        f"{args.exchanges} exchanges, one save each."
+        f"{args.exchanges} exchanges, one save each; `{args.mechanism}` memory."
     )
     (args.out / "writer_batch.md").write_text(f"{header}\n\n{text}\n", encoding="utf-8")
     best = max(rows, key=lambda r: r["speedup"])
-    print(f"batch {best['batch']}: {best['speedup']:.2f}x faster DPeM writing")
+    print(f"batch {best['batch']}: {best['speedup']:.2f}x faster {args.mechanism} writing")
     return 0
 
 

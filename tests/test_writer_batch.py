@@ -15,6 +15,7 @@ import pytest
 from memories_core.embedders import HashingEmbedder
 from memories_core.llms import ScriptedLLM
 from memories_core.prompts.dpem import dpem_reply
+from memories_core.prompts.rule_following import rule_following_reply
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,35 +63,40 @@ def _script() -> Any:
     return module
 
 
-@pytest.mark.background
-def test_writer_batch_writes_the_same_memory_at_each_size(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    pytest.importorskip("matplotlib")
-    script = _script()
-    models: dict[int, ScriptedLLM] = {}
-
+def _factory(models: dict[int, ScriptedLLM], reply: Any) -> Any:
     def factory(size: int) -> ScriptedLLM:
         started = threading.Event()
 
         def slow_first(messages: Any) -> str:
             # The worker's first call outlasts the other saves (a few ms each), as a real
-            # model's does: the rounds saved meanwhile wait together.
+            # model's does: the jobs saved meanwhile wait together.
             if not started.is_set():
                 started.set()
                 time.sleep(1.0)
-            return dpem_reply(messages)
+            return str(reply(messages))
 
         models[size] = ScriptedLLM(default=slow_first, batch_capacity=size)
         return models[size]
 
+    return factory
+
+
+@pytest.mark.background
+def test_writer_batch_writes_the_same_dpem_memory_at_each_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib")
+    script = _script()
+    models: dict[int, ScriptedLLM] = {}
+    factory = _factory(models, dpem_reply)
     out = tmp_path / "out"
     argv = ["--data", str(_data(tmp_path / "locomo.json")), "--exchanges", "5"]
     argv += ["--sizes", "1,4", "--out", str(out)]
     assert script.main(argv, llm_factory=factory, embedder=HashingEmbedder()) == 0
     report = json.loads((out / "writer_batch.json").read_text())
+    assert report["mechanism"] == "dpem"
     one, four = report["rows"]
-    assert one["rounds"] == four["rounds"] == four["processed"] == 5
+    assert one["exchanges"] == four["exchanges"] == 5 and four["pending_jobs"] == 0
     assert one["memory"] == four["memory"] and four["memory"]["ltm"]
     assert four["same_as_first"] == {"working": 1.0, "stm": 1.0, "ltm": 1.0}
     # Rounds saved while the worker wrote an earlier one wait and go in one batch.
@@ -102,4 +108,24 @@ def test_writer_batch_writes_the_same_memory_at_each_size(
     models.clear()
     assert script.main(argv, llm_factory=factory, embedder=HashingEmbedder()) == 0
     assert models == {}
+    capsys.readouterr()
+
+
+@pytest.mark.background
+def test_writer_batch_measures_conditional_memory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib")
+    script = _script()
+    models: dict[int, ScriptedLLM] = {}
+    out = tmp_path / "out"
+    argv = ["--mechanism", "conditional", "--data", str(_data(tmp_path / "locomo.json"))]
+    argv += ["--exchanges", "5", "--sizes", "1,8", "--out", str(out)]
+    factory = _factory(models, rule_following_reply)
+    assert script.main(argv, llm_factory=factory, embedder=HashingEmbedder()) == 0
+    one, eight = json.loads((out / "writer_batch.json").read_text())["rows"]
+    assert one["memory"] == eight["memory"] and eight["memory"]["records"]
+    assert eight["same_as_first"] == {"records": 1.0}
+    assert one["llm_calls"] == eight["llm_calls"] > 5  # five decisions and the records
+    assert max(eight["batches"]) > 1
     capsys.readouterr()
