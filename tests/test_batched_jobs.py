@@ -7,6 +7,7 @@ for all those rounds in one ``generate_batch``. What is remembered must not chan
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -225,3 +226,58 @@ def test_a_turn_whose_record_never_parses_fails_alone_with_its_decision_kept() -
     assert pending[0].payload["decision"] is True and "note" not in pending[0].payload
     assert memory.usage.failures.get("record") == 1
     assert all("peanuts" not in text for text, _ in _records(memory, "ann"))
+
+
+# ---------------------------------------------------------------------------- EMG-RAG
+def test_batched_extractions_edit_the_graph_as_one_turn_at_a_time_does() -> None:
+    from test_emg import EXPECTED_AFTER_EDITS, STORY, USER, make, scripted_reply
+    from test_emg import T0 as STORY_START
+
+    def roles(text: str) -> str:
+        return "notification" if text.startswith(("Airline", "Your")) else "user"
+
+    turns = [
+        Turn(roles(t), t, timestamp=STORY_START + timedelta(hours=i)) for i, t in enumerate(STORY)
+    ]
+    batched = ScriptedLLM(default=scripted_reply, batch_capacity=8)
+    one = ScriptedLLM(default=scripted_reply)
+    by_batch, by_one = make(llm=batched), make(llm=one)
+    by_batch.save(turns, Scope(USER))  # one save of six turns: six extractions waiting
+    by_one.save(turns, Scope(USER))
+    now = STORY_START + timedelta(days=2)
+    assert by_batch.triples(USER, now=now) == by_one.triples(USER, now=now)
+    assert by_batch.triples(USER, now=now) == EXPECTED_AFTER_EDITS
+    reasons = [c.reason for c in by_batch.edits(USER)]
+    assert reasons == [c.reason for c in by_one.edits(USER)]
+    assert batched.batches[0] == len(STORY) and one.batches == []
+
+
+def test_an_unparsable_extraction_in_a_batch_is_stored_by_the_fallback() -> None:
+    from test_emg import T0 as STORY_START
+    from test_emg import USER, make
+
+    llm = ScriptedLLM(default="not json at all", batch_capacity=4)
+    memory = make(llm=llm)
+    texts = ["I love green tea.", "My sister Ana lives in Porto."]
+    memory.save([Turn("user", t, timestamp=STORY_START) for t in texts], Scope(USER))
+    assert llm.batches == [2, 2]  # the batch, then both repairs together
+    assert memory.pending(USER) == []
+    stored = sorted(r.text for r in memory.memories(USER))
+    assert stored == sorted(texts)
+
+
+def test_extracted_memories_survive_the_payload_and_malformed_ones_fall_back() -> None:
+    from memories_core.mechanisms.emg.batching import (
+        extracted_from_payload,
+        extracted_to_payload,
+    )
+    from memories_core.prompts.emg import ExtractedMemory
+
+    item = ExtractedMemory(
+        "Ana flies on 2024-05-12.", "Event", "Travel", "Ana", "flies_on", "2024-05-12", when=T0
+    )
+    payload = json.loads(json.dumps(extracted_to_payload([item])))
+    assert extracted_from_payload(payload) == [item]
+    assert extracted_to_payload(None) is None and extracted_from_payload(None) is None
+    assert extracted_from_payload([{"text": "no other field"}]) is None
+    assert extracted_from_payload([{**payload[0], "when": "not a time"}]) is None

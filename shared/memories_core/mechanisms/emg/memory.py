@@ -25,6 +25,12 @@ from memories_core.engine import Derivation, JobFailed, check_query, check_scope
 from memories_core.errors import ConfigurationError, LLMError, ParseError
 from memories_core.mechanisms.base import MemoryBase, turn_from_record
 from memories_core.mechanisms.emg.archive import PolicyArchive
+from memories_core.mechanisms.emg.batching import (
+    EXTRACTED,
+    extract_input,
+    extracted_from_payload,
+    prepare_extractions,
+)
 from memories_core.mechanisms.emg.edits import GraphEditor
 from memories_core.mechanisms.emg.embeddings import EmbeddingCache
 from memories_core.mechanisms.emg.policy import ALL_FEATURES, SelectionPolicy
@@ -49,7 +55,6 @@ from memories_core.prompts.emg import (
     EXTRACT,
     QUESTIONS,
     ExtractedMemory,
-    ExtractInput,
     MemoryLine,
 )
 from memories_core.prompts.spec import PromptSpec, run_spec
@@ -261,24 +266,28 @@ class EMGMemory(MemoryBase):
         if not found:
             return None
         turn = found[0]
-        said = turn_from_record(turn)
-        content = said.content
-        role = str(turn.metadata.get("role", "user"))
-        speaker = said.speaker or None
-        inputs = ExtractInput(content, turn.created_at, role, self.subclass_labels, speaker=speaker)
-        llm = self._llm(Scope(user_id))
-        try:
-            memories: list[ExtractedMemory] | None = run_spec(
-                llm, self.prompt_spec(EXTRACT), inputs, retries=self.retries
-            )
-        except LLMError as exc:
-            raise JobFailed("extract", f"extraction of turn {turn.id} failed: {exc}") from exc
-        except ParseError:
-            memories = None  # documented fallback: stored under its nearest subclass
+        memories: list[ExtractedMemory] | None
+        if EXTRACTED in job.payload:  # extracted in a batch (_prepare_jobs)
+            memories = extracted_from_payload(job.payload[EXTRACTED])
+        else:
+            llm = self._llm(Scope(user_id))
+            try:
+                memories = run_spec(
+                    llm, self.prompt_spec(EXTRACT), extract_input(self, turn), retries=self.retries
+                )
+            except LLMError as exc:
+                raise JobFailed("extract", f"extraction of turn {turn.id} failed: {exc}") from exc
+            except ParseError:
+                memories = None  # documented fallback: stored under its nearest subclass
         # The fallback memory is the text as said, with who said it when that is known.
-        text = f"{speaker}: {content}" if speaker else content
+        said = turn_from_record(turn)
+        text = f"{said.speaker}: {said.content}" if said.speaker else said.content
         plan = self.editor.plan(user_id, memories, text, turn.created_at, (turn.id,))
         return self.editor.derivation(user_id, plan)
+
+    def _prepare_jobs(self, jobs: Sequence[Job]) -> dict[str, BaseException]:
+        """Extract several turns' memories in one batch (see :func:`prepare_extractions`)."""
+        return prepare_extractions(self, jobs)
 
     def add_memories(
         self,
