@@ -1,15 +1,16 @@
 """Batched memory writing: a mechanism's model steps for several waiting jobs in one pass.
 
-DPeM makes three model calls per round of dialogue (notes, knowledge items, their types) and
-conditional memory two per user turn (worth remembering? then the record); each call reads
-only its own round or turn. When several wait (a chat app saves faster than the model
-writes), the engine hands them to the mechanism together and each step is asked for all of
-them in one ``generate_batch``: with the int8 decoding weights (``LocalLLM(quantize="auto")``)
-a CPU pass over eight sequences costs about what a pass over one costs. This script saves the
-first ``--exchanges`` exchanges of a LoCoMo conversation's first session into a fresh memory
-(one save per exchange, the background worker writing, as the answer-quality harness saves),
-once per batch size, and reports the ingest's wall time per exchange, model calls and tokens,
-and whether the memory written is the same as one job at a time.
+DPeM makes three model calls per round of dialogue (notes, knowledge items, their types),
+conditional memory two per user turn (worth remembering? then the record) and EMG-RAG one
+extraction per user turn; each call reads only its own round or turn. When several wait (a
+chat app saves faster than the model writes), the engine hands them to the mechanism
+together and each step is asked for all of them in one ``generate_batch``: with the int8
+decoding weights (``LocalLLM(quantize="auto")``) a CPU pass over eight sequences costs about
+what a pass over one costs. This script saves the first ``--exchanges`` exchanges of a
+LoCoMo conversation's first session into a fresh memory (one save per exchange, the
+background worker writing, as the answer-quality harness saves), once per batch size, and
+reports the ingest's wall time per exchange, model calls and tokens, and whether the memory
+written is the same as one job at a time.
 
     python benchmarks/writer_batch.py --mechanism dpem --exchanges 8 --sizes 1,8 \
         --out benchmarks/out/writer_batch_dpem
@@ -60,6 +61,9 @@ VIEWS: dict[str, Callable[[Any, str], dict[str, list[str]]]] = {
     "conditional": lambda memory, user: {
         "records": sorted(r.text for r in memory.records(Scope(user), kind="conditional")),
     },
+    "emg": lambda memory, user: {
+        "memories": sorted(r.text for r in memory.memories(user, include_expired=True)),
+    },
 }
 
 
@@ -67,7 +71,8 @@ def make_memory(mechanism: str, folder: Path, llm: Any, embedder: Any, clock: An
     """The mechanism's memory on ``folder``, written by ``llm`` (the harness's defaults)."""
     import memories_core as mc
 
-    kind = {"dpem": mc.DualProcessMemory, "conditional": mc.ConditionalMemory}[mechanism]
+    kinds = {"dpem": mc.DualProcessMemory, "conditional": mc.ConditionalMemory, "emg": mc.EMGMemory}
+    kind = kinds[mechanism]
     return kind(path=folder, llm=llm, embedder=embedder, clock=clock)
 
 
