@@ -377,6 +377,29 @@ def test_extraction_parser_rejects_made_up_or_forged_memories() -> None:
 
 
 @pytest.mark.parametrize(
+    ("said", "speaker", "stored"),
+    [
+        # The 1.5B model kept the sender's words; the memory says who "I" is and when.
+        (
+            "I went to a support group yesterday.",
+            "Caroline",
+            "Caroline said: I went to a support group yesterday (2024-04-09).",
+        ),
+        ("Caroline went to a support group.", "Caroline", "Caroline went to a support group."),
+        ("My sister visits tomorrow.", None, "My sister visits tomorrow (2024-04-11)."),
+        ("The meeting is on 2024-05-20.", "Caroline", "The meeting is on 2024-05-20."),
+    ],
+)
+def test_an_extracted_statement_names_its_speaker_and_absolute_date(
+    said: str, speaker: str | None, stored: str
+) -> None:
+    inputs = ExtractInput(said, T0, speaker=speaker)
+    answer = json.dumps({"memories": [fact(said, "user", "said", "support group")]})
+    (memory,) = parse_extract(answer, inputs)
+    assert memory.text == stored
+
+
+@pytest.mark.parametrize(
     ("kind", "subclass", "meant"),
     [
         # The prompt lists "Type/Subclass" labels; the 1.5B model wrote one as the type.

@@ -272,7 +272,7 @@ def parse_extract(text: str, inputs: ExtractInput) -> list[ExtractedMemory]:
             raise GroundingError(rejection, text)
         out.append(
             ExtractedMemory(
-                text=statement,
+                text=attributed(statement, inputs),
                 type=kind,
                 subclass=subclass,
                 subject=unescape(item.subject).strip(),
@@ -357,6 +357,32 @@ _DATE_PHRASE = re.compile(
 )
 
 
+_FIRST_PERSON = re.compile(r"\bI\b|\b(?i:me|my|mine|myself)\b")
+
+
+def attributed(statement: str, inputs: ExtractInput) -> str:
+    """A memory's statement with its relative date made absolute and its speaker named.
+
+    Appendix A.1 keeps memories with absolute times and about named people; a model may
+    keep the sender's words ("I went to a support group yesterday"). The first relative date
+    phrase gets its date against the received time (``yesterday (2023-05-07)``), and a
+    first-person statement of a named sender that does not name them says who "I" is
+    (``Caroline said: ...``). Applied to the model's memories and the offline stand-in alike.
+    """
+    phrase = _DATE_PHRASE.search(statement)
+    if phrase and not _ISO.match(phrase.group(0)):
+        when = resolve_date(phrase.group(0), inputs.at)
+        if when is not None:
+            stamp = (
+                f"{when:%Y-%m-%d}" if when.hour == when.minute == 0 else f"{when:%Y-%m-%d %H:%M}"
+            )
+            statement = statement.replace(phrase.group(0), f"{phrase.group(0)} ({stamp})", 1)
+    speaker = inputs.speaker
+    if speaker and _FIRST_PERSON.search(statement) and speaker.lower() not in statement.lower():
+        statement = f"{speaker} said: {statement}"
+    return statement
+
+
 def _stand_in_memories(inputs: ExtractInput) -> list[dict[str, str | None]]:
     memories: list[dict[str, str | None]] = []
     for sentence in re.split(r"(?<=[.!?])\s+|\n+", inputs.text):
@@ -389,14 +415,7 @@ def _stand_in_memories(inputs: ExtractInput) -> list[dict[str, str | None]]:
         if phrase:
             iso = _ISO.match(phrase.group(0))
             when = resolve_date(sentence if iso else phrase.group(0), inputs.at)
-        statement = sentence
-        if phrase and when is not None and not _ISO.match(phrase.group(0)):
-            stamp = (
-                f"{when:%Y-%m-%d}" if when.hour == when.minute == 0 else f"{when:%Y-%m-%d %H:%M}"
-            )
-            statement = sentence.replace(phrase.group(0), f"{phrase.group(0)} ({stamp})")
-        if inputs.speaker and first_person:
-            statement = f"{inputs.speaker} said: {statement}"  # names who "I" is
+        statement = attributed(sentence, inputs)
         expires = re.search(r"\b(expires?|valid until|ends?)\b", lowered) is not None
         memories.append(
             {
