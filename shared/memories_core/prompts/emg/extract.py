@@ -235,7 +235,8 @@ def _type_and_subclass(kind: str, subclass: str) -> tuple[str | None, str]:
 def parse_extract(text: str, inputs: ExtractInput) -> list[ExtractedMemory]:
     """Validate an extraction answer; return the memories (possibly none).
 
-    A memory is rejected (the whole answer raises ``ParseError``) when its type is not one of
+    A question is not a fact and is left out. A memory is rejected (the whole answer raises
+    ``ParseError``) when its type is not one of
     the four, when it holds prompt markup, when its statement shares no word with the raw
     text (a hallucinated or forged memory), or when it is not grounded in the raw text
     (:mod:`memories_core.grounding`): it copies an instruction the text gives the model
@@ -254,6 +255,8 @@ def parse_extract(text: str, inputs: ExtractInput) -> list[ExtractedMemory]:
     out: list[ExtractedMemory] = []
     for item in answer.memories:
         statement = unescape(item.text).strip()
+        if statement.endswith("?"):
+            continue  # a question keeps no fact (the 1.5B model kept greetings as memories)
         kind, subclass = _type_and_subclass(item.type, unescape(item.subclass))
         if kind is None:
             raise ParseError(f"unknown memory type {item.type!r}", text)
