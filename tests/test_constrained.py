@@ -43,7 +43,7 @@ def _walk(allowed: object, ids: list[int]) -> set[int]:
     """Ask for every prefix in turn, as generation does; the tokens allowed after ``ids``."""
     result: list[int] = []
     for end in range(len(ids) + 1):
-        result = allowed(0, Sentence(ids[:end]))  # type: ignore[operator]
+        result = [int(t) for t in allowed(0, Sentence(ids[:end]))]  # type: ignore[operator]
         assert end == len(ids) or ids[end] in result, f"{ids[end]} refused after {ids[:end]}"
     return set(result)
 
@@ -61,3 +61,13 @@ def test_incomplete_utf8_pieces_are_never_allowed() -> None:
     assert not HALVES & inside
     at_limit = _walk(allowed, tokenizer.encode('{"a":"bb'))
     assert at_limit and at_limit <= {3}  # only the closing quote
+
+
+def test_the_allowed_ids_reach_generate_as_an_index_tensor() -> None:
+    """``generate`` indexes its mask with them; a list of 150k ids was converted per step."""
+    import torch
+
+    from memories_core.llms.constrained import _indices
+
+    index = _indices([3, 1, 150_000])
+    assert index.dtype == torch.long and index.tolist() == [3, 1, 150_000]

@@ -478,6 +478,42 @@ def test_real_local_model_keeps_each_row_of_a_batch_inside_the_schema(
 
 
 @pytest.mark.slow
+def test_a_batch_reads_the_instructions_its_prompts_share_once(one_torch_thread: int) -> None:
+    llm = LocalLLM(
+        backend="transformers",
+        n_threads=one_torch_thread,
+        max_new_tokens=16,
+        quantize="int8-decode",
+        batch_size=3,
+    )
+    rules = " ".join(f"Rule {i}: answer briefly and name the fruit plainly." for i in range(12))
+    system = ChatMessage("system", f"You help with fruit. {rules}")
+    conversations = [
+        [system, ChatMessage("user", "Name one red fruit.")],
+        [system, ChatMessage("user", "Name a yellow fruit that monkeys like to eat.")],
+        [system, ChatMessage("user", "Name one fruit.")],
+    ]
+    alone = [llm.generate(c) for c in conversations]
+    runtime = llm._runtime
+    assert runtime is not None
+    read: list[int] = []
+    generate = runtime.model.generate
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        read.append(0 if cache is None else int(cache.get_seq_length()))
+        return generate(*args, **kwargs)
+
+    runtime.model.generate = counted
+    runtime.cache = runtime.cached_ids = None  # nothing left from the single calls
+    together = [r.text for r in llm.generate_batch(conversations)]
+    assert together == alone  # greedy: the shared start's keys/values are the same
+    (shared,) = read
+    assert shared >= 64  # the instructions, read once for the three rows
+    assert runtime.cached_ids is not None and len(runtime.cached_ids) == shared
+
+
+@pytest.mark.slow
 def test_a_float32_local_model_claims_no_batch_capacity(one_torch_thread: int) -> None:
     llm = LocalLLM(backend="transformers", n_threads=one_torch_thread, quantize="none")
     assert llm.batch_capacity == 1

@@ -63,7 +63,23 @@ def allowed_tokens_fn(data: Any, fmt: ResponseFormat, prompt_length: int) -> Any
     schema = dict(fmt.schema) if isinstance(fmt, JsonSchema) else None
     enforcer = TokenEnforcer(data, JsonSchemaParser(schema))
 
-    def allowed(batch_id: int, sentence: Any) -> list[int]:
-        return list(enforcer.get_allowed_tokens(sentence.tolist()[prompt_length:]).allowed_tokens)
+    def allowed(batch_id: int, sentence: Any) -> Any:
+        tokens = enforcer.get_allowed_tokens(sentence.tolist()[prompt_length:])
+        return _indices(tokens.allowed_tokens)
 
     return allowed
+
+
+def _indices(allowed: Any) -> Any:
+    """The enforcer's allowed token ids as an index tensor for ``generate``'s mask.
+
+    Inside a JSON string most of the vocabulary is allowed: ``generate`` turned that list of
+    about 150,000 ids into an index itself, at every step of every row (about 28 ms each
+    with the 1.5B model's vocabulary, a fifth of a step, and more than a batch saved per
+    row); numpy reads the list in about 2 ms. (The enforcer's bitmask mode measured slower
+    here: 36 ms per row and step.)
+    """
+    import numpy as np
+    import torch
+
+    return torch.from_numpy(np.fromiter(allowed, dtype=np.int64, count=len(allowed)))

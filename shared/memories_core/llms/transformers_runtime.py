@@ -136,6 +136,43 @@ def _reusable_cache(runtime: Runtime, ids: list[int]) -> Any:
     return cache
 
 
+def _shared_start(prompts: list[list[int]]) -> int:
+    """Tokens every prompt starts with, leaving each at least one token of its own."""
+    shared = min(len(ids) for ids in prompts) - 1
+    for ids in prompts[1:]:
+        shared = min(shared, _shared_prefix(prompts[0], ids))
+    return max(0, shared)
+
+
+def _prefix_cache(runtime: Runtime, ids: list[int]) -> Any:
+    """The keys/values of exactly ``ids`` (one row), kept as the runtime's cache.
+
+    Taken from the last call's cache when it covers ``ids``, else computed now. ``None``
+    when this transformers version's cache cannot be copied, cut or repeated per row.
+    """
+    import copy
+
+    import torch
+
+    cached = runtime.cached_ids
+    if runtime.cache is not None and cached is not None and _shared_prefix(cached, ids) >= len(ids):
+        cache = copy.deepcopy(runtime.cache)
+        extra = cache.get_seq_length() - len(ids)
+        if extra > 0:
+            cache.crop(-extra)
+        if cache.get_seq_length() == len(ids) and hasattr(cache, "batch_repeat_interleave"):
+            return cache
+    with torch.inference_mode():
+        result = runtime.model(input_ids=torch.tensor([ids]), use_cache=True)
+    cache = getattr(result, "cache", None) or getattr(result, "past_key_values", None)
+    if cache is None or not all(
+        hasattr(cache, name) for name in ("batch_repeat_interleave", "crop", "get_seq_length")
+    ):
+        return None
+    runtime.cache, runtime.cached_ids = copy.deepcopy(cache), list(ids)
+    return cache
+
+
 def _allowed_tokens_fn(runtime: Runtime, fmt: ResponseFormat, prompt_length: int) -> Any:
     """A ``prefix_allowed_tokens_fn`` that keeps generation inside the JSON schema."""
     from memories_core.llms.constrained import allowed_tokens_fn, enforcer_data
@@ -155,10 +192,10 @@ def _row_allowed_fn(
     """
     inner = _allowed_tokens_fn(runtime, fmt, width)
 
-    def allowed(batch_id: int, sentence: Any) -> list[int]:
+    def allowed(batch_id: int, sentence: Any) -> Any:
         if any(int(t) in ends for t in sentence[width:].tolist()):
             return [pad]
-        return list(inner(batch_id, sentence))
+        return inner(batch_id, sentence)
 
     return allowed
 
@@ -270,12 +307,18 @@ def run_batch(
     stop: tuple[str, ...] | None,
     fmt: ResponseFormat | None = None,
     deadline: float | None = None,
+    *,
+    reuse: bool = True,
 ) -> list[LLMResult] | None:
     """Several conversations in one ``generate``; ``None`` if ``deadline`` passed.
 
-    Prompts are padded on the left (the attention mask hides the padding, and positions
-    are counted from each prompt's first real token), so every reply starts at the same
-    column. The key/value cache of single calls is neither used nor replaced. With ``fmt``
+    Prompts are padded on the left of their own parts (the attention mask hides the padding,
+    and positions are counted from each prompt's first real token), so every reply starts at
+    the same column. The start every prompt shares (a mechanism's instructions, at least
+    :data:`MIN_REUSED_PREFIX` tokens) is read once, or taken from the last call's cache, and
+    its keys/values are given to every row: a CPU reads a prompt at the cost of every weight
+    per token, so reading a long shared instruction once per row cost more than the batch
+    saved in writing (BENCHMARKS.md, "Batched memory writing"). With ``fmt``
     each row is kept inside the JSON schema on its own (the enforcer keys its state by the
     row's own tokens); a row that has ended is only padded.
     """
@@ -286,18 +329,38 @@ def run_batch(
     pad = tokenizer.pad_token_id
     if pad is None:
         pad = tokenizer.eos_token_id
-    width = max(len(ids) for ids in prompts)
-    input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in prompts])
-    attention_mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in prompts])
+    shared = _shared_start(prompts) if reuse else 0
+    cache = _prefix_cache(runtime, prompts[0][:shared]) if shared >= MIN_REUSED_PREFIX else None
+    if cache is None:
+        shared = 0
+    # Each row: the shared start, padding, then its own part, so every reply starts at the same
+    # column and the shared start keeps the positions the cache was computed at.
+    rest = max(len(ids) - shared for ids in prompts)
+    width = shared + rest
+    rows, masks = [], []
+    for ids in prompts:
+        gap = rest - (len(ids) - shared)
+        rows.append(ids[:shared] + [pad] * gap + ids[shared:])
+        masks.append([1] * shared + [0] * gap + [1] * (len(ids) - shared))
+    inputs = {"input_ids": torch.tensor(rows), "attention_mask": torch.tensor(masks)}
     options, timer = _generation_options(tokenizer, limit, temperature, stop, width, deadline)
     options["pad_token_id"] = pad
     ends = set(tokenizer.all_special_ids) | {pad}
     if fmt is not None:
         options["prefix_allowed_tokens_fn"] = _row_allowed_fn(runtime, fmt, width, ends, pad)
     with torch.inference_mode():
-        output = runtime.model.generate(
-            input_ids=input_ids, attention_mask=attention_mask, **options
-        )
+        if cache is not None:
+            cache.batch_repeat_interleave(len(prompts))
+            try:
+                output = runtime.model.generate(**inputs, **options, **{_CACHE_ARGUMENT: cache})
+            except Exception:
+                # A cache this transformers version cannot continue: read every prompt whole.
+                runtime.cache = runtime.cached_ids = None
+                return run_batch(
+                    runtime, conversations, limit, temperature, stop, fmt, deadline, reuse=False
+                )
+        else:
+            output = runtime.model.generate(**inputs, **options)
     if timer is not None and timer.fired:
         return None
     results = []
