@@ -182,13 +182,17 @@ EXTRACT_SYSTEM = (
 
 
 def build_extract_messages(inputs: ExtractInput) -> list[ChatMessage]:
-    """Messages asking for the memories in one raw text (appendix A.1, step 2)."""
+    """Messages asking for the memories in one raw text (appendix A.1, step 2).
+
+    What every call shares (instructions, subclasses) comes before what each text brings
+    (its time, source, sender), so a local model reads the shared start once.
+    """
     user = (
+        f"Subclasses: {'; '.join(inputs.subclasses)}\n"
         f"Received: {ensure_utc(inputs.at):%Y-%m-%d %H:%M} UTC ({ensure_utc(inputs.at):%A})\n"
         f"Source: {inputs.source}\n"
         + (f"Sender: {inputs.speaker}\n" if inputs.speaker else "")
-        + f"Subclasses: {'; '.join(inputs.subclasses)}\n"
-        f"{fence('raw_text', inputs.text)}\n\nExtract the memories as JSON."
+        + f"{fence('raw_text', inputs.text)}\n\nExtract the memories as JSON."
     )
     return [ChatMessage("system", EXTRACT_SYSTEM), ChatMessage("user", user)]
 
