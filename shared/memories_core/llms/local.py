@@ -594,15 +594,8 @@ class LocalLLM(BaseLLM):
     ) -> LLMResult:
         runtime = self._get_runtime()  # a first load (once) does not count against the call
         limit = max_tokens or self._max_new_tokens
-        if runtime.backend == "llama_cpp":
-            return self._locked(
-                lambda deadline: self._run_llama_cpp(
-                    runtime, messages, limit, temperature, stop, fmt, deadline
-                )
-            )
-        return self._locked(
-            lambda deadline: run_one(runtime, messages, limit, temperature, stop, fmt, deadline)
-        )
+        call = self._run_llama_cpp if runtime.backend == "llama_cpp" else run_one
+        return self._locked(partial(call, runtime, messages, limit, temperature, stop, fmt))
 
     @staticmethod
     def _run_llama_cpp(

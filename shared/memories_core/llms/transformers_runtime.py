@@ -125,13 +125,18 @@ def _reusable_cache(runtime: Runtime, ids: list[int]) -> Any:
     shared = min(_shared_prefix(runtime.cached_ids, ids), len(ids) - 1)
     if shared < MIN_REUSED_PREFIX:
         return None
+    return _cached_start(runtime, shared)
+
+
+def _cached_start(runtime: Runtime, length: int) -> Any:
+    """A copy of the last call's keys/values cut to its first ``length`` tokens, or ``None``."""
     import copy
 
     cache = copy.deepcopy(runtime.cache)
-    extra = cache.get_seq_length() - shared
+    extra = cache.get_seq_length() - length
     if extra > 0:
         cache.crop(-extra)  # transformers 5: a negative count removes tokens from the end
-    if cache.get_seq_length() != shared:  # an unexpected cache API: do not reuse
+    if cache.get_seq_length() != length:  # an unexpected cache API: do not reuse
         return None
     return cache
 
@@ -156,11 +161,8 @@ def _prefix_cache(runtime: Runtime, ids: list[int]) -> Any:
 
     cached = runtime.cached_ids
     if runtime.cache is not None and cached is not None and _shared_prefix(cached, ids) >= len(ids):
-        cache = copy.deepcopy(runtime.cache)
-        extra = cache.get_seq_length() - len(ids)
-        if extra > 0:
-            cache.crop(-extra)
-        if cache.get_seq_length() == len(ids) and hasattr(cache, "batch_repeat_interleave"):
+        cache = _cached_start(runtime, len(ids))
+        if cache is not None and hasattr(cache, "batch_repeat_interleave"):
             return cache
     with torch.inference_mode():
         result = runtime.model(input_ids=torch.tensor([ids]), use_cache=True)
