@@ -306,13 +306,7 @@ class MemoryEngine(EngineWrites):
             logger.warning("a derivation was still running at close(); it stays pending")
             with self._running_lock:
                 left = list(self._running)
-            release: Callable[[str], None] | None = getattr(self.store, "release_job", None)
-            for job_id in left:
-                try:
-                    if release is not None:
-                        release(job_id)
-                except Exception:
-                    logger.warning("could not release job %s", job_id, exc_info=True)
+            self._release(left)
         self._closed = True
         self.store.close()
         close = getattr(self.index, "close", None)

@@ -170,13 +170,13 @@ class EngineJobs(EngineSearch):
             failures = dict(hooks.prepare(claimed))
         except LLMError as exc:
             self._fail(claimed[0], claimed[0].kind, exc)
-            self._release(claimed[1:])
+            self._release([j.id for j in claimed[1:]])
             return False
         except Exception:  # its jobs make their own calls below, and fail there if they must
             logger.warning("%s: preparing a batch failed", hooks.name, exc_info=True)
         for n, job in enumerate(claimed):
             if self._worker is not None and self._worker.stopping:
-                self._release(claimed[n:])
+                self._release([j.id for j in claimed[n:]])
                 return True
             error = failures.get(job.id)
             if error is not None:
@@ -186,16 +186,19 @@ class EngineJobs(EngineSearch):
             current = self.store.jobs(user_id=job.user_id, mechanisms=[job.mechanism], key=job.key)
             fresh = next((j for j in current if j.id == job.id), None)
             if fresh is not None and not self._run_job(fresh):
-                self._release(claimed[n + 1 :])
+                self._release([j.id for j in claimed[n + 1 :]])
                 return False
         return True
 
-    def _release(self, jobs: Sequence[Job]) -> None:
+    def _release(self, job_ids: Sequence[str]) -> None:
         """Give back claims of jobs not run (they are due again at once, no failure counted)."""
         release = getattr(self.store, "release_job", None)
-        for job in jobs:
-            if release is not None:
-                release(job.id)
+        for job_id in job_ids:
+            try:
+                if release is not None:
+                    release(job_id)
+            except Exception:
+                logger.warning("could not release job %s", job_id, exc_info=True)
 
     # ------------------------------------------------------------------ background work
     def _drain(self, user_id: str | None) -> tuple[int, bool]:
