@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar
 
 from memories_core.engine import Derivation, JobFailed, check_scope, default_llm
@@ -33,7 +33,7 @@ from memories_core.errors import LLMError, ParseError
 from memories_core.grounding import find_ungrounded, log_rejection
 from memories_core.interfaces import LLM
 from memories_core.mechanisms.base import MemoryBase, turn_from_record
-from memories_core.prompts.batch import run_spec_batch
+from memories_core.prompts.batch import by_model, run_spec_batch
 from memories_core.prompts.conditional import (
     DECISION,
     RECORD,
@@ -255,7 +255,7 @@ class ConditionalMemory(MemoryBase):
                     retries=retries,
                 )
             except (LLMError, ParseError) as exc:
-                raise JobFailed("decision", f"decision for turn {turn_id} failed: {exc}") from exc
+                raise _failed("decision", turn_id, exc) from exc
             if decision:
                 self.engine.update_job(job, {"turn_id": turn_id, "decision": True})
         if not decision:
@@ -263,7 +263,9 @@ class ConditionalMemory(MemoryBase):
         dialogue = [r.text for r in context] + [turn.text]
         kept = job.payload.get("note")
         if isinstance(kept, dict):  # written by a batch (_prepare_jobs)
-            note = ConditionalNote(**{f: str(kept.get(f, "")) for f in _NOTE_FIELDS})
+            note = ConditionalNote(
+                **{f.name: str(kept.get(f.name, "")) for f in fields(ConditionalNote)}
+            )
         else:
             try:
                 note = run_spec(
@@ -273,7 +275,7 @@ class ConditionalMemory(MemoryBase):
                     retries=retries,
                 )
             except (LLMError, ParseError) as exc:
-                raise JobFailed("record", f"record for turn {turn_id} failed: {exc}") from exc
+                raise _failed("record", turn_id, exc) from exc
         rejection = find_ungrounded({"summary": note.summary, "note": note.note}, dialogue)
         if rejection is not None:
             # Not written; the turn itself stays stored and recalled (memories_core.grounding).
@@ -308,7 +310,7 @@ class ConditionalMemory(MemoryBase):
                 )
         failed: dict[str, BaseException] = {}
         undecided = [w for w in work if w.payload.get("decision") is None]
-        for writer, group in _by_writer(undecided):
+        for writer, group in by_model(undecided, _writer):
             inputs = [DecisionInput(_content(w.turn), _previous_reply(w.context)) for w in group]
             answers = run_spec_batch(writer, self.prompt_spec(DECISION), inputs)
             for w, answer in zip(group, answers, strict=True):
@@ -322,7 +324,7 @@ class ConditionalMemory(MemoryBase):
             for w in work
             if w.job.id not in failed and w.payload.get("decision") and "note" not in w.payload
         ]
-        for writer, group in _by_writer(to_write):
+        for writer, group in by_model(to_write, _writer):
             notes = run_spec_batch(
                 writer,
                 self.prompt_spec(RECORD),
@@ -332,7 +334,7 @@ class ConditionalMemory(MemoryBase):
                 if isinstance(note, ParseError):
                     failed[w.job.id] = _failed("record", w.turn.id, note)
                 else:
-                    w.payload["note"] = {f: getattr(note, f) for f in _NOTE_FIELDS}
+                    w.payload["note"] = asdict(note)
                     self.engine.update_job(w.job, w.payload)
         return failed
 
@@ -433,10 +435,6 @@ def _content(record: MemoryRecord) -> str:
     return turn_from_record(record).content
 
 
-#: The parts of a record answer kept in a job's payload between a batch and the job's run.
-_NOTE_FIELDS = ("related_context", "summary", "note")
-
-
 @dataclass
 class _Pending:
     """A decision job in a batch: its payload so far, its turn and who writes it."""
@@ -458,15 +456,12 @@ def _previous_reply(context: Sequence[MemoryRecord]) -> str | None:
     return _content(previous) if previous is not None else None
 
 
-def _by_writer(work: Sequence[_Pending]) -> list[tuple[LLM, list[_Pending]]]:
-    """``work`` grouped by writing model (a user may be served by another one), in order."""
-    groups: dict[int, tuple[LLM, list[_Pending]]] = {}
-    for item in work:
-        groups.setdefault(id(item.writer), (item.writer, []))[1].append(item)
-    return list(groups.values())
+def _writer(item: _Pending) -> LLM:
+    return item.writer
 
 
-def _failed(label: str, turn_id: str, error: ParseError) -> JobFailed:
+def _failed(label: str, turn_id: str, error: Exception) -> JobFailed:
+    """A decision or record step's failure (its cause set, as ``raise ... from`` sets it)."""
     failure = JobFailed(label, f"{label} for turn {turn_id} failed: {error}")
     failure.__cause__ = error
     return failure

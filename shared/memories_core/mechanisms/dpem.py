@@ -426,7 +426,7 @@ class DualProcessMemory(MemoryBase):
                 self._coordinator(), self.prompt_spec(spec), inputs, retries=self.retries
             )
         except (LLMError, ParseError) as exc:
-            raise JobFailed(label, f"DPeM {label} failed: {exc}") from exc
+            raise _failed(label, exc) from exc
 
     def _run_job(self, job: Job) -> None:
         user_id = job.user_id
@@ -521,10 +521,7 @@ class DualProcessMemory(MemoryBase):
             )
             for (job, payload, dialogue, _), answer in zip(asks, answers, strict=True):
                 if isinstance(answer, ParseError):
-                    label = _LABELS[stage]
-                    error = JobFailed(label, f"DPeM {label} failed: {answer}")
-                    error.__cause__ = answer
-                    failed[job.id] = error
+                    failed[job.id] = _failed(_LABELS[stage], answer)
                 else:
                     self._keep(job, payload, stage, answer, dialogue)
         return failed
@@ -700,6 +697,13 @@ class DualProcessMemory(MemoryBase):
 
 #: Each model step's name in ``usage.failures``.
 _LABELS = {"notes": "notes", "knowledge": "knowledge", "types": "typing"}
+
+
+def _failed(label: str, error: Exception) -> JobFailed:
+    """A coordinator step's failure (its cause set, as ``raise ... from`` sets it)."""
+    failure = JobFailed(label, f"DPeM {label} failed: {error}")
+    failure.__cause__ = error
+    return failure
 
 
 def _mark_processed(log: dict[str, Any], round_no: int) -> bool:

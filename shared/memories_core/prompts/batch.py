@@ -14,7 +14,7 @@ request, in order, and gives the same answers as :func:`run_spec` would.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from memories_core.errors import ParseError
@@ -24,7 +24,7 @@ from memories_core.prompts.spec import Layer, PromptSpec, spec_steps
 if TYPE_CHECKING:
     from memories_core.interfaces import LLM
 
-__all__ = ["batch_capacity", "drive_batch", "run_spec_batch"]
+__all__ = ["batch_capacity", "by_model", "drive_batch", "run_spec_batch"]
 
 In = TypeVar("In")
 Out = TypeVar("Out")
@@ -35,6 +35,18 @@ def batch_capacity(llm: object) -> int:
     """How many requests ``llm`` decodes in one pass (1 for a model that says nothing)."""
     size = getattr(llm, "batch_capacity", 1)
     return size if isinstance(size, int) and not isinstance(size, bool) and size > 1 else 1
+
+
+def by_model(items: Iterable[T], model_of: Callable[[T], LLM]) -> list[tuple[LLM, list[T]]]:
+    """``items`` grouped by the model that serves them (in first-seen order), one batch each.
+
+    An engine's ``llm_for`` hook may serve users with different models; a batch goes to one.
+    """
+    groups: dict[int, tuple[LLM, list[T]]] = {}
+    for item in items:
+        model = model_of(item)
+        groups.setdefault(id(model), (model, []))[1].append(item)
+    return list(groups.values())
 
 
 def _send(llm: LLM, requests: list[LLMRequest]) -> list[str]:

@@ -9,13 +9,14 @@ between the two.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from memories_core.errors import ParseError
 from memories_core.mechanisms.base import turn_from_record
-from memories_core.prompts.batch import run_spec_batch
+from memories_core.prompts.batch import by_model, run_spec_batch
 from memories_core.prompts.emg import EXTRACT, ExtractedMemory, ExtractInput
 from memories_core.types import Job, MemoryRecord, Scope
 
@@ -50,17 +51,9 @@ def extracted_to_payload(memories: Sequence[ExtractedMemory] | None) -> list[dic
         return None
     out = []
     for item in memories:
-        row: dict[str, Any] = {
-            "text": item.text,
-            "type": item.type,
-            "subclass": item.subclass,
-            "subject": item.subject,
-            "relation": item.relation,
-            "object": item.object,
-        }
+        row = dataclasses.asdict(item)
         for name in _TIMES:
-            value = getattr(item, name)
-            row[name] = None if value is None else value.isoformat()
+            row[name] = None if row[name] is None else row[name].isoformat()
         out.append(row)
     return out
 
@@ -76,22 +69,14 @@ def extracted_from_payload(value: Any) -> list[ExtractedMemory] | None:
     out = []
     try:
         for row in value:
-            when, until = (
-                None if row.get(name) is None else datetime.fromisoformat(str(row[name]))
-                for name in _TIMES
-            )
-            out.append(
-                ExtractedMemory(
-                    text=str(row["text"]),
-                    type=str(row["type"]),
-                    subclass=str(row["subclass"]),
-                    subject=str(row["subject"]),
-                    relation=str(row["relation"]),
-                    object=str(row["object"]),
-                    when=when,
-                    valid_until=until,
-                )
-            )
+            parts: dict[str, Any] = {}
+            for field in dataclasses.fields(ExtractedMemory):
+                if field.name in _TIMES:
+                    raw = row.get(field.name)
+                    parts[field.name] = None if raw is None else datetime.fromisoformat(str(raw))
+                else:
+                    parts[field.name] = str(row[field.name])
+            out.append(ExtractedMemory(**parts))
     except (AttributeError, KeyError, TypeError, ValueError):
         return None
     return out
@@ -106,21 +91,17 @@ def prepare_extractions(memory: EMGMemory, jobs: Sequence[Job]) -> dict[str, Bas
     Raises:
         LLMError: if the model is down (the extractions so far are kept).
     """
-    work: dict[int, tuple[Any, list[tuple[Job, dict[str, Any], ExtractInput]]]] = {}
+    work: list[tuple[Job, dict[str, Any], ExtractInput]] = []
     for job in jobs:
         if job.kind != "extract" or EXTRACTED in job.payload:
             continue
         found = memory.engine.get(job.user_id, [str(job.payload["turn_id"])])
-        if not found:
-            continue
-        llm = memory._llm(Scope(job.user_id))
-        entry = (job, dict(job.payload), extract_input(memory, found[0]))
-        work.setdefault(id(llm), (llm, []))[1].append(entry)
+        if found:
+            work.append((job, dict(job.payload), extract_input(memory, found[0])))
     spec = memory.prompt_spec(EXTRACT)
-    for llm, group in work.values():
-        answers = run_spec_batch(
-            llm, spec, [inputs for _, _, inputs in group], retries=memory.retries
-        )
+    for llm, group in by_model(work, lambda item: memory._llm(Scope(item[0].user_id))):
+        inputs = [item for _, _, item in group]
+        answers = run_spec_batch(llm, spec, inputs, retries=memory.retries)
         for (job, payload, _), answer in zip(group, answers, strict=True):
             payload[EXTRACTED] = extracted_to_payload(
                 None if isinstance(answer, ParseError) else answer
