@@ -28,7 +28,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import locomo_qa
-from machine_info import command_line, machine
+from machine_info import command_line, machine, run_header
 
 from memories_core.evaluation.harness import read_jsonl
 
@@ -156,9 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "answer_batch.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
     info = report["machine"]
     header = (
-        f"Machine: {info['nproc']} CPU cores ({info['cpu']}), {info['ram']} RAM, load average "
-        f"{info['load_avg_1min_at_start']} when the run started; code {info['code']}. "
-        f"Command: `{report['command']}`. Reader: the harness's (`--model`, default the "
+        f"{run_header(info, report['command'])} Reader: the harness's (`--model`, default the "
         f"offline default model); row `{args.mechanism}`; the same kept ingest for every size."
     )
     (args.out / "answer_batch.md").write_text(f"{header}\n\n{text}\n", encoding="utf-8")

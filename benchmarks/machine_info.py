@@ -99,6 +99,15 @@ def portable_path(path: str | os.PathLike[str]) -> str:
 DSN_OPTIONS = ("--dsn", "--postgres-dsn")
 
 
+def run_header(info: dict[str, Any], command: str) -> str:
+    """A result's opening sentence: the machine (:func:`machine`), code and command."""
+    return (
+        f"Machine: {info['nproc']} CPU cores ({info['cpu']}), {info['ram']} RAM, load average "
+        f"{info['load_avg_1min_at_start']} when the run started; code {info['code']}. "
+        f"Command: `{command}`."
+    )
+
+
 def nice_command_line(script: str, argv: list[str]) -> str:
     """:func:`command_line`, prefixed with the process's ``nice`` level when it has one."""
     nice = os.nice(0)

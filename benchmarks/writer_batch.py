@@ -35,7 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import locomo_qa
-from machine_info import command_line, machine
+from machine_info import command_line, machine, run_header
 
 from memories_core import Scope
 from memories_core.evaluation.harness import ingest_conversation
@@ -237,9 +237,7 @@ def main(
     (args.out / "writer_batch.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
     info = report["machine"]
     header = (
-        f"Machine: {info['nproc']} CPU cores ({info['cpu']}), {info['ram']} RAM, load average "
-        f"{info['load_avg_1min_at_start']} when the run started; code {info['code']}. "
-        f"Command: `{report['command']}`. {conversation.sample_id}, first session, "
+        f"{run_header(info, report['command'])} {conversation.sample_id}, first session, "
         f"{args.exchanges} exchanges, one save each; `{args.mechanism}` memory."
     )
     (args.out / "writer_batch.md").write_text(f"{header}\n\n{text}\n", encoding="utf-8")
