@@ -67,15 +67,6 @@ VIEWS: dict[str, Callable[[Any, str], dict[str, list[str]]]] = {
 }
 
 
-def make_memory(mechanism: str, folder: Path, llm: Any, embedder: Any, clock: Any) -> Any:
-    """The mechanism's memory on ``folder``, written by ``llm`` (the harness's defaults)."""
-    import memories_core as mc
-
-    kinds = {"dpem": mc.DualProcessMemory, "conditional": mc.ConditionalMemory, "emg": mc.EMGMemory}
-    kind = kinds[mechanism]
-    return kind(path=folder, llm=llm, embedder=embedder, clock=clock)
-
-
 def measure_size(
     mechanism: str, conversation: LocomoConversation, llm: Any, embedder: Any, folder: Path
 ) -> dict[str, Any]:
@@ -92,7 +83,7 @@ def measure_size(
 
         llm.generate_batch = recorded  # instrument: how many jobs each batch held
     clock = FixedClock(datetime(2023, 1, 1, tzinfo=timezone.utc))  # each save sets it
-    memory = make_memory(mechanism, folder, llm, embedder, clock)
+    memory = locomo_qa.make_memory(mechanism, folder, clock, llm, embedder)  # the harness's
     try:
         started = time.perf_counter()
         stats = ingest_conversation(memory, conversation, clock, user_id="user", writer=llm)
