@@ -298,6 +298,7 @@ class ConditionalMemory(MemoryBase):
             LLMError: if the model is down (the answers so far are kept).
         """
         work = []
+        sessions: dict[tuple[str, str | None], list[MemoryRecord]] = {}
         for job in jobs:
             if int(job.payload.get("retries", 1)) == 0:
                 continue
@@ -306,7 +307,9 @@ class ConditionalMemory(MemoryBase):
                 turn = found[0]
                 writer = self._llm(Scope(job.user_id, turn.session_id))
                 work.append(
-                    _Pending(job, dict(job.payload), turn, writer, self._context_before(turn))
+                    _Pending(
+                        job, dict(job.payload), turn, writer, self._context_before(turn, sessions)
+                    )
                 )
         failed: dict[str, BaseException] = {}
         undecided = [w for w in work if w.payload.get("decision") is None]
@@ -400,14 +403,26 @@ class ConditionalMemory(MemoryBase):
         turns = self.engine.records(scope.user_id, where=where)
         return turns[-limit:] if limit > 0 else []
 
-    def _context_before(self, turn: MemoryRecord) -> list[MemoryRecord]:
-        """The turns of the same session said before ``turn`` (Table 18's dialogue context)."""
+    def _context_before(
+        self,
+        turn: MemoryRecord,
+        sessions: dict[tuple[str, str | None], list[MemoryRecord]] | None = None,
+    ) -> list[MemoryRecord]:
+        """The turns of the same session said before ``turn`` (Table 18's dialogue context).
+
+        ``sessions`` keeps each session's turns read once, for several turns of one batch.
+        """
         if self.context_turns <= 1:
             return []
-        where: dict[str, str] = {"kind": "turn"}
-        if turn.session_id is not None:
-            where["session_id"] = turn.session_id
-        session = self.engine.records(turn.user_id, where=where)
+        key = (turn.user_id, turn.session_id)
+        session = None if sessions is None else sessions.get(key)
+        if session is None:
+            where: dict[str, str] = {"kind": "turn"}
+            if turn.session_id is not None:
+                where["session_id"] = turn.session_id
+            session = self.engine.records(turn.user_id, where=where)
+            if sessions is not None:
+                sessions[key] = session
         ids = [r.id for r in session]
         position = ids.index(turn.id) if turn.id in ids else len(session)
         return session[max(0, position - (self.context_turns - 1)) : position]
