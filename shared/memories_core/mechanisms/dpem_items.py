@@ -16,8 +16,8 @@ from memories_core.types import MemoryRecord
 
 __all__ = ["MERGE_THRESHOLD", "DPeMStats", "KnowledgeItem", "near_duplicate", "similarity"]
 
-#: Default near-duplicate threshold of :func:`similarity` (0-100). Chosen on the labelled
-#: pairs of ``tests/test_dpem.py``: trivial rephrasings (case, punctuation, articles, word
+#: Default near-duplicate threshold of :func:`similarity` (0-100). Chosen on labelled pairs
+#: (the project's DPeM test suite): trivial rephrasings (case, punctuation, articles, word
 #: order) score 89-100; different facts that share most words (another token, another
 #: condition) score at most 84.
 MERGE_THRESHOLD = 88.0
