@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from memories_core import EMGMemory, FixedClock, Scope, Turn
+from memories_core.clock import memory_time
 from memories_core.embedders import HashingEmbedder
 from memories_core.errors import ConfigurationError, InvalidInputError, LLMError, ParseError
 from memories_core.llms import ScriptedLLM
@@ -383,10 +384,10 @@ def test_extraction_parser_rejects_made_up_or_forged_memories() -> None:
         (
             "I went to a support group yesterday.",
             "Caroline",
-            "Caroline said: I went to a support group yesterday (2024-04-09).",
+            "Caroline said: I went to a support group yesterday (9 April 2024).",
         ),
         ("Caroline went to a support group.", "Caroline", "Caroline went to a support group."),
-        ("My sister visits tomorrow.", None, "My sister visits tomorrow (2024-04-11)."),
+        ("My sister visits tomorrow.", None, "My sister visits tomorrow (11 April 2024)."),
         ("The meeting is on 2024-05-20.", "Caroline", "The meeting is on 2024-05-20."),
         ("Hey Mel! How have you been?", "Caroline", None),  # a question keeps no fact
     ],
@@ -919,6 +920,19 @@ def test_recall_uses_the_graph_walk_as_a_pipeline_source() -> None:
     assert len(recall.records) == 3
     assert all(h.record.kind == MEMORY_KIND for h in recall.records)
     assert "01:30" in recall.context
+
+
+@pytest.mark.parametrize("show_dates", [True, False])
+def test_a_recalled_memory_shows_when_it_was_received(show_dates: bool) -> None:
+    # Every mechanism's context dates its memories the way people write dates; a reader
+    # answering "when ...?" from a memory that holds no date of its own needs it.
+    memory = make(show_dates=show_dates)
+    tell(memory, STORY[:1])
+    recall = memory.recall("EK349 flight", Scope(USER), k=1)
+    line = recall.context.splitlines()[0]
+    stamp = f"[{memory_time(recall.records[0].record.created_at)}] "
+    assert line.startswith(stamp) is show_dates
+    assert recall.records[0].record.text in line
 
 
 def test_export_and_draw(tmp_path: Path) -> None:

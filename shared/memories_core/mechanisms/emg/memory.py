@@ -690,7 +690,14 @@ class EMGMemory(MemoryBase):
         return Recall(query=query, records=tuple(hits), context=self._render(hits))
 
     def _render(self, hits: Sequence[ScoredRecord]) -> str:
-        return applications.render(hits)
+        """One memory a line: statement and triple, after when it was received.
+
+        The time is the memory's record time (the message it was extracted from, appendix
+        A.1's received time), shown as every mechanism shows dates (:attr:`show_dates`).
+        """
+        return "\n".join(
+            self._dated(applications.render([hit]), hit.record.created_at) for hit in hits
+        )
 
     @staticmethod
     def _line(record: MemoryRecord) -> MemoryLine:

@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 
 import pydantic
 
+from memories_core.clock import memory_time
 from memories_core.errors import ParseError
 from memories_core.grounding import GroundingError, find_ungrounded, log_rejection
 from memories_core.prompts.emg.dates import _ISO, _WEEKDAYS, resolve_date
@@ -372,7 +373,8 @@ def attributed(statement: str, inputs: ExtractInput) -> str:
 
     Appendix A.1 keeps memories with absolute times and about named people; a model may
     keep the sender's words ("I went to a support group yesterday"). The first relative date
-    phrase gets its date against the received time (``yesterday (2023-05-07)``), and a
+    phrase gets its date against the received time (``yesterday (7 May 2023)``, written as
+    every mechanism writes dates for a reader, :func:`~memories_core.clock.memory_time`), and a
     first-person statement of a named sender that does not name them says who "I" is
     (``Caroline said: ...``). Applied to the model's memories and the offline stand-in alike.
     """
@@ -380,9 +382,7 @@ def attributed(statement: str, inputs: ExtractInput) -> str:
     if phrase and not _ISO.match(phrase.group(0)):
         when = resolve_date(phrase.group(0), inputs.at)
         if when is not None:
-            stamp = (
-                f"{when:%Y-%m-%d}" if when.hour == when.minute == 0 else f"{when:%Y-%m-%d %H:%M}"
-            )
+            stamp = memory_time(when, time_of_day=not when.hour == when.minute == 0)
             statement = statement.replace(phrase.group(0), f"{phrase.group(0)} ({stamp})", 1)
     speaker = inputs.speaker
     if speaker and _FIRST_PERSON.search(statement) and speaker.lower() not in statement.lower():
