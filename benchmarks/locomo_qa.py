@@ -134,6 +134,13 @@ def full_budget(llm: Any, asked: int | None) -> int:
 #: Mechanisms whose memories a model writes (the rest store raw turns).
 LLM_WRITTEN = {"summary", "conditional", "multiview", "memorybank", "memochat", "dpem", "emg"}
 
+#: The second speaker's role per mechanism (default ``"assistant"``). LoCoMo's second speaker
+#: is a person, not an assistant: EMG-RAG reads a phone's messages, received ones included
+#: (Wang et al., appendix A.1), and skips an assistant's replies, so it gets the second
+#: speaker's turns as received messages. With them as assistant replies, 62 of the 150
+#: questions of the full table rest on turns it never read.
+SECOND_SPEAKER_ROLE = {"emg": "message"}
+
 
 # ----------------------------------------------------------------------------- models
 def make_llm(
@@ -509,6 +516,7 @@ def _ingested(
             progress=bar.update,
             resume=resume,
             on_session=_checkpointer(memory, folder, user),
+            second_role=SECOND_SPEAKER_ROLE.get(name, "assistant"),
         )
     write_json_atomic(marker, stats.to_json())
     _keep_memory_file(folder)

@@ -221,6 +221,36 @@ def test_ingest_saves_exchanges_with_the_session_clock(tmp_path: Path) -> None:
     memory.close()
 
 
+@pytest.mark.parametrize(
+    ("second_role", "senders"), [("assistant", {"Ann"}), ("message", {"Ann", "Bob"})]
+)
+def test_emg_reads_the_second_speakers_turns_only_as_received_messages(
+    tmp_path: Path, second_role: str, senders: set[str]
+) -> None:
+    # EMG-RAG skips an assistant's replies; LoCoMo's second speaker is a person whose
+    # messages a phone assistant reads (appendix A.1), which the harness can say.
+    from memories_core import EMGMemory
+    from memories_core.prompts.rule_following import rule_following_reply
+
+    clock = FixedClock(datetime(2024, 1, 1, tzinfo=timezone.utc))
+    memory = EMGMemory(
+        path=tmp_path / "m",
+        embedder=HashingEmbedder(dimension=64),
+        clock=clock,
+        llm=ScriptedLLM(default=rule_following_reply),
+    )
+    ingest_conversation(memory, _conversation(), clock, user_id="conv-t", second_role=second_role)
+    turns = memory.engine.records("conv-t", where={"kind": "turn"})
+    assert {str(r.metadata.get("role")) for r in turns} == {"user", second_role}
+    sources = {
+        str(t.metadata.get("speaker"))
+        for m in memory.memories("conv-t")
+        for t in memory.engine.get("conv-t", list(m.source_ids))
+    }
+    assert sources == senders
+    memory.close()
+
+
 def test_answer_question_recalls_reads_and_scores(tmp_path: Path) -> None:
     conversation = _conversation()
     clock = FixedClock(datetime(2024, 1, 1, tzinfo=timezone.utc))

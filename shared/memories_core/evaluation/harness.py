@@ -307,6 +307,7 @@ def ingest_conversation(
     progress: Callable[[int], None] | None = None,
     resume: IngestStats | None = None,
     on_session: Callable[[IngestStats], None] | None = None,
+    second_role: str = "assistant",
 ) -> IngestStats:
     """Save a conversation into ``memory`` session by session, as a chat app would.
 
@@ -326,6 +327,11 @@ def ingest_conversation(
         on_session: Called after each session's derivations are done, with the cost so
             far (e.g. to write a checkpoint that a later ``resume`` starts from); its own
             time is not counted in ``wall_s``.
+        second_role: The role of the second speaker's turns. ``"assistant"`` (default)
+            makes each pair of turns an exchange for the mechanisms that work in rounds; a
+            mechanism that reads the user's received messages and skips an assistant's
+            replies (EMG-RAG, appendix A.1) gets them as what they are in LoCoMo, another
+            person's messages (``"message"``, each keeping its sender's name).
 
     Returns:
         What the ingest cost (the resumed part included).
@@ -346,7 +352,7 @@ def ingest_conversation(
             pair = dated[start : start + 2]
             turns = [
                 Turn(
-                    "user" if turn.speaker == first_speaker else "assistant",
+                    "user" if turn.speaker == first_speaker else second_role,
                     turn.text,
                     speaker=turn.speaker,
                     timestamp=when,
