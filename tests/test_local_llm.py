@@ -437,6 +437,36 @@ def test_real_local_model_answers_a_batch_as_it_answers_one_at_a_time(
     assert all("." not in r.text for r in cut)
 
 
+#: Largest logit gap allowed between a batch's greedy token and the exact model's best token.
+#: A batch is not bit-identical to single calls (other matrix shapes, so other rounding; the
+#: int8 decoding weights), so greedy decoding may flip a near tie: it did on one CPU and not
+#: on another. A wrong cache or position gives tokens several logits below the best.
+NEAR_TIE = 1.0
+
+
+def _worst_gaps(
+    runtime: Any, conversations: list[list[ChatMessage]], texts: list[str]
+) -> list[float]:
+    """Per reply: the largest gap between the exact model's best logit and the chosen token's.
+
+    The exact model reads the prompt and the reply in one float32 pass (teacher forcing).
+    """
+    import torch
+
+    from memories_core.llms.transformers_runtime import _prompt_ids
+
+    worst = []
+    for messages, text in zip(conversations, texts, strict=True):
+        prompt = _prompt_ids(runtime, tuple(messages), 0)
+        reply = runtime.tokenizer.encode(text, add_special_tokens=False)
+        with torch.inference_mode():
+            logits = runtime.model(input_ids=torch.tensor([prompt + reply])).logits[0].float()
+        steps = logits[len(prompt) - 1 : len(prompt) - 1 + len(reply)]
+        chosen = steps[torch.arange(len(reply)), torch.tensor(reply)]
+        worst.append(float((steps.max(dim=-1).values - chosen).max()))
+    return worst
+
+
 @pytest.mark.slow
 def test_real_local_model_keeps_each_row_of_a_batch_inside_the_schema(
     one_torch_thread: int,
@@ -467,14 +497,14 @@ def test_real_local_model_keeps_each_row_of_a_batch_inside_the_schema(
         [ChatMessage("user", "Give one fact about cats as JSON.")],
         [ChatMessage("user", "Give one fact about the moon as JSON.")],
     ]
-    alone = [llm.generate(c, response_format=fmt) for c in conversations]
     together = [r.text for r in llm.generate_batch(conversations, response_format=fmt)]
-    # Greedy: each row follows its own schema state. (A near tie may still flip with the
-    # padding of another batch: this small model's answers degenerate on some prompts.)
-    assert together == alone
-    for text in together:
+    # Each row follows its own schema state: each is a complete answer of the schema, and
+    # about its own prompt (the enforcer keys its state by the row's tokens, not its index).
+    for text, subject in zip(together, ("cat", "moon"), strict=True):
         answer = json.loads(text)
-        assert set(answer) == {"fact", "sure"} and len(answer["fact"]) <= 80
+        assert set(answer) == {"fact", "sure"}, text
+        assert isinstance(answer["sure"], bool) and len(answer["fact"]) <= 80
+        assert subject in answer["fact"].lower(), text
 
 
 @pytest.mark.slow
@@ -493,7 +523,7 @@ def test_a_batch_reads_the_instructions_its_prompts_share_once(one_torch_thread:
         [system, ChatMessage("user", "Name a yellow fruit that monkeys like to eat.")],
         [system, ChatMessage("user", "Name one fruit.")],
     ]
-    alone = [llm.generate(c) for c in conversations]
+    llm.load()
     runtime = llm._runtime
     assert runtime is not None
     read: list[int] = []
@@ -505,12 +535,14 @@ def test_a_batch_reads_the_instructions_its_prompts_share_once(one_torch_thread:
         return generate(*args, **kwargs)
 
     runtime.model.generate = counted
-    runtime.cache = runtime.cached_ids = None  # nothing left from the single calls
     together = [r.text for r in llm.generate_batch(conversations)]
-    assert together == alone  # greedy: the shared start's keys/values are the same
     (shared,) = read
     assert shared >= 64  # the instructions, read once for the three rows
     assert runtime.cached_ids is not None and len(runtime.cached_ids) == shared
+    # The shared start's keys/values serve every row: each token a row chose is the exact
+    # model's best, or a near tie of it (a misplaced cache would be far off).
+    assert all(text for text in together)
+    assert max(_worst_gaps(runtime, conversations, together)) < NEAR_TIE
 
 
 @pytest.mark.slow
