@@ -544,3 +544,28 @@ def test_generate_batch_refuses_a_backend_that_drops_replies() -> None:
     with pytest.raises(LLMError, match="1 replies for 2 conversations"):
         llm.generate_batch([[ChatMessage("user", "a")], [ChatMessage("user", "b")]])
     assert llm.usage.failures == 1 and llm.usage.calls == 0
+
+
+def test_a_batch_may_take_one_calls_timeout_per_conversation_unless_told() -> None:
+    # A batch does the work of n calls and lasts as long as its longest reply; with one
+    # call's timeout, a writer's batch of eight timed out on a loaded CPU.
+    seen: list[float | None] = []
+
+    class Timed(ScriptedLLM):
+        enforces_timeout = True  # reads its limit itself, like the local model
+
+        def _generate_batch(self, conversations: Any, **options: Any) -> list[LLMResult]:
+            seen.append(self.call_timeout())
+            return super()._generate_batch(conversations, **options)
+
+    llm = Timed([], default="x")
+    llm.timeout = 30.0
+    three = [[ChatMessage("user", t)] for t in "abc"]
+    llm.generate_batch(three)
+    llm.generate_batch(three, timeout=5.0)  # a given timeout is the whole batch's
+    llm.generate_batch(three[:1])
+    assert seen == [90.0, 5.0, 30.0]
+    unlimited = Timed([], default="x")
+    unlimited.timeout = None
+    unlimited.generate_batch(three)
+    assert seen[-1] is None

@@ -555,8 +555,11 @@ class BaseLLM(ABC):
             stop: As in :meth:`generate`, for every reply.
             response_format: As in :meth:`generate`, for every reply (one schema per batch).
             timeout: Seconds the whole batch may take (``None``: the model's
-                :attr:`timeout`); a backend that splits a batch into passes may apply it
-                per pass, and says so.
+                :attr:`timeout` for each conversation, so a batch of n may take n times
+                it, as n calls one after another could); a backend that splits a batch
+                into passes may apply it per pass, and says so. A batch lasts as long as
+                its longest reply: with one call's timeout, eight writers' extractions
+                timed out on a loaded CPU and their jobs waited for a retry.
 
         Returns:
             One result per conversation, in order, with its counted token figures.
@@ -580,6 +583,8 @@ class BaseLLM(ABC):
         batch = [msgs for msgs, _ in prepared]
         options = {**prepared[0][1], "response_format": response_format}
         limit = self._limit(timeout)
+        if timeout is None and limit is not None:
+            limit *= len(batch)
         with self._counted():
             results = self._within(lambda: self._generate_batch(batch, **options), limit)
             if not isinstance(results, list) or len(results) != len(batch):
