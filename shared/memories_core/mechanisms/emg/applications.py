@@ -39,9 +39,16 @@ def memory_line(record: MemoryRecord) -> MemoryLine:
     )
 
 
-def render(hits: Sequence[ScoredRecord]) -> str:
-    """The recall context: one :func:`memory_line` per hit."""
-    return "\n".join(memory_line(h.record).render() for h in hits)
+def render(
+    hits: Sequence[ScoredRecord], dated: Callable[[str, datetime], str] | None = None
+) -> str:
+    """The recall context: one :func:`memory_line` per hit.
+
+    ``dated`` puts each line after its memory's time (``MemoryBase.dated``: when it was
+    received, the record time); ``None``: the bare lines.
+    """
+    lines = ((memory_line(h.record).render(), h.record.created_at) for h in hits)
+    return "\n".join(text if dated is None else dated(text, when) for text, when in lines)
 
 
 def answer(

@@ -695,9 +695,7 @@ class EMGMemory(MemoryBase):
         The time is the memory's record time (the message it was extracted from, appendix
         A.1's received time), shown as every mechanism shows dates (:attr:`show_dates`).
         """
-        return "\n".join(
-            self._dated(applications.render([hit]), hit.record.created_at) for hit in hits
-        )
+        return applications.render(hits, self._dated)
 
     @staticmethod
     def _line(record: MemoryRecord) -> MemoryLine:
