@@ -16,7 +16,7 @@ import pytest
 
 from memories_core import ConditionalMemory, DualProcessMemory, FixedClock, Scope, Turn
 from memories_core.embedders import HashingEmbedder
-from memories_core.errors import LLMError, ParseError
+from memories_core.errors import LLMError, LLMTimeoutError, ParseError
 from memories_core.llms import ScriptedLLM
 from memories_core.prompts.batch import batch_capacity, drive_batch, run_spec_batch
 from memories_core.prompts.conditional import DECISION, DecisionInput
@@ -166,6 +166,38 @@ def test_a_model_down_during_a_batch_fails_one_job_and_keeps_every_turn() -> Non
     assert sorted(j.attempts for j in jobs) == [0, 0, 1]
     assert len(memory.turns(Scope("ann"))) == 6
     assert llm.batches == [3]
+
+
+class _SlowBatches(ScriptedLLM):
+    """Answers each conversation alone in time, but every batch misses its timeout."""
+
+    def generate_batch(self, conversations: Any, **options: Any) -> Any:
+        self.batches.append(len(conversations))
+        raise LLMTimeoutError("the batch gave no answer in time", timeout=1.0)
+
+
+def test_a_batch_that_times_out_runs_its_jobs_one_by_one_and_the_model_stays_up() -> None:
+    llm = _SlowBatches(default=dpem_reply, batch_capacity=4)
+    memory = _memory(llm)
+    memory.save(_exchanges(FACTS[:3]), Scope("ann"))
+    assert llm.batches == [3]
+    assert memory.pending("ann") == []
+    assert memory.stats("ann").processed == 3
+    assert memory.usage.failures == {"batch_timeout": 1}
+    # The same memory as a model that never batches.
+    one = _memory(ScriptedLLM(default=dpem_reply))
+    one.save(_exchanges(FACTS[:3]), Scope("ann"))
+    assert _snapshot(memory, "ann")["ltm"] == _snapshot(one, "ann")["ltm"]
+    assert _snapshot(memory, "ann")["stm"] == _snapshot(one, "ann")["stm"]
+
+
+def test_a_single_call_that_times_out_after_a_batch_timeout_still_stops_the_run() -> None:
+    llm = _SlowBatches(default=TimeoutError("down"), batch_capacity=4)
+    memory = _memory(llm)
+    memory.save(_exchanges(FACTS[:3]), Scope("ann"))
+    assert sorted(j.attempts for j in memory.pending("ann")) == [0, 0, 1]
+    assert len(memory.turns(Scope("ann"))) == 6
+    assert len(llm.calls) == 1  # one single call, not one per job
 
 
 def test_one_batch_over_two_users_keeps_each_users_memory_apart() -> None:

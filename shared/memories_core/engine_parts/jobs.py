@@ -13,6 +13,7 @@ from memories_core.engine_parts.search import EngineSearch
 from memories_core.errors import (
     InvalidInputError,
     LLMError,
+    LLMTimeoutError,
 )
 from memories_core.interfaces import MechanismHooks
 from memories_core.types import (
@@ -68,7 +69,9 @@ class EngineJobs(EngineSearch):
                 (:attr:`MechanismHooks.deferred`) are left for an explicit run.
 
         An :class:`~memories_core.errors.LLMError` stops the run: the model is down, and
-        trying every other job would only multiply failed calls.
+        trying every other job would only multiply failed calls. A batch that times out is
+        the exception: its jobs run one by one (counted as ``batch_timeout``), and a single
+        call that times out then stops the run.
         """
         return self._run_due(
             user_id, first=first, force=force, budget=budget, mechanism=mechanism, inline=inline
@@ -168,6 +171,17 @@ class EngineJobs(EngineSearch):
         failures: dict[str, BaseException] = {}
         try:
             failures = dict(hooks.prepare(claimed))
+        except LLMTimeoutError as exc:
+            # A batch lasts as long as its longest reply, so a batch that is too slow says
+            # little about a model that is down: its jobs run one by one below, each call with
+            # its own timeout, and only a single call that times out stops the run.
+            self.count_failure("batch_timeout")
+            logger.warning(
+                "%s: a batch of %d jobs timed out; they run one by one: %s",
+                hooks.name,
+                len(claimed),
+                exc,
+            )
         except LLMError as exc:
             self._fail(claimed[0], claimed[0].kind, exc)
             self._release([j.id for j in claimed[1:]])
