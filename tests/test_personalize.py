@@ -91,6 +91,7 @@ def build(tmp_path: Path | None, tiny: tuple[Any, Any], **config: Any) -> Person
         memory.save(turns, Scope("ann"))
     for turns in exchanges(BOB, T0):
         memory.save(turns, Scope("bob"))
+    engine.flush()
     model, tokenizer = tiny
     options = {"learning_rate": 3e-3, "max_steps": 24, "checkpoint_every": 8, **config}
     served.append(
@@ -116,6 +117,21 @@ def test_examples_put_the_recalled_memory_before_each_assistant_turn(tiny: Any) 
     ]
     # Another user's memory never enters ann's prompts.
     assert all("ankle" not in m.content for e in examples for m in e.messages)
+
+
+def test_each_example_recalls_only_what_was_known_when_its_turn_was_said(tiny: Any) -> None:
+    examples = build(None, tiny).examples("ann")
+    assert "What you remember" not in examples[0].messages[0].content  # nothing known yet
+    for n, example in enumerate(examples):
+        system = example.messages[0].content
+        # Neither this round's own lines (the reply trained on included) nor a later one's.
+        assert not any(line in system for pair in ANN[n:] for line in pair)
+        if n:
+            assert f"The user said: {ANN[n - 1][0]}" in system  # the round before is known
+    # Without the cut, recall reads the final memory: later rounds in the first prompt.
+    personalizer = build(None, tiny)
+    final = personalizer.prompt_messages("ann", [], ANN[0][0])[0].content
+    assert any(user in final for user, _ in ANN[1:])
 
 
 def test_defaults_are_the_papers_except_the_measured_rate_and_steps() -> None:

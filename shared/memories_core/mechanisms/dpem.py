@@ -555,8 +555,17 @@ class DualProcessMemory(MemoryBase):
             current = self.engine.records(user_id, where={"kind": NOTE_KIND})
             if any(int(r.state.attrs.get("round", 0)) > round_no for r in current):
                 return True
+            sources = tuple(str(t) for t in job.payload.get("turn_ids", []))
             records = [
-                MemoryRecord(new_id(), user_id, NOTE_KIND, note, now, metadata={"round": round_no})
+                MemoryRecord(
+                    new_id(),
+                    user_id,
+                    NOTE_KIND,
+                    note,
+                    now,
+                    metadata={"round": round_no},
+                    source_ids=sources,
+                )
                 for note in notes[: self.working_capacity]
             ]
             return self.engine.write_derivation(
@@ -580,6 +589,8 @@ class DualProcessMemory(MemoryBase):
         """
         user_id = job.user_id
         now = self.clock.now()
+        # A new item keeps the turns of the round that first stated it (its provenance).
+        sources = tuple(str(t) for t in job.payload.get("turn_ids", []))
         with self.engine.user_lock(user_id), self.engine.transaction():
             log = self._log(user_id)
             stored = [
@@ -597,7 +608,13 @@ class DualProcessMemory(MemoryBase):
                 match = self._match(text, texts)
                 if match is None:
                     record = MemoryRecord(
-                        new_id(), user_id, KNOWLEDGE_KIND, text, now, metadata={"type": kind}
+                        new_id(),
+                        user_id,
+                        KNOWLEDGE_KIND,
+                        text,
+                        now,
+                        metadata={"type": kind},
+                        source_ids=sources,
                     )
                     fresh[record.id] = record
                     texts[record.id] = text

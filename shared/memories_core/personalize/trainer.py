@@ -152,22 +152,49 @@ class Personalizer:
 
     # ------------------------------------------------------------------ data
     def prompt_messages(
-        self, user_id: str, history: Sequence[ChatMessage], query: str
+        self,
+        user_id: str,
+        history: Sequence[ChatMessage],
+        query: str,
+        *,
+        known: Callable[[MemoryRecord], bool] | None = None,
     ) -> list[ChatMessage]:
-        """The prompt of eq. (3): system text with the recalled memory, history, the query."""
+        """The prompt of eq. (3): system text with the recalled memory, history, the query.
+
+        Args:
+            user_id: Whose memory is recalled.
+            history: The dialogue before ``query``.
+            query: The user's message.
+            known: Only records for which it holds are recalled (the memory as it stood
+                when a past turn was said; see :meth:`examples`). Default: every record.
+        """
         system = self.system_prompt
-        if self.memory is not None and query.strip() and self.config.memory_k > 0:
-            context = self.memory.recall(query, Scope(user_id), k=self.config.memory_k).context
+        k = self.config.memory_k
+        if self.memory is not None and query.strip() and k > 0:
+            if known is None:
+                context = self.memory.recall(query, Scope(user_id), k=k).context
+            else:
+                # Recall deeper, then keep the first k the memory held back then.
+                found = self.memory.recall(query, Scope(user_id), k=4 * k + 10).records
+                context = self.memory.render([h for h in found if known(h.record)][:k])
             if context:
                 system = f"{system}\n\nWhat you remember about this user:\n{context}"
         return [ChatMessage("system", system), *history, ChatMessage("user", query)]
 
     def examples(self, user_id: str) -> list[TrainingExample]:
-        """One example per assistant turn of ``user_id`` that follows a user turn."""
+        """One example per assistant turn of ``user_id`` that follows a user turn.
+
+        Each example's prompt holds the memory as it stood when its user turn was said
+        (MaLP's eq. (3) recalls ``p`` for the query being answered): the turns said before it,
+        and derived records all of whose source turns were (records without sources: those
+        formed before it). Recalled from the final memory instead, the prompt would hold what
+        later rounds learned, the reply being trained on included.
+        """
         turns = self.engine.records(check_user_id(user_id), where={"kind": "turn"})
+        position = {record.id: n for n, record in enumerate(turns)}
         dialogue: list[ChatMessage] = []
         out: list[TrainingExample] = []
-        for record in turns:
+        for n, record in enumerate(turns):
             role = str(record.metadata.get("role", "user"))
             prefix = f"{record.metadata.get('speaker') or role}: "
             text = record.text[len(prefix) :] if record.text.startswith(prefix) else record.text
@@ -176,7 +203,10 @@ class Personalizer:
                 history = (
                     dialogue[:-1][-self.config.history_turns :] if self.config.history_turns else []
                 )
-                messages = self.prompt_messages(user_id, history, dialogue[-1].content)
+                asked = turns[n - 1]
+                messages = self.prompt_messages(
+                    user_id, history, dialogue[-1].content, known=_known_before(asked, position)
+                )
                 out.append(TrainingExample(tuple(messages), text))
             dialogue.append(ChatMessage(role, text))
         return out
@@ -572,3 +602,23 @@ class Personalizer:
     def llm_for(self, scope: Scope) -> PersonalizedLLM | None:
         """``MemoryEngine(llm_for=...)`` hook: the user's model if they have an adapter."""
         return self.llm(scope.user_id) if self.adapter(scope.user_id) is not None else None
+
+
+def _known_before(asked: MemoryRecord, position: dict[str, int]) -> Callable[[MemoryRecord], bool]:
+    """Whether a record was in memory when the turn ``asked`` was said.
+
+    ``position`` orders the user's turns. A turn counts if it came before ``asked``; a derived
+    record if every source turn still stored did; one without known sources if it was formed
+    before ``asked`` was said.
+    """
+    limit = position[asked.id]
+
+    def known(record: MemoryRecord) -> bool:
+        if record.id in position:
+            return position[record.id] < limit
+        sources = [position[s] for s in record.source_ids if s in position]
+        if sources:
+            return max(sources) < limit
+        return record.created_at < asked.created_at
+
+    return known
