@@ -176,7 +176,13 @@ class Personalizer:
             else:
                 # Recall deeper, then keep the first k the memory held back then.
                 found = self.memory.recall(query, Scope(user_id), k=4 * k + 10).records
-                context = self.memory.render([h for h in found if known(h.record)][:k])
+                kept = [h for h in found if known(h.record)][:k]
+                render = getattr(self.memory, "render", None)  # every built-in mechanism's
+                context = (
+                    str(render(kept))
+                    if callable(render)
+                    else "\n".join(h.record.text for h in kept)
+                )
             if context:
                 system = f"{system}\n\nWhat you remember about this user:\n{context}"
         return [ChatMessage("system", system), *history, ChatMessage("user", query)]
