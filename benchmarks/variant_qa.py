@@ -21,6 +21,9 @@ Variants (``--variant``):
   and :class:`~memories_core.mechanisms.memochat.LLMOptionSource`, rendered by the mechanism.
 * ``emg-threshold``: EMG-RAG's untrained selection before the top-1 default: the walk that
   includes a memory when its activation passes the threshold (``fallback="threshold"``).
+* ``emg-undated``: EMG-RAG's recall context without each memory's date
+  (``show_dates=False``), as it was before EMG's context was dated like every other
+  mechanism's.
 * ``dpem-stm-cut``: DPeM with the short-term lookup's measured relevance cut
   (``stm_cut=MEASURED_STM_CUT["levenshtein"]``; off by default).
 * ``memorybank-decay``: MemoryBank's recall before cross-validation chose no query-time
@@ -103,6 +106,10 @@ def emg_threshold(common: dict[str, Any], llm: Any, budget: float | None) -> Any
     return EMGMemory(**common, llm=llm, fallback="threshold")
 
 
+def emg_undated(common: dict[str, Any], llm: Any, budget: float | None) -> Any:
+    return EMGMemory(**common, llm=llm, show_dates=False)
+
+
 def dpem_stm_cut(common: dict[str, Any], llm: Any, budget: float | None) -> Any:
     return DualProcessMemory(**common, llm=llm, stm_cut=MEASURED_STM_CUT["levenshtein"])
 
@@ -148,6 +155,7 @@ class Variant:
 VARIANTS: dict[str, Variant] = {
     "memochat-fused": Variant("memochat", memochat_fused),
     "emg-threshold": Variant("emg", emg_threshold),
+    "emg-undated": Variant("emg", emg_undated),
     "dpem-stm-cut": Variant("dpem", dpem_stm_cut),
     "memorybank-decay": Variant("memorybank", memorybank_decay),
     "conditional-no-keys": Variant("conditional", prepare=drop_note_keys),

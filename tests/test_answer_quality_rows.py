@@ -202,3 +202,33 @@ def test_the_checkpoints_time_is_not_counted_as_the_memorys(tmp_path: Path) -> N
     memory.close()
     assert len(slept) == stats.sessions == 3
     assert stats.wall_s < sum(slept)
+
+
+def test_emg_undated_variant_answers_the_kept_ingest_without_dates(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The same EMG ingest answered again: the reader's memories lose only their dates."""
+    import re
+
+    from test_answer_quality import _load_variant_qa
+
+    bench, asked, argv = _row_bench(monkeypatch, tmp_path, "emg", sessions=2)
+    source, out = tmp_path / "source", tmp_path / "undated"
+    assert bench.main([*argv, "--out", str(source)]) == 0  # type: ignore[attr-defined]
+    dated = list(asked)
+    rest = [a for a in argv if a not in ("--mechanisms", "emg")]
+    variant = _load_variant_qa()
+    args = ["--variant", "emg-undated", "--source", str(source), "--out", str(out)]
+    assert variant.main([*args, "--", *rest]) == 0
+    undated = asked[len(dated) :]
+    assert len(undated) == len(dated) == 3
+    stamp = re.compile(r"\[\d{1,2} [A-Z][a-z]+ \d{4}")  # "[8 May 2023, 13:56] ..."
+    assert all(stamp.search(p) for p in dated)
+    assert not any(stamp.search(p) for p in undated)
+    before = json.loads((source / "locomo_qa.json").read_text())["rows"][0]
+    after = json.loads((out / "locomo_qa.json").read_text())["rows"][0]
+    assert after["ingest_s"] == before["ingest_s"]  # the same ingest, not written again
+    assert after["context_chars"] < before["context_chars"]
+    capsys.readouterr()
