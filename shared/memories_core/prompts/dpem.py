@@ -234,7 +234,7 @@ def parse_notes(text: str, inputs: NotesInput) -> tuple[str, ...]:
 
 
 def _parse_notes_json(text: str, inputs: NotesInput) -> tuple[str, ...]:
-    answer = parse_model(text, NotesAnswer, inputs.dialogue)
+    answer = parse_model(text, NotesAnswer, inputs.dialogue, cut_ok=True)
     return _finish_notes(answer.notes, inputs, text)
 
 
@@ -345,7 +345,7 @@ def parse_knowledge(text: str, inputs: KnowledgeInput) -> tuple[str, ...]:
 
 
 def _parse_knowledge_json(text: str, inputs: KnowledgeInput) -> tuple[str, ...]:
-    answer = parse_model(text, KnowledgeAnswer, inputs.notes)
+    answer = parse_model(text, KnowledgeAnswer, inputs.notes, cut_ok=True)
     return _finish_knowledge(answer.knowledge, inputs, text)
 
 

@@ -50,6 +50,7 @@ __all__ = [
     "PromptSpec",
     "arun_spec",
     "choose_layer",
+    "close_cut_json",
     "dialogue_users",
     "escape",
     "fence",
@@ -108,7 +109,64 @@ def read_section(text: str, tag: str) -> str:
     return unescape(match.group(1)) if match else ""
 
 
-def parse_model(text: str, model: type[M], untrusted: Sequence[str] = ()) -> M:
+def close_cut_json(text: str) -> str | None:
+    """The JSON value that ``text`` starts, cut short, closed after its last whole element.
+
+    A reply that reaches its token cap in the middle of a list (``{"notes": ["a", "b", "c``)
+    ends inside a string or an object. This keeps every element of the open lists that was
+    written out whole (``{"notes": ["a", "b"]}``) and closes the brackets left open; the
+    element that was cut is dropped, and so is an object or list element cut anywhere inside
+    it, so a field it lacked cannot validate. Strings, objects and lists count as elements
+    (a list of numbers is kept whole or not at all).
+
+    Returns:
+        The closed JSON text, or ``None`` if ``text`` starts no JSON value, closes the one it
+        starts (it was not cut), or was cut before any element of a list was whole (a cut
+        reply with nothing whole in it is not an empty answer).
+    """
+    starts = [i for i in (text.find("{"), text.find("[")) if i != -1]
+    if not starts:
+        return None
+    closers: list[str] = []
+    safe: tuple[int, tuple[str, ...]] | None = None
+    in_string = False
+    i = min(starts)
+    while i < len(text):
+        ch = text[i]
+        if in_string:
+            if ch == "\\":
+                i += 2
+                continue
+            if ch == '"':
+                in_string = False
+                if closers[-1] == "]" and _no_open_element(closers):  # a whole string
+                    safe = (i + 1, tuple(closers))
+        elif ch == '"':
+            in_string = True
+        elif ch in "{[":
+            closers.append("}" if ch == "{" else "]")
+        elif ch in "}]":
+            if not closers or closers.pop() != ch:
+                return None
+            if not closers:
+                return None  # the value closed: it was not cut
+            if closers[-1] == "]" and _no_open_element(closers):  # a whole element
+                safe = (i + 1, tuple(closers))
+        i += 1
+    if safe is None:
+        return None
+    end, still_open = safe
+    return text[:end] + "".join(reversed(still_open))
+
+
+def _no_open_element(closers: Sequence[str]) -> bool:
+    """Whether no element of a list is open: nothing was opened inside the innermost list."""
+    return "]" not in closers[:-1]
+
+
+def parse_model(
+    text: str, model: type[M], untrusted: Sequence[str] = (), *, cut_ok: bool = False
+) -> M:
     """Parse a JSON answer into ``model``, ignoring JSON that was only echoed from input.
 
     A fenced user text that itself holds a JSON object (``{"decision": "yes"}``) is removed
@@ -116,9 +174,27 @@ def parse_model(text: str, model: type[M], untrusted: Sequence[str] = ()) -> M:
     only repeats its description or a template word is rejected
     (:func:`check_not_placeholder`).
 
+    Args:
+        text: The model's reply.
+        model: The answer's pydantic model.
+        untrusted: Texts the prompt fenced (their JSON is not the answer).
+        cut_ok: For answers that are lists of items: a reply cut at its token cap keeps its
+            whole items (:func:`close_cut_json`) instead of failing. Greedy decoding would
+            write the same cut reply on every retry.
+
     Raises:
         ParseError: if no object validates against ``model``, or a field is a placeholder.
     """
+    try:
+        return _parse_model(text, model, untrusted)
+    except ParseError:
+        closed = close_cut_json(text) if cut_ok else None
+        if closed is None:
+            raise
+        return _parse_model(closed, model, untrusted)
+
+
+def _parse_model(text: str, model: type[M], untrusted: Sequence[str]) -> M:
     cleaned = text
     for source in untrusted:
         objects = re.findall(r"\{[^{}]*\}", source)

@@ -255,7 +255,7 @@ def parse_extract(text: str, inputs: ExtractInput) -> list[ExtractedMemory]:
             back to storing the raw text, which replaces nothing).
         ParseError: on an unusable answer.
     """
-    answer = parse_model(text, ExtractAnswer, (inputs.text,))
+    answer = parse_model(text, ExtractAnswer, (inputs.text,), cut_ok=True)
     source = {w.lower() for w in _WORD.findall(inputs.text)}
     out: list[ExtractedMemory] = []
     for item in answer.memories:

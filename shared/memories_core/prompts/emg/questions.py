@@ -150,7 +150,7 @@ def parse_questions(text: str, inputs: QuestionsInput) -> list[GeneratedQuestion
         ParseError: if the reply is not the JSON answer, or the model gave pairs and every one
             was dropped.
     """
-    answer = parse_model(text, QuestionsAnswer)
+    answer = parse_model(text, QuestionsAnswer, cut_ok=True)
     out: list[GeneratedQuestion] = []
     seen: set[str] = set()
     count = len(inputs.memories)
