@@ -606,6 +606,11 @@ def summarise(
             sum(s.prompt_tokens + s.completion_tokens for s in ingests) / turns if turns else 0.0
         ),
         "write_llm_failures": sum(s.llm_failures for s in ingests),
+        # Writer replies that reached their output cap (None: an ingest kept before they were
+        # counted).
+        "write_capped": None
+        if any(s.llm_capped is None for s in ingests)
+        else sum(s.llm_capped or 0 for s in ingests),
         "pending_jobs_after_ingest": sum(s.pending_jobs for s in ingests),
         "reader_prompt_tokens": _mean([float(r.reader_prompt_tokens) for r in results]),
         "context_chars": _mean([float(r.context_chars) for r in results]),

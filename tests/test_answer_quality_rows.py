@@ -80,6 +80,7 @@ def test_each_model_row_ingests_answers_and_resumes(
     assert summary["mechanism"] == row
     assert summary["questions"] == 3  # 2 answerable in sessions 1-2, plus the adversarial
     assert summary["write_llm_failures"] == 0
+    assert summary["write_capped"] == 0  # the stand-in reports no token counts
     assert summary["pending_jobs_after_ingest"] == 0
     assert summary["turns"] > 0 and summary["store_bytes"] > 0
     answers = [
@@ -232,3 +233,14 @@ def test_emg_undated_variant_answers_the_kept_ingest_without_dates(
     assert after["ingest_s"] == before["ingest_s"]  # the same ingest, not written again
     assert after["context_chars"] < before["context_chars"]
     capsys.readouterr()
+
+
+def test_ingest_stats_kept_before_capped_replies_were_counted_leave_them_unknown() -> None:
+    from memories_core.evaluation.harness import IngestStats
+
+    counted = IngestStats(llm_calls=4, llm_capped=1)
+    assert IngestStats.from_json(counted.to_json()) == counted
+    old = counted.to_json()
+    del old["llm_capped"]
+    assert IngestStats.from_json(old).llm_capped is None  # unknown, not zero
+    assert IngestStats.from_json({"turns": 3}).llm_capped == 0  # no model call: none capped

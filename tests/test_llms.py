@@ -569,3 +569,24 @@ def test_a_batch_may_take_one_calls_timeout_per_conversation_unless_told() -> No
     unlimited.timeout = None
     unlimited.generate_batch(three)
     assert seen[-1] is None
+
+
+def test_replies_that_reach_their_output_cap_are_counted() -> None:
+    # A model looping on a list until max_tokens stops it writes a cut reply; usage says how
+    # often, where the backend reports its token counts.
+    llm = Echo(result=LLMResult("a b c", prompt_tokens=3, completion_tokens=16))
+    llm.generate(HELLO, max_tokens=16)
+    llm.generate(HELLO, max_tokens=64)
+    assert (llm.usage.calls, llm.usage.capped) == (2, 1)
+    unreported = Echo(result=LLMResult("word " * 40))  # counts estimated: never "capped"
+    unreported.generate(HELLO, max_tokens=4)
+    assert unreported.usage.capped == 0
+
+    class Lengths(ScriptedLLM):
+        def _generate_batch(self, conversations: Any, **options: Any) -> list[LLMResult]:
+            return [LLMResult("x", 1, n) for n in (8, 3, 8)]
+
+    batch = Lengths([], default="x")
+    batch.generate_batch([[ChatMessage("user", t)] for t in "abc"], max_tokens=8)
+    assert (batch.usage.calls, batch.usage.capped) == (3, 2)
+    assert (batch.usage - batch.usage).capped == 0

@@ -23,6 +23,9 @@ class Usage:
         prompt_tokens: Tokens sent (for embedders: tokens embedded, estimated).
         completion_tokens: Tokens generated (always 0 for embedders).
         items: Texts embedded (embedders only).
+        capped: Successful calls whose reply reached its output cap (``max_tokens``), as far
+            as the backend reports its token counts: a reply that was cut, or a model that
+            loops until the cap stops it.
     """
 
     calls: int = 0
@@ -30,6 +33,7 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     items: int = 0
+    capped: int = 0
 
     @property
     def total_tokens(self) -> int:
@@ -43,6 +47,7 @@ class Usage:
             prompt_tokens=self.prompt_tokens + other.prompt_tokens,
             completion_tokens=self.completion_tokens + other.completion_tokens,
             items=self.items + other.items,
+            capped=self.capped + other.capped,
         )
 
     def __sub__(self, other: Usage) -> Usage:
@@ -52,6 +57,7 @@ class Usage:
             prompt_tokens=self.prompt_tokens - other.prompt_tokens,
             completion_tokens=self.completion_tokens - other.completion_tokens,
             items=self.items - other.items,
+            capped=self.capped - other.capped,
         )
 
 
@@ -70,9 +76,10 @@ class UsageCounter:
         prompt_tokens: int = 0,
         completion_tokens: int = 0,
         items: int = 0,
+        capped: int = 0,
     ) -> None:
         """Add to the counters."""
-        delta = Usage(calls, failures, prompt_tokens, completion_tokens, items)
+        delta = Usage(calls, failures, prompt_tokens, completion_tokens, items, capped)
         with self._lock:
             self._usage = self._usage + delta
 

@@ -243,6 +243,8 @@ class IngestStats(_JsonRow):
         flush_ms: Wall time waiting for each session's derivations after it ended (ms).
         wall_s: Wall time of the whole ingest (s).
         llm_calls, prompt_tokens, completion_tokens, llm_failures: The writer model's usage.
+        llm_capped: The writer's replies that reached their output cap (``None``: an ingest
+            resumed from stats that did not count them).
         store_bytes: Size of the memory's folder on disk after the ingest.
         pending_jobs: Jobs still pending at the end (failed derivations in backoff).
         failures: The memory's failure counters at the end.
@@ -258,9 +260,18 @@ class IngestStats(_JsonRow):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     llm_failures: int = 0
+    llm_capped: int | None = 0
     store_bytes: int = 0
     pending_jobs: int = 0
     failures: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> IngestStats:
+        """Read back :meth:`to_json`'s output; stats from before ``llm_capped`` leave it unknown."""
+        stats = super().from_json(data)
+        if "llm_capped" not in data and stats.llm_calls:
+            stats.llm_capped = None
+        return stats
 
 
 def _usage(llm: Any) -> Usage:
@@ -294,6 +305,8 @@ def _add_spent(stats: IngestStats, base: IngestStats, spent: Usage, seconds: flo
     stats.prompt_tokens = base.prompt_tokens + spent.prompt_tokens
     stats.completion_tokens = base.completion_tokens + spent.completion_tokens
     stats.llm_failures = base.llm_failures + spent.failures
+    # Stats kept before replies at the cap were counted leave the count unknown.
+    stats.llm_capped = None if base.llm_capped is None else base.llm_capped + spent.capped
 
 
 def ingest_conversation(

@@ -527,7 +527,7 @@ class BaseLLM(ABC):
 
         with self._counted():
             result = self._within(call, limit)
-        return self._success(msgs, result)
+        return self._success(msgs, result, cap=options["max_tokens"])
 
     def generate_batch(
         self,
@@ -592,7 +592,11 @@ class BaseLLM(ABC):
                     f"{self.name} returned {len(results) if isinstance(results, list) else 0} "
                     f"replies for {len(batch)} conversations"
                 )
-        return [self._success(msgs, result) for msgs, result in zip(batch, results, strict=True)]
+        cap = options["max_tokens"]
+        return [
+            self._success(msgs, result, cap=cap)
+            for msgs, result in zip(batch, results, strict=True)
+        ]
 
     def _generate_batch(
         self,
@@ -694,7 +698,7 @@ class BaseLLM(ABC):
                 result = task.result()
         finally:
             _CALL_TIMEOUT.reset(token)
-        return self._success(msgs, result)
+        return self._success(msgs, result, cap=options["max_tokens"])
 
     def _prepare(
         self,
@@ -741,8 +745,13 @@ class BaseLLM(ABC):
             return exc
         return LLMError(f"{self.name} failed: {type(exc).__name__}: {exc}")
 
-    def _success(self, messages: tuple[ChatMessage, ...], result: LLMResult) -> LLMResult:
-        """Check the hook's result, count the call and return it with its token counts."""
+    def _success(
+        self, messages: tuple[ChatMessage, ...], result: LLMResult, *, cap: int | None = None
+    ) -> LLMResult:
+        """Check the hook's result, count the call and return it with its token counts.
+
+        A reply whose reported token count reached ``cap`` is also counted as ``capped``.
+        """
         if not isinstance(result, LLMResult) or not isinstance(result.text, str):
             self._usage.record(failures=1)
             raise LLMError(f"{self.name} returned {type(result).__name__}, expected LLMResult")
@@ -751,9 +760,12 @@ class BaseLLM(ABC):
             # Count role labels too: chat templates send them to the model.
             prompt = sum(estimate_tokens(f"{m.role}: {m.content}") for m in messages)
         completion = result.completion_tokens
+        capped = int(cap is not None and completion is not None and completion >= cap)
         if completion is None:
             completion = estimate_tokens(result.text)
-        self._usage.record(calls=1, prompt_tokens=prompt, completion_tokens=completion)
+        self._usage.record(
+            calls=1, prompt_tokens=prompt, completion_tokens=completion, capped=capped
+        )
         return LLMResult(result.text, prompt_tokens=prompt, completion_tokens=completion)
 
     def __repr__(self) -> str:
