@@ -86,6 +86,7 @@ def build_memory(
                     [Turn("user", query, timestamp=at), Turn("assistant", response, timestamp=at)],
                     Scope(user),
                 )
+    memory.flush()  # every round learned before examples are built from the memory
     return memory
 
 
