@@ -426,6 +426,36 @@ def test_prompts_reject_ungrounded_or_incomplete_answers() -> None:
     assert "</dialogue>\n<Note>" not in message and "&lt;/dialogue&gt;" in message
 
 
+def test_items_with_nothing_to_remember_or_an_apology_are_left_out_not_fatal() -> None:
+    dialogue = (
+        "user: My knee hurts after running.",
+        "assistant: I'm sorry to hear that. You can do it.",
+    )
+    reply = (
+        "<Note>: The user's knee hurts after running.\n"
+        "<Note>: I'm sorry to hear that.\n"
+        "<Note>: You can do it."
+    )
+    assert NOTES.parse(reply, NotesInput(dialogue)) == ("The user's knee hurts after running.",)
+    # Only apologies: the model refused.
+    with pytest.raises(ParseError, match="refused"):
+        NOTES.parse("<Note>: I'm sorry, I cannot do that.", NotesInput(dialogue))
+    # An invented item still fails the answer, so the model is asked again.
+    with pytest.raises(ParseError, match="input never used|shares no word"):
+        NOTES.parse(reply + "\n<Note>: The user owns a yacht in Monaco.", NotesInput(dialogue))
+
+
+def test_a_round_whose_reply_apologises_is_learned_and_stores_no_apology() -> None:
+    memory = make()
+    # The stand-in keeps the reply's sentence as advice, which starts like a refusal.
+    advice = "I'm sorry to hear that, you should rest your knee for a week."
+    say(memory, "ann", "My knee hurts after running.", reply=advice)
+    assert memory.pending("ann") == []
+    texts = [i.text for i in memory.working("ann") + memory.stm("ann")]
+    assert any("knee" in t for t in texts)
+    assert not any(t.lower().startswith(("i'm sorry", "sorry")) for t in texts)
+
+
 def test_json_twins_parse_and_stand_in() -> None:
     specs: list[tuple[PromptSpec[Any, Any], Any]] = [
         (NOTES, NotesInput(DIALOGUE)),

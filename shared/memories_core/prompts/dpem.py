@@ -15,9 +15,11 @@ in tagged lines (``<Note>: ...``, ``<Knowledge>: ...``, ``<Type 2>: common-sense
 JSON twin used by models with structured output. The dialogue and the notes are untrusted and
 are fenced (:func:`~memories_core.prompts.spec.fence`). Parsers accept a reply only if every
 line is one of the prompt's own tags, reject refusals, prompt markup, placeholders, and text
-that shares no word with its input (an ungrounded or invented note), and raise
+whose words its input never used (an ungrounded or invented note), and raise
 :class:`~memories_core.errors.ParseError` otherwise, so a garbled coordinator never writes
-memory (the turn stays stored and the job is retried).
+memory (the turn stays stored and the job is retried). An item with nothing to remember (only
+function words) or one that reads as an apology is left out of an otherwise good answer; an
+answer made only of such apologies is a refusal and fails.
 
 :func:`dpem_reply` answers the three prompts by rule for offline tests and demos
 (``ScriptedLLM(default=dpem_reply)``); it is not a model.
@@ -125,21 +127,57 @@ def _content_words(text: str) -> set[str]:
     return {w.lower() for w in _WORD.findall(text)} - _STOP
 
 
+class _Dropped(Exception):
+    """An item left out of an otherwise usable answer (``refusal``: it reads as one)."""
+
+    def __init__(self, refusal: bool) -> None:
+        super().__init__()
+        self.refusal = refusal
+
+
 def _clean_item(value: str, what: str, raw: str, source: Sequence[str]) -> str:
-    """Validate one note or knowledge item; raise ``ParseError`` if it is garbage."""
+    """Validate one note or knowledge item; raise ``ParseError`` if it is garbage.
+
+    Raises:
+        _Dropped: for an item with nothing to remember (only function words: "You can do
+            it.") or one that reads as a refusal ("I'm sorry to hear that", which a model
+            also copies from the dialogue); :func:`_clean_items` leaves it out.
+        ParseError: for an empty or one-word item, prompt markup, or words the input never
+            used (an invented item).
+    """
     text = " ".join(unescape(value).split()).strip().strip('"').strip()
     if not text:
         raise ParseError(f"the model gave an empty {what}", raw)
     if _MARKUP.search(text):
         raise ParseError(f"a {what} holds prompt markup", raw)
     if any(p.search(text) for p in REFUSALS):
-        raise ParseError(f"the model refused instead of giving a {what}", raw)
+        raise _Dropped(refusal=True)
     if len(_WORD.findall(text)) < 2:
         raise ParseError(f"the {what} {text!r} has fewer than two words", raw)
     words = _content_words(text)
-    if not words or not words & _content_words("\n".join(source)):
+    if not words:
+        raise _Dropped(refusal=False)
+    if not words & _content_words("\n".join(source)):
         raise ParseError(f"the {what} {text!r} shares no word with its input", raw)
     return text[:MAX_ITEM_CHARS]
+
+
+def _clean_items(values: Sequence[str], what: str, raw: str, source: Sequence[str]) -> list[str]:
+    """The valid items of an answer; one garbage item fails it (see :func:`_clean_item`).
+
+    Items with nothing to remember and items that read as a refusal are left out; an answer
+    whose every item reads as a refusal is the model refusing, and fails.
+    """
+    kept: list[str] = []
+    refused = 0
+    for value in values:
+        try:
+            kept.append(_clean_item(value, what, raw, source))
+        except _Dropped as dropped:
+            refused += dropped.refusal
+    if refused and not kept:
+        raise ParseError(f"the model refused instead of giving a {what}", raw)
+    return kept
 
 
 def _tagged_lines(text: str, tag: str, raw: str) -> list[str] | None:
@@ -219,7 +257,7 @@ def _notes_request(inputs: NotesInput) -> str:
 
 
 def _finish_notes(values: Sequence[str], inputs: NotesInput, raw: str) -> tuple[str, ...]:
-    notes = [_clean_item(v, "note", raw, inputs.dialogue) for v in values]
+    notes = _clean_items(values, "note", raw, inputs.dialogue)
     return tuple(_dedupe(notes)[: inputs.max_notes])
 
 
@@ -327,10 +365,9 @@ def _knowledge_request(inputs: KnowledgeInput) -> str:
 
 
 def _finish_knowledge(values: Sequence[str], inputs: KnowledgeInput, raw: str) -> tuple[str, ...]:
-    items = [
-        _clean_item(re.sub(r"^\d+\.\s*", "", v), "knowledge item", raw, inputs.notes)
-        for v in values
-    ]
+    items = _clean_items(
+        [re.sub(r"^\d+\.\s*", "", v) for v in values], "knowledge item", raw, inputs.notes
+    )
     return tuple(_dedupe(items))
 
 
