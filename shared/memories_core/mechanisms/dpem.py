@@ -431,7 +431,7 @@ class DualProcessMemory(MemoryBase):
     def _run_job(self, job: Job) -> None:
         user_id = job.user_id
         round_no = int(job.payload["round"])
-        turns = self.engine.get(user_id, [str(t) for t in job.payload.get("turn_ids", [])])
+        turns = self.engine.get(user_id, list(_round_turns(job)))
         if not turns:
             return None  # the turns were cleared meanwhile: nothing to learn from
         dialogue = self._dialogue(turns)
@@ -499,7 +499,7 @@ class DualProcessMemory(MemoryBase):
         """
         work = []
         for job in jobs:
-            turns = self.engine.get(job.user_id, [str(t) for t in job.payload.get("turn_ids", [])])
+            turns = self.engine.get(job.user_id, list(_round_turns(job)))
             if turns:
                 work.append((job, dict(job.payload), self._dialogue(turns)))
         failed: dict[str, BaseException] = {}
@@ -555,7 +555,7 @@ class DualProcessMemory(MemoryBase):
             current = self.engine.records(user_id, where={"kind": NOTE_KIND})
             if any(int(r.state.attrs.get("round", 0)) > round_no for r in current):
                 return True
-            sources = tuple(str(t) for t in job.payload.get("turn_ids", []))
+            sources = _round_turns(job)
             records = [
                 MemoryRecord(
                     new_id(),
@@ -590,7 +590,7 @@ class DualProcessMemory(MemoryBase):
         user_id = job.user_id
         now = self.clock.now()
         # A new item keeps the turns of the round that first stated it (its provenance).
-        sources = tuple(str(t) for t in job.payload.get("turn_ids", []))
+        sources = _round_turns(job)
         with self.engine.user_lock(user_id), self.engine.transaction():
             log = self._log(user_id)
             stored = [
@@ -747,6 +747,11 @@ def _mark_processed(log: dict[str, Any], round_no: int) -> bool:
     log["done_through"] = through
     log["done_above"] = sorted(above)
     return True
+
+
+def _round_turns(job: Job) -> tuple[str, ...]:
+    """The ids of the turns of a round's job (its payload's ``turn_ids``)."""
+    return tuple(str(t) for t in job.payload.get("turn_ids", []))
 
 
 def _exchanges(records: Sequence[MemoryRecord]) -> list[list[MemoryRecord]]:
