@@ -8,6 +8,7 @@ marked slow.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import math
 import subprocess
 import sys
@@ -132,6 +133,31 @@ def test_each_example_recalls_only_what_was_known_when_its_turn_was_said(tiny: A
     personalizer = build(None, tiny)
     final = personalizer.prompt_messages("ann", [], ANN[0][0])[0].content
     assert any(user in final for user, _ in ANN[1:])
+
+
+def test_recall_as_of_a_turn_widens_until_it_finds_k_known_records(
+    tiny: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    personalizer = build(None, tiny, memory_k=1)
+    memory = personalizer.memory
+    assert memory is not None
+    asked: list[int] = []
+    recall = memory.recall
+
+    def counting(query: str, scope: Scope, *, k: int | None = None, **kw: Any) -> Any:
+        asked.append(int(k or 0))
+        return recall(query, scope, k=k, **kw)
+
+    monkeypatch.setattr(memory, "recall", counting)
+    messages = personalizer.prompt_messages(
+        "ann", [], "Can I eat rice?", known=lambda r: "pills" in r.text
+    )
+    assert "I forgot my pills today." in messages[0].content  # however low it ranked
+    assert asked[0] == 1 and all(b == 2 * a for a, b in itertools.pairwise(asked))
+    asked.clear()
+    none = personalizer.prompt_messages("ann", [], "Can I eat rice?", known=lambda r: False)
+    assert "What you remember" not in none[0].content
+    assert len(asked) < 20  # stops once the memory has no more to give
 
 
 def test_defaults_are_the_papers_except_the_measured_rate_and_steps() -> None:

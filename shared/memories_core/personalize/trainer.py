@@ -15,6 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from memories_core.engine_parts.rules import MAX_K
 from memories_core.errors import ConfigurationError, InvalidInputError
 from memories_core.llms.base import LLMResult
 from memories_core.personalize.llm import PersonalizedLLM
@@ -40,7 +41,15 @@ from memories_core.personalize.setup import (
     require_personalize,
     select_device,
 )
-from memories_core.types import ChatMessage, Job, JobSpec, MemoryRecord, Scope, check_user_id
+from memories_core.types import (
+    ChatMessage,
+    Job,
+    JobSpec,
+    MemoryRecord,
+    Scope,
+    ScoredRecord,
+    check_user_id,
+)
 
 if TYPE_CHECKING:
     from memories_core.artifacts import ArtifactInfo
@@ -174,9 +183,7 @@ class Personalizer:
             if known is None:
                 context = self.memory.recall(query, Scope(user_id), k=k).context
             else:
-                # Recall deeper, then keep the first k the memory held back then.
-                found = self.memory.recall(query, Scope(user_id), k=4 * k + 10).records
-                kept = [h for h in found if known(h.record)][:k]
+                kept = self._recall_known(user_id, query, k, known)
                 render = getattr(self.memory, "render", None)  # every built-in mechanism's
                 context = (
                     str(render(kept))
@@ -186,6 +193,23 @@ class Personalizer:
             if context:
                 system = f"{system}\n\nWhat you remember about this user:\n{context}"
         return [ChatMessage("system", system), *history, ChatMessage("user", query)]
+
+    def _recall_known(
+        self, user_id: str, query: str, k: int, known: Callable[[MemoryRecord], bool]
+    ) -> list[ScoredRecord]:
+        """The first ``k`` recalled records for which ``known`` holds, in recall order.
+
+        Recall is asked for k, then twice as many each time, until k such records are found
+        or the memory has no more to give (fewer records than asked for, or ``MAX_K``).
+        """
+        assert self.memory is not None
+        depth = k
+        while True:
+            found = self.memory.recall(query, Scope(user_id), k=depth).records
+            kept = [h for h in found if known(h.record)]
+            if len(kept) >= k or len(found) < depth or depth >= MAX_K:
+                return kept[:k]
+            depth = min(2 * depth, MAX_K)
 
     def examples(self, user_id: str) -> list[TrainingExample]:
         """One example per assistant turn of ``user_id`` that follows a user turn.
