@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 __all__ = ["MemoryUsage", "Usage", "UsageCounter", "estimate_tokens"]
 
@@ -41,24 +41,14 @@ class Usage:
         return self.prompt_tokens + self.completion_tokens
 
     def __add__(self, other: Usage) -> Usage:
-        return Usage(
-            calls=self.calls + other.calls,
-            failures=self.failures + other.failures,
-            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
-            completion_tokens=self.completion_tokens + other.completion_tokens,
-            items=self.items + other.items,
-            capped=self.capped + other.capped,
-        )
+        return Usage(*(getattr(self, n) + getattr(other, n) for n in _COUNTS))
 
     def __sub__(self, other: Usage) -> Usage:
-        return Usage(
-            calls=self.calls - other.calls,
-            failures=self.failures - other.failures,
-            prompt_tokens=self.prompt_tokens - other.prompt_tokens,
-            completion_tokens=self.completion_tokens - other.completion_tokens,
-            items=self.items - other.items,
-            capped=self.capped - other.capped,
-        )
+        return Usage(*(getattr(self, n) - getattr(other, n) for n in _COUNTS))
+
+
+#: :class:`Usage`'s counters, in field order (added and subtracted field by field).
+_COUNTS = tuple(f.name for f in fields(Usage))
 
 
 @dataclass
