@@ -39,7 +39,15 @@ import pydantic
 
 from memories_core.errors import InvalidInputError, ParseError
 from memories_core.llms.base import JSON_OBJECT, JsonSchema, ResponseFormat, structured_modes
-from memories_core.parsing import LLMRequest, ParseSteps, adrive, drive, parse_json, parse_steps
+from memories_core.parsing import (
+    LLMRequest,
+    ParseSteps,
+    adrive,
+    close_cut_json,
+    drive,
+    parse_json,
+    parse_steps,
+)
 from memories_core.types import ChatMessage
 
 if TYPE_CHECKING:
@@ -50,7 +58,6 @@ __all__ = [
     "PromptSpec",
     "arun_spec",
     "choose_layer",
-    "close_cut_json",
     "dialogue_users",
     "escape",
     "fence",
@@ -109,61 +116,6 @@ def read_section(text: str, tag: str) -> str:
     return unescape(match.group(1)) if match else ""
 
 
-def close_cut_json(text: str) -> str | None:
-    """The JSON value that ``text`` starts, cut short, closed after its last whole element.
-
-    A reply that reaches its token cap in the middle of a list (``{"notes": ["a", "b", "c``)
-    ends inside a string or an object. This keeps every element of the open lists that was
-    written out whole (``{"notes": ["a", "b"]}``) and closes the brackets left open; the
-    element that was cut is dropped, and so is an object or list element cut anywhere inside
-    it, so a field it lacked cannot validate. Strings, objects and lists count as elements
-    (a list of numbers is kept whole or not at all).
-
-    Returns:
-        The closed JSON text, or ``None`` if ``text`` starts no JSON value, closes the one it
-        starts (it was not cut), or was cut before any element of a list was whole (a cut
-        reply with nothing whole in it is not an empty answer).
-    """
-    starts = [i for i in (text.find("{"), text.find("[")) if i != -1]
-    if not starts:
-        return None
-    closers: list[str] = []
-    safe: tuple[int, tuple[str, ...]] | None = None
-    in_string = False
-    i = min(starts)
-    while i < len(text):
-        ch = text[i]
-        if in_string:
-            if ch == "\\":
-                i += 2
-                continue
-            if ch == '"':
-                in_string = False
-                if closers[-1] == "]" and _no_open_element(closers):  # a whole string
-                    safe = (i + 1, tuple(closers))
-        elif ch == '"':
-            in_string = True
-        elif ch in "{[":
-            closers.append("}" if ch == "{" else "]")
-        elif ch in "}]":
-            if not closers or closers.pop() != ch:
-                return None
-            if not closers:
-                return None  # the value closed: it was not cut
-            if closers[-1] == "]" and _no_open_element(closers):  # a whole element
-                safe = (i + 1, tuple(closers))
-        i += 1
-    if safe is None:
-        return None
-    end, still_open = safe
-    return text[:end] + "".join(reversed(still_open))
-
-
-def _no_open_element(closers: Sequence[str]) -> bool:
-    """Whether no element of a list is open: nothing was opened inside the innermost list."""
-    return "]" not in closers[:-1]
-
-
 def parse_model(
     text: str, model: type[M], untrusted: Sequence[str] = (), *, cut_ok: bool = False
 ) -> M:
@@ -179,22 +131,26 @@ def parse_model(
         model: The answer's pydantic model.
         untrusted: Texts the prompt fenced (their JSON is not the answer).
         cut_ok: For answers that are lists of items: a reply cut at its token cap keeps its
-            whole items (:func:`close_cut_json`) instead of failing. Greedy decoding would
-            write the same cut reply on every retry.
+            whole items (:func:`~memories_core.parsing.close_cut_json`) instead of
+            failing. Greedy decoding would write the same cut reply on every retry.
 
     Raises:
         ParseError: if no object validates against ``model``, or a field is a placeholder.
     """
+    cleaned = _without_echoed_json(text, untrusted)
     try:
-        return _parse_model(text, model, untrusted)
+        return _parse_checked(cleaned if cleaned.strip() else text, text, model)
     except ParseError:
-        closed = close_cut_json(text) if cut_ok else None
+        # The cut reply is closed after the echoed JSON is gone, so a cut echo of a fenced
+        # list cannot be closed into an answer.
+        closed = close_cut_json(cleaned) if cut_ok and cleaned.strip() else None
         if closed is None:
             raise
-        return _parse_model(closed, model, untrusted)
+        return _parse_checked(closed, text, model)
 
 
-def _parse_model(text: str, model: type[M], untrusted: Sequence[str]) -> M:
+def _without_echoed_json(text: str, untrusted: Sequence[str]) -> str:
+    """``text`` with the fenced inputs' JSON (and the lines that hold it) blanked out."""
     cleaned = text
     for source in untrusted:
         objects = re.findall(r"\{[^{}]*\}", source)
@@ -202,8 +158,13 @@ def _parse_model(text: str, model: type[M], untrusted: Sequence[str]) -> M:
             piece = piece.strip()
             if "{" in piece and len(piece) > 2:
                 cleaned = cleaned.replace(piece, " ").replace(escape(piece), " ")
-    answer = parse_json(cleaned if cleaned.strip() else text, model)
-    check_not_placeholder(answer, text)
+    return cleaned
+
+
+def _parse_checked(answer_text: str, reply: str, model: type[M]) -> M:
+    """Parse ``answer_text`` into ``model``; placeholders are checked against the whole reply."""
+    answer = parse_json(answer_text, model)
+    check_not_placeholder(answer, reply)
     return answer
 
 
