@@ -27,6 +27,7 @@ answer made only of such apologies is a refusal and fails.
 
 from __future__ import annotations
 
+import enum
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -127,21 +128,23 @@ def _content_words(text: str) -> set[str]:
     return {w.lower() for w in _WORD.findall(text)} - _STOP
 
 
-class _Dropped(Exception):
-    """An item left out of an otherwise usable answer (``refusal``: it reads as one)."""
+class _Left(enum.Enum):
+    """Why :func:`_clean_item` left an item out of an otherwise usable answer."""
 
-    def __init__(self, refusal: bool) -> None:
-        super().__init__()
-        self.refusal = refusal
+    EMPTY = "nothing to remember"
+    REFUSAL = "reads as a refusal"
 
 
-def _clean_item(value: str, what: str, raw: str, source: Sequence[str]) -> str:
+def _clean_item(value: str, what: str, raw: str, source: Sequence[str]) -> str | _Left:
     """Validate one note or knowledge item; raise ``ParseError`` if it is garbage.
 
+    Returns:
+        The item's text; or :attr:`_Left.EMPTY` for an item with nothing to remember (only
+        function words: "You can do it."), or :attr:`_Left.REFUSAL` for one that reads as a
+        refusal ("I'm sorry to hear that", which a model also copies from the dialogue).
+        :func:`_clean_items` leaves both out.
+
     Raises:
-        _Dropped: for an item with nothing to remember (only function words: "You can do
-            it.") or one that reads as a refusal ("I'm sorry to hear that", which a model
-            also copies from the dialogue); :func:`_clean_items` leaves it out.
         ParseError: for an empty or one-word item, prompt markup, or words the input never
             used (an invented item).
     """
@@ -151,12 +154,12 @@ def _clean_item(value: str, what: str, raw: str, source: Sequence[str]) -> str:
     if _MARKUP.search(text):
         raise ParseError(f"a {what} holds prompt markup", raw)
     if any(p.search(text) for p in REFUSALS):
-        raise _Dropped(refusal=True)
+        return _Left.REFUSAL
     if len(_WORD.findall(text)) < 2:
         raise ParseError(f"the {what} {text!r} has fewer than two words", raw)
     words = _content_words(text)
     if not words:
-        raise _Dropped(refusal=False)
+        return _Left.EMPTY
     if not words & _content_words("\n".join(source)):
         raise ParseError(f"the {what} {text!r} shares no word with its input", raw)
     return text[:MAX_ITEM_CHARS]
@@ -168,14 +171,9 @@ def _clean_items(values: Sequence[str], what: str, raw: str, source: Sequence[st
     Items with nothing to remember and items that read as a refusal are left out; an answer
     whose every item reads as a refusal is the model refusing, and fails.
     """
-    kept: list[str] = []
-    refused = 0
-    for value in values:
-        try:
-            kept.append(_clean_item(value, what, raw, source))
-        except _Dropped as dropped:
-            refused += dropped.refusal
-    if refused and not kept:
+    cleaned = [_clean_item(value, what, raw, source) for value in values]
+    kept = [item for item in cleaned if isinstance(item, str)]
+    if not kept and _Left.REFUSAL in cleaned:
         raise ParseError(f"the model refused instead of giving a {what}", raw)
     return kept
 
