@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from memories_core.retrieval import FusionConfig, HybridRetriever, Pipeline
     from memories_core.usage import MemoryUsage
 
-__all__ = ["MemoryBase", "flush_memory", "memory_status", "turn_from_record"]
+__all__ = ["MemoryBase", "flush_memory", "memory_status", "render_hits", "turn_from_record"]
 
 _UNSET: Any = object()
 
@@ -487,6 +487,20 @@ def flush_memory(memory: Any, user_id: str | None = None, *, timeout: float | No
     if not callable(flush):
         return 0
     return int(flush(user_id, timeout=timeout))
+
+
+def render_hits(memory: Any, hits: Sequence[ScoredRecord]) -> str:
+    """``hits`` as ``memory``'s recall renders them for a reader (its ``context``).
+
+    For callers that hold any mechanism and pick records themselves (self-reflection's final
+    records, MaLP's training prompts): a memory without ``render`` (a third-party one; the
+    :class:`~memories_core.interfaces.Mechanism` protocol does not ask for it) gets one
+    dated line per record, the built-in default.
+    """
+    render = getattr(memory, "render", None)
+    if callable(render):
+        return str(render(hits))
+    return "\n".join(dated_line(hit.record.text, hit.record.created_at) for hit in hits)
 
 
 def memory_status(memory: Any, user_id: str | None = None) -> WorkStatus | None:

@@ -44,6 +44,7 @@ from memories_core.clock import dated_line
 from memories_core.errors import ConfigurationError, LLMError, LLMTimeoutError, ParseError
 from memories_core.interfaces import LLM, LLMRouter, Mechanism
 from memories_core.llms.base import llm_for_scope, run_with_timeout
+from memories_core.mechanisms.base import render_hits
 from memories_core.prompts.overrides import PromptOverrides
 from memories_core.prompts.reflection import REFLECTION, ReflectionInput, ReflectionVerdict
 from memories_core.prompts.spec import PromptSpec, arun_spec, run_spec
@@ -506,14 +507,6 @@ def _text(hit: ScoredRecord) -> str:
     return hit.record.text
 
 
-def _render(base: Any, hits: Sequence[ScoredRecord]) -> str:
-    """``hits`` as the base memory renders them (dates included), else dated lines."""
-    render = getattr(base, "render", None)
-    if callable(render):
-        return str(render(hits))
-    return "\n".join(dated_line(hit.record.text, hit.record.created_at) for hit in hits)
-
-
 def _to_recall(query: str, result: ReflectionResult[ScoredRecord], base: Any = None) -> Recall:
     """The reflection's answer as a recall: the final records, rendered as the base renders them.
 
@@ -522,7 +515,7 @@ def _to_recall(query: str, result: ReflectionResult[ScoredRecord], base: Any = N
     themselves, with their dates, rather than the copy: on LoCoMo the local model's copies
     dropped the dates and the reader answered "when" questions with the question's date.
     """
-    return Recall(query=query, records=tuple(result.items), context=_render(base, result.items))
+    return Recall(query=query, records=tuple(result.items), context=render_hits(base, result.items))
 
 
 def _left(deadline: float | None) -> float | None:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from memories_core.engine_parts.rules import MAX_K
 from memories_core.errors import ConfigurationError, InvalidInputError
 from memories_core.llms.base import LLMResult
+from memories_core.mechanisms.base import render_hits
 from memories_core.personalize.llm import PersonalizedLLM
 from memories_core.personalize.setup import (
     _ADAPTER_FILES,
@@ -184,12 +185,7 @@ class Personalizer:
                 context = self.memory.recall(query, Scope(user_id), k=k).context
             else:
                 kept = self._recall_known(user_id, query, k, known)
-                render = getattr(self.memory, "render", None)  # every built-in mechanism's
-                context = (
-                    str(render(kept))
-                    if callable(render)
-                    else "\n".join(h.record.text for h in kept)
-                )
+                context = render_hits(self.memory, kept)
             if context:
                 system = f"{system}\n\nWhat you remember about this user:\n{context}"
         return [ChatMessage("system", system), *history, ChatMessage("user", query)]
