@@ -21,6 +21,10 @@ Variants (``--variant``):
   and :class:`~memories_core.mechanisms.memochat.LLMOptionSource`, rendered by the mechanism.
 * ``emg-threshold``: EMG-RAG's untrained selection before the top-1 default: the walk that
   includes a memory when its activation passes the threshold (``fallback="threshold"``).
+* ``emg-top3``: EMG-RAG's untrained selection widened from the top memory to the top three
+  (``min_select=3``). Top-1 was chosen on the selection's F1 against the required memories
+  (``benchmarks/emg_selection.py``), which counts every extra memory against it; this
+  measures what the reader does with three.
 * ``emg-undated``: EMG-RAG's recall context without each memory's date
   (``show_dates=False``), as it was before EMG's context was dated like every other
   mechanism's.
@@ -106,6 +110,10 @@ def emg_threshold(common: dict[str, Any], llm: Any, budget: float | None) -> Any
     return EMGMemory(**common, llm=llm, fallback="threshold")
 
 
+def emg_top3(common: dict[str, Any], llm: Any, budget: float | None) -> Any:
+    return EMGMemory(**common, llm=llm, min_select=3)
+
+
 def emg_undated(common: dict[str, Any], llm: Any, budget: float | None) -> Any:
     return EMGMemory(**common, llm=llm, show_dates=False)
 
@@ -155,6 +163,7 @@ class Variant:
 VARIANTS: dict[str, Variant] = {
     "memochat-fused": Variant("memochat", memochat_fused),
     "emg-threshold": Variant("emg", emg_threshold),
+    "emg-top3": Variant("emg", emg_top3),
     "emg-undated": Variant("emg", emg_undated),
     "dpem-stm-cut": Variant("dpem", dpem_stm_cut),
     "memorybank-decay": Variant("memorybank", memorybank_decay),

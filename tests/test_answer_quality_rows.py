@@ -235,6 +235,30 @@ def test_emg_undated_variant_answers_the_kept_ingest_without_dates(
     capsys.readouterr()
 
 
+def test_emg_top3_variant_gives_the_reader_the_top_three_memories(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The same EMG ingest answered again with the untrained selection's top three memories."""
+    from test_answer_quality import _load_variant_qa
+
+    bench, _, argv = _row_bench(monkeypatch, tmp_path, "emg", sessions=2)
+    source, out = tmp_path / "source", tmp_path / "top3"
+    assert bench.main([*argv, "--out", str(source)]) == 0  # type: ignore[attr-defined]
+    rest = [a for a in argv if a not in ("--mechanisms", "emg")]
+    args = ["--variant", "emg-top3", "--source", str(source), "--out", str(out)]
+    assert _load_variant_qa().main([*args, "--", *rest]) == 0
+
+    def records(folder: Path) -> list[int]:
+        rows = (folder / "state" / "emg").glob("*/answers.jsonl")
+        return [json.loads(line)["records"] for f in rows for line in f.read_text().splitlines()]
+
+    assert records(source) == [1, 1, 1]
+    assert records(out) == [3, 3, 3]
+    capsys.readouterr()
+
+
 def test_ingest_stats_kept_before_capped_replies_were_counted_leave_them_unknown() -> None:
     from memories_core.evaluation.harness import IngestStats
 
