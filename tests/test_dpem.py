@@ -131,6 +131,9 @@ def test_working_memory_is_refreshed_every_iteration_and_limited() -> None:
         ],
         Scope("ann"),
     )
+    # The round waits for its reply; the session's end closes it without one.
+    assert memory.rounds("ann") == 1
+    memory.end_session(Scope("ann"))
     working = memory.working("ann")
     assert [w.text for w in working] == [
         "The user said: My feet tingle at night.",
@@ -207,8 +210,50 @@ def test_user_turns_before_one_reply_are_one_round() -> None:
         Scope("ann"),
     )
     assert memory.rounds("ann") == 1
+    # A reply with no round waiting for it is a round; the user's last turn waits for its reply.
     memory.save([Turn("assistant", "Anything else?"), Turn("user", "No.")], Scope("ann"))
+    assert memory.rounds("ann") == 2
+    memory.save([Turn("assistant", "Take care."), Turn("user", "Thanks.")], Scope("ann"))
     assert memory.rounds("ann") == 3
+
+
+def test_a_reply_saved_with_the_next_user_turn_joins_the_round_it_answers() -> None:
+    """Exchanges saved out of step (reply, next question) give the same rounds as in step."""
+    in_step, out_of_step = make(theta=3), make(theta=3)
+    turns = [
+        Turn("user", "I have type 2 diabetes."),
+        Turn("assistant", "Keeping your skin moist helps."),
+        Turn("user", "My feet tingle at night."),
+        Turn("assistant", "Check your feet every day."),
+    ]
+    scope = Scope("ann", "s1")
+    in_step.save(turns[:2], scope)
+    in_step.save(turns[2:], scope)
+    out_of_step.save(turns[:1], scope)
+    assert out_of_step.rounds("ann") == 0  # held for its reply: nothing learned yet
+    out_of_step.save(turns[1:3], scope)
+    out_of_step.save(turns[3:], scope)
+    assert in_step.rounds("ann") == out_of_step.rounds("ann") == 2
+    assert in_step.flag_table("ann") == out_of_step.flag_table("ann")
+    assert [w.text for w in in_step.working("ann")] == [w.text for w in out_of_step.working("ann")]
+    assert "The assistant said: Check your feet every day." in {
+        w.text for w in out_of_step.working("ann")
+    }
+
+
+def test_a_held_round_closes_when_its_session_ends_or_another_begins() -> None:
+    memory = make()
+    memory.save([Turn("user", "My feet tingle at night.")], Scope("ann", "s1"))
+    assert memory.rounds("ann") == 0 and not memory.pending("ann")
+    memory.end_session(Scope("ann", "s1"))
+    assert memory.rounds("ann") == 1
+    assert {w.text for w in memory.working("ann")} == {"The user said: My feet tingle at night."}
+    memory.save([Turn("user", "I am thirsty all the time.")], Scope("ann", "s2"))
+    # A reply in another session does not join s2's held round: both close on their own.
+    memory.save([Turn("assistant", "Drink water, and see your doctor.")], Scope("ann", "s3"))
+    assert memory.rounds("ann") == 3
+    (note,) = memory.working("ann")  # the last round: the reply alone
+    assert note.text.endswith("Drink water, and see your doctor.")
 
 
 # ---------------------------------------------------------------------------- retrieval

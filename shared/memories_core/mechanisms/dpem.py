@@ -18,9 +18,13 @@ Three memories, one table each, kept as engine records of one user with their **
 
 One **iteration** ``d_i`` is one round of dialogue: one user turn and the replies to it,
 however an adapter batches its saves (LangChain saves each exchange, a LlamaIndex memory
-block flushes several at once; both count the same rounds). Each save writes its turns and,
-in the same transaction, one job per exchange it holds (key ``round:<n>``); the job runs the
-dual process outside every lock:
+block flushes several at once, a save may even end with the user's turn and carry its reply
+in the next one; all count the same rounds). Each save writes its turns and, in the same
+transaction, one job per round it closes (key ``round:<n>``). A save that ends with a user
+turn holds that round open for its reply: the replies that open the next save of the same
+session join it, and it closes with them, or as it is when the next save starts with a user
+turn, comes from another session, or the session ends. The job runs the dual process
+outside every lock:
 
 1. *Rehearsal / learning*: the coordinator takes notes ``nts = C(d_i)`` -> working memory.
 2. *Rehearsal / summarizing*: the coordinator keeps the relevant notes as knowledge items.
@@ -67,6 +71,12 @@ from memories_core.mechanisms.dpem_items import (
     near_duplicate,
     processed_text,
     similarity,
+)
+from memories_core.mechanisms.dpem_rounds import (
+    HeldRound,
+    mark_processed,
+    round_turns,
+    split_save,
 )
 from memories_core.prompts.batch import run_spec_batch
 from memories_core.prompts.dpem import (
@@ -257,8 +267,12 @@ class DualProcessMemory(MemoryBase):
     def _log_key(self) -> str:
         return f"{self.name}.log"
 
+    @property
+    def _held_key(self) -> str:
+        return f"{self.name}.held"
+
     def rounds(self, user_id: str) -> int:
-        """Iterations (saves) of ``user_id`` so far."""
+        """Closed iterations (rounds) of ``user_id`` so far; a held round is not counted."""
         value = self.store.get_state(self._round_key, user_id=check_user_id(user_id))
         return int(value or 0)
 
@@ -401,18 +415,44 @@ class DualProcessMemory(MemoryBase):
 
     # ------------------------------------------------------------------ jobs
     def _turn_jobs(self, records: Sequence[MemoryRecord]) -> Iterable[JobSpec]:
-        """One iteration job per exchange saved (inside the write transaction, no model call)."""
+        """One iteration job per round the save closes (inside the write transaction).
+
+        A last exchange that ends with a user turn is held for its reply
+        (:func:`~memories_core.mechanisms.dpem_rounds.split_save`).
+        """
         if not records:
             return []
         user_id = records[0].user_id
+        held = self._held(user_id)
+        closed, still_open = split_save(records, held)
+        if still_open is not None or held is not None:
+            state = None if still_open is None else still_open.to_state()
+            self.engine.set_user_state(user_id, self._held_key, state)
+        return self._round_specs(user_id, closed)
+
+    def _session_jobs(self, user_id: str, session_id: str) -> Iterable[JobSpec]:
+        """The session's held round, closed: its reply will not come (inside the transaction)."""
+        held = self._held(user_id)
+        if held is None or held.session != session_id:
+            return []
+        self.engine.set_user_state(user_id, self._held_key, None)
+        return self._round_specs(user_id, [list(held.turns)])
+
+    def _round_specs(self, user_id: str, rounds: Sequence[Sequence[str]]) -> list[JobSpec]:
+        """Number ``rounds`` (lists of turn ids) after the user's last and make their jobs."""
         round_no = self.rounds(user_id)
         specs = []
-        for exchange in _exchanges(records):
+        for turn_ids in rounds:
             round_no += 1
-            payload = {"round": round_no, "turn_ids": [r.id for r in exchange]}
+            payload = {"round": round_no, "turn_ids": list(turn_ids)}
             specs.append(JobSpec(self.name, "iteration", f"round:{round_no}", payload))
-        self.engine.set_user_state(user_id, self._round_key, round_no)
+        if specs:
+            self.engine.set_user_state(user_id, self._round_key, round_no)
         return specs
+
+    def _held(self, user_id: str) -> HeldRound | None:
+        """The round held open for its reply, if any."""
+        return HeldRound.from_state(self.store.get_state(self._held_key, user_id=user_id))
 
     def _coordinator(self) -> LLM:
         llm = self.llm if self.llm is not None else self.engine.llm
@@ -431,7 +471,7 @@ class DualProcessMemory(MemoryBase):
     def _run_job(self, job: Job) -> None:
         user_id = job.user_id
         round_no = int(job.payload["round"])
-        turns = self.engine.get(user_id, list(_round_turns(job)))
+        turns = self.engine.get(user_id, list(round_turns(job)))
         if not turns:
             return None  # the turns were cleared meanwhile: nothing to learn from
         dialogue = self._dialogue(turns)
@@ -499,7 +539,7 @@ class DualProcessMemory(MemoryBase):
         """
         work = []
         for job in jobs:
-            turns = self.engine.get(job.user_id, list(_round_turns(job)))
+            turns = self.engine.get(job.user_id, list(round_turns(job)))
             if turns:
                 work.append((job, dict(job.payload), self._dialogue(turns)))
         failed: dict[str, BaseException] = {}
@@ -555,7 +595,7 @@ class DualProcessMemory(MemoryBase):
             current = self.engine.records(user_id, where={"kind": NOTE_KIND})
             if any(int(r.state.attrs.get("round", 0)) > round_no for r in current):
                 return True
-            sources = _round_turns(job)
+            sources = round_turns(job)
             records = [
                 MemoryRecord(
                     new_id(),
@@ -590,7 +630,7 @@ class DualProcessMemory(MemoryBase):
         user_id = job.user_id
         now = self.clock.now()
         # A new item keeps the turns of the round that first stated it (its provenance).
-        sources = _round_turns(job)
+        sources = round_turns(job)
         with self.engine.user_lock(user_id), self.engine.transaction():
             log = self._log(user_id)
             stored = [
@@ -660,7 +700,7 @@ class DualProcessMemory(MemoryBase):
             stale = [item for item in dropped if item not in fresh and item in tiers]
             if stale:
                 self.engine.delete_records(user_id, stale, reason=f"dpem: STM refresh {round_no}")
-            if _mark_processed(log, round_no):
+            if mark_processed(log, round_no):
                 log["processed"] = log.get("processed", 0) + 1
             log["last_round"] = max(log.get("last_round", 0), round_no)
             self.engine.set_user_state(user_id, self._log_key, log)
@@ -721,52 +761,6 @@ def _failed(label: str, error: Exception) -> JobFailed:
     failure = JobFailed(label, f"DPeM {label} failed: {error}")
     failure.__cause__ = error
     return failure
-
-
-def _mark_processed(log: dict[str, Any], round_no: int) -> bool:
-    """Note that ``round_no`` was memorized; returns ``False`` if it had been already.
-
-    A job that memorized its round but died before its completion was written runs again;
-    counting it again would leave ``processed`` one too high. The rounds done are kept as
-    ``done_through`` (every round up to it) plus the few finished out of order above it.
-    """
-    if "done_through" not in log:
-        # A log written before this bookkeeping: its rounds up to last_round are done when
-        # it counted as many.
-        last = int(log.get("last_round", 0))
-        log["done_through"] = last if int(log.get("processed", 0)) >= last else 0
-        log["done_above"] = []
-    through = int(log["done_through"])
-    above = {int(r) for r in log.get("done_above", [])}
-    if round_no <= through or round_no in above:
-        return False
-    above.add(round_no)
-    while through + 1 in above:
-        through += 1
-        above.discard(through)
-    log["done_through"] = through
-    log["done_above"] = sorted(above)
-    return True
-
-
-def _round_turns(job: Job) -> tuple[str, ...]:
-    """The ids of the turns of a round's job (its payload's ``turn_ids``)."""
-    return tuple(str(t) for t in job.payload.get("turn_ids", []))
-
-
-def _exchanges(records: Sequence[MemoryRecord]) -> list[list[MemoryRecord]]:
-    """Split saved turns into rounds: a user turn after any other turn opens a new one.
-
-    ``[user, assistant, user, assistant]`` is two rounds; ``[user, user, assistant]`` one
-    (the user said two things before the reply); a save of one turn is one round.
-    """
-    groups: list[list[MemoryRecord]] = []
-    for record in records:
-        opens = record.metadata.get("role") == "user"
-        if not groups or (opens and groups[-1][-1].metadata.get("role") != "user"):
-            groups.append([])
-        groups[-1].append(record)
-    return groups
 
 
 def _padded(
