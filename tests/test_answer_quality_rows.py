@@ -205,6 +205,26 @@ def test_the_checkpoints_time_is_not_counted_as_the_memorys(tmp_path: Path) -> N
     assert stats.wall_s < sum(slept)
 
 
+def _emg_variant(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, variant: str
+) -> tuple[Path, Path, list[str], int]:
+    """An EMG row on the small dataset, then ``variant`` answering its kept ingest again.
+
+    Returns the row's and the variant's ``--out``, the reader's prompts of both, and how many
+    of them the row asked.
+    """
+    from test_answer_quality import _load_variant_qa
+
+    bench, asked, argv = _row_bench(monkeypatch, tmp_path, "emg", sessions=2)
+    source, out = tmp_path / "source", tmp_path / variant
+    assert bench.main([*argv, "--out", str(source)]) == 0  # type: ignore[attr-defined]
+    row_prompts = len(asked)
+    rest = [a for a in argv if a not in ("--mechanisms", "emg")]
+    args = ["--variant", variant, "--source", str(source), "--out", str(out)]
+    assert _load_variant_qa().main([*args, "--", *rest]) == 0
+    return source, out, asked, row_prompts
+
+
 def test_emg_undated_variant_answers_the_kept_ingest_without_dates(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -213,17 +233,8 @@ def test_emg_undated_variant_answers_the_kept_ingest_without_dates(
     """The same EMG ingest answered again: the reader's memories lose only their dates."""
     import re
 
-    from test_answer_quality import _load_variant_qa
-
-    bench, asked, argv = _row_bench(monkeypatch, tmp_path, "emg", sessions=2)
-    source, out = tmp_path / "source", tmp_path / "undated"
-    assert bench.main([*argv, "--out", str(source)]) == 0  # type: ignore[attr-defined]
-    dated = list(asked)
-    rest = [a for a in argv if a not in ("--mechanisms", "emg")]
-    variant = _load_variant_qa()
-    args = ["--variant", "emg-undated", "--source", str(source), "--out", str(out)]
-    assert variant.main([*args, "--", *rest]) == 0
-    undated = asked[len(dated) :]
+    source, out, asked, n = _emg_variant(monkeypatch, tmp_path, "emg-undated")
+    dated, undated = asked[:n], asked[n:]
     assert len(undated) == len(dated) == 3
     stamp = re.compile(r"\[\d{1,2} [A-Z][a-z]+ \d{4}")  # "[8 May 2023, 13:56] ..."
     assert all(stamp.search(p) for p in dated)
@@ -241,14 +252,7 @@ def test_emg_top3_variant_gives_the_reader_the_top_three_memories(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """The same EMG ingest answered again with the untrained selection's top three memories."""
-    from test_answer_quality import _load_variant_qa
-
-    bench, _, argv = _row_bench(monkeypatch, tmp_path, "emg", sessions=2)
-    source, out = tmp_path / "source", tmp_path / "top3"
-    assert bench.main([*argv, "--out", str(source)]) == 0  # type: ignore[attr-defined]
-    rest = [a for a in argv if a not in ("--mechanisms", "emg")]
-    args = ["--variant", "emg-top3", "--source", str(source), "--out", str(out)]
-    assert _load_variant_qa().main([*args, "--", *rest]) == 0
+    source, out, _, _ = _emg_variant(monkeypatch, tmp_path, "emg-top3")
 
     def records(folder: Path) -> list[int]:
         rows = (folder / "state" / "emg").glob("*/answers.jsonl")
