@@ -1035,7 +1035,11 @@ def _plan(dsn: str, schema: str, sql: str, args: list[Any]) -> str:
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f'SET search_path TO "{schema}", public')
-        conn.execute("VACUUM vectors")  # index-only scans need the visibility map
+        conn.execute("VACUUM ANALYZE vectors")  # index-only scans need the visibility map
+        # A table this small is cheaper to scan whole, and autovacuum may or may not have
+        # analysed it yet: ask whether the index can serve the query, not whether it wins.
+        conn.execute("SET enable_seqscan = off")
+        conn.execute("SET enable_bitmapscan = off")
         return "\n".join(r[0] for r in conn.execute("EXPLAIN " + sql, args).fetchall())
 
 
