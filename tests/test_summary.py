@@ -131,3 +131,20 @@ def test_users_are_isolated() -> None:
     memory.save([Turn("user", "I grow tomatoes in my garden")], Scope("fi", "s1"))
     memory.end_session(Scope("fi"))
     assert [h.record.user_id for h in memory.recall("garden", Scope("fi"), k=5).records] == ["fi"]
+
+
+def test_a_failed_jobs_unparsable_reply_is_logged_at_debug_level_only(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    reply = "<<not a summary>> " + "x" * 3000
+    memory = make(ScriptedLLM([reply, reply]))
+    scope = Scope("gu", "s1")
+    memory.save([Turn("user", "I moved to Lisbon last month")], scope)
+    with caplog.at_level("DEBUG", logger="memories_core.engine"):
+        memory.end_session(scope)
+    assert memory.usage.failures["summary"] == 1
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    debug = [r.getMessage() for r in caplog.records if r.levelname == "DEBUG"]
+    assert warned and not any("not a summary" in m for m in warned)
+    shown = [m for m in debug if "<<not a summary>>" in m]
+    assert len(shown) == 1 and len(shown[0]) < 2200

@@ -14,6 +14,7 @@ from memories_core.errors import (
     InvalidInputError,
     LLMError,
     LLMTimeoutError,
+    ParseError,
 )
 from memories_core.interfaces import MechanismHooks
 from memories_core.types import (
@@ -474,6 +475,16 @@ class EngineJobs(EngineSearch):
         logger.warning(
             "%s job %s (%s) failed; it stays pending: %s", job.mechanism, job.id, label, exc
         )
+        reply = _unparsable_reply(exc)
+        if reply is not None:
+            # The reply is the model's text about the user's turns: debug level only, cut.
+            logger.debug(
+                "%s job %s: the model's last unparsable reply (first %d characters): %r",
+                job.mechanism,
+                job.id,
+                _REPLY_LOG_CHARS,
+                reply[:_REPLY_LOG_CHARS],
+            )
         now = self.clock.now()
         self.store.fail_job(
             job.id,
@@ -484,3 +495,19 @@ class EngineJobs(EngineSearch):
     async def arun_pending(self, user_id: str | None = None, *, force: bool = False) -> int:
         """Async twin of :meth:`run_pending`."""
         return await asyncio.to_thread(self.run_pending, user_id, force=force)
+
+
+#: How much of an unparsable reply a failed job's debug line shows.
+_REPLY_LOG_CHARS = 2000
+
+
+def _unparsable_reply(exc: BaseException) -> str | None:
+    """The raw reply of the :class:`ParseError` that ``exc`` is or was raised from."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # a cause chain is short; a cycle must not hang the worker
+        if seen is None:
+            return None
+        if isinstance(seen, ParseError) and seen.raw:
+            return seen.raw
+        seen = seen.__cause__ or seen.__context__
+    return None
