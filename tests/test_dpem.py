@@ -445,6 +445,27 @@ def test_prompts_parse_their_own_formats() -> None:
     assert types == ("user-specific", "common-sense")
 
 
+def test_a_runaway_note_is_bounded_by_the_schema_and_cut_at_a_sentence_end() -> None:
+    import json
+
+    from memories_core.prompts.dpem import MAX_ITEM_CHARS
+    from memories_core.prompts.spec import schema_of
+
+    for spec in (NOTES, KNOWLEDGE):
+        assert spec.structured is not None and spec.structured.response_model is not None
+        schema = schema_of(spec.structured.response_model)
+        field = next(iter(schema["properties"].values()))
+        assert field["items"]["maxLength"] == MAX_ITEM_CHARS
+    # A model that ignores the limit: its note is cut at the last sentence end that fits.
+    runaway = "The user has type 2 diabetes. " + "They keep their sugar steady and " * 30
+    assert NOTES.structured is not None
+    notes = NOTES.structured.parse(json.dumps({"notes": [runaway]}), NotesInput(DIALOGUE))
+    assert notes == ("The user has type 2 diabetes.",)
+    no_stop = "The user keeps their sugar steady " * 30
+    (cut,) = NOTES.structured.parse(json.dumps({"notes": [no_stop]}), NotesInput(DIALOGUE))
+    assert len(cut) == MAX_ITEM_CHARS and no_stop.startswith(cut)
+
+
 @pytest.mark.parametrize("name", sorted(GARBAGE_REPLIES))
 def test_prompts_reject_garbage(name: str) -> None:
     reply = GARBAGE_REPLIES[name]

@@ -31,7 +31,7 @@ import enum
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Annotated, Final, Literal
 
 import pydantic
 
@@ -70,8 +70,15 @@ KnowledgeType = Literal["user-specific", "common-sense"]
 USER_SPECIFIC: Final = "user-specific"
 COMMON_SENSE: Final = "common-sense"
 
-#: Longest note or knowledge item kept (characters).
+#: Longest note or knowledge item kept (characters). It is also the JSON schema's
+#: ``maxLength``: a schema-constrained model closes a note here. The 1.5B model, decoding
+#: greedily, wrote single "notes" of 2,000 characters (a session's small talk, then one
+#: sentence over and over) until its token cap, which left no whole note to parse.
 MAX_ITEM_CHARS = 400
+
+#: A note or knowledge item in a JSON answer: the length limit is the schema's (for a
+#: constrained model); a longer item from a model that ignores it is cut, not refused.
+_Item = Annotated[str, pydantic.WithJsonSchema({"type": "string", "maxLength": MAX_ITEM_CHARS})]
 
 _WORD = re.compile(r"[^\W\d_]{3,}", re.UNICODE)
 _MARKUP = re.compile(r"</?\s*[A-Za-z_][\w ]{0,30}>\s*:?")
@@ -162,7 +169,16 @@ def _clean_item(value: str, what: str, raw: str, source: Sequence[str]) -> str |
         return _Left.EMPTY
     if not words & _content_words("\n".join(source)):
         raise ParseError(f"the {what} {text!r} shares no word with its input", raw)
-    return text[:MAX_ITEM_CHARS]
+    return _cut(text)
+
+
+def _cut(text: str) -> str:
+    """``text`` within :data:`MAX_ITEM_CHARS`, at its last sentence end if it has one there."""
+    if len(text) <= MAX_ITEM_CHARS:
+        return text
+    head = text[:MAX_ITEM_CHARS]
+    ends = [m.end() for m in re.finditer(r"[.!?](?=\s|$)", head)]
+    return head[: ends[-1]] if ends else head
 
 
 def _clean_items(values: Sequence[str], what: str, raw: str, source: Sequence[str]) -> list[str]:
@@ -244,7 +260,7 @@ class NotesAnswer(pydantic.BaseModel):
     """JSON form of the learning step."""
 
     model_config = pydantic.ConfigDict(extra="forbid")
-    notes: list[str] = pydantic.Field(max_length=32, description="The notes")
+    notes: list[_Item] = pydantic.Field(max_length=32, description="The notes")
 
 
 def _notes_request(inputs: NotesInput) -> str:
@@ -352,7 +368,7 @@ class KnowledgeAnswer(pydantic.BaseModel):
     """JSON form of the summarizing step."""
 
     model_config = pydantic.ConfigDict(extra="forbid")
-    knowledge: list[str] = pydantic.Field(max_length=32, description="The knowledge items")
+    knowledge: list[_Item] = pydantic.Field(max_length=32, description="The knowledge items")
 
 
 def _knowledge_request(inputs: KnowledgeInput) -> str:
