@@ -464,6 +464,19 @@ def test_a_runaway_note_is_bounded_by_the_schema_and_cut_at_a_sentence_end() -> 
     no_stop = "The user keeps their sugar steady " * 30
     (cut,) = NOTES.structured.parse(json.dumps({"notes": [no_stop]}), NotesInput(DIALOGUE))
     assert len(cut) == MAX_ITEM_CHARS and no_stop.startswith(cut)
+    # A constrained model: the note is closed at the limit and the model goes on with the
+    # same text as more "notes"; those pieces are not notes.
+    closed = runaway[:MAX_ITEM_CHARS]
+    pieces = [closed, runaway[MAX_ITEM_CHARS:][:60], "+", " and"]
+    assert NOTES.structured.parse(json.dumps({"notes": pieces}), NotesInput(DIALOGUE)) == (
+        "The user has type 2 diabetes.",
+    )
+    assert KNOWLEDGE.structured is not None
+    knowledge = KNOWLEDGE.structured.parse(
+        json.dumps({"knowledge": ["The user has diabetes.", closed, "+"]}),
+        KnowledgeInput(("The user has type 2 diabetes.", "They keep their sugar steady.")),
+    )
+    assert knowledge == ("The user has diabetes.", "The user has type 2 diabetes.")
 
 
 @pytest.mark.parametrize("name", sorted(GARBAGE_REPLIES))

@@ -173,12 +173,32 @@ def _clean_item(value: str, what: str, raw: str, source: Sequence[str]) -> str |
 
 
 def _cut(text: str) -> str:
-    """``text`` within :data:`MAX_ITEM_CHARS`, at its last sentence end if it has one there."""
-    if len(text) <= MAX_ITEM_CHARS:
+    """``text`` within :data:`MAX_ITEM_CHARS`, at its last sentence end if it has one there.
+
+    An item of the full length was closed by the schema's limit, not by the model: it is
+    cut back to a sentence end as well.
+    """
+    if len(text) < MAX_ITEM_CHARS:
         return text
     head = text[:MAX_ITEM_CHARS]
     ends = [m.end() for m in re.finditer(r"[.!?](?=\s|$)", head)]
     return head[: ends[-1]] if ends else head
+
+
+def _until_runaway(values: Sequence[str]) -> list[str]:
+    """A JSON answer's items up to the first one that reached :data:`MAX_ITEM_CHARS`.
+
+    A constrained model whose item reached the schema's limit had lost the item's end; it
+    goes on with the same text as the next items (the 1.5B model went on with a session's
+    small talk in 400-character pieces, or with ``"+"`` and ``" and"`` pieces, as if it were
+    writing code). Those pieces are dropped; the cut item keeps its whole sentences.
+    """
+    kept: list[str] = []
+    for value in values:
+        kept.append(value)
+        if len(value) >= MAX_ITEM_CHARS:
+            break
+    return kept
 
 
 def _clean_items(values: Sequence[str], what: str, raw: str, source: Sequence[str]) -> list[str]:
@@ -287,7 +307,7 @@ def parse_notes(text: str, inputs: NotesInput) -> tuple[str, ...]:
 
 def _parse_notes_json(text: str, inputs: NotesInput) -> tuple[str, ...]:
     answer = parse_model(text, NotesAnswer, inputs.dialogue, cut_ok=True)
-    return _finish_notes(answer.notes, inputs, text)
+    return _finish_notes(_until_runaway(answer.notes), inputs, text)
 
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
@@ -397,7 +417,7 @@ def parse_knowledge(text: str, inputs: KnowledgeInput) -> tuple[str, ...]:
 
 def _parse_knowledge_json(text: str, inputs: KnowledgeInput) -> tuple[str, ...]:
     answer = parse_model(text, KnowledgeAnswer, inputs.notes, cut_ok=True)
-    return _finish_knowledge(answer.knowledge, inputs, text)
+    return _finish_knowledge(_until_runaway(answer.knowledge), inputs, text)
 
 
 #: Words that make an assistant's note advice worth keeping (stand-in rule).
