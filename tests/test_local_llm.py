@@ -200,6 +200,42 @@ def test_real_local_model_stops_at_its_timeout(one_torch_thread: int) -> None:
     assert llm.generate(long_task, max_tokens=4, timeout=60).strip()
 
 
+@pytest.mark.slow
+def test_real_local_model_ends_a_reply_that_loops(one_torch_thread: int) -> None:
+    from memories_core.llms.base import JsonSchema
+
+    notes = {
+        "type": "object",
+        "properties": {"notes": {"type": "array", "items": {"type": "string"}}},
+        "required": ["notes"],
+        "additionalProperties": False,
+    }
+    task = [
+        ChatMessage("system", 'Take notes of the dialogue. Reply with JSON {"notes": [...]}.'),
+        ChatMessage(
+            "user",
+            "Caroline: Wow, Melanie! The colors really blend nicely. Painting looks like a "
+            "great outlet for expressing yourself.\nMelanie: Thanks, Caroline! Painting's a "
+            "fun way to express my feelings and get creative. It's a great way to relax after "
+            "a long day.",
+        ),
+    ]
+    replies = {}
+    for stop_loops in (False, True):
+        llm = LocalLLM(
+            backend="transformers",
+            n_threads=one_torch_thread,
+            max_new_tokens=300,
+            stop_loops=stop_loops,
+        )
+        replies[stop_loops] = llm.generate(task, response_format=JsonSchema("notes", notes))
+        assert llm.usage.capped == 1  # the 135M model writes one sentence over and over
+        if stop_loops:
+            assert llm.usage.completion_tokens < 150
+    assert len(replies[True]) < len(replies[False]) / 2
+    assert replies[False].startswith(replies[True])
+
+
 # ------------------------------------------------------------------ int8 weights
 def _tiny_model() -> Any:
     torch = pytest.importorskip("torch")

@@ -25,7 +25,8 @@ class Usage:
         items: Texts embedded (embedders only).
         capped: Successful calls whose reply reached its output cap (``max_tokens``), as far
             as the backend reports its token counts: a reply that was cut, or a model that
-            loops until the cap stops it.
+            loops until the cap stops it. A reply that :class:`~memories_core.llms.LocalLLM`
+            stopped in a loop before the cap counts too.
     """
 
     calls: int = 0

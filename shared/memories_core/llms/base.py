@@ -173,11 +173,15 @@ class LLMResult:
         prompt_tokens: Tokens the backend counted in the prompt, or ``None`` if it reports
             none (the base class then estimates them).
         completion_tokens: Tokens generated, or ``None`` if unknown (estimated likewise).
+        looped: Generation was stopped because the reply had started to repeat itself
+            (``text`` ends after the repeated span's second writing); counted as
+            ``capped``, a reply the model did not end.
     """
 
     text: str
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    looped: bool = False
 
 
 def truncate_at_stop(text: str, stop: Sequence[str] | None) -> str:
@@ -750,7 +754,8 @@ class BaseLLM(ABC):
     ) -> LLMResult:
         """Check the hook's result, count the call and return it with its token counts.
 
-        A reply whose reported token count reached ``cap`` is also counted as ``capped``.
+        A reply whose reported token count reached ``cap``, or that was stopped in a loop,
+        is also counted as ``capped``.
         """
         if not isinstance(result, LLMResult) or not isinstance(result.text, str):
             self._usage.record(failures=1)
@@ -760,13 +765,17 @@ class BaseLLM(ABC):
             # Count role labels too: chat templates send them to the model.
             prompt = sum(estimate_tokens(f"{m.role}: {m.content}") for m in messages)
         completion = result.completion_tokens
-        capped = int(cap is not None and completion is not None and completion >= cap)
+        capped = int(
+            result.looped or (cap is not None and completion is not None and completion >= cap)
+        )
         if completion is None:
             completion = estimate_tokens(result.text)
         self._usage.record(
             calls=1, prompt_tokens=prompt, completion_tokens=completion, capped=capped
         )
-        return LLMResult(result.text, prompt_tokens=prompt, completion_tokens=completion)
+        return LLMResult(
+            result.text, prompt_tokens=prompt, completion_tokens=completion, looped=result.looped
+        )
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"

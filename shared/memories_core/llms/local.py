@@ -191,6 +191,14 @@ class LocalLLM(BaseLLM):
             model decodes with int8 weights (``quantize="int8-decode"``; otherwise, and on
             llama.cpp, they are answered one by one). Default :data:`DEFAULT_BATCH`. Each
             pass has the call's timeout.
+        stop_loops: End a reply that has started to repeat itself (one span of 12-256
+            tokens written three times in a row,
+            :func:`~memories_core.llms.transformers_runtime.loop_end`) after the span's second
+            writing, instead of decoding the cycle up to the token cap; such a reply counts
+            as ``capped`` in :attr:`usage`. Greedy decoding of the 1.5B model fell into such
+            cycles in DPeM's note calls, writing the same notes until the cap, minutes of
+            decoding each (BENCHMARKS.md, "DPeM: replies that loop"). transformers runtime
+            only. ``False`` for a task whose answer repeats itself on purpose.
 
     Instantiate / Invoke:
         .. code-block:: python
@@ -223,6 +231,7 @@ class LocalLLM(BaseLLM):
         dtype: Literal["auto", "float32", "bfloat16"] = "auto",
         quantize: Quantize = "auto",
         batch_size: int = DEFAULT_BATCH,
+        stop_loops: bool = True,
     ) -> None:
         if model is not None and gguf_path is not None:
             raise ConfigurationError("give model= or gguf_path=, not both")
@@ -262,6 +271,7 @@ class LocalLLM(BaseLLM):
         self._requested_backend: Backend = backend
         self._cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else None
         self._max_new_tokens = max_new_tokens
+        self._stop_loops = bool(stop_loops)
         self._n_threads = n_threads
         self._runtime: Runtime | None = None
         self._load_lock = threading.Lock()
@@ -542,7 +552,16 @@ class LocalLLM(BaseLLM):
         results: list[LLMResult] = []
         for start in range(0, len(conversations), self.batch_size):
             part = conversations[start : start + self.batch_size]
-            run = partial(run_batch, runtime, part, limit, temperature, stop, response_format)
+            run = partial(
+                run_batch,
+                runtime,
+                part,
+                limit,
+                temperature,
+                stop,
+                response_format,
+                stop_loops=self._stop_loops,
+            )
             results += self._locked(run)
         return results
 
@@ -594,8 +613,20 @@ class LocalLLM(BaseLLM):
     ) -> LLMResult:
         runtime = self._get_runtime()  # a first load (once) does not count against the call
         limit = max_tokens or self._max_new_tokens
-        call = self._run_llama_cpp if runtime.backend == "llama_cpp" else run_one
-        return self._locked(partial(call, runtime, messages, limit, temperature, stop, fmt))
+        if runtime.backend == "llama_cpp":
+            call = partial(self._run_llama_cpp, runtime, messages, limit, temperature, stop, fmt)
+        else:
+            call = partial(
+                run_one,
+                runtime,
+                messages,
+                limit,
+                temperature,
+                stop,
+                fmt,
+                stop_loops=self._stop_loops,
+            )
+        return self._locked(call)
 
     @staticmethod
     def _run_llama_cpp(

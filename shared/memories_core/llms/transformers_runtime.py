@@ -9,13 +9,68 @@ one ``generate`` (left padding).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from memories_core.llms.base import LLMResult, ResponseFormat, truncate_at_stop
 from memories_core.types import ChatMessage
 
-__all__ = ["MIN_REUSED_PREFIX", "Runtime", "run_batch", "run_one"]
+__all__ = [
+    "LOOP_REPEATS",
+    "MAX_LOOP_PERIOD",
+    "MIN_LOOP_PERIOD",
+    "MIN_REUSED_PREFIX",
+    "Runtime",
+    "loop_end",
+    "run_batch",
+    "run_one",
+]
+
+#: Shortest span whose back-to-back repetition ends a reply (tokens). A note or a list item
+#: is longer; a list of one-word labels (``"fact", "fact", ...``) repeats a shorter span
+#: legitimately and is never stopped.
+MIN_LOOP_PERIOD = 12
+#: Longest such span (tokens): a cycle of several list items.
+MAX_LOOP_PERIOD = 256
+#: Times the span must be written in a row before generation stops.
+LOOP_REPEATS = 3  # at least 3: two writings are kept
+
+
+def loop_end(
+    tokens: Sequence[int],
+    *,
+    min_period: int = MIN_LOOP_PERIOD,
+    max_period: int = MAX_LOOP_PERIOD,
+    repeats: int = LOOP_REPEATS,
+) -> int | None:
+    """Where a reply that has started to repeat itself should end, or ``None``.
+
+    Greedy decoding of a small model can fall into a cycle: the 1.5B model wrote the same
+    note (or the same three notes, or one sentence inside a note) again and again until its
+    token cap, several minutes of decoding for nothing. The end of ``tokens`` is such a
+    cycle when one span of ``min_period`` to ``max_period`` tokens was written ``repeats``
+    times back to back, and that span is not itself a run of a shorter span (a run of
+    one-word labels, a rule of dashes).
+
+    Returns:
+        The number of tokens to keep, or ``None`` if the end of ``tokens`` is not a cycle.
+        The span's first two writings are kept: a cycle is found at an arbitrary token, so
+        its first writing alone may cut an item of the cycle in two, while in two writings
+        every item of the cycle is whole at least once (a JSON list's cut reply keeps its
+        whole items; repeated items are the parser's to drop).
+    """
+    n = len(tokens)
+    for period in range(min_period, min(max_period, n // repeats) + 1):
+        if tokens[n - 1] != tokens[n - 1 - period]:
+            continue
+        window = list(tokens[n - repeats * period :])
+        if window[period:] != window[:-period]:
+            continue
+        if any(window[d:] == window[:-d] for d in range(1, min_period)):
+            return None  # a run of a short span: not an item loop
+        return n - (repeats - 2) * period
+    return None
 
 
 def _stop_criteria(tokenizer: Any, stops: list[str], prompt_length: int) -> Any:
@@ -47,6 +102,34 @@ def _stop_criteria(tokenizer: Any, stops: list[str], prompt_length: int) -> Any:
             return torch.tensor(done, dtype=torch.bool)
 
     return StoppingCriteriaList([StopOnStrings()])
+
+
+class _LoopStop:
+    """A transformers stopping criterion that ends a row once :func:`loop_end` finds a cycle.
+
+    ``ends`` maps a stopped row to the tokens of its reply to keep.
+    """
+
+    def __init__(self, prompt_length: int) -> None:
+        from transformers import StoppingCriteria
+
+        self.ends: dict[int, int] = {}
+        outer = self
+
+        class StopLoops(StoppingCriteria):
+            def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+                import torch
+
+                done = []
+                for row, ids in enumerate(input_ids):
+                    if row not in outer.ends:
+                        end = loop_end(ids[prompt_length:].tolist())
+                        if end is not None:
+                            outer.ends[row] = end
+                    done.append(row in outer.ends)
+                return torch.tensor(done, dtype=torch.bool)
+
+        self.criterion = StopLoops()
 
 
 class _Deadline:
@@ -224,8 +307,9 @@ def _generation_options(
     stop: tuple[str, ...] | None,
     prompt_length: int,
     deadline: float | None,
-) -> tuple[dict[str, Any], _Deadline | None]:
-    """``generate``'s options (length, sampling, stop strings, deadline) and the deadline's timer.
+    stop_loops: bool,
+) -> tuple[dict[str, Any], _Deadline | None, _LoopStop | None]:
+    """``generate``'s options, with the deadline's and the loop stop's criteria (if any).
 
     Stop strings end generation inside ``generate`` (saves decoding time); the text is still
     cut afterwards because the criterion fires after the token that completes the string.
@@ -244,9 +328,12 @@ def _generation_options(
     timer = _Deadline(deadline) if deadline is not None else None
     if timer is not None:
         criteria.append(timer.criterion)
+    loops = _LoopStop(prompt_length) if stop_loops else None
+    if loops is not None:
+        criteria.append(loops.criterion)
     if criteria:
         options["stopping_criteria"] = criteria
-    return options, timer
+    return options, timer, loops
 
 
 def run_one(
@@ -257,8 +344,14 @@ def run_one(
     stop: tuple[str, ...] | None,
     fmt: ResponseFormat | None = None,
     deadline: float | None = None,
+    *,
+    stop_loops: bool = False,
 ) -> LLMResult | None:
-    """One transformers call; ``None`` if ``deadline`` passed before the answer ended."""
+    """One transformers call; ``None`` if ``deadline`` passed before the answer ended.
+
+    With ``stop_loops``, a reply that falls into a cycle (:func:`loop_end`) ends after the
+    cycle's second writing, marked ``looped``.
+    """
     import torch
 
     tokenizer = runtime.tokenizer
@@ -266,7 +359,9 @@ def run_one(
     ids = _prompt_ids(runtime, messages, limit)
     input_ids = torch.tensor([ids])
     inputs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
-    options, timer = _generation_options(tokenizer, limit, temperature, stop, len(ids), deadline)
+    options, timer, loops = _generation_options(
+        tokenizer, limit, temperature, stop, len(ids), deadline, stop_loops
+    )
     if tokenizer.pad_token_id is None:
         options["pad_token_id"] = tokenizer.eos_token_id
     if fmt is not None:
@@ -293,11 +388,14 @@ def run_one(
     if timer is not None and timer.fired:
         return None
     new_tokens = output[0, len(ids) :]
-    text = tokenizer.decode(new_tokens, skip_special_tokens=True)
+    looped = loops is not None and 0 in loops.ends
+    kept = new_tokens[: loops.ends[0]] if loops is not None and looped else new_tokens
+    text = tokenizer.decode(kept, skip_special_tokens=True)
     return LLMResult(
         truncate_at_stop(text, stop).strip(),
         prompt_tokens=len(ids),
         completion_tokens=int(new_tokens.shape[0]),
+        looped=looped,
     )
 
 
@@ -311,6 +409,7 @@ def run_batch(
     deadline: float | None = None,
     *,
     reuse: bool = True,
+    stop_loops: bool = False,
 ) -> list[LLMResult] | None:
     """Several conversations in one ``generate``; ``None`` if ``deadline`` passed.
 
@@ -345,7 +444,9 @@ def run_batch(
         rows.append(ids[:shared] + [pad] * gap + ids[shared:])
         masks.append([1] * shared + [0] * gap + [1] * (len(ids) - shared))
     inputs = {"input_ids": torch.tensor(rows), "attention_mask": torch.tensor(masks)}
-    options, timer = _generation_options(tokenizer, limit, temperature, stop, width, deadline)
+    options, timer, loops = _generation_options(
+        tokenizer, limit, temperature, stop, width, deadline, stop_loops
+    )
     options["pad_token_id"] = pad
     ends = set(tokenizer.all_special_ids) | {pad}
     if fmt is not None:
@@ -359,24 +460,35 @@ def run_batch(
                 # A cache this transformers version cannot continue: read every prompt whole.
                 runtime.cache = runtime.cached_ids = None
                 return run_batch(
-                    runtime, conversations, limit, temperature, stop, fmt, deadline, reuse=False
+                    runtime,
+                    conversations,
+                    limit,
+                    temperature,
+                    stop,
+                    fmt,
+                    deadline,
+                    reuse=False,
+                    stop_loops=stop_loops,
                 )
         else:
             output = runtime.model.generate(**inputs, **options)
     if timer is not None and timer.fired:
         return None
     results = []
-    for ids, row in zip(prompts, output, strict=True):
+    for index, (ids, row) in enumerate(zip(prompts, output, strict=True)):
         new = [int(t) for t in row[width:].tolist()]
         # A finished sequence is padded while the others go on: its reply ends at its
         # first special token (end of turn, end of text or padding).
         cut = next((i + 1 for i, t in enumerate(new) if t in ends), len(new))
-        text = tokenizer.decode(new[:cut], skip_special_tokens=True)
+        looped = loops is not None and index in loops.ends
+        keep = min(cut, loops.ends[index]) if loops is not None and looped else cut
+        text = tokenizer.decode(new[:keep], skip_special_tokens=True)
         results.append(
             LLMResult(
                 truncate_at_stop(text, stop).strip(),
                 prompt_tokens=len(ids),
                 completion_tokens=cut,
+                looped=looped,
             )
         )
     return results

@@ -73,7 +73,8 @@ COMMON_SENSE: Final = "common-sense"
 #: Longest note or knowledge item kept (characters). It is also the JSON schema's
 #: ``maxLength``: a schema-constrained model closes a note here. The 1.5B model, decoding
 #: greedily, wrote single "notes" of 2,000 characters (a session's small talk, then one
-#: sentence over and over) until its token cap, which left no whole note to parse.
+#: sentence over and over) until its token cap, which left no whole note to parse
+#: (BENCHMARKS.md, "DPeM: replies that loop").
 MAX_ITEM_CHARS = 400
 
 #: A note or knowledge item in a JSON answer: the length limit is the schema's (for a

@@ -1,0 +1,56 @@
+"""A local model's reply that falls into a cycle ends after the cycle's second writing."""
+
+from __future__ import annotations
+
+import pytest
+
+from memories_core.llms.transformers_runtime import LOOP_REPEATS, MIN_LOOP_PERIOD, loop_end
+
+NOTE = list(range(100, 118))  # one 18-token note, written out
+OTHER = list(range(200, 215))
+
+
+def test_a_note_written_three_times_in_a_row_ends_after_its_second_writing() -> None:
+    start = [1, 2, 3, 4, 5]
+    tokens = start + OTHER + NOTE * LOOP_REPEATS
+    assert loop_end(tokens) == len(start + OTHER + NOTE * 2)
+    # Checked at every token: two writings are not yet a cycle.
+    assert all(loop_end(tokens[:n]) is None for n in range(len(tokens)))
+
+
+def test_a_cycle_of_several_notes_is_found() -> None:
+    cycle = NOTE + OTHER + [7, 8, 9]
+    tokens = [1, 2] + cycle * LOOP_REPEATS
+    assert loop_end(tokens) == 2 + 2 * len(cycle)
+
+
+def test_each_item_of_a_cycle_found_mid_item_is_kept_whole() -> None:
+    # Items are ``<``-opened and ``>``-closed; the cycle of two items is found mid-item.
+    first, second = [0, *range(10, 24), 1], [0, *range(30, 40), 1]
+    tokens = [0, 5, 6, 1] + (first + second) * 4
+    end = next(n for n in range(len(tokens) + 1) if loop_end(tokens[:n]) is not None)
+    kept = tokens[: loop_end(tokens[:end])]
+    for item in (first, second):
+        assert any(kept[i : i + len(item)] == item for i in range(len(kept)))
+
+
+def test_items_that_only_share_their_structure_are_not_a_cycle() -> None:
+    # Same keys and punctuation, a different value in each item.
+    items = [[10, 11, 12, 13, 14, 15, value, 16, 17, 18, 19, 20, 21, 22] for value in range(8)]
+    tokens = [tok for item in items for tok in item]
+    assert all(loop_end(tokens[:n]) is None for n in range(len(tokens) + 1))
+
+
+@pytest.mark.parametrize("label", [[5], [5, 6], [5, 6, 7], [5, 6, 7, 8, 9]])
+def test_a_run_of_short_labels_is_never_stopped(label: list[int]) -> None:
+    # ``"fact", "fact", ...``: a short span repeated on purpose, however long the run.
+    tokens = [1, 2, 3] + label * 200
+    assert all(loop_end(tokens[:n]) is None for n in range(len(tokens) + 1))
+
+
+def test_a_span_shorter_than_the_minimum_period_is_not_a_cycle() -> None:
+    span = list(range(300, 300 + MIN_LOOP_PERIOD - 1))
+    tokens = span * LOOP_REPEATS
+    assert loop_end(tokens) is None
+    longer = list(range(300, 300 + MIN_LOOP_PERIOD))
+    assert loop_end(longer * LOOP_REPEATS) == 2 * MIN_LOOP_PERIOD
