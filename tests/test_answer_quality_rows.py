@@ -205,6 +205,37 @@ def test_the_checkpoints_time_is_not_counted_as_the_memorys(tmp_path: Path) -> N
     assert stats.wall_s < sum(slept)
 
 
+def test_each_checkpoint_counts_the_jobs_left_pending_and_the_failures(tmp_path: Path) -> None:
+    """A checkpoint's stats say what is still pending, not only the finished ingest's."""
+    from datetime import datetime, timezone
+
+    from memories_core import ConditionalMemory, FixedClock
+    from memories_core.embedders import HashingEmbedder
+    from memories_core.evaluation.harness import ingest_conversation
+    from memories_core.llms import ScriptedLLM
+    from test_answer_quality import _conversation
+
+    clock = FixedClock(datetime(2024, 1, 1, tzinfo=timezone.utc))
+    memory = ConditionalMemory(
+        llm=ScriptedLLM(default=lambda messages: "@@@ not an answer"),
+        embedder=HashingEmbedder(dimension=64),
+        clock=clock,
+    )
+    seen: list[tuple[int, int, dict[str, int]]] = []
+
+    def checkpoint(stats: Any) -> None:
+        seen.append((stats.sessions, stats.pending_jobs, dict(stats.failures)))
+
+    stats = ingest_conversation(
+        memory, _conversation(), clock, user_id="conv-t", on_session=checkpoint
+    )
+    memory.close()
+    assert [s for s, _, _ in seen] == [1, 2, 3]
+    first_pending, first_failures = seen[0][1], seen[0][2]
+    assert first_pending > 0 and sum(first_failures.values()) > 0
+    assert seen[-1][1] == stats.pending_jobs >= first_pending
+
+
 def _emg_variant(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, variant: str
 ) -> tuple[Path, Path, list[str], int]:

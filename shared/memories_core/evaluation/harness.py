@@ -243,11 +243,13 @@ class IngestStats(_JsonRow):
         flush_ms: Wall time waiting for each session's derivations after it ended (ms).
         wall_s: Wall time of the whole ingest (s).
         llm_calls, prompt_tokens, completion_tokens, llm_failures: The writer model's usage.
-        llm_capped: The writer's replies that reached their output cap (``None``: an ingest
-            resumed from stats that did not count them).
+        llm_capped: The writer's replies that reached their output cap or were stopped in a
+            loop (``None``: an ingest resumed from stats that did not count them).
         store_bytes: Size of the memory's folder on disk after the ingest.
-        pending_jobs: Jobs still pending at the end (failed derivations in backoff).
-        failures: The memory's failure counters at the end.
+        pending_jobs: Jobs still pending at the end, or after the last session a checkpoint
+            holds (failed derivations in backoff).
+        failures: The memory's failure counters at the same point (of this process: a
+            resumed ingest starts them at zero).
     """
 
     turns: int = 0
@@ -388,17 +390,23 @@ def ingest_conversation(
         stats.flush_ms.append((time.perf_counter() - tick) * 1000)
         stats.sessions += 1
         _add_spent(stats, base, _usage(writer) - before, time.perf_counter() - started - outside)
+        _count_left(stats, memory, user_id)
         if on_session is not None:
             tick = time.perf_counter()
             on_session(stats)
             outside += time.perf_counter() - tick
     _add_spent(stats, base, _usage(writer) - before, time.perf_counter() - started - outside)
     stats.store_bytes = folder_bytes(getattr(memory, "path", None))
+    _count_left(stats, memory, user_id)
+    return stats
+
+
+def _count_left(stats: IngestStats, memory: Any, user_id: str) -> None:
+    """Set the jobs still pending and the failures so far (a checkpoint's stats show them)."""
     pending = getattr(memory, "pending", None)
     stats.pending_jobs = len(pending(user_id)) if callable(pending) else 0
     usage = getattr(memory, "usage", None)
     stats.failures = dict(getattr(usage, "failures", {}) or {})
-    return stats
 
 
 #: The mutable fields of a record's state, as its update history writes them.
