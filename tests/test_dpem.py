@@ -479,6 +479,28 @@ def test_a_runaway_note_is_bounded_by_the_schema_and_cut_at_a_sentence_end() -> 
     assert knowledge == ("The user has diabetes.", "The user has type 2 diabetes.")
 
 
+def test_typing_ignores_items_past_the_last_and_keeps_a_cut_answer() -> None:
+    # One knowledge item of several sentences: the model types "items" 2, 3, ... until its
+    # cap, and the reply is cut inside the last entry.
+    item = ("Caroline went to a support group. It gave her courage. She wants to counsel.",)
+    assert TYPING.structured is not None
+    prompt = TYPING.structured.build(TypingInput(item))[1].content
+    assert "(1 item)" in prompt
+    cut = (
+        '{"types": [{"item": 1, "type": "user-specific"}, {"item": 2, "type": "common-sense"},'
+        ' {"item": 3, "type": "user-spec'
+    )
+    assert TYPING.structured.parse(cut, TypingInput(item)) == ("user-specific",)
+    assert TYPING.parse("<Type 1>: common-sense\n<Type 2>: user-specific", TypingInput(item)) == (
+        "common-sense",
+    )
+    # Every real item still needs its type, and one type.
+    with pytest.raises(ParseError, match="got no type"):
+        TYPING.structured.parse(cut, TypingInput((*item, "Water helps.", "Sleep helps.")))
+    with pytest.raises(ParseError, match="two different types"):
+        TYPING.parse("<Type 1>: common-sense\n<Type 1>: user-specific", TypingInput(item))
+
+
 @pytest.mark.parametrize("name", sorted(GARBAGE_REPLIES))
 def test_prompts_reject_garbage(name: str) -> None:
     reply = GARBAGE_REPLIES[name]
