@@ -20,16 +20,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from machine_info import machine
+from machine_info import command_line, machine
 from tqdm import tqdm
 
 from memories_core.errors import ParseError
+from memories_core.evaluation.locomo import load_locomo
 from memories_core.llms import LocalLLM
 from memories_core.llms.models import default_model_name
 from memories_core.prompts.dpem import NOTES, NotesInput
@@ -42,13 +42,14 @@ OUT_DIR = ROOT / "benchmarks" / "out"
 
 def exchanges(data: Path, conversation: int, session: int) -> list[tuple[str, ...]]:
     """The session's turns as DPeM's rounds: a first-speaker turn and the replies after it."""
-    sample = json.loads(data.read_text(encoding="utf-8"))[conversation]
-    turns = sample["conversation"][f"session_{session}"]
-    first = sample["conversation"]["speaker_a"]
+    sample = load_locomo(data)[conversation]
+    first = sample.speakers[0]
     rounds: list[list[str]] = []
-    for turn in turns:
-        line = f"{turn['speaker']}: {turn['text']}"
-        if turn["speaker"] == first or not rounds:
+    for turn in sample.turns:
+        if turn.session != session or not turn.text.strip():
+            continue
+        line = f"{turn.speaker}: {turn.text}"
+        if turn.speaker == first or not rounds:
             rounds.append([line])
         else:
             rounds[-1].append(line)
@@ -59,7 +60,7 @@ def replay(rounds: list[tuple[str, ...]], stop_loops: bool, max_notes: int) -> d
     """Run the notes step on every round with one model; per-round records and totals."""
     llm = LocalLLM(model=default_model_name(), stop_loops=stop_loops)
     llm.load()
-    records = []
+    records: list[dict[str, Any]] = []
     label = "loop stop on" if stop_loops else "loop stop off"
     for index, dialogue in enumerate(tqdm(rounds, desc=label, unit="round"), 1):
         before = llm.usage
@@ -155,10 +156,9 @@ def main() -> None:
     }
     print(table(results))
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    command = "python benchmarks/loop_stop.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     out = {
         "machine": info,
-        "command": command.strip(),
+        "command": command_line("benchmarks/loop_stop.py", sys.argv[1:]),
         "model": default_model_name(),
         "conversation": args.conversation,
         "session": args.session,

@@ -388,14 +388,13 @@ def run_one(
     if timer is not None and timer.fired:
         return None
     new_tokens = output[0, len(ids) :]
-    looped = loops is not None and 0 in loops.ends
-    kept = new_tokens[: loops.ends[0]] if loops is not None and looped else new_tokens
-    text = tokenizer.decode(kept, skip_special_tokens=True)
+    end = None if loops is None else loops.ends.get(0)
+    text = tokenizer.decode(new_tokens[:end], skip_special_tokens=True)
     return LLMResult(
         truncate_at_stop(text, stop).strip(),
         prompt_tokens=len(ids),
         completion_tokens=int(new_tokens.shape[0]),
-        looped=looped,
+        looped=end is not None,
     )
 
 
@@ -480,15 +479,16 @@ def run_batch(
         # A finished sequence is padded while the others go on: its reply ends at its
         # first special token (end of turn, end of text or padding).
         cut = next((i + 1 for i, t in enumerate(new) if t in ends), len(new))
-        looped = loops is not None and index in loops.ends
-        keep = min(cut, loops.ends[index]) if loops is not None and looped else cut
-        text = tokenizer.decode(new[:keep], skip_special_tokens=True)
+        loop = None if loops is None else loops.ends.get(index)
+        text = tokenizer.decode(
+            new[: cut if loop is None else min(cut, loop)], skip_special_tokens=True
+        )
         results.append(
             LLMResult(
                 truncate_at_stop(text, stop).strip(),
                 prompt_tokens=len(ids),
                 completion_tokens=cut,
-                looped=looped,
+                looped=loop is not None,
             )
         )
     return results
