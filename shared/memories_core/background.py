@@ -36,16 +36,19 @@ class JobCounts:
         pending: Waiting to run (never failed, or due again).
         running: Claimed by a worker now (this process's, or another's lease).
         failed: Failed at least once and waiting for their retry time (backoff).
+        parked: Failed for their content ``JobPolicy.max_attempts`` times: kept, and run
+            again only on an explicit retry (``retry_pending()``).
     """
 
     pending: int = 0
     running: int = 0
     failed: int = 0
+    parked: int = 0
 
     @property
     def total(self) -> int:
         """Jobs not done yet."""
-        return self.pending + self.running + self.failed
+        return self.pending + self.running + self.failed + self.parked
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,11 @@ class WorkStatus:
         return sum(c.failed for c in self.jobs.values())
 
     @property
+    def parked(self) -> int:
+        """Jobs that wait for an explicit retry."""
+        return sum(c.parked for c in self.jobs.values())
+
+    @property
     def idle(self) -> bool:
         """Whether no derivation is left to do."""
         return not self.jobs
@@ -91,13 +99,14 @@ class WorkStatus:
         if not self.jobs:
             return f"{who}: no pending derivations"
         lines = [
-            f"{who}: {self.pending} pending, {self.running} running, {self.failed} failed "
-            f"({self.derive})"
+            f"{who}: {self.pending} pending, {self.running} running, {self.failed} failed"
+            + (f", {self.parked} parked" if self.parked else "")
+            + f" ({self.derive})"
         ]
         for (mechanism, kind), counts in sorted(self.jobs.items()):
             line = (
                 f"  {mechanism}/{kind}: {counts.pending} pending, {counts.running} running, "
-                f"{counts.failed} failed"
+                f"{counts.failed} failed" + (f", {counts.parked} parked" if counts.parked else "")
             )
             error = self.last_errors.get((mechanism, kind))
             if error:

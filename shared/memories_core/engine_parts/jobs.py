@@ -8,7 +8,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from memories_core.background import JobCounts, WorkStatus
-from memories_core.engine_parts.rules import MAX_K, Derivation, JobFailed, _JobGone, logger
+from memories_core.engine_parts.rules import (
+    MAX_K,
+    PARKED_UNTIL,
+    Derivation,
+    JobFailed,
+    _JobGone,
+    logger,
+)
 from memories_core.engine_parts.search import EngineSearch
 from memories_core.errors import (
     InvalidInputError,
@@ -322,7 +329,8 @@ class EngineJobs(EngineSearch):
 
         Counted per mechanism and job kind; a job is *running* when a worker holds its
         lease (this engine's thread, or another process on a shared store), *failed* when
-        it failed at least once and waits for its retry time, *pending* otherwise.
+        it failed at least once and waits for its retry time, *parked* when it waits for an
+        explicit retry (:attr:`JobPolicy.max_attempts`), *pending* otherwise.
         """
         if user_id is not None:
             check_user_id(user_id)
@@ -339,6 +347,10 @@ class EngineJobs(EngineSearch):
                 key = (job.mechanism, job.kind)
                 if job.id in running or (job.id not in due and job.next_attempt_at <= now):
                     state = "running"  # ours, or leased by another worker
+                elif job.next_attempt_at >= PARKED_UNTIL:
+                    state = "parked"
+                    if job.last_error:
+                        errors[key] = job.last_error
                 elif job.attempts > 0:
                     state = "failed"
                     if job.last_error:
@@ -351,7 +363,12 @@ class EngineJobs(EngineSearch):
             derive=self.derive,
             worker_alive=self._worker is not None and self._worker.alive,
             jobs={
-                key: JobCounts(pending=c["pending"], running=c["running"], failed=c["failed"])
+                key: JobCounts(
+                    pending=c["pending"],
+                    running=c["running"],
+                    failed=c["failed"],
+                    parked=c["parked"],
+                )
                 for key, c in counts.items()
             },
             last_errors=errors,
@@ -368,7 +385,7 @@ class EngineJobs(EngineSearch):
             return False
         except JobFailed as exc:
             self._fail(job, exc.label, exc)
-            return not isinstance(exc.__cause__, LLMError)
+            return not _model_failure(exc)
         except Exception as exc:
             self._fail(job, job.kind, exc)
             return True
@@ -472,9 +489,22 @@ class EngineJobs(EngineSearch):
 
     def _fail(self, job: Job, label: str, exc: BaseException) -> None:
         self.count_failure(label)
-        logger.warning(
-            "%s job %s (%s) failed; it stays pending: %s", job.mechanism, job.id, label, exc
-        )
+        retry_at = self.policy.retry_at(self.clock.now(), job.attempts)
+        if not _model_failure(exc) and self.policy.parks(job.attempts):
+            retry_at = PARKED_UNTIL
+            logger.warning(
+                "%s job %s (%s) failed %d times for its content; it is parked until an explicit "
+                "retry (retry_pending): %s",
+                job.mechanism,
+                job.id,
+                label,
+                job.attempts + 1,
+                exc,
+            )
+        else:
+            logger.warning(
+                "%s job %s (%s) failed; it stays pending: %s", job.mechanism, job.id, label, exc
+            )
         reply = _unparsable_reply(exc)
         if reply is not None:
             # The reply is the model's text about the user's turns: debug level only, cut.
@@ -485,12 +515,7 @@ class EngineJobs(EngineSearch):
                 _REPLY_LOG_CHARS,
                 reply[:_REPLY_LOG_CHARS],
             )
-        now = self.clock.now()
-        self.store.fail_job(
-            job.id,
-            error=f"{type(exc).__name__}: {exc}",
-            retry_at=self.policy.retry_at(now, job.attempts),
-        )
+        self.store.fail_job(job.id, error=f"{type(exc).__name__}: {exc}", retry_at=retry_at)
 
     async def arun_pending(self, user_id: str | None = None, *, force: bool = False) -> int:
         """Async twin of :meth:`run_pending`."""
@@ -499,6 +524,13 @@ class EngineJobs(EngineSearch):
 
 #: How much of an unparsable reply a failed job's debug line shows.
 _REPLY_LOG_CHARS = 2000
+
+
+def _model_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` says the model was unreachable or slow, not that its reply was bad."""
+    return isinstance(exc, LLMError) or (
+        isinstance(exc, JobFailed) and isinstance(exc.__cause__, LLMError)
+    )
 
 
 def _unparsable_reply(exc: BaseException) -> str | None:

@@ -7,7 +7,7 @@ import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any, Literal
 
 from memories_core.errors import (
@@ -24,6 +24,7 @@ from memories_core.types import (
 
 __all__ = [
     "MAX_K",
+    "PARKED_UNTIL",
     "Derivation",
     "DeriveMode",
     "JobFailed",
@@ -126,7 +127,7 @@ class Derivation:
 
 @dataclass(frozen=True)
 class JobPolicy:
-    """How pending work is retried: a budget per run, exponential backoff, leases.
+    """How pending work is retried: a budget per run, exponential backoff, leases, parking.
 
     Attributes:
         retry_budget: Older due jobs a save may retry after running its own new jobs.
@@ -134,17 +135,43 @@ class JobPolicy:
         max_backoff: Longest wait between attempts.
         lease: How long a claimed job is reserved for the worker running it; a worker that
             died frees it when the lease ends.
+        max_attempts: Failures after which a job whose last failure was its *content* (a
+            reply that does not parse, a derivation refused) is parked: it is kept, with its
+            turns and its error, but runs again only on an explicit retry
+            (``retry_pending()``, ``llm-memories retry-pending``). A greedy model writes the
+            same reply to the same prompt, so its retries would cost a full generation every
+            ``max_backoff`` forever. Failures of an unreachable or slow model
+            (:class:`~memories_core.errors.LLMError`) never park a job: the model comes back.
+            ``None``: retry every job for ever.
     """
 
     retry_budget: int = 4
     base_backoff: timedelta = timedelta(seconds=10)
     max_backoff: timedelta = timedelta(hours=1)
     lease: timedelta = timedelta(minutes=5)
+    max_attempts: int | None = 4
+
+    def __post_init__(self) -> None:
+        attempts = self.max_attempts
+        if attempts is not None and (
+            isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1
+        ):
+            raise ConfigurationError(
+                f"max_attempts must be a positive int or None, got {attempts!r}"
+            )
 
     def retry_at(self, now: datetime, attempts: int) -> datetime:
         """When a job that has failed ``attempts + 1`` times may run again."""
         delay = self.base_backoff * (2 ** min(attempts, 30))
         return now + min(delay, self.max_backoff)
+
+    def parks(self, attempts: int) -> bool:
+        """Whether a job failing for its content for the ``attempts + 1``-th time is parked."""
+        return self.max_attempts is not None and attempts + 1 >= self.max_attempts
+
+
+#: The retry time of a parked job: never due by the clock, only on an explicit retry.
+PARKED_UNTIL = datetime(9999, 1, 1, tzinfo=timezone.utc)
 
 
 @dataclass(frozen=True)

@@ -313,6 +313,7 @@ class MultiViewMemory:
                     seen.pending + counts.pending,
                     seen.running + counts.running,
                     seen.failed + counts.failed,
+                    seen.parked + counts.parked,
                 )
             errors.update(report.last_errors)
         derive = {report.derive for report in reports}
