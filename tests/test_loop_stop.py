@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import importlib.machinery
+import sys
+import types
+from typing import Any
+
 import pytest
 
+from memories_core.llms import LocalLLM
 from memories_core.llms.transformers_runtime import LOOP_REPEATS, MIN_LOOP_PERIOD, loop_end
+from memories_core.types import ChatMessage
 
 NOTE = list(range(100, 118))  # one 18-token note, written out
 OTHER = list(range(200, 215))
@@ -54,3 +61,69 @@ def test_a_span_shorter_than_the_minimum_period_is_not_a_cycle() -> None:
     assert loop_end(tokens) is None
     longer = list(range(300, 300 + MIN_LOOP_PERIOD))
     assert loop_end(longer * LOOP_REPEATS) == 2 * MIN_LOOP_PERIOD
+
+
+class LoopingLlama:
+    """Stands in for ``llama_cpp.Llama``: decodes a fixed reply token by token, checking its
+    stopping criteria after each sampled token with the tokens evaluated so far, as
+    llama-cpp-python does; a token ``t`` reads ``"<t>"``."""
+
+    PROMPT = tuple(range(1, 40))
+
+    def __init__(self, reply: list[int], **kwargs: Any) -> None:
+        self.reply = reply
+        self.decoded = 0
+
+    def detokenize(self, tokens: list[int]) -> bytes:
+        return "".join(f"<{t}>" for t in tokens).encode()
+
+    def create_chat_completion(self, **request: Any) -> dict[str, Any]:
+        criteria = request.get("stopping_criteria") or []
+        evaluated = list(self.PROMPT)
+        for token in self.reply[: request["max_tokens"]]:
+            if any(criterion(evaluated, None) for criterion in criteria):
+                break
+            evaluated.append(token)
+        self.decoded = len(evaluated) - len(self.PROMPT)
+        text = self.detokenize(evaluated[len(self.PROMPT) :]).decode()
+        usage = {"prompt_tokens": len(self.PROMPT), "completion_tokens": self.decoded}
+        return {"choices": [{"message": {"content": text}}], "usage": usage}
+
+
+def llama_with(monkeypatch: pytest.MonkeyPatch, reply: list[int], **options: Any) -> Any:
+    fake = types.ModuleType("llama_cpp")
+    models: list[LoopingLlama] = []
+
+    def load(**kwargs: Any) -> LoopingLlama:
+        models.append(LoopingLlama(reply, **kwargs))
+        return models[-1]
+
+    fake.Llama = load  # type: ignore[attr-defined]
+    fake.StoppingCriteriaList = list  # type: ignore[attr-defined]
+    fake.__spec__ = importlib.machinery.ModuleSpec("llama_cpp", None)
+    monkeypatch.setitem(sys.modules, "llama_cpp", fake)
+    return LocalLLM(backend="llama_cpp", **options), models
+
+
+def test_the_llama_cpp_runtime_ends_a_looping_reply_after_its_second_writing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    reply = OTHER + NOTE * 20
+    llm, models = llama_with(monkeypatch, reply)
+    text = llm.generate([ChatMessage("user", "notes please")], max_tokens=400)
+    kept = OTHER + NOTE * 2
+    assert text == "".join(f"<{t}>" for t in kept)
+    assert models[0].decoded == len(OTHER + NOTE * LOOP_REPEATS)  # not the 400-token cap
+    assert llm.usage.capped == 1
+
+
+def test_the_llama_cpp_runtime_keeps_a_reply_that_does_not_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    labels = [1, 2, 3] + [5, 6] * 100  # a run of short labels is not a cycle
+    for reply, options in [(labels, {}), (OTHER + NOTE * 20, {"stop_loops": False})]:
+        llm, models = llama_with(monkeypatch, reply, **options)
+        text = llm.generate([ChatMessage("user", "types please")], max_tokens=400)
+        assert text == "".join(f"<{t}>" for t in reply)
+        assert models[0].decoded == len(reply)
+        assert llm.usage.capped == 0

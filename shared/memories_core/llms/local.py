@@ -51,7 +51,7 @@ from memories_core.llms.quantize import (
     quantized_as,
     resolve_quantize,
 )
-from memories_core.llms.transformers_runtime import Runtime, run_batch, run_one
+from memories_core.llms.transformers_runtime import Runtime, loop_end, run_batch, run_one
 from memories_core.types import ChatMessage
 
 _R = TypeVar("_R")
@@ -197,8 +197,9 @@ class LocalLLM(BaseLLM):
             writing, instead of decoding the cycle up to the token cap; such a reply counts
             as ``capped`` in :attr:`usage`. Greedy decoding of the 1.5B model fell into such
             cycles in DPeM's note calls, writing the same notes until the cap, minutes of
-            decoding each (BENCHMARKS.md, "DPeM: replies that loop"). transformers runtime
-            only. ``False`` for a task whose answer repeats itself on purpose.
+            decoding each (BENCHMARKS.md, "DPeM: replies that loop"). Both runtimes (on
+            llama.cpp a stopping criterion). ``False`` for a task whose answer repeats
+            itself on purpose.
 
     Instantiate / Invoke:
         .. code-block:: python
@@ -614,7 +615,16 @@ class LocalLLM(BaseLLM):
         runtime = self._get_runtime()  # a first load (once) does not count against the call
         limit = max_tokens or self._max_new_tokens
         if runtime.backend == "llama_cpp":
-            call = partial(self._run_llama_cpp, runtime, messages, limit, temperature, stop, fmt)
+            call = partial(
+                self._run_llama_cpp,
+                runtime,
+                messages,
+                limit,
+                temperature,
+                stop,
+                fmt,
+                stop_loops=self._stop_loops,
+            )
         else:
             call = partial(
                 run_one,
@@ -637,10 +647,14 @@ class LocalLLM(BaseLLM):
         stop: tuple[str, ...] | None,
         fmt: ResponseFormat | None = None,
         deadline: float | None = None,
+        *,
+        stop_loops: bool = False,
     ) -> LLMResult | None:
         """One llama.cpp call; ``None`` if ``deadline`` passed before the answer ended.
 
-        The deadline is a llama.cpp stopping criterion, checked at every decoded token.
+        The deadline is a llama.cpp stopping criterion, checked at every decoded token; so
+        is, with ``stop_loops``, a reply that falls into a cycle (:func:`loop_end`, as on
+        the transformers runtime): it ends after the cycle's second writing, ``looped``.
         """
         options: dict[str, Any] = {}
         if fmt is not None:
@@ -659,25 +673,59 @@ class LocalLLM(BaseLLM):
             **options,
         }
         fired: list[bool] = []
+        loop = _LlamaLoopStop()
+        criteria: list[Callable[[Any, Any], bool]] = []
         if deadline is not None:
+
+            def past_deadline(input_ids: Any, logits: Any) -> bool:
+                if time.monotonic() >= deadline:
+                    fired.append(True)
+                return bool(fired)
+
+            criteria.append(past_deadline)
+        if stop_loops:
+            criteria.append(loop)
+        if criteria:
             import llama_cpp
 
             make = getattr(llama_cpp, "StoppingCriteriaList", None)
             if make is not None:
-
-                def past_deadline(input_ids: Any, logits: Any) -> bool:
-                    if time.monotonic() >= deadline:
-                        fired.append(True)
-                    return bool(fired)
-
-                request["stopping_criteria"] = make([past_deadline])
+                request["stopping_criteria"] = make(criteria)
         response = runtime.model.create_chat_completion(**request)
         if fired:
             return None
         text = response["choices"][0]["message"].get("content") or ""
+        if loop.kept is not None:
+            text = runtime.model.detokenize(loop.kept).decode("utf-8", errors="ignore").strip()
         usage = response.get("usage") or {}
         return LLMResult(
             truncate_at_stop(text, stop),
             prompt_tokens=usage.get("prompt_tokens"),
             completion_tokens=usage.get("completion_tokens"),
+            looped=loop.kept is not None,
         )
+
+
+class _LlamaLoopStop:
+    """A llama.cpp stopping criterion that ends a reply once :func:`loop_end` finds a cycle.
+
+    llama-cpp-python checks its criteria after sampling each token, with the tokens
+    evaluated so far: the prompt at the first check, then the prompt and the reply. The
+    reply's tokens to keep are in :attr:`kept` once it fired.
+    """
+
+    def __init__(self) -> None:
+        self.prompt_length: int | None = None
+        self.kept: list[int] | None = None
+
+    def __call__(self, input_ids: Any, logits: Any) -> bool:
+        if self.kept is not None:
+            return True
+        ids = [int(t) for t in input_ids]
+        if self.prompt_length is None:
+            self.prompt_length = len(ids)
+        reply = ids[self.prompt_length :]
+        end = loop_end(reply)
+        if end is not None:
+            self.kept = reply[:end]
+        return self.kept is not None
