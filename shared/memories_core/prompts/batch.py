@@ -50,21 +50,37 @@ def by_model(items: Iterable[T], model_of: Callable[[T], LLM]) -> list[tuple[LLM
 
 
 def _send(llm: LLM, requests: list[LLMRequest]) -> list[str]:
-    """The replies to ``requests`` (which share their options), in order."""
+    """The replies to ``requests`` (which share their options but the length cap), in order.
+
+    A batch is decoded at the largest cap of its requests (``None``, the model's default,
+    if one has none); a model without ``generate_batch`` answers each at its own cap.
+    """
     batch = getattr(llm, "generate_batch", None)
     if batch is None or len(requests) == 1:
         return [llm.generate(r.messages, **r.kwargs()) for r in requests]
-    results = batch([r.messages for r in requests], **requests[0].kwargs())
+    options = requests[0].kwargs()
+    caps = [r.max_tokens for r in requests]
+    options["max_tokens"] = None if None in caps else max(c for c in caps if c is not None)
+    results = batch([r.messages for r in requests], **options)
     return [str(result.text) for result in results]
+
+
+def _shared_options(request: LLMRequest) -> dict[str, Any]:
+    """The options a request must share with the others of its batch (all but its cap)."""
+    options = request.kwargs()
+    options.pop("max_tokens", None)
+    return options
 
 
 def drive_batch(llm: LLM, loops: Sequence[ParseSteps[T]]) -> list[T | ParseError]:
     """Run independent parse loops together; each loop's value, or its ``ParseError``.
 
     Each round takes the next request of every unfinished loop; requests with the same
-    options (length cap, temperature, stop strings, response format) go to the model as one
-    ``generate_batch``. A loop that still does not parse after its repairs gets its
-    ``ParseError`` in its place, and the others go on.
+    options (temperature, stop strings, response format) go to the model as one
+    ``generate_batch``, at the largest length cap among them (a cap that follows from each
+    input, :attr:`PromptSpec.limit`, would otherwise split a batch by input size). A loop
+    that still does not parse after its repairs gets its ``ParseError`` in its place, and
+    the others go on.
 
     Raises:
         LLMError: if a model call fails (the model is down: no loop is finished).
@@ -85,7 +101,7 @@ def drive_batch(llm: LLM, loops: Sequence[ParseSteps[T]]) -> list[T | ParseError
     while waiting:
         groups: list[tuple[dict[str, Any], list[int]]] = []
         for i, request in waiting.items():
-            options = request.kwargs()
+            options = _shared_options(request)
             group = next((g for g in groups if g[0] == options), None)
             if group is None:
                 groups.append((options, [i]))

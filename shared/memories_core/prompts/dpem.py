@@ -587,6 +587,16 @@ def _typing_request(inputs: TypingInput) -> str:
     return f"{fence('knowledge', _numbered(inputs.items))}\n\nType every item above ({items})."
 
 
+def _typing_limit(inputs: TypingInput) -> int:
+    """Tokens enough for one type per item (an entry is 8-20 tokens, tagged or JSON).
+
+    The 1.5B model, given one knowledge item of several sentences, typed it sentence by
+    sentence as "items" 2, 3, ... until the 300-token cap; answers past the last item are
+    ignored (:func:`_finish_types`), so they need not be written.
+    """
+    return 32 + 32 * len(inputs.items)
+
+
 #: Typing, JSON twin: ``{"types": [{"item": 1, "type": "user-specific"}, ...]}``.
 TYPING_JSON: PromptSpec[TypingInput, tuple[KnowledgeType, ...]] = PromptSpec(
     name="dpem.typing.json",
@@ -601,6 +611,7 @@ TYPING_JSON: PromptSpec[TypingInput, tuple[KnowledgeType, ...]] = PromptSpec(
     ).model_dump_json(),
     response_model=TypingAnswer,
     max_tokens=300,
+    limit=_typing_limit,
 )
 
 #: Typing (executive process): user-specific or common-sense, one per knowledge item.
@@ -612,6 +623,7 @@ TYPING: PromptSpec[TypingInput, tuple[KnowledgeType, ...]] = PromptSpec(
     stand_in=lambda i: "\n".join(f"<Type {n}>: {t}" for n, t in enumerate(_types_stand_in(i), 1)),
     max_tokens=300,
     structured=TYPING_JSON,
+    limit=_typing_limit,
 )
 
 

@@ -195,6 +195,9 @@ class PromptSpec(Generic[In, Out]):
         stand_in: Input -> a valid reply, as a perfectly obedient model would write it.
         response_model: The pydantic model of a JSON reply; ``None`` for tagged-text replies.
         max_tokens: Default generation limit for this prompt (``None``: the model's default).
+        limit: The generation limit for one input, when the answer's length follows from
+            it (a label per item: a few tokens per item); at most :attr:`max_tokens`. A
+            reply that runs on past its answer then stops early instead of at the cap.
         structured: The JSON twin of a tagged prompt (same input and output types), used when
             the model offers structured output.
         system: The default system instruction :attr:`build` puts in the system message, if
@@ -210,6 +213,14 @@ class PromptSpec(Generic[In, Out]):
     max_tokens: int | None = None
     structured: PromptSpec[In, Out] | None = None
     system: str | None = None
+    limit: Callable[[In], int] | None = None
+
+    def tokens_for(self, inputs: In) -> int | None:
+        """The generation limit of one call on ``inputs`` (:attr:`limit`, :attr:`max_tokens`)."""
+        if self.limit is None:
+            return self.max_tokens
+        wanted = max(1, int(self.limit(inputs)))
+        return wanted if self.max_tokens is None else min(wanted, self.max_tokens)
 
     def json_schema(self) -> dict[str, Any] | None:
         """The JSON schema of :attr:`response_model` (``None`` for tagged prompts)."""
@@ -276,7 +287,7 @@ def spec_steps(
     _, variant, fmt = choose_layer(llm, spec, layer)
     request = LLMRequest(
         tuple(variant.build(inputs)),
-        max_tokens=max_tokens if max_tokens is not None else variant.max_tokens,
+        max_tokens=max_tokens if max_tokens is not None else variant.tokens_for(inputs),
         temperature=temperature,
         response_format=fmt,
     )
@@ -302,7 +313,7 @@ def run_spec(
         inputs: The prompt's typed input.
         retries: Repair attempts that show the model its unparsable answer (capped at 3).
         layer: Force a layer (``"json_schema"``, ``"json_object"``, ``"prompt"``).
-        max_tokens: Generation limit (default: the spec's).
+        max_tokens: Generation limit (default: the spec's, :meth:`PromptSpec.tokens_for`).
         temperature: Sampling temperature.
 
     Returns:
