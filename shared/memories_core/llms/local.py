@@ -614,28 +614,10 @@ class LocalLLM(BaseLLM):
     ) -> LLMResult:
         runtime = self._get_runtime()  # a first load (once) does not count against the call
         limit = max_tokens or self._max_new_tokens
-        if runtime.backend == "llama_cpp":
-            call = partial(
-                self._run_llama_cpp,
-                runtime,
-                messages,
-                limit,
-                temperature,
-                stop,
-                fmt,
-                stop_loops=self._stop_loops,
-            )
-        else:
-            call = partial(
-                run_one,
-                runtime,
-                messages,
-                limit,
-                temperature,
-                stop,
-                fmt,
-                stop_loops=self._stop_loops,
-            )
+        run = self._run_llama_cpp if runtime.backend == "llama_cpp" else run_one
+        call = partial(
+            run, runtime, messages, limit, temperature, stop, fmt, stop_loops=self._stop_loops
+        )
         return self._locked(call)
 
     @staticmethod
