@@ -347,12 +347,8 @@ class EngineJobs(EngineSearch):
                 key = (job.mechanism, job.kind)
                 if job.id in running or (job.id not in due and job.next_attempt_at <= now):
                     state = "running"  # ours, or leased by another worker
-                elif job.next_attempt_at >= PARKED_UNTIL:
-                    state = "parked"
-                    if job.last_error:
-                        errors[key] = job.last_error
                 elif job.attempts > 0:
-                    state = "failed"
+                    state = "parked" if job.next_attempt_at >= PARKED_UNTIL else "failed"
                     if job.last_error:
                         errors[key] = job.last_error
                 else:

@@ -703,10 +703,10 @@ class _LlamaLoopStop:
     def __call__(self, input_ids: Any, logits: Any) -> bool:
         if self.kept is not None:
             return True
-        ids = [int(t) for t in input_ids]
         if self.prompt_length is None:
-            self.prompt_length = len(ids)
-        reply = ids[self.prompt_length :]
+            self.prompt_length = len(input_ids)
+        # Only the reply is converted: the prompt may be thousands of tokens, at every step.
+        reply = [int(t) for t in input_ids[self.prompt_length :]]
         end = loop_end(reply)
         if end is not None:
             self.kept = reply[:end]
