@@ -96,6 +96,37 @@ def test_cut_notes_keep_their_whole_notes_and_cut_types_still_fail() -> None:
         dpem.TYPING_JSON.parse(typed, dpem.TypingInput(items))
 
 
+class _Verdict(pydantic.BaseModel):
+    decision: str
+    reason: str
+
+
+def test_a_cut_reply_to_a_whole_answer_prompt_is_reported_as_cut() -> None:
+    # The only whole object in the cut reply is the inner one, which does not match: the
+    # error says the reply was cut rather than blaming that inner object.
+    cut = '{"reason": "she said {\\"x\\": 1} and", "evidence": {"turn": 3}, "decision": "ye'
+    with pytest.raises(ParseError, match="before its JSON value closes") as caught:
+        parse_model(cut, _Verdict)
+    assert "does not match _Verdict" in str(caught.value)
+    with pytest.raises(ParseError, match="before its JSON value closes"):
+        parse_json('Sure: {"decision": "yes", "reason": "she', _Verdict)
+
+
+@pytest.mark.parametrize(
+    "whole",
+    [
+        '{"decision": "yes"}',  # whole but missing a field
+        "no JSON here",
+        '{"decision": "yes"} and a stray [',  # the value closed; later text is prose
+        '{"decision": "yes"]',  # a mismatched bracket is not a cut value
+    ],
+)
+def test_a_whole_reply_that_fails_is_not_called_cut(whole: str) -> None:
+    with pytest.raises(ParseError) as caught:
+        parse_json(whole, _Verdict)
+    assert "closes" not in str(caught.value)
+
+
 def test_cut_generated_questions_keep_only_whole_pairs() -> None:
     pairs = [
         {"question": f"What did Ann plant in week {i}?", "answer": "tulips", "memories": [1]}

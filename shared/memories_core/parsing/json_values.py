@@ -220,13 +220,39 @@ def parse_json(text: str, model: type[pydantic.BaseModel] | None = None) -> Any:
             return model.model_validate(value)
         except ValueError as exc:  # pydantic.ValidationError is a ValueError
             validation_error = validation_error or exc
+    # A reply cut at its token cap leaves its value open; an inner object that happens to be
+    # whole is not what failed, so the message says the reply was cut.
+    cut = _CUT_NOTE if json_was_cut(text) else ""
     if validation_error is not None:
         raise ParseError(
-            f"the JSON does not match {model.__name__ if model else 'the schema'}: "
+            f"{cut}the JSON does not match {model.__name__ if model else 'the schema'}: "
             f"{validation_error}",
             text,
         ) from validation_error
-    raise ParseError("no JSON object or list found in the model output", text)
+    raise ParseError(f"{cut}no JSON object or list found in the model output", text)
+
+
+_CUT_NOTE = "the reply ends before its JSON value closes (cut at its token cap?); "
+
+
+def json_was_cut(text: str) -> bool:
+    """Whether the JSON value that ``text`` starts is still open where the text ends.
+
+    A reply that reached its token cap mid-answer ends inside a string, object or list.
+    Brackets are read as :func:`close_cut_json` reads them; a stray closing bracket means
+    the text is not one cut value.
+    """
+    starts = [i for i in (text.find("{"), text.find("[")) if i != -1]
+    if not starts or len(text) > MAX_PARSE_CHARS:
+        return False
+    closers: list[str] = []
+    for i in _structure(text, min(starts), len(text), '"'):
+        ch = text[i]
+        if ch in "{[":
+            closers.append("}" if ch == "{" else "]")
+        elif ch in "}]" and (not closers or closers.pop() != ch or not closers):
+            return False  # a stray bracket, or the value closed
+    return True
 
 
 def close_cut_json(text: str) -> str | None:
