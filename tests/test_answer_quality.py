@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from memories_core import FixedClock, HistoryMemory, Scope
+from memories_core import FixedClock, HistoryMemory, Scope, SummaryMemory
 from memories_core.embedders import HashingEmbedder
 from memories_core.engine import MemoryEngine
 from memories_core.evaluation.harness import (
@@ -218,6 +218,32 @@ def test_ingest_saves_exchanges_with_the_session_clock(tmp_path: Path) -> None:
     assert roles == {"user", "assistant"}
     # another user sees none of it
     assert not memory.recall("cat", Scope("someone-else")).records
+    memory.close()
+
+
+def test_ingest_counts_finished_jobs_by_run_across_a_resume(tmp_path: Path) -> None:
+    conversation = _conversation()
+    clock = FixedClock(datetime(2024, 1, 1, tzinfo=timezone.utc))
+    # The first session's summary and its repair are garbage; it succeeds on its retry.
+    writer = ScriptedLLM(["@@@", "@@@ again"], default="Ann has a cat named Miso.")
+    engine = MemoryEngine(path=tmp_path / "m", embedder=HashingEmbedder(dimension=64), clock=clock)
+    memory = SummaryMemory(engine=engine, llm=writer)
+    first = ingest_conversation(
+        memory, conversation, clock, user_id="conv-t", sessions=2, writer=writer
+    )
+    assert first.finished_after == {"1": 1, "2": 1}
+    assert first.failures == {"summary": 1}
+    memory.close()
+    # A resumed process starts its own counters at zero; the resumed part's are carried.
+    engine = MemoryEngine(path=tmp_path / "m", embedder=HashingEmbedder(dimension=64), clock=clock)
+    memory = SummaryMemory(engine=engine, llm=writer)
+    resumed = IngestStats.from_json(json.loads(json.dumps(first.to_json())))
+    stats = ingest_conversation(
+        memory, conversation, clock, user_id="conv-t", writer=writer, resume=resumed
+    )
+    assert stats.sessions == 3
+    assert stats.finished_after == {"1": 2, "2": 1}
+    assert stats.failures == {}
     memory.close()
 
 

@@ -138,3 +138,18 @@ def test_the_background_worker_stops_retrying_a_parked_job_and_flush_returns() -
         assert len(garbage.calls) == 3 * 2  # three tries, each with its repair call
     finally:
         memory.close()
+
+
+def test_usage_counts_finished_jobs_by_the_run_that_succeeded() -> None:
+    clock = FixedClock(T0)
+    # The first session's summary and its repair are garbage; every later reply is good.
+    llm = ScriptedLLM(["@@@ not a summary", "@@@ still not"], default=summarize)
+    memory = make(llm, clock)
+    scope = Scope("ann", "s1")
+    memory.save([Turn("user", "I moved to Lisbon last month")], scope)
+    memory.end_session(scope)
+    assert memory.usage.finished_after == {}
+    assert memory.usage.failures == {"summary": 1}
+    end_sessions(memory, clock, 2)  # the failed job is retried with the next session's
+    assert memory.usage.finished_after == {1: 2, 2: 1}
+    assert memory.status("ann").idle

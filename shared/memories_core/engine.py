@@ -208,6 +208,7 @@ class MemoryEngine(EngineWrites):
         self._hooks: dict[str, MechanismHooks] = {}
         self._failures: Counter[str] = Counter()
         self._failures_lock = threading.Lock()
+        self._finished_after: Counter[int] = Counter()
         self._index_lock = threading.Lock()
         self._user_locks: dict[str, threading.RLock] = {}
         self._user_locks_guard = threading.Lock()

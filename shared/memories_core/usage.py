@@ -94,11 +94,15 @@ class MemoryUsage:
         embedder: Usage of the memory's embedder.
         failures: Failed derivations by name (e.g. ``{"summary": 1, "index": 0}``); the raw
             turns behind a failure are always stored and the derivation is retried later.
+        finished_after: Pending jobs that finished, by the run that succeeded (``{1: 40,
+            2: 1}``: 40 on their first run, one after one failure). With ``failures``, it
+            shows whether retries of a failed job ever succeed (``JobPolicy.max_attempts``).
     """
 
     llm: Usage | None
     embedder: Usage
     failures: dict[str, int] = field(default_factory=dict)
+    finished_after: dict[int, int] = field(default_factory=dict)
 
     def summary(self) -> dict[str, int]:
         """Flat counts for tracing: embedder calls, and LLM calls and tokens when there is one."""

@@ -47,6 +47,7 @@ class EngineBase:
     _hooks: dict[str, MechanismHooks]
     _failures: Counter[str]
     _failures_lock: threading.Lock
+    _finished_after: Counter[int]
     _index_lock: threading.Lock
     _user_locks: dict[str, threading.RLock]
     _user_locks_guard: threading.Lock

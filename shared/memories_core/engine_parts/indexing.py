@@ -35,15 +35,27 @@ class EngineIndexing(EngineReads):
         with self._failures_lock:
             return dict(self._failures)
 
+    def count_finish(self, attempt: int) -> None:
+        """Count a job that finished on its ``attempt``-th run (``usage.finished_after``)."""
+        with self._failures_lock:
+            self._finished_after[attempt] += 1
+
+    @property
+    def finished_after(self) -> dict[int, int]:
+        """Jobs finished so far, by the run that succeeded (1: the first)."""
+        with self._failures_lock:
+            return dict(sorted(self._finished_after.items()))
+
     @property
     def usage(self) -> MemoryUsage:
-        """The engine's LLM and embedder usage, and failures."""
+        """The engine's LLM and embedder usage, failures and finished jobs."""
         from memories_core.usage import MemoryUsage
 
         return MemoryUsage(
             llm=self.llm.usage if self.llm is not None else None,
             embedder=self.embedder.usage,
             failures=self.failures,
+            finished_after=self.finished_after,
         )
 
     # ------------------------------------------------------------------ vector index

@@ -402,6 +402,7 @@ class EngineJobs(EngineSearch):
                 raise _JobGone(job.id)
             if result is not None:
                 replaced = self._write_derivation(job.user_id, result)
+        self.count_finish(job.attempts + 1)
         if replaced:
             self._drop_vectors(job.user_id, replaced)
         if result is not None and result.add and result.index:

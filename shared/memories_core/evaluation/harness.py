@@ -25,6 +25,7 @@ import math
 import random
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime, timedelta, timezone
@@ -250,6 +251,9 @@ class IngestStats(_JsonRow):
             holds (failed derivations in backoff).
         failures: The memory's failure counters at the same point (of this process: a
             resumed ingest starts them at zero).
+        finished_after: Jobs that finished, by the run that succeeded (``"1"``: the first;
+            the resumed part's included), so a row shows whether a failed job's retries ever
+            succeed.
     """
 
     turns: int = 0
@@ -266,6 +270,7 @@ class IngestStats(_JsonRow):
     store_bytes: int = 0
     pending_jobs: int = 0
     failures: dict[str, int] = field(default_factory=dict)
+    finished_after: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> IngestStats:
@@ -390,23 +395,30 @@ def ingest_conversation(
         stats.flush_ms.append((time.perf_counter() - tick) * 1000)
         stats.sessions += 1
         _add_spent(stats, base, _usage(writer) - before, time.perf_counter() - started - outside)
-        _count_left(stats, memory, user_id)
+        _count_left(stats, base, memory, user_id)
         if on_session is not None:
             tick = time.perf_counter()
             on_session(stats)
             outside += time.perf_counter() - tick
     _add_spent(stats, base, _usage(writer) - before, time.perf_counter() - started - outside)
     stats.store_bytes = folder_bytes(getattr(memory, "path", None))
-    _count_left(stats, memory, user_id)
+    _count_left(stats, base, memory, user_id)
     return stats
 
 
-def _count_left(stats: IngestStats, memory: Any, user_id: str) -> None:
-    """Set the jobs still pending and the failures so far (a checkpoint's stats show them)."""
+def _count_left(stats: IngestStats, base: IngestStats, memory: Any, user_id: str) -> None:
+    """Set the jobs still pending, the failures and the finished jobs so far.
+
+    A checkpoint's stats show them; finished jobs add to the resumed part's (``base``).
+    """
     pending = getattr(memory, "pending", None)
     stats.pending_jobs = len(pending(user_id)) if callable(pending) else 0
     usage = getattr(memory, "usage", None)
     stats.failures = dict(getattr(usage, "failures", {}) or {})
+    finished = Counter(base.finished_after)
+    for attempt, count in (getattr(usage, "finished_after", {}) or {}).items():
+        finished[str(attempt)] += count
+    stats.finished_after = dict(sorted(finished.items(), key=lambda item: int(item[0])))
 
 
 #: The mutable fields of a record's state, as its update history writes them.

@@ -366,6 +366,7 @@ class MemoryBase:
             llm=llm.usage if llm is not None else None,
             embedder=self.embedder.usage,
             failures=self.engine.failures,
+            finished_after=self.engine.finished_after,
         )
 
     def close(self, *, timeout: float | None = 60.0) -> None:

@@ -231,6 +231,7 @@ class MultiViewMemory:
         llms: dict[int, Usage] = {}
         embedders: dict[int, Usage] = {}
         failures: dict[str, int] = {}
+        finished: dict[int, int] = {}
         engines: set[int] = set()
         for view in self.views.values():
             usage = getattr(view, "usage", None)
@@ -250,10 +251,13 @@ class MultiViewMemory:
                 engines.add(id(engine))
             for name, count in usage.failures.items():
                 failures[name] = failures.get(name, 0) + count
+            for attempt, count in usage.finished_after.items():
+                finished[attempt] = finished.get(attempt, 0) + count
         return MemoryUsage(
             llm=sum(llms.values(), Usage()) if llms else None,
             embedder=sum(embedders.values(), Usage()),
             failures=failures,
+            finished_after=dict(sorted(finished.items())),
         )
 
     @property

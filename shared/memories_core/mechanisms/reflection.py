@@ -420,7 +420,12 @@ class SelfReflectiveMemory:
         timeouts = self.reflection.timeouts.snapshot().failures
         if timeouts:
             failures["reflection_timeout"] = failures.get("reflection_timeout", 0) + timeouts
-        return MemoryUsage(llm=total, embedder=base.embedder, failures=failures)
+        return MemoryUsage(
+            llm=total,
+            embedder=base.embedder,
+            failures=failures,
+            finished_after=base.finished_after,
+        )
 
     def save(self, turns: Sequence[Turn], scope: Scope) -> None:
         """Save through the wrapped mechanism."""
