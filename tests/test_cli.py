@@ -16,7 +16,7 @@ import pytest
 from memories_core import HistoryMemory, LLMError, Scope, SummaryMemory, Turn
 from memories_core.cli import build_parser, main
 from memories_core.embedders import HashingEmbedder
-from memories_core.engine import MemoryEngine
+from memories_core.engine import JobPolicy, MemoryEngine
 from memories_core.llms import ScriptedLLM
 from memories_core.types import MemoryRecord, new_id
 
@@ -118,6 +118,26 @@ def test_retry_pending_runs_jobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert "moved to Porto" in out
     assert "no pending work" in cli(path, "retry-pending", "alice")[1]
     assert "llm usage (recorded by retry-pending): 1 calls, 0 failed" in cli(path, "stats")[1]
+
+
+def test_stats_counts_parked_jobs_and_retry_pending_runs_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "mem"
+    garbage = ScriptedLLM([], default="@@@ not a summary")
+    with MemoryEngine(path=path, embedder=HashingEmbedder(), jobs=JobPolicy(max_attempts=1)) as e:
+        summary = SummaryMemory(engine=e, llm=garbage)
+        summary.save([Turn("user", "I moved to Porto")], Scope("alice", session_id="s1"))
+        summary.end_session(Scope("alice", session_id="s1"))
+        assert summary.status("alice").parked == 1
+    assert "pending jobs: 1 (summary 1), 1 failed at least once, 1 parked" in cli(path, "stats")[1]
+    import memories_core.mechanisms.summary as summary_module
+
+    monkeypatch.setattr(
+        summary_module, "default_llm", lambda: ScriptedLLM([], default="The user moved to Porto.")
+    )
+    assert "1 done, 0 still pending" in cli(path, "retry-pending")[1]
+    assert "pending jobs: 0\n" in cli(path, "stats")[1]
 
 
 def test_console_script_smoke(memory_path: Path) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from memories_core.cli.opening import CLIError
+from memories_core.engine_parts.rules import is_parked
 
 if TYPE_CHECKING:
     from memories_core.engine import MemoryEngine
@@ -336,6 +337,7 @@ def _stats(engine: MemoryEngine, args: argparse.Namespace, out: TextIO) -> int:
     jobs = engine.pending()
     by_mechanism = Counter(job.mechanism for job in jobs)
     failing = sum(1 for job in jobs if job.attempts)
+    parked = sum(1 for job in jobs if is_parked(job))
     report = engine.verify()
     lines = [
         f"path: {_location(engine, args)}",
@@ -346,7 +348,8 @@ def _stats(engine: MemoryEngine, args: argparse.Namespace, out: TextIO) -> int:
         f"disk: {_disk_line(engine)}",
         f"pending jobs: {len(jobs)}"
         + (f" ({', '.join(f'{m} {n}' for m, n in sorted(by_mechanism.items()))})" if jobs else "")
-        + (f", {failing} failed at least once" if failing else ""),
+        + (f", {failing} failed at least once" if failing else "")
+        + (f", {parked} parked (retry-pending runs them)" if parked else ""),
         f"index: {'ok' if report.ok else 'needs repair (reindex)'}",
         _usage_line(engine.store.get_state(_USAGE_KEY)),
     ]

@@ -14,6 +14,7 @@ from memories_core.engine_parts.rules import (
     Derivation,
     JobFailed,
     _JobGone,
+    is_parked,
     logger,
 )
 from memories_core.engine_parts.search import EngineSearch
@@ -348,7 +349,7 @@ class EngineJobs(EngineSearch):
                 if job.id in running or (job.id not in due and job.next_attempt_at <= now):
                     state = "running"  # ours, or leased by another worker
                 elif job.attempts > 0:
-                    state = "parked" if job.next_attempt_at >= PARKED_UNTIL else "failed"
+                    state = "parked" if is_parked(job) else "failed"
                     if job.last_error:
                         errors[key] = job.last_error
                 else:

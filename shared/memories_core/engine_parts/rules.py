@@ -17,6 +17,7 @@ from memories_core.errors import (
 )
 from memories_core.interfaces import MechanismHooks
 from memories_core.types import (
+    Job,
     MemoryRecord,
     Scope,
     Turn,
@@ -36,6 +37,7 @@ __all__ = [
     "check_scope",
     "check_turns",
     "default_derive",
+    "is_parked",
     "turn_from_record",
     "turn_metadata",
 ]
@@ -172,6 +174,11 @@ class JobPolicy:
 
 #: The retry time of a parked job: never due by the clock, only on an explicit retry.
 PARKED_UNTIL = datetime(9999, 1, 1, tzinfo=timezone.utc)
+
+
+def is_parked(job: Job) -> bool:
+    """Whether ``job`` is parked (:attr:`JobPolicy.max_attempts`): due only on an explicit retry."""
+    return job.next_attempt_at >= PARKED_UNTIL
 
 
 @dataclass(frozen=True)
