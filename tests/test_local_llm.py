@@ -236,6 +236,39 @@ def test_real_local_model_ends_a_reply_that_loops(one_torch_thread: int) -> None
     assert replies[False].startswith(replies[True])
 
 
+class _FakeCache:
+    """The part of a transformers key/value cache the prompt-cache reuse touches."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def crop(self, count: int) -> None:
+        self.length += count if count < 0 else 0
+
+
+def test_a_repeated_prompt_reads_its_last_tokens_in_a_pass_wider_than_int8_decoding() -> None:
+    """The same prompt asked again must get its first token from float32 logits."""
+    from memories_core.llms import transformers_runtime as rt
+    from memories_core.llms.decode_int8 import DECODE_ROWS
+
+    prompt = list(range(100, 300))
+    reply = [7, 8, 9]
+    runtime = rt.Runtime("transformers", model=None)
+    runtime.cache, runtime.cached_ids = _FakeCache(203), prompt + reply
+    cache = rt._reusable_cache(runtime, prompt)
+    assert cache is not None
+    assert len(prompt) - cache.get_seq_length() > DECODE_ROWS
+    # A prompt that goes on past the cached tokens reuses all of them.
+    longer = prompt + reply + list(range(50))
+    cache = rt._reusable_cache(runtime, longer)
+    assert cache is not None and cache.get_seq_length() == 203
+    # A batch of equal prompts leaves each row more than a decoding pass of its own.
+    assert len(prompt) - rt._shared_start([prompt, list(prompt)]) > DECODE_ROWS
+
+
 # ------------------------------------------------------------------ int8 weights
 def _tiny_model() -> Any:
     torch = pytest.importorskip("torch")

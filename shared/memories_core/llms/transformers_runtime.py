@@ -17,6 +17,7 @@ from memories_core.llms.base import LLMResult, ResponseFormat, truncate_at_stop
 from memories_core.types import ChatMessage
 
 __all__ = [
+    "FRESH_PROMPT_TAIL",
     "LOOP_REPEATS",
     "MAX_LOOP_PERIOD",
     "MIN_LOOP_PERIOD",
@@ -188,6 +189,13 @@ _CACHE_ARGUMENT = _cache_argument()
 #: Shortest shared prompt start worth reusing the cache for (tokens).
 MIN_REUSED_PREFIX = 64
 
+#: Prompt tokens always read afresh, not taken from the cache. Int8 decoding weights serve
+#: passes of at most ``decode_int8.DECODE_ROWS`` (1) token per sequence, so a prompt whose
+#: last token alone were left to read (the same prompt asked again: the cache holds it and
+#: the last reply) would get its first written token from the int8 copy, not from the exact
+#: float32 logits a fresh read gives: a repeated prompt could answer differently.
+FRESH_PROMPT_TAIL = 2
+
 
 def _shared_prefix(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
@@ -200,12 +208,12 @@ def _shared_prefix(a: list[int], b: list[int]) -> int:
 def _reusable_cache(runtime: Runtime, ids: list[int]) -> Any:
     """A copy of the cached keys/values for the start ``ids`` shares with the last call.
 
-    Returns ``None`` when fewer than :data:`MIN_REUSED_PREFIX` tokens are shared. At least
-    one token of ``ids`` is always left to compute.
+    Returns ``None`` when fewer than :data:`MIN_REUSED_PREFIX` tokens are shared. The last
+    :data:`FRESH_PROMPT_TAIL` tokens of ``ids`` are always computed.
     """
     if runtime.cache is None or runtime.cached_ids is None:
         return None
-    shared = min(_shared_prefix(runtime.cached_ids, ids), len(ids) - 1)
+    shared = min(_shared_prefix(runtime.cached_ids, ids), len(ids) - FRESH_PROMPT_TAIL)
     if shared < MIN_REUSED_PREFIX:
         return None
     return _cached_start(runtime, shared)
@@ -225,8 +233,8 @@ def _cached_start(runtime: Runtime, length: int) -> Any:
 
 
 def _shared_start(prompts: list[list[int]]) -> int:
-    """Tokens every prompt starts with, leaving each at least one token of its own."""
-    shared = min(len(ids) for ids in prompts) - 1
+    """Tokens every prompt starts with, leaving each its last :data:`FRESH_PROMPT_TAIL`."""
+    shared = min(len(ids) for ids in prompts) - FRESH_PROMPT_TAIL
     for ids in prompts[1:]:
         shared = min(shared, _shared_prefix(prompts[0], ids))
     return max(0, shared)
