@@ -16,6 +16,7 @@ from memories_core.llms.base import (
     ResponseFormat,
     truncate_at_stop,
 )
+from memories_core.llms.transformers_runtime import loop_end
 from memories_core.types import ChatMessage
 
 if TYPE_CHECKING:
@@ -49,6 +50,53 @@ def _raise_typed(exc: Exception, limit: float | None) -> None:
     """Raise the client's timeout as ``LLMTimeoutError``; return for any other error."""
     if type(exc).__name__ == "APITimeoutError" and limit is not None:
         raise LLMTimeoutError(f"the request took longer than {limit:g} s", timeout=limit) from exc
+
+
+class _StreamedReply:
+    """The pieces of one streamed reply, and where it fell into a cycle (``stop_loops``).
+
+    Servers stream about one token per piece, so the pieces are the tokens of
+    :func:`~memories_core.llms.transformers_runtime.loop_end` (equal pieces, equal ids).
+    """
+
+    def __init__(self) -> None:
+        self.pieces: list[str] = []
+        self.refusal = ""
+        self.usage: Any = None
+        self.end: int | None = None
+        self._ids: list[int] = []
+        self._codes: dict[str, int] = {}
+
+    def take(self, chunk: Any) -> bool:
+        """Read one chunk; ``True`` once the reply repeats itself (stop reading)."""
+        self.usage = getattr(chunk, "usage", None) or self.usage
+        choices = getattr(chunk, "choices", None)
+        if not choices:
+            return False
+        delta = getattr(choices[0], "delta", None)
+        self.refusal += getattr(delta, "refusal", None) or ""
+        piece = getattr(delta, "content", None)
+        if not piece:
+            return False
+        self.pieces.append(piece)
+        self._ids.append(self._codes.setdefault(piece, len(self._codes)))
+        self.end = loop_end(self._ids)
+        return self.end is not None
+
+    def result(self, name: str, stop: tuple[str, ...] | None) -> LLMResult:
+        """The reply (its cycle's first two writings, if it looped) and its token counts."""
+        text = "".join(self.pieces[: self.end])
+        if not text and self.refusal:
+            raise LLMError(f"{name} refused: {self.refusal}")
+        prompt = getattr(self.usage, "prompt_tokens", None)
+        completion = getattr(self.usage, "completion_tokens", None)
+        return LLMResult(
+            truncate_at_stop(text, stop),
+            prompt_tokens=prompt if isinstance(prompt, int) else None,
+            # A reply cut in a loop has no usage report: the pieces read were generated.
+            completion_tokens=completion if isinstance(completion, int) else len(self.pieces),
+            looped=self.end is not None,
+        )
 
 
 def _import_openai() -> Any:
@@ -92,6 +140,14 @@ class OpenAIChatLLM(BaseLLM):
             is rejected too, no ``response_format`` (the parser and its repair retry then do
             the work). A rejected mode is remembered for the object's lifetime. ``False``
             keeps every prompt in the paper's tagged text format.
+        stop_loops: Stream each reply and stop reading it once it repeats itself (the rule
+            of ``LocalLLM(stop_loops=True)``, over the streamed pieces): the reply keeps the
+            cycle's first two writings and is counted as ``capped``. Closing the stream
+            ends generation on servers that stop on a disconnect (vLLM, llama.cpp's server,
+            Ollama). For small local models, whose greedy replies can loop until the cap;
+            off by default (large hosted models rarely loop). Usage comes from the
+            stream's usage report (``stream_options``; a server that refuses it is asked
+            without it, and its prompt tokens are then estimated).
 
     Instantiate:
         .. code-block:: python
@@ -130,6 +186,7 @@ class OpenAIChatLLM(BaseLLM):
         max_retries: int = 2,
         extra_body: Mapping[str, Any] | None = None,
         structured_output: bool = True,
+        stop_loops: bool = False,
     ) -> None:
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
             raise ConfigurationError(f"timeout must be a positive number, got {timeout!r}")
@@ -154,6 +211,9 @@ class OpenAIChatLLM(BaseLLM):
         self._async_lock = threading.Lock()
         self._injected = client is not None
         self._offers_structured = bool(structured_output)
+        self._stop_loops = bool(stop_loops)
+        # Cleared when the server refused a streamed request with stream_options only.
+        self._stream_usage = True
         # Modes the server refused with HTTP 400/422; never sent again.
         self._refused: set[str] = set()
         if client is not None:
@@ -227,13 +287,11 @@ class OpenAIChatLLM(BaseLLM):
         base = self._request(messages, max_tokens, temperature, stop)
         for mode, rf in self._formats(response_format):
             try:
-                response = self._client.chat.completions.create(
-                    **self._structured_request(base, mode, rf)
-                )
+                return self._create(self._client, self._structured_request(base, mode, rf), stop)
+            except LLMError:
+                raise
             except Exception as exc:
                 self._refuse(mode, exc)
-                continue
-            return self._result(response, stop)
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _agenerate_structured(
@@ -257,13 +315,11 @@ class OpenAIChatLLM(BaseLLM):
         base = self._request(messages, max_tokens, temperature, stop)
         for mode, rf in self._formats(response_format):
             try:
-                response = await client.chat.completions.create(
-                    **self._structured_request(base, mode, rf)
-                )
+                return await self._acreate(client, self._structured_request(base, mode, rf), stop)
+            except LLMError:
+                raise
             except Exception as exc:
                 self._refuse(mode, exc)
-                continue
-            return self._result(response, stop)
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _request(
@@ -323,11 +379,70 @@ class OpenAIChatLLM(BaseLLM):
     ) -> LLMResult:
         kwargs = self._request(messages, max_tokens, temperature, stop)
         try:
-            response = self._client.chat.completions.create(**kwargs)
+            return self._create(self._client, kwargs, stop)
+        except LLMError:
+            raise
         except Exception as exc:
             _raise_typed(exc, kwargs.get("timeout"))
             raise
-        return self._result(response, stop)
+
+    def _streamed(self, kwargs: dict[str, Any], usage: bool) -> dict[str, Any]:
+        """``kwargs`` as a streamed request (with the usage report when ``usage``)."""
+        extra = {"stream_options": {"include_usage": True}} if usage else {}
+        return {**kwargs, "stream": True, **extra}
+
+    def _create(
+        self, client: openai.OpenAI, kwargs: dict[str, Any], stop: tuple[str, ...] | None
+    ) -> LLMResult:
+        """One request: a whole reply, or with ``stop_loops`` a stream read until it loops."""
+        if not self._stop_loops:
+            return self._result(client.chat.completions.create(**kwargs), stop)
+        usage = self._stream_usage
+        try:
+            stream = client.chat.completions.create(**self._streamed(kwargs, usage))
+        except Exception as exc:
+            if not (usage and _rejected(exc)):
+                raise
+            # Asked again without the usage report; remembered only if that is accepted.
+            stream = client.chat.completions.create(**self._streamed(kwargs, False))
+            self._stream_usage = False
+        reply = _StreamedReply()
+        try:
+            for chunk in stream:
+                if reply.take(chunk):
+                    break
+        except Exception as exc:
+            _raise_typed(exc, kwargs.get("timeout"))
+            raise
+        finally:
+            stream.close()  # a looping reply: the server stops generating
+        return reply.result(self.name, stop)
+
+    async def _acreate(
+        self, client: openai.AsyncOpenAI, kwargs: dict[str, Any], stop: tuple[str, ...] | None
+    ) -> LLMResult:
+        """Async twin of :meth:`_create`."""
+        if not self._stop_loops:
+            return self._result(await client.chat.completions.create(**kwargs), stop)
+        usage = self._stream_usage
+        try:
+            stream = await client.chat.completions.create(**self._streamed(kwargs, usage))
+        except Exception as exc:
+            if not (usage and _rejected(exc)):
+                raise
+            stream = await client.chat.completions.create(**self._streamed(kwargs, False))
+            self._stream_usage = False
+        reply = _StreamedReply()
+        try:
+            async for chunk in stream:
+                if reply.take(chunk):
+                    break
+        except Exception as exc:
+            _raise_typed(exc, kwargs.get("timeout"))
+            raise
+        finally:
+            await stream.close()
+        return reply.result(self.name, stop)
 
     def _get_async_client(self) -> openai.AsyncOpenAI | None:
         """The async client, built on first use; ``None`` when only a sync client was given."""
@@ -359,8 +474,9 @@ class OpenAIChatLLM(BaseLLM):
             )
         kwargs = self._request(messages, max_tokens, temperature, stop)
         try:
-            response = await client.chat.completions.create(**kwargs)
+            return await self._acreate(client, kwargs, stop)
+        except LLMError:
+            raise
         except Exception as exc:
             _raise_typed(exc, kwargs.get("timeout"))
             raise
-        return self._result(response, stop)
