@@ -154,7 +154,11 @@ def make_llm(
     if kind == "openai":
         from memories_core.llms import OpenAIChatLLM
 
-        options: dict[str, Any] = {"model": model or os.environ.get("OPENAI_MODEL", "gpt-4o-mini")}
+        options: dict[str, Any] = {
+            "model": model or os.environ.get("OPENAI_MODEL", "gpt-4o-mini"),
+            # As the local rows: a reply that loops is cut, not decoded to its cap.
+            "stop_loops": True,
+        }
         if base_url:
             options["base_url"] = base_url
         return OpenAIChatLLM(**options)
