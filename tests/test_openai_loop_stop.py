@@ -96,14 +96,17 @@ class Server:
         return httpx2.Response(200, headers=headers, content=self.events())
 
 
-def _llm(server: Server) -> OpenAIChatLLM:
-    client = openai.OpenAI(
+def _client(handler: Any) -> openai.OpenAI:
+    return openai.OpenAI(
         api_key="k",
         base_url="http://mock/v1",
-        http_client=httpx2.Client(transport=httpx2.MockTransport(server)),
+        http_client=httpx2.Client(transport=httpx2.MockTransport(handler)),
         max_retries=0,
     )
-    return OpenAIChatLLM("m", client=client, stop_loops=True)
+
+
+def _llm(server: Server) -> OpenAIChatLLM:
+    return OpenAIChatLLM("m", client=_client(server), stop_loops=True)
 
 
 def test_a_looping_stream_is_cut_after_two_writings_and_closed() -> None:
@@ -150,13 +153,7 @@ def test_a_stream_that_fails_midway_is_an_llm_error() -> None:
     def handler(request: httpx2.Request) -> httpx2.Response:
         return httpx2.Response(200, headers={"content-type": "text/event-stream"}, content=broken())
 
-    client = openai.OpenAI(
-        api_key="k",
-        base_url="http://mock/v1",
-        http_client=httpx2.Client(transport=httpx2.MockTransport(handler)),
-        max_retries=0,
-    )
-    llm = OpenAIChatLLM("m", client=client, stop_loops=True)
+    llm = OpenAIChatLLM("m", client=_client(handler), stop_loops=True)
     with pytest.raises(LLMError):
         llm.generate(HELLO)
     assert llm.usage.failures == 1
@@ -217,11 +214,5 @@ def test_without_stop_loops_nothing_is_streamed() -> None:
         }
         return httpx2.Response(200, json=body)
 
-    client = openai.OpenAI(
-        api_key="k",
-        base_url="http://mock/v1",
-        http_client=httpx2.Client(transport=httpx2.MockTransport(handler)),
-        max_retries=0,
-    )
-    assert OpenAIChatLLM("m", client=client).generate(HELLO) == "ok"
+    assert OpenAIChatLLM("m", client=_client(handler)).generate(HELLO) == "ok"
     assert "stream" not in requests[0]
