@@ -30,6 +30,12 @@ Variants (``--variant``):
   mechanism's.
 * ``dpem-stm-cut``: DPeM with the short-term lookup's measured relevance cut
   (``stm_cut=MEASURED_STM_CUT["levenshtein"]``; off by default).
+* ``dpem-keep-all``: DPeM without forgetting: every knowledge item its STM refreshes
+  dropped (the paper's "STM is refreshed periodically", Zhang et al., 2023, "Executive
+  Process") is put back in STM from the update history, as it was when dropped.
+* ``dpem-all-ltm``: the same items, and the ones still stored, all moved to LTM (looked up
+  by the engine's semantic search instead of STM's edit distance): DPeM as if each item
+  reached the promotion threshold on its first round.
 * ``memorybank-decay``: MemoryBank's recall before cross-validation chose no query-time
   decay: scores multiplied by retention (``forgetting_weight=1``) and daily summaries not
   decaying (``summaries_decay=False``), the earlier defaults.
@@ -71,15 +77,15 @@ from memories_core import (
     MemoryBankMemory,
     Scope,
 )
-from memories_core.engine import MemoryEngine
+from memories_core.engine import Derivation, MemoryEngine
 from memories_core.evaluation import load_locomo
 from memories_core.evaluation.harness import question_time, rewind_state
 from memories_core.mechanisms.base import MemoryBase
-from memories_core.mechanisms.dpem import MEASURED_STM_CUT
+from memories_core.mechanisms.dpem import KNOWLEDGE_KIND, LTM, MEASURED_STM_CUT, STM
 from memories_core.mechanisms.memochat import LLMOptionSource
 from memories_core.retrieval import DenseSource, LexicalSource, Pipeline
 from memories_core.retrieval.keys import KEY_FOR, SEARCH_KEY_KIND
-from memories_core.types import Recall
+from memories_core.types import MemoryRecord, Recall, new_id
 
 #: A factory on a kept memory folder: (path/clock/embedder, the model, the recall budget).
 Factory = Callable[[dict[str, Any], Any, "float | None"], Any]
@@ -144,6 +150,73 @@ def drop_note_keys(memory_dir: Path, user_id: str, embedder: Any) -> tuple[int, 
     return len(records), deleted
 
 
+def forgotten_items(
+    engine: MemoryEngine, user_id: str
+) -> list[tuple[MemoryRecord, dict[str, Any]]]:
+    """DPeM knowledge items its STM refreshes deleted, rebuilt from the update history.
+
+    A deletion keeps the item's text (``old``); its attributes (rounds, count, type) are
+    the last state written before it, and its time the first. Returns (record, attributes).
+    """
+    first: dict[str, datetime] = {}
+    state: dict[str, dict[str, Any]] = {}
+    items: list[tuple[MemoryRecord, dict[str, Any]]] = []
+    for change in engine.history(user_id):
+        first.setdefault(change.record_id, change.at)
+        if "tier" in change.new:
+            state[change.record_id] = dict(change.new)
+        old = change.old
+        if change.new.get("deleted") and old.get("kind") == KNOWLEDGE_KIND:
+            kept = state.get(change.record_id, {})
+            attrs = dict(kept.get("attrs") or {})
+            record = MemoryRecord(
+                new_id(),
+                user_id,
+                KNOWLEDGE_KIND,
+                str(old["text"]),
+                first[change.record_id],
+                metadata={"type": attrs.get("type", "common-sense")},
+            )
+            items.append((record, attrs))
+    return items
+
+
+def restore_forgotten(
+    memory_dir: Path, user_id: str, embedder: Any, *, tier: str = STM
+) -> tuple[int, int]:
+    """Put back every knowledge item DPeM's STM refreshes dropped, all in ``tier``.
+
+    With ``tier=LTM`` every item (the ones still stored too) is long-term: what DPeM
+    would hold if each item were promoted on its first round and nothing were dropped.
+    Returns (items stored before, items put back).
+    """
+    clock = FixedClock(datetime(2024, 1, 1, tzinfo=timezone.utc))  # write time only
+    engine = MemoryEngine(path=memory_dir, clock=clock, embedder=embedder)
+    try:
+        stored = engine.records(user_id, where={"kind": KNOWLEDGE_KIND})
+        back = forgotten_items(engine, user_id)
+        moved = {r.id: {"tier": tier, "attrs": dict(r.state.attrs)} for r in stored}
+        engine.write_derivation(
+            user_id,
+            Derivation(
+                add=[record for record, _ in back],
+                state={
+                    **{record.id: {"tier": tier, "attrs": attrs} for record, attrs in back},
+                    **(moved if tier != STM else {}),
+                },
+                reason=f"variant_qa: forgotten DPeM items restored to {tier}",
+            ),
+        )
+        engine.index_pending()
+    finally:
+        engine.close()
+    return len(stored), len(back)
+
+
+def restore_to_ltm(memory_dir: Path, user_id: str, embedder: Any) -> tuple[int, int]:
+    return restore_forgotten(memory_dir, user_id, embedder, tier=LTM)
+
+
 @dataclass(frozen=True)
 class Variant:
     """What a variant re-answers and how.
@@ -166,6 +239,8 @@ VARIANTS: dict[str, Variant] = {
     "emg-top3": Variant("emg", emg_top3),
     "emg-undated": Variant("emg", emg_undated),
     "dpem-stm-cut": Variant("dpem", dpem_stm_cut),
+    "dpem-keep-all": Variant("dpem", prepare=restore_forgotten),
+    "dpem-all-ltm": Variant("dpem", prepare=restore_to_ltm),
     "memorybank-decay": Variant("memorybank", memorybank_decay),
     "conditional-no-keys": Variant("conditional", prepare=drop_note_keys),
 }

@@ -707,6 +707,52 @@ def test_conditional_no_keys_variant_deletes_only_the_notes_keys(tmp_path: Path)
     assert variant.drop_note_keys(tmp_path / "memory", "ann", HashingEmbedder()) == (2, 0)
 
 
+@pytest.mark.parametrize("variant_name", ["dpem-keep-all", "dpem-all-ltm"])
+def test_dpem_variants_put_back_what_stm_refreshes_dropped(
+    tmp_path: Path, variant_name: str
+) -> None:
+    from memories_core import DualProcessMemory, Turn
+    from memories_core.prompts.dpem import dpem_reply
+
+    said = [
+        "I have type 2 diabetes.",
+        "My cat Miso learned to open doors.",
+        "I started learning the violin.",
+        "I work night shifts as a nurse in Lyon.",
+    ]
+    memory = DualProcessMemory(
+        path=tmp_path / "memory",
+        llm=ScriptedLLM(default=dpem_reply),
+        embedder=HashingEmbedder(),
+        stm_refresh_rounds=1,
+    )
+    seen: set[str] = set()
+    for text in said:
+        memory.save([Turn("user", text), Turn("assistant", "Noted.")], Scope("ann"))
+        memory.flush("ann")
+        seen |= {item.text for item in memory.stm("ann")}
+    kept = {item.text for item in memory.stm("ann")}
+    assert kept < seen  # the refreshes dropped the earlier rounds' items
+    memory.close()
+    variant = _load_variant_qa()
+    prepare = variant.VARIANTS[variant_name].prepare
+    assert prepare(tmp_path / "memory", "ann", HashingEmbedder()) == (len(kept), len(seen - kept))
+    memory = DualProcessMemory(
+        path=tmp_path / "memory", llm=ScriptedLLM(default=dpem_reply), embedder=HashingEmbedder()
+    )
+    try:
+        stm = {item.text for item in memory.stm("ann")}
+        ltm = {item.text for item in memory.ltm("ann")}
+        if variant_name == "dpem-keep-all":
+            assert stm == seen and not ltm
+        else:
+            assert ltm == seen and not stm
+        assert "violin" in memory.recall("learning the violin", Scope("ann"), k=3).context
+        assert not memory.recall("what instrument", Scope("bob"), k=3).records
+    finally:
+        memory.close()
+
+
 def test_rewind_state_puts_recalled_records_back_as_they_were_before_the_questions(
     tmp_path: Path,
 ) -> None:
