@@ -67,8 +67,11 @@ from memories_core.mechanisms.dpem_items import (
     MERGE_THRESHOLD,
     DPeMStats,
     KnowledgeItem,
+    check_typed,
+    fit_recent,
     knowledge_item,
     near_duplicate,
+    padded,
     processed_text,
     similarity,
 )
@@ -349,7 +352,7 @@ class DualProcessMemory(MemoryBase):
         stm = self.stm_lookup(query, scope.user_id, k=want)
         merged: list[ScoredRecord] = []
         seen: set[str] = set()
-        for pair in zip(*_padded(ltm, stm), strict=True):
+        for pair in zip(*padded(ltm, stm), strict=True):
             for hit in pair:
                 if hit is not None and hit.record.id not in seen:
                     seen.add(hit.record.id)
@@ -488,7 +491,7 @@ class DualProcessMemory(MemoryBase):
         return None
 
     def _dialogue(self, turns: Sequence[MemoryRecord]) -> list[str]:
-        return _fit([r.text[:2000] for r in turns], self.max_dialogue_chars)
+        return fit_recent([r.text[:2000] for r in turns], self.max_dialogue_chars)
 
     def _request(
         self, stage: str, payload: dict[str, Any], dialogue: Sequence[str]
@@ -621,16 +624,43 @@ class DualProcessMemory(MemoryBase):
             )
 
     def _memorize(self, job: Job, round_no: int, typed: Sequence[tuple[str, str]]) -> None:
-        """Executive process: merge into the flag table, promote at theta, refresh STM.
+        """Executive process of a round's job (nothing is written once the job is gone)."""
+        # A new item keeps the turns of the round that first stated it (its provenance).
+        self.memorize(job.user_id, round_no, typed, sources=round_turns(job), job=job)
+
+    def memorize(
+        self,
+        user_id: str,
+        round_no: int,
+        typed: Sequence[tuple[str, str]],
+        *,
+        sources: Sequence[str] = (),
+        job: Job | None = None,
+    ) -> None:
+        """Executive process: merge a round's typed knowledge, promote at ``theta``, refresh STM.
+
+        Zhang et al., 2023, "Executive Process". The coordinator's jobs call it with each
+        round's items; called directly, it files typed knowledge from elsewhere, e.g. a
+        recorded run's items replayed under other settings. Rounds are memorized in
+        increasing order.
 
         The new items and the flag-table changes are one engine write
         (:meth:`~memories_core.engine.MemoryEngine.write_derivation`, indexed after the
-        user's lock is released); nothing is written once the job is gone.
+        user's lock is released).
+
+        Args:
+            user_id: Whose memory.
+            round_no: The round (exchange) the items come from, counted from 1.
+            typed: ``(item, type)`` pairs; a type is ``"user-specific"`` or
+                ``"common-sense"``.
+            sources: Ids of the turns that stated the items (their provenance).
+            job: The round's job, if a job runs it: nothing is written once it is gone.
+
+        Raises:
+            InvalidInputError: on a bad user id, round number, item or type.
         """
-        user_id = job.user_id
+        check_typed(check_user_id(user_id), round_no, typed)
         now = self.clock.now()
-        # A new item keeps the turns of the round that first stated it (its provenance).
-        sources = round_turns(job)
         with self.engine.user_lock(user_id), self.engine.transaction():
             log = self._log(user_id)
             stored = [
@@ -654,7 +684,7 @@ class DualProcessMemory(MemoryBase):
                         text,
                         now,
                         metadata={"type": kind},
-                        source_ids=sources,
+                        source_ids=tuple(sources),
                     )
                     fresh[record.id] = record
                     texts[record.id] = text
@@ -761,25 +791,3 @@ def _failed(label: str, error: Exception) -> JobFailed:
     failure = JobFailed(label, f"DPeM {label} failed: {error}")
     failure.__cause__ = error
     return failure
-
-
-def _padded(
-    a: Sequence[ScoredRecord], b: Sequence[ScoredRecord]
-) -> tuple[list[ScoredRecord | None], list[ScoredRecord | None]]:
-    size = max(len(a), len(b))
-    return (
-        [*a, *([None] * (size - len(a)))],
-        [*b, *([None] * (size - len(b)))],
-    )
-
-
-def _fit(lines: list[str], limit: int) -> list[str]:
-    """Keep the most recent lines whose total length fits ``limit``."""
-    kept: list[str] = []
-    total = 0
-    for line in reversed(lines):
-        total += len(line) + 1
-        if kept and total > limit:
-            break
-        kept.append(line)
-    return list(reversed(kept))

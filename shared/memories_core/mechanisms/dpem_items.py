@@ -9,12 +9,24 @@ DualProcessMemory` shows.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from memories_core.types import MemoryRecord
+from memories_core.errors import InvalidInputError
+from memories_core.prompts.dpem import COMMON_SENSE, USER_SPECIFIC
+from memories_core.types import MemoryRecord, ScoredRecord
 
-__all__ = ["MERGE_THRESHOLD", "DPeMStats", "KnowledgeItem", "near_duplicate", "similarity"]
+__all__ = [
+    "MERGE_THRESHOLD",
+    "DPeMStats",
+    "KnowledgeItem",
+    "check_typed",
+    "fit_recent",
+    "near_duplicate",
+    "padded",
+    "similarity",
+]
 
 #: Default near-duplicate threshold of :func:`similarity` (0-100). Chosen on labelled pairs
 #: (the project's DPeM test suite): trivial rephrasings (case, punctuation, articles, word
@@ -120,3 +132,47 @@ def knowledge_item(record: MemoryRecord) -> KnowledgeItem:
         last_round=max(rounds),
         created_at=record.created_at,
     )
+
+
+def padded(
+    a: Sequence[ScoredRecord], b: Sequence[ScoredRecord]
+) -> tuple[list[ScoredRecord | None], list[ScoredRecord | None]]:
+    """Both hit lists padded with ``None`` to the longer one's length (to interleave them)."""
+    size = max(len(a), len(b))
+    return (
+        [*a, *([None] * (size - len(a)))],
+        [*b, *([None] * (size - len(b)))],
+    )
+
+
+def fit_recent(lines: list[str], limit: int) -> list[str]:
+    """Keep the most recent lines whose total length fits ``limit``."""
+    kept: list[str] = []
+    total = 0
+    for line in reversed(lines):
+        total += len(line) + 1
+        if kept and total > limit:
+            break
+        kept.append(line)
+    return list(reversed(kept))
+
+
+def check_typed(user_id: str, round_no: int, typed: Sequence[tuple[str, str]]) -> None:
+    """Validate one round's typed knowledge before it is memorized.
+
+    Raises:
+        InvalidInputError: on a round that is not a positive int, or an item that is not a
+            non-empty string paired with ``"user-specific"`` or ``"common-sense"``.
+    """
+    if isinstance(round_no, bool) or not isinstance(round_no, int) or round_no < 1:
+        raise InvalidInputError(f"round_no must be a positive int, got {round_no!r}")
+    for pair in typed:
+        if not isinstance(pair, tuple) or len(pair) != 2:
+            raise InvalidInputError(f"{user_id}: each item is an (item, type) pair, got {pair!r}")
+        text, kind = pair
+        if not isinstance(text, str) or not text.strip():
+            raise InvalidInputError(f"{user_id}: an item must be non-empty text, got {text!r}")
+        if kind not in (USER_SPECIFIC, COMMON_SENSE):
+            raise InvalidInputError(
+                f"{user_id}: a type is {USER_SPECIFIC!r} or {COMMON_SENSE!r}, got {kind!r}"
+            )

@@ -1,0 +1,65 @@
+"""``DualProcessMemory.memorize``: the executive process fed typed knowledge directly.
+
+The coordinator's jobs call it per round; called directly it replays a recorded run's items
+under other settings (promotion threshold, STM refresh), with no model.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from memories_core import DualProcessMemory, Scope
+from memories_core.embedders import HashingEmbedder
+from memories_core.errors import InvalidInputError
+
+USER, COMMON = "user-specific", "common-sense"
+
+
+def make(**settings: int) -> DualProcessMemory:
+    return DualProcessMemory(llm=None, embedder=HashingEmbedder(), **settings)
+
+
+def test_recurring_items_are_promoted_and_others_dropped_by_the_refresh() -> None:
+    memory = make(theta=2, stm_refresh_rounds=2)
+    memory.memorize("ann", 1, [("Ann has type 2 diabetes.", USER), ("Walking helps.", COMMON)])
+    memory.memorize("ann", 2, [("Ann has type 2 diabetes!", USER)])  # a recurrence
+    memory.memorize("ann", 3, [("Ann adopted a cat named Miso.", USER)])
+    memory.memorize("ann", 4, [("Ann started the violin.", USER)])
+    ltm = {item.text: item.count for item in memory.ltm("ann")}
+    assert ltm == {"Ann has type 2 diabetes.": 2}
+    stm = {item.text for item in memory.stm("ann")}
+    # Round 1's item that never recurred was dropped at round 2's refresh; round 3's and
+    # round 4's were seen within the last period.
+    assert stm == {"Ann adopted a cat named Miso.", "Ann started the violin."}
+    stats = memory.stats("ann")
+    assert (stats.promotions, stats.merges, stats.dropped) == (1, 1, 1)
+    assert "diabetes" in memory.recall("diabetes", Scope("ann"), k=3).context
+    assert not memory.recall("diabetes", Scope("bob"), k=3).records
+
+
+def test_without_a_refresh_nothing_is_forgotten() -> None:
+    memory = make(theta=3, stm_refresh_rounds=10_000)
+    for n, text in enumerate(["Ann likes tea.", "Ann runs marathons.", "Ann lives in Lyon."], 1):
+        memory.memorize("ann", n, [(text, USER)])
+    assert len(memory.stm("ann")) == 3 and not memory.ltm("ann")
+
+
+@pytest.mark.parametrize(
+    ("round_no", "typed"),
+    [
+        (0, [("Ann likes tea.", USER)]),
+        (True, [("Ann likes tea.", USER)]),
+        (1, [("", USER)]),
+        (1, [("Ann likes tea.", "opinion")]),
+        (1, ["Ann likes tea."]),
+    ],
+)
+def test_bad_rounds_and_items_are_refused_before_anything_is_written(
+    round_no: object, typed: object
+) -> None:
+    memory = make()
+    with pytest.raises(InvalidInputError):
+        memory.memorize("ann", round_no, typed)  # type: ignore[arg-type]
+    assert not memory.stm("ann")
+    with pytest.raises(InvalidInputError):
+        memory.memorize("", 1, [("Ann likes tea.", USER)])
