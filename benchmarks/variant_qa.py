@@ -36,6 +36,10 @@ Variants (``--variant``):
 * ``dpem-all-ltm``: the same items, and the ones still stored, all moved to LTM (looked up
   by the engine's semantic search instead of STM's edit distance): DPeM as if each item
   reached the promotion threshold on its first round.
+* ``dpem-replay``: DPeM's executive process run again on the recorded rounds' typed items
+  with other settings (``--dpem theta=1,stm_refresh_rounds=24``): what the memory would
+  hold with another promotion threshold, STM refresh period or capacity, without the
+  coordinator's calls.
 * ``memorybank-decay``: MemoryBank's recall before cross-validation chose no query-time
   decay: scores multiplied by retention (``forgetting_weight=1``) and daily summaries not
   decaying (``summaries_decay=False``), the earlier defaults.
@@ -61,6 +65,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -217,6 +222,74 @@ def restore_to_ltm(memory_dir: Path, user_id: str, embedder: Any) -> tuple[int, 
     return restore_forgotten(memory_dir, user_id, embedder, tier=LTM)
 
 
+def recorded_rounds(
+    engine: MemoryEngine, user_id: str
+) -> dict[int, tuple[datetime, list[tuple[str, str]]]]:
+    """Each round's typed knowledge as the recorded run memorized it, from the history.
+
+    An item is filed in the round that created it, and again in each round it recurred in
+    (its text standing in for the recurrence's wording, which was a near-duplicate of it).
+    Returns round -> (when it was memorized, its ``(item, type)`` pairs in order).
+    """
+    texts = {r.id: r.text for r in engine.records(user_id, where={"kind": KNOWLEDGE_KIND})}
+    seen: dict[str, set[int]] = {}
+    filed: list[tuple[int, datetime, str, str]] = []  # (round, when, record id, type)
+    for change in engine.history(user_id):
+        if change.new.get("deleted") and change.old.get("kind") == KNOWLEDGE_KIND:
+            texts[change.record_id] = str(change.old["text"])
+        attrs = change.new.get("attrs") or {}
+        if change.new.get("tier") not in (STM, LTM) or "rounds" not in attrs:
+            continue
+        rounds = {int(n) for n in attrs["rounds"]}
+        for number in sorted(rounds - seen.get(change.record_id, set())):
+            filed.append((number, change.at, change.record_id, str(attrs.get("type"))))
+        seen[change.record_id] = seen.get(change.record_id, set()) | rounds
+    out: dict[int, tuple[datetime, list[tuple[str, str]]]] = {}
+    for number, when, record_id, kind in filed:
+        if record_id in texts:
+            out.setdefault(number, (when, []))[1].append((texts[record_id], kind))
+    return dict(sorted(out.items()))
+
+
+def replay_dpem(
+    memory_dir: Path, user_id: str, embedder: Any, *, settings: dict[str, int]
+) -> tuple[int, int]:
+    """DPeM's executive process run again on the recorded rounds with other ``settings``.
+
+    The coordinator's typed items are the recorded run's; only what the executive does
+    with them (``theta``, ``stm_refresh_rounds``, ``stm_capacity``) changes. Returns
+    (items stored before, items stored after).
+    """
+    clock = FixedClock(datetime(2024, 1, 1, tzinfo=timezone.utc))
+    engine = MemoryEngine(path=memory_dir, clock=clock, embedder=embedder)
+    try:
+        rounds = recorded_rounds(engine, user_id)
+        stored = [r.id for r in engine.records(user_id, where={"kind": KNOWLEDGE_KIND})]
+        engine.delete_records(user_id, stored, reason="variant_qa: dpem-replay")
+        memory = DualProcessMemory(engine=engine, llm=None, **settings)  # type: ignore[arg-type]
+        # The run's counters (last refresh, merges, ...) belong to the recorded settings.
+        engine.set_user_state(user_id, memory._log_key, {})
+        for number, (when, typed) in tqdm(rounds.items(), desc="replay", unit="round"):
+            clock.set(when)
+            memory.memorize(user_id, number, typed)
+        after = len(engine.records(user_id, where={"kind": KNOWLEDGE_KIND}))
+    finally:
+        engine.close()
+    return len(stored), after
+
+
+def dpem_settings(text: str) -> dict[str, int]:
+    """``theta=1,stm_refresh_rounds=24`` as keyword arguments (integers, known names only)."""
+    known = {"theta", "stm_refresh_rounds", "stm_capacity"}
+    out: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, value = part.partition("=")
+        if name not in known or not value.isdigit():
+            raise SystemExit(f"--dpem: expected name=integer with a name in {sorted(known)}")
+        out[name] = int(value)
+    return out
+
+
 @dataclass(frozen=True)
 class Variant:
     """What a variant re-answers and how.
@@ -241,6 +314,7 @@ VARIANTS: dict[str, Variant] = {
     "dpem-stm-cut": Variant("dpem", dpem_stm_cut),
     "dpem-keep-all": Variant("dpem", prepare=restore_forgotten),
     "dpem-all-ltm": Variant("dpem", prepare=restore_to_ltm),
+    "dpem-replay": Variant("dpem", prepare=partial(replay_dpem, settings={})),
     "memorybank-decay": Variant("memorybank", memorybank_decay),
     "conditional-no-keys": Variant("conditional", prepare=drop_note_keys),
 }
@@ -256,8 +330,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variant", choices=sorted(VARIANTS), required=True)
     parser.add_argument("--source", type=Path, required=True, help="the ingest run's --out")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--dpem",
+        default="",
+        help="dpem-replay's settings, e.g. theta=1,stm_refresh_rounds=24,stm_capacity=64",
+    )
     args = parser.parse_args(argv)
     variant = VARIANTS[args.variant]
+    if args.variant == "dpem-replay":
+        settings = dpem_settings(args.dpem)
+        variant = Variant("dpem", prepare=partial(replay_dpem, settings=settings))
     mechanism = variant.mechanism
     from memories_core.embedders import SentenceTransformerEmbedder
 

@@ -753,6 +753,48 @@ def test_dpem_variants_put_back_what_stm_refreshes_dropped(
         memory.close()
 
 
+def test_dpem_replay_reproduces_the_recorded_memory_and_runs_other_settings(
+    tmp_path: Path,
+) -> None:
+    import shutil as copier
+
+    from memories_core import DualProcessMemory, Turn
+    from memories_core.prompts.dpem import dpem_reply
+
+    said = ["I have type 2 diabetes.", "My cat Miso opens doors.", "I play the violin."]
+    memory = DualProcessMemory(
+        path=tmp_path / "memory",
+        llm=ScriptedLLM(default=dpem_reply),
+        embedder=HashingEmbedder(),
+        stm_refresh_rounds=1,
+    )
+    for text in said * 2:  # every item recurs once, three rounds later
+        memory.save([Turn("user", text), Turn("assistant", "Noted.")], Scope("ann"))
+        memory.flush("ann")
+    recorded = sorted(item.text for item in memory.stm("ann"))
+    assert not memory.ltm("ann")
+    memory.close()
+    copier.copytree(tmp_path / "memory", tmp_path / "other")
+    variant = _load_variant_qa()
+    same = {"stm_refresh_rounds": 1}
+    assert variant.replay_dpem(tmp_path / "memory", "ann", HashingEmbedder(), settings=same)[1]
+    wide = {"stm_refresh_rounds": 100, "theta": 2}
+    variant.replay_dpem(tmp_path / "other", "ann", HashingEmbedder(), settings=wide)
+    with pytest.raises(SystemExit):
+        variant.dpem_settings("theta=one")
+    assert variant.dpem_settings("theta=2, stm_capacity=8") == {"theta": 2, "stm_capacity": 8}
+    again = DualProcessMemory(path=tmp_path / "memory", llm=None, embedder=HashingEmbedder())
+    other = DualProcessMemory(path=tmp_path / "other", llm=None, embedder=HashingEmbedder())
+    try:
+        assert sorted(item.text for item in again.stm("ann")) == recorded
+        # Without the refresh every item is still there when it recurs, and is promoted.
+        assert {item.count for item in other.ltm("ann")} == {2}
+        assert len(other.ltm("ann")) == len(said) and not other.stm("ann")
+    finally:
+        again.close()
+        other.close()
+
+
 def test_rewind_state_puts_recalled_records_back_as_they_were_before_the_questions(
     tmp_path: Path,
 ) -> None:
