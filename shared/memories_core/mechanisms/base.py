@@ -41,7 +41,14 @@ if TYPE_CHECKING:
     from memories_core.retrieval import FusionConfig, HybridRetriever, Pipeline
     from memories_core.usage import MemoryUsage
 
-__all__ = ["MemoryBase", "flush_memory", "memory_status", "render_hits", "turn_from_record"]
+__all__ = [
+    "MemoryBase",
+    "fit_recent",
+    "flush_memory",
+    "memory_status",
+    "render_hits",
+    "turn_from_record",
+]
 
 _UNSET: Any = object()
 
@@ -516,3 +523,18 @@ def memory_status(memory: Any, user_id: str | None = None) -> WorkStatus | None:
 # Kept for callers of the 0.1 helpers.
 _check_scope = check_scope
 _check_turns = check_turns
+
+
+def fit_recent(lines: list[str], limit: int) -> list[str]:
+    """The most recent ``lines`` whose total length (a newline each) fits ``limit``.
+
+    The newest line is always kept; the dialogue a model reads is cut from the oldest end.
+    """
+    kept: list[str] = []
+    total = 0
+    for line in reversed(lines):
+        total += len(line) + 1
+        if kept and total > limit:
+            break
+        kept.append(line)
+    return list(reversed(kept))

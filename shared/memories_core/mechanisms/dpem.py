@@ -62,13 +62,12 @@ from memories_core.engine import (
 )
 from memories_core.errors import ConfigurationError, LLMError, ParseError
 from memories_core.grounding import find_ungrounded, log_rejection
-from memories_core.mechanisms.base import MemoryBase
+from memories_core.mechanisms.base import MemoryBase, fit_recent
 from memories_core.mechanisms.dpem_items import (
     MERGE_THRESHOLD,
     DPeMStats,
     KnowledgeItem,
     check_typed,
-    fit_recent,
     knowledge_item,
     near_duplicate,
     padded,

@@ -22,7 +22,6 @@ __all__ = [
     "DPeMStats",
     "KnowledgeItem",
     "check_typed",
-    "fit_recent",
     "near_duplicate",
     "padded",
     "similarity",
@@ -143,18 +142,6 @@ def padded(
         [*a, *([None] * (size - len(a)))],
         [*b, *([None] * (size - len(b)))],
     )
-
-
-def fit_recent(lines: list[str], limit: int) -> list[str]:
-    """Keep the most recent lines whose total length fits ``limit``."""
-    kept: list[str] = []
-    total = 0
-    for line in reversed(lines):
-        total += len(line) + 1
-        if kept and total > limit:
-            break
-        kept.append(line)
-    return list(reversed(kept))
 
 
 def check_typed(user_id: str, round_no: int, typed: Sequence[tuple[str, str]]) -> None:

@@ -43,7 +43,7 @@ from memories_core.engine import Derivation, JobFailed, check_scope, default_llm
 from memories_core.errors import ConfigurationError, InvalidInputError, LLMError, ParseError
 from memories_core.grounding import find_ungrounded, log_rejection
 from memories_core.interfaces import LLM
-from memories_core.mechanisms.base import MemoryBase
+from memories_core.mechanisms.base import MemoryBase, fit_recent
 from memories_core.mechanisms.forgetting import ForgetPolicy, ForgettingCurve, choose_forgotten
 from memories_core.prompts.memorybank import (
     DAILY_PORTRAIT_PROMPT,
@@ -124,18 +124,6 @@ def _as_day(day: str | date | datetime) -> str:
 
 def _stable_key(record: MemoryRecord) -> str:
     return f"{record.created_at.isoformat()}|{record.kind}|{record.text[:200]}|{record.id}"
-
-
-def _fit(lines: list[str], limit: int) -> list[str]:
-    """Keep the most recent lines whose total length fits ``limit``."""
-    kept: list[str] = []
-    total = 0
-    for line in reversed(lines):
-        total += len(line) + 1
-        if kept and total > limit:
-            break
-        kept.append(line)
-    return list(reversed(kept))
 
 
 class MemoryBankMemory(MemoryBase):
@@ -564,7 +552,7 @@ class MemoryBankMemory(MemoryBase):
             # turn of the day is added or edited.
             return None
         llm = self._llm(Scope(user_id))
-        dialogue = _fit([r.text[:2000] for r in turns], self.max_dialogue_chars)
+        dialogue = fit_recent([r.text[:2000] for r in turns], self.max_dialogue_chars)
         payload: dict[str, Any] = dict(job.payload)
         if payload.get("basis") != basis:  # turns added or edited since a failed attempt
             payload = {"day": day, "basis": basis}
@@ -652,7 +640,7 @@ class MemoryBankMemory(MemoryBase):
                 if r.metadata.get("day") != day
             ]
             daily = sorted([*daily, fresh], key=lambda r: (str(r.metadata.get("day")), r.id))
-            lines = _fit([f"[{r.metadata.get('day')}] {r.text}" for r in daily], 12_000)
+            lines = fit_recent([f"[{r.metadata.get('day')}] {r.text}" for r in daily], 12_000)
             text = self._ask(llm, spec, DaysInput(tuple(lines)), kind.replace("_", " "))
             if self._grounded(text, lines, kind, rejected) is None:
                 continue

@@ -22,7 +22,7 @@ from memories_core.clock import memory_time
 from memories_core.engine import Derivation, JobFailed, default_llm
 from memories_core.errors import LLMError, ParseError
 from memories_core.interfaces import LLM
-from memories_core.mechanisms.base import MemoryBase
+from memories_core.mechanisms.base import MemoryBase, fit_recent
 from memories_core.prompts.spec import PromptSpec, run_spec
 from memories_core.prompts.summary import SESSION_SUMMARY, SummaryInput
 from memories_core.types import Job, JobSpec, MemoryRecord, Scope, ScoredRecord, new_id
@@ -112,7 +112,7 @@ class SummaryMemory(MemoryBase):
         turns = self.engine.records(user_id, where={"kind": "turn", "session_id": session_id})
         if not turns:
             return None
-        dialogue = _fit([r.text[:2000] for r in turns], self.max_dialogue_chars)
+        dialogue = fit_recent([r.text[:2000] for r in turns], self.max_dialogue_chars)
         try:
             text = run_spec(
                 self._llm(Scope(user_id, session_id)),
@@ -150,15 +150,3 @@ class SummaryMemory(MemoryBase):
             f"[{memory_time(hit.record.created_at, time_of_day=False)}] {hit.record.text}"
             for hit in hits
         )
-
-
-def _fit(lines: list[str], limit: int) -> list[str]:
-    """Keep the most recent lines whose total length fits ``limit``."""
-    kept: list[str] = []
-    total = 0
-    for line in reversed(lines):
-        total += len(line) + 1
-        if kept and total > limit:
-            break
-        kept.append(line)
-    return list(reversed(kept))
