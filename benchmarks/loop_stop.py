@@ -2,7 +2,7 @@
 
 Greedy decoding of the offline 1.5B model can fall into a cycle: the same note, or the same
 few notes, written again and again until the token cap. :class:`LocalLLM`'s ``stop_loops``
-(:func:`memories_core.llms.transformers_runtime.loop_end`) ends such a reply once one span
+(:func:`memories_core.llms.loops.loop_end`) ends such a reply once one span
 is written three times in a row. This replays DPeM's first step (the coordinator's notes,
 Zhang et al., 2023, "DPeM Mechanism", learning) for every exchange of one session, once
 with ``stop_loops=False`` and once with ``True``, with the default model, and records per

@@ -43,6 +43,7 @@ from memories_core.llms.base import (
     ResponseFormat,
     truncate_at_stop,
 )
+from memories_core.llms.loops import loop_end
 from memories_core.llms.models import MODELS, model_gguf
 from memories_core.llms.quantize import (
     Applied,
@@ -51,7 +52,7 @@ from memories_core.llms.quantize import (
     quantized_as,
     resolve_quantize,
 )
-from memories_core.llms.transformers_runtime import Runtime, loop_end, run_batch, run_one
+from memories_core.llms.transformers_runtime import Runtime, run_batch, run_one
 from memories_core.types import ChatMessage
 
 _R = TypeVar("_R")
@@ -193,7 +194,7 @@ class LocalLLM(BaseLLM):
             pass has the call's timeout.
         stop_loops: End a reply that has started to repeat itself (one span of 12-256
             tokens written three times in a row,
-            :func:`~memories_core.llms.transformers_runtime.loop_end`) after the span's second
+            :func:`~memories_core.llms.loops.loop_end`) after the span's second
             writing, instead of decoding the cycle up to the token cap; such a reply counts
             as ``capped`` in :attr:`usage`. Greedy decoding of the 1.5B model fell into such
             cycles in DPeM's note calls, writing the same notes until the cap, minutes of

@@ -16,7 +16,7 @@ from memories_core.llms.base import (
     ResponseFormat,
     truncate_at_stop,
 )
-from memories_core.llms.transformers_runtime import loop_end
+from memories_core.llms.loops import loop_end
 from memories_core.types import ChatMessage
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ class _StreamedReply:
     """The pieces of one streamed reply, and where it fell into a cycle (``stop_loops``).
 
     Servers stream about one token per piece, so the pieces are the tokens of
-    :func:`~memories_core.llms.transformers_runtime.loop_end` (equal pieces, equal ids).
+    :func:`~memories_core.llms.loops.loop_end` (equal pieces, equal ids).
     """
 
     def __init__(self) -> None:

@@ -9,11 +9,11 @@ one ``generate`` (left padding).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from memories_core.llms.base import LLMResult, ResponseFormat, truncate_at_stop
+from memories_core.llms.loops import LOOP_REPEATS, MAX_LOOP_PERIOD, MIN_LOOP_PERIOD, loop_end
 from memories_core.types import ChatMessage
 
 __all__ = [
@@ -27,51 +27,6 @@ __all__ = [
     "run_batch",
     "run_one",
 ]
-
-#: Shortest span whose back-to-back repetition ends a reply (tokens). A note or a list item
-#: is longer; a list of one-word labels (``"fact", "fact", ...``) repeats a shorter span
-#: legitimately and is never stopped.
-MIN_LOOP_PERIOD = 12
-#: Longest such span (tokens): a cycle of several list items.
-MAX_LOOP_PERIOD = 256
-#: Times the span must be written in a row before generation stops.
-LOOP_REPEATS = 3  # at least 3: two writings are kept
-
-
-def loop_end(
-    tokens: Sequence[int],
-    *,
-    min_period: int = MIN_LOOP_PERIOD,
-    max_period: int = MAX_LOOP_PERIOD,
-    repeats: int = LOOP_REPEATS,
-) -> int | None:
-    """Where a reply that has started to repeat itself should end, or ``None``.
-
-    Greedy decoding of a small model can fall into a cycle: the 1.5B model wrote the same
-    note (or the same three notes, or one sentence inside a note) again and again until its
-    token cap, several minutes of decoding for nothing. The end of ``tokens`` is such a
-    cycle when one span of ``min_period`` to ``max_period`` tokens was written ``repeats``
-    times back to back, and that span is not itself a run of a shorter span (a run of
-    one-word labels, a rule of dashes).
-
-    Returns:
-        The number of tokens to keep, or ``None`` if the end of ``tokens`` is not a cycle.
-        The span's first two writings are kept: a cycle is found at an arbitrary token, so
-        its first writing alone may cut an item of the cycle in two, while in two writings
-        every item of the cycle is whole at least once (a JSON list's cut reply keeps its
-        whole items; repeated items are the parser's to drop).
-    """
-    n = len(tokens)
-    for period in range(min_period, min(max_period, n // repeats) + 1):
-        if tokens[n - 1] != tokens[n - 1 - period]:
-            continue
-        window = list(tokens[n - repeats * period :])
-        if window[period:] != window[:-period]:
-            continue
-        if any(window[d:] == window[:-d] for d in range(1, min_period)):
-            return None  # a run of a short span: not an item loop
-        return n - (repeats - 2) * period
-    return None
 
 
 def _stop_criteria(tokenizer: Any, stops: list[str], prompt_length: int) -> Any:
