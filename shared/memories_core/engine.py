@@ -51,6 +51,7 @@ from memories_core.engine_parts.rules import (
     MechanismHooks,
     VerifyReport,
     default_derive,
+    is_parked,
 )
 from memories_core.engine_parts.rules import _JobGone as _JobGone
 from memories_core.engine_parts.rules import check_k as check_k
@@ -90,6 +91,7 @@ __all__ = [
     "VerifyReport",
     "default_derive",
     "default_llm",
+    "is_parked",
 ]
 
 logger = logging.getLogger(__name__)

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from memories_core.cli.opening import CLIError
-from memories_core.engine_parts.rules import is_parked
 
 if TYPE_CHECKING:
     from memories_core.engine import MemoryEngine
@@ -334,6 +333,8 @@ def _stats(engine: MemoryEngine, args: argparse.Namespace, out: TextIO) -> int:
     kinds: Counter[str] = Counter()
     for user in users:
         kinds.update(r.kind for r in engine.records(user))
+    from memories_core.engine import is_parked
+
     jobs = engine.pending()
     by_mechanism = Counter(job.mechanism for job in jobs)
     failing = sum(1 for job in jobs if job.attempts)

@@ -486,7 +486,8 @@ class DualProcessMemory(MemoryBase):
         self._step(job, payload, "types", dialogue)
         knowledge = tuple(str(k) for k in payload["knowledge"])
         typed = list(zip(knowledge, (str(t) for t in payload["types"]), strict=True))
-        self._memorize(job, round_no, typed)
+        # A new item keeps the turns of the round that first stated it (its provenance).
+        self.memorize(user_id, round_no, typed, sources=round_turns(job), job=job)
         return None
 
     def _dialogue(self, turns: Sequence[MemoryRecord]) -> list[str]:
@@ -621,11 +622,6 @@ class DualProcessMemory(MemoryBase):
                 ),
                 job=job,
             )
-
-    def _memorize(self, job: Job, round_no: int, typed: Sequence[tuple[str, str]]) -> None:
-        """Executive process of a round's job (nothing is written once the job is gone)."""
-        # A new item keeps the turns of the round that first stated it (its provenance).
-        self.memorize(job.user_id, round_no, typed, sources=round_turns(job), job=job)
 
     def memorize(
         self,
