@@ -239,20 +239,35 @@ def json_was_cut(text: str) -> bool:
     """Whether the JSON value that ``text`` starts is still open where the text ends.
 
     A reply that reached its token cap mid-answer ends inside a string, object or list.
-    Brackets are read as :func:`close_cut_json` reads them; a stray closing bracket means
-    the text is not one cut value.
+    Brackets are read as :func:`close_cut_json` reads them (:func:`_open_value`); a stray
+    closing bracket means the text is not one cut value.
+    """
+    opened = False
+    for index, _ in _open_value(text):
+        if index < 0:
+            return False
+        opened = True
+    return opened
+
+
+def _open_value(text: str) -> Iterator[tuple[int, tuple[str, ...]]]:
+    """The structural marks of the JSON value ``text`` starts, while that value is open.
+
+    Yields each bracket's or string end's index with the closers still open after it, and
+    ``(-1, ())`` where the value closes or a bracket does not match (then stops).
     """
     starts = [i for i in (text.find("{"), text.find("[")) if i != -1]
     if not starts or len(text) > MAX_PARSE_CHARS:
-        return False
+        return
     closers: list[str] = []
     for i in _structure(text, min(starts), len(text), '"'):
         ch = text[i]
         if ch in "{[":
             closers.append("}" if ch == "{" else "]")
         elif ch in "}]" and (not closers or closers.pop() != ch or not closers):
-            return False  # a stray bracket, or the value closed
-    return True
+            yield -1, ()
+            return
+        yield i, tuple(closers)
 
 
 def close_cut_json(text: str) -> str | None:
@@ -270,26 +285,15 @@ def close_cut_json(text: str) -> str | None:
         starts (it was not cut), or was cut before any element of a list was whole (a cut
         reply with nothing whole in it is not an empty answer).
     """
-    starts = [i for i in (text.find("{"), text.find("[")) if i != -1]
-    if not starts:
-        return None
-    if len(text) > MAX_PARSE_CHARS:
-        return None
-    closers: list[str] = []
     safe: tuple[int, tuple[str, ...]] | None = None
-    for i in _structure(text, min(starts), len(text), '"'):
-        ch = text[i]
-        if ch in "{[":
-            closers.append("}" if ch == "{" else "]")
+    for i, closers in _open_value(text):
+        if i < 0:
+            return None  # the value closed (it was not cut), or a bracket did not match
+        if text[i] in "{[":
             continue
-        if ch in "}]":
-            if not closers or closers.pop() != ch:
-                return None
-            if not closers:
-                return None  # the value closed: it was not cut
         # A string or a bracketed value just ended; directly inside a list, it is whole.
         if closers[-1] == "]" and _no_open_element(closers):
-            safe = (i + 1, tuple(closers))
+            safe = (i + 1, closers)
     if safe is None:
         return None
     end, still_open = safe
