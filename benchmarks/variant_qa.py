@@ -297,8 +297,11 @@ class Variant:
     Attributes:
         mechanism: The harness row whose kept ingest is answered again.
         factory: The variant on a kept memory folder (``None``: the row's own memory).
-        prepare: Run once on each copied memory folder (``memory_dir``, user id, embedder)
-            before answering, e.g. to delete what the variant does without.
+        prepare: Run once on each new copy's memory folder (``memory_dir``, user id,
+            embedder) before answering, e.g. to delete what the variant does without; a copy
+            kept from an interrupted run is not prepared again. Returns two counts (what
+            each means is the preparation's own: records before and after, or kept and
+            put back).
     """
 
     mechanism: str
@@ -347,7 +350,8 @@ def main(argv: list[str] | None = None) -> int:
     harness = locomo_qa.parse_args(rest)  # the harness's own --data and --sessions
     asked = {c.sample_id: question_time(c, harness.sessions) for c in load_locomo(harness.data)}
 
-    def rewind(target: Path) -> None:
+    def on_copy(target: Path) -> None:
+        """A new copy: its state put back, then the variant's preparation (once per copy)."""
         clock = FixedClock(asked[target.name])
         engine = MemoryEngine(path=target / "memory", clock=clock, embedder=embedder)
         try:
@@ -355,15 +359,14 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             engine.close()
         print(f"{target.name}: {changed} records' state put back as the ingest left it")
+        if variant.prepare is not None:
+            before, after = variant.prepare(target / "memory", target.name, embedder)
+            print(f"{target.name}: {args.variant} prepared the copy ({before}, {after})")
 
     folders = locomo_qa.copy_ingest(
-        args.source, args.out, mechanism, on_copy=rewind, embedder=embedder
+        args.source, args.out, mechanism, on_copy=on_copy, embedder=embedder
     )
     print(f"{args.variant}: {len(folders)} kept {mechanism} ingests")
-    if variant.prepare is not None:
-        for folder in tqdm(folders, desc=args.variant, unit="conversation"):
-            records, deleted = variant.prepare(folder / "memory", folder.name, embedder)
-            print(f"{folder.name}: {records} records, {deleted} deleted")
     plain = locomo_qa.make_memory
 
     def make_memory(

@@ -303,3 +303,66 @@ def test_ingest_stats_kept_before_capped_replies_were_counted_leave_them_unknown
     del old["llm_capped"]
     assert IngestStats.from_json(old).llm_capped is None  # unknown, not zero
     assert IngestStats.from_json({"turns": 3}).llm_capped == 0  # no model call: none capped
+
+
+def test_dpem_cv_replays_each_setting_answers_it_and_cross_validates(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Two conversations' DPeM ingests, two executive settings, one fold per conversation."""
+    import importlib.util
+    import sys
+
+    from test_answer_quality import ROOT, _load_variant_qa
+
+    bench, asked, argv = _row_bench(monkeypatch, tmp_path, "dpem", sessions=2)
+    data = Path(argv[argv.index("--data") + 1])
+    (sample,) = json.loads(data.read_text())
+    data.write_text(json.dumps([sample, {**sample, "sample_id": "conv-u"}]))
+    source = tmp_path / "source"
+    assert bench.main([*argv, "--out", str(source)]) == 0  # type: ignore[attr-defined]
+    row_prompts = len(asked)
+    _load_variant_qa()  # bound to this test's harness module
+    spec = importlib.util.spec_from_file_location("dpem_cv", ROOT / "benchmarks" / "dpem_cv.py")
+    assert spec is not None and spec.loader is not None
+    cv_module = importlib.util.module_from_spec(spec)
+    sys.modules["dpem_cv"] = cv_module
+    spec.loader.exec_module(cv_module)
+
+    rest = [a for a in argv if a not in ("--mechanisms", "dpem")]
+    out = tmp_path / "cv"
+    points = ["--point", "default=", "--point", "theta-1=theta=1"]
+    assert cv_module.main(["--source", str(source), "--out", str(out), *points, "--", *rest]) == 0
+    assert len(asked) == row_prompts + 2 * 2 * 3  # 2 points x 2 conversations x 3 questions
+    result = json.loads((out / "dpem_cv.json").read_text())
+    assert result["conversations"] == ["conv-t", "conv-u"]
+    assert set(result["cv"]["folds"]) == {"conv-t", "conv-u"} and result["cv"]["n"] == 6
+    assert (out / "dpem_cv.png").stat().st_size > 0
+    assert "held-out conversation" in (out / "dpem_cv.md").read_text()
+
+    from memories_core import DualProcessMemory
+    from memories_core.embedders import HashingEmbedder
+
+    def tiers(point: str) -> tuple[int, int]:
+        memory = DualProcessMemory(
+            path=out / point / "state" / "dpem" / "conv-u" / "memory",
+            llm=None,
+            embedder=HashingEmbedder(dimension=64),
+        )
+        try:
+            return len(memory.stm("conv-u")), len(memory.ltm("conv-u"))
+        finally:
+            memory.close()
+
+    stm, ltm = tiers("default")
+    assert stm > 0 and ltm == 0  # nothing recurs three times in two short sessions
+    assert tiers("theta-1") == (0, stm)  # every item promoted on its first round
+    # Again: every point resumes from its answers; nothing is asked or replayed again.
+    assert cv_module.main(["--source", str(source), "--out", str(out), *points, "--", *rest]) == 0
+    assert len(asked) == row_prompts + 12 and tiers("theta-1") == (0, stm)
+    with pytest.raises(SystemExit, match="NAME=SETTINGS"):
+        cv_module.parse_points(["../x=theta=1"])
+    with pytest.raises(SystemExit, match="--dpem"):
+        cv_module.parse_points(["x=theta=one"])
+    capsys.readouterr()

@@ -21,6 +21,7 @@ from memories_core.embedders import HashingEmbedder
 from memories_core.errors import ConfigurationError, InvalidInputError, MissingUserError
 from memories_core.evaluation import (
     hit_at_k,
+    leave_one_out,
     load_locomo,
     mrr,
     ndcg_at_k,
@@ -423,6 +424,29 @@ def test_metrics() -> None:
         recall_at_k(ranked, set(), 5)
     with pytest.raises(ValueError):
         recall_at_k(ranked, {"a"}, 0)
+
+
+def test_leave_one_out_scores_each_choice_on_the_group_it_did_not_see() -> None:
+    scores = {
+        "default": {"c1": [0.5, 0.5], "c2": [0.2, 0.2], "c3": [0.4]},
+        "wide": {"c1": [0.9, 0.7], "c2": [0.1, 0.1], "c3": [0.4]},
+    }
+    cv = leave_one_out(scores)
+    # Without c1, "default" is better on c2 (0.2 > 0.1) and ties on c3: it is chosen.
+    assert cv["folds"]["c1"] == {"chosen": "default", "train": 0.8 / 3, "held_out": 0.5, "n": 2}
+    assert cv["folds"]["c2"]["chosen"] == "wide" and cv["folds"]["c2"]["held_out"] == 0.1
+    assert cv["folds"]["c3"]["chosen"] == "wide"
+    assert not cv["agree"] and cv["best_on_all"] == "wide"
+    assert cv["held_out"] == pytest.approx((0.5 + 0.5 + 0.1 + 0.1 + 0.4) / 5) and cv["n"] == 5
+    tied = leave_one_out({"default": {"a": [1.0], "b": [0.0]}, "other": {"a": [0.0], "b": [1.0]}})
+    assert tied["best_on_all"] == "default"  # a tie keeps the first setting
+    assert [f["chosen"] for f in tied["folds"].values()] == ["other", "default"]
+    alone = leave_one_out({"default": {"a": [1.0]}})
+    assert alone["folds"] == {} and math.isnan(alone["held_out"]) and alone["agree"] is False
+    with pytest.raises(ValueError, match="same groups"):
+        leave_one_out({"x": {"a": [1.0]}, "y": {"b": [1.0]}})
+    with pytest.raises(ValueError):
+        leave_one_out({})
 
 
 @pytest.mark.parametrize(

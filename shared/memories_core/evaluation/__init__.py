@@ -1,6 +1,7 @@
 """Evaluation helpers: retrieval metrics and dataset loaders, for benchmarks and users.
 
-* :mod:`memories_core.evaluation.metrics`: recall@k, precision@k, hit@k, MRR, nDCG.
+* :mod:`memories_core.evaluation.metrics`: recall@k, precision@k, hit@k, MRR, nDCG, and
+  :func:`leave_one_out` (choosing a setting by cross-validation over groups).
 * :mod:`memories_core.evaluation.locomo`: the LoCoMo loader (evidence ids normalised).
 """
 
@@ -16,6 +17,7 @@ from memories_core.evaluation.locomo import (
 )
 from memories_core.evaluation.metrics import (
     hit_at_k,
+    leave_one_out,
     mean,
     mrr,
     ndcg_at_k,
@@ -29,6 +31,7 @@ __all__ = [
     "LocomoQA",
     "LocomoTurn",
     "hit_at_k",
+    "leave_one_out",
     "load_locomo",
     "mean",
     "mrr",
