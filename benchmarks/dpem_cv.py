@@ -23,6 +23,7 @@ library's defaults). Each point answers into ``<out>/<NAME>`` and resumes there.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -44,6 +45,8 @@ GRID: dict[str, str] = {
     "theta-1": "theta=1",
 }
 ADVERSARIAL = 5
+#: Merge thresholds at which the recorded items' recurrences are counted (88: the library's).
+THRESHOLDS = (88.0, 80.0, 70.0, 60.0)
 
 
 def parse_points(values: Sequence[str]) -> dict[str, str]:
@@ -83,6 +86,40 @@ def summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def recurrences(folder: Path, thresholds: Sequence[float] = THRESHOLDS) -> dict[str, Any]:
+    """How often the recorded items recur, per merge threshold, from a point's replays.
+
+    An item recurs at a threshold when an item of an earlier round is its near-duplicate
+    there (:func:`~memories_core.mechanisms.dpem_items.near_duplicate`): what the flag table
+    counts toward ``theta``. Read from each conversation's recorded rounds, which
+    ``dpem-replay`` keeps beside the memory; the first pair per threshold band is kept as an
+    example, to read whether the merges would be the same fact.
+    """
+    from memories_core.mechanisms.dpem_items import near_duplicate, similarity
+
+    items: list[tuple[str, int, str]] = []
+    for path in sorted((folder / "state" / "dpem").glob(f"*/{variant_qa.ROUNDS_FILE}")):
+        for entry in json.loads(path.read_text(encoding="utf-8")):
+            items += [(path.parent.name, int(entry["round"]), text) for text, _ in entry["items"]]
+    best: list[tuple[float, int]] = []  # (best similarity to an earlier round's item, which)
+    for i, (conv, number, text) in enumerate(items):
+        earlier = [
+            (similarity(text, other), j)
+            for j, (c, n, other) in enumerate(items[:i])
+            if c == conv and n < number and near_duplicate(text, other, min(thresholds))
+        ]
+        best.append(max(earlier, default=(0.0, -1)))
+    bands = sorted(thresholds, reverse=True)
+    out: dict[str, Any] = {"items": len(items), "recurring": {}, "examples": {}}
+    for top, low in zip([101.0, *bands], bands, strict=False):
+        out["recurring"][f"{low:g}"] = sum(score >= low for score, _ in best)
+        pairs = [(i, j) for i, (score, j) in enumerate(best) if low <= score < top]
+        if pairs:
+            i, j = pairs[0]
+            out["examples"][f"{low:g}"] = [items[j][2], items[i][2], round(best[i][0], 1)]
+    return out
+
+
 def evaluate(points: dict[str, str], out: Path) -> dict[str, Any]:
     """Score the answered points and cross-validate them over their common conversations."""
     answered = {name: answers(out / name) for name in points}
@@ -108,6 +145,7 @@ def evaluate(points: dict[str, str], out: Path) -> dict[str, Any]:
             for name in points
         },
         "cv": leave_one_out(scores),
+        "recurrences": recurrences(out / next(iter(points))),
     }
 
 
@@ -144,6 +182,14 @@ def markdown(result: dict[str, Any]) -> str:
         f"Held-out F1 {cv['held_out']:.3f} over {cv['n']} questions; {agree}; "
         f"best on all: {cv['best_on_all']}.",
     ]
+    rec = result["recurrences"]
+    if rec["items"]:
+        counts = ", ".join(f"{n} at {t}" for t, n in rec["recurring"].items())
+        lines += [
+            "",
+            f"Recorded items with a near-duplicate in an earlier round (what counts toward "
+            f"theta), of {rec['items']}: {counts}.",
+        ]
     return "\n".join(lines)
 
 

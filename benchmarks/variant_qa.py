@@ -85,6 +85,7 @@ from memories_core import (
 from memories_core.engine import Derivation, MemoryEngine
 from memories_core.evaluation import load_locomo
 from memories_core.evaluation.harness import question_time, rewind_state
+from memories_core.files import write_json_atomic
 from memories_core.mechanisms.base import MemoryBase
 from memories_core.mechanisms.dpem import KNOWLEDGE_KIND, LTM, MEASURED_STM_CUT, STM
 from memories_core.mechanisms.memochat import LLMOptionSource
@@ -251,19 +252,29 @@ def recorded_rounds(
     return dict(sorted(out.items()))
 
 
+#: The recorded rounds a replay ran on, beside the replayed memory folder.
+ROUNDS_FILE = "recorded_rounds.json"
+
+
 def replay_dpem(
     memory_dir: Path, user_id: str, embedder: Any, *, settings: dict[str, int]
 ) -> tuple[int, int]:
     """DPeM's executive process run again on the recorded rounds with other ``settings``.
 
     The coordinator's typed items are the recorded run's; only what the executive does
-    with them (``theta``, ``stm_refresh_rounds``, ``stm_capacity``) changes. Returns
-    (items stored before, items stored after).
+    with them (``theta``, ``stm_refresh_rounds``, ``stm_capacity``) changes. The recorded
+    rounds are kept beside the folder (:data:`ROUNDS_FILE`) before the replay rewrites the
+    memory. Returns (items stored before, items stored after).
     """
     clock = FixedClock(datetime(2024, 1, 1, tzinfo=timezone.utc))
     engine = MemoryEngine(path=memory_dir, clock=clock, embedder=embedder)
     try:
         rounds = recorded_rounds(engine, user_id)
+        kept = [
+            {"round": n, "at": when.isoformat(), "items": [list(pair) for pair in typed]}
+            for n, (when, typed) in rounds.items()
+        ]
+        write_json_atomic(memory_dir.parent / ROUNDS_FILE, kept)
         stored = [r.id for r in engine.records(user_id, where={"kind": KNOWLEDGE_KIND})]
         engine.delete_records(user_id, stored, reason="variant_qa: dpem-replay")
         memory = DualProcessMemory(engine=engine, llm=None, **settings)  # type: ignore[arg-type]

@@ -340,6 +340,15 @@ def test_dpem_cv_replays_each_setting_answers_it_and_cross_validates(
     assert set(result["cv"]["folds"]) == {"conv-t", "conv-u"} and result["cv"]["n"] == 6
     assert (out / "dpem_cv.png").stat().st_size > 0
     assert "held-out conversation" in (out / "dpem_cv.md").read_text()
+    # The recorded rounds are kept beside each replay; every item counts once, and with
+    # no rephrasing in the stand-in's items none recurs at the library's threshold.
+    rec = result["recurrences"]
+    assert rec["items"] > 0 and rec["recurring"]["88"] == 0
+    assert rec["recurring"]["60"] <= rec["items"]
+    kept = json.loads(
+        (out / "default" / "state" / "dpem" / "conv-u" / "recorded_rounds.json").read_text()
+    )
+    assert sum(len(entry["items"]) for entry in kept) * 2 == rec["items"]
 
     from memories_core import DualProcessMemory
     from memories_core.embedders import HashingEmbedder
