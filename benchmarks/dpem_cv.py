@@ -217,17 +217,13 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    rest: list[str] = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, rest = argv[:cut], argv[cut + 1 :]
+    own, rest = variant_qa.split_args(argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--source", type=Path, required=True, help="the DPeM row's --out")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--point", action="append", default=[], help="NAME=SETTINGS")
     parser.add_argument("--no-run", action="store_true", help="only score what is answered")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(own)
     points = parse_points(args.point) if args.point else dict(GRID)
     for name, settings in points.items() if not args.no_run else ():
         print(f"== {name}: {settings or 'library defaults'}")

@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import partial
@@ -334,12 +334,17 @@ VARIANTS: dict[str, Variant] = {
 }
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    rest: list[str] = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, rest = argv[:cut], argv[cut + 1 :]
+def split_args(argv: Sequence[str] | None) -> tuple[list[str], list[str]]:
+    """The script's own arguments and the harness's (those after ``--``)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--" not in args:
+        return args, []
+    cut = args.index("--")
+    return args[:cut], args[cut + 1 :]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv, rest = split_args(argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--variant", choices=sorted(VARIANTS), required=True)
     parser.add_argument("--source", type=Path, required=True, help="the ingest run's --out")
