@@ -8,7 +8,7 @@ recorded rounds (``variant_qa.py --variant dpem-replay``: the same typed items, 
 promoted and refreshed under the point's settings) and answers the row's questions with the
 same reader. Each question's LoCoMo F1 is a point's score on its conversation, and
 :func:`~memories_core.evaluation.leave_one_out` picks a point per held-out conversation on
-the others (ties keep the library default, the first point). A default should change only
+the others (ties keep the first point, the library's settings). A default should change only
 when every fold chooses the same point.
 
     python benchmarks/dpem_cv.py --source <the DPeM row's --out> --out <a new folder> -- \\
@@ -37,12 +37,14 @@ from memories_core.evaluation import CATEGORY_NAMES, leave_one_out, mean
 from memories_core.evaluation.harness import read_jsonl
 from memories_core.files import write_json_atomic
 
-#: The default grid: the library's defaults first (ties keep them), then no forgetting
-#: (no refresh period or capacity is ever reached), then promotion on an item's first round.
+#: The default grid, each point's settings written out: the library's settings (theta 3,
+#: STM refreshed every 6 rounds, at most 64 items) first, as ties keep the first point; no
+#: forgetting (no refresh period or capacity is ever reached); promotion on an item's first
+#: round.
 GRID: dict[str, str] = {
-    "default": "",
-    "no-forgetting": "stm_refresh_rounds=100000,stm_capacity=100000",
-    "theta-1": "theta=1",
+    "theta-3": "theta=3,stm_refresh_rounds=6,stm_capacity=64",
+    "no-forgetting": "theta=3,stm_refresh_rounds=100000,stm_capacity=100000",
+    "theta-1": "theta=1,stm_refresh_rounds=6,stm_capacity=64",
 }
 ADVERSARIAL = 5
 #: Merge thresholds at which the recorded items' recurrences are counted (88: the library's).

@@ -724,6 +724,7 @@ def test_dpem_variants_put_back_what_stm_refreshes_dropped(
         path=tmp_path / "memory",
         llm=ScriptedLLM(default=dpem_reply),
         embedder=HashingEmbedder(),
+        theta=3,
         stm_refresh_rounds=1,
     )
     seen: set[str] = set()
@@ -766,6 +767,7 @@ def test_dpem_replay_reproduces_the_recorded_memory_and_runs_other_settings(
         path=tmp_path / "memory",
         llm=ScriptedLLM(default=dpem_reply),
         embedder=HashingEmbedder(),
+        theta=3,
         stm_refresh_rounds=1,
     )
     for text in said * 2:  # every item recurs once, three rounds later
@@ -776,7 +778,7 @@ def test_dpem_replay_reproduces_the_recorded_memory_and_runs_other_settings(
     memory.close()
     copier.copytree(tmp_path / "memory", tmp_path / "other")
     variant = _load_variant_qa()
-    same = {"stm_refresh_rounds": 1}
+    same = {"theta": 3, "stm_refresh_rounds": 1}
     assert variant.replay_dpem(tmp_path / "memory", "ann", HashingEmbedder(), settings=same)[1]
     wide = {"stm_refresh_rounds": 100, "theta": 2}
     variant.replay_dpem(tmp_path / "other", "ann", HashingEmbedder(), settings=wide)

@@ -332,7 +332,7 @@ def test_dpem_cv_replays_each_setting_answers_it_and_cross_validates(
 
     rest = [a for a in argv if a not in ("--mechanisms", "dpem")]
     out = tmp_path / "cv"
-    points = ["--point", "default=", "--point", "theta-1=theta=1"]
+    points = ["--point", "theta-3=theta=3", "--point", "theta-1=theta=1"]
     assert cv_module.main(["--source", str(source), "--out", str(out), *points, "--", *rest]) == 0
     assert len(asked) == row_prompts + 2 * 2 * 3  # 2 points x 2 conversations x 3 questions
     result = json.loads((out / "dpem_cv.json").read_text())
@@ -346,7 +346,7 @@ def test_dpem_cv_replays_each_setting_answers_it_and_cross_validates(
     assert rec["items"] > 0 and rec["recurring"]["88"] == 0
     assert rec["recurring"]["60"] <= rec["items"]
     kept = json.loads(
-        (out / "default" / "state" / "dpem" / "conv-u" / "recorded_rounds.json").read_text()
+        (out / "theta-3" / "state" / "dpem" / "conv-u" / "recorded_rounds.json").read_text()
     )
     assert sum(len(entry["items"]) for entry in kept) * 2 == rec["items"]
 
@@ -364,7 +364,7 @@ def test_dpem_cv_replays_each_setting_answers_it_and_cross_validates(
         finally:
             memory.close()
 
-    stm, ltm = tiers("default")
+    stm, ltm = tiers("theta-3")
     assert stm > 0 and ltm == 0  # nothing recurs three times in two short sessions
     assert tiers("theta-1") == (0, stm)  # every item promoted on its first round
     # Again: every point resumes from its answers; nothing is asked or replayed again.
