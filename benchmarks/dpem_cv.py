@@ -8,8 +8,8 @@ recorded rounds (``variant_qa.py --variant dpem-replay``: the same typed items, 
 promoted and refreshed under the point's settings) and answers the row's questions with the
 same reader. Each question's LoCoMo F1 is a point's score on its conversation, and
 :func:`~memories_core.evaluation.leave_one_out` picks a point per held-out conversation on
-the others (ties keep the first point, the library's settings). A default should change only
-when every fold chooses the same point.
+the others (ties keep the first point: DPeM's settings before this choice). A default
+should change only when every fold chooses the same point.
 
     python benchmarks/dpem_cv.py --source <the DPeM row's --out> --out <a new folder> -- \\
         --conversations 2 --sessions 10 --questions 150 --recall-budget 0
@@ -37,8 +37,8 @@ from memories_core.evaluation import CATEGORY_NAMES, leave_one_out, mean
 from memories_core.evaluation.harness import read_jsonl
 from memories_core.files import write_json_atomic
 
-#: The default grid, each point's settings written out: the library's settings (theta 3,
-#: STM refreshed every 6 rounds, at most 64 items) first, as ties keep the first point; no
+#: The default grid, each point's settings written out: DPeM's settings before this choice
+#: (theta 3, STM refreshed every 6 rounds, at most 64 items) first, as ties keep it; no
 #: forgetting (no refresh period or capacity is ever reached); promotion on an item's first
 #: round.
 GRID: dict[str, str] = {
