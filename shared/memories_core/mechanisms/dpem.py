@@ -153,7 +153,14 @@ class DualProcessMemory(MemoryBase):
         llm: The coordinator ``C`` (default: the engine's model, else the bundled one). The
             engine's ``llm_for(scope)`` is *not* used for it: that serves the user's
             (possibly personalised) answering model.
-        theta: Flag-table count at which an STM item moves to LTM.
+        theta: Flag-table count at which an STM item moves to LTM. The paper leaves it
+            open ("a predetermined threshold"). Default 1, chosen on answers by
+            leave-one-conversation-out on LoCoMo (both folds; ``benchmarks/dpem_cv.py``):
+            in conversation the coordinator rarely restates an item closely enough to
+            count as a recurrence (none did in 201 rounds), so at 3 every item waited in
+            STM until a refresh dropped it, and the edit-distance lookup missed the rest.
+            At 1 every item is long-term from its first round and looked up by meaning;
+            2 or more keeps the paper's two tiers for users who repeat themselves.
         stm_refresh_rounds: Length of an STM period in rounds; at its end items not seen
             during it are dropped.
         stm_capacity: Most items STM holds (least seen, then oldest, are dropped first).
@@ -199,7 +206,7 @@ class DualProcessMemory(MemoryBase):
         self,
         *,
         llm: LLM | None = None,
-        theta: int = 3,
+        theta: int = 1,
         stm_refresh_rounds: int = 6,
         stm_capacity: int = 64,
         working_capacity: int = 16,
