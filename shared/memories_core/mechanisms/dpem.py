@@ -155,8 +155,8 @@ class DualProcessMemory(MemoryBase):
             (possibly personalised) answering model.
         theta: Flag-table count at which an STM item moves to LTM. The paper leaves it
             open (Zhang et al., 2023, "Executive Process": "a predetermined threshold").
-            Default 1, chosen on answers by leave-one-conversation-out on LoCoMo (both
-            folds; ``benchmarks/dpem_cv.py``):
+            Default 1, chosen on answers by leave-one-conversation-out on LoCoMo, both
+            folds agreeing (BENCHMARKS.md, "DPeM: executive settings chosen on answers"):
             in conversation the coordinator rarely restates an item closely enough to
             count as a recurrence (none did in 201 rounds), so at 3 every item waited in
             STM until a refresh dropped it, and the edit-distance lookup missed the rest.
