@@ -97,19 +97,20 @@ def recurrences(folder: Path, thresholds: Sequence[float] = THRESHOLDS) -> dict[
     ``dpem-replay`` keeps beside the memory; the first pair per threshold band is kept as an
     example, to read whether the merges would be the same fact.
     """
-    from memories_core.mechanisms.dpem_items import near_duplicate, similarity
+    from memories_core.mechanisms.dpem_items import duplicate_score
 
     items: list[tuple[str, int, str]] = []
     for path in sorted((folder / "state" / "dpem").glob(f"*/{variant_qa.ROUNDS_FILE}")):
         for entry in json.loads(path.read_text(encoding="utf-8")):
             items += [(path.parent.name, int(entry["round"]), text) for text, _ in entry["items"]]
-    best: list[tuple[float, int]] = []  # (best similarity to an earlier round's item, which)
+    best: list[tuple[float, int]] = []  # (best score against an earlier round's item, which)
     for i, (conv, number, text) in enumerate(items):
-        earlier = [
-            (similarity(text, other), j)
+        scores = [
+            (duplicate_score(text, other), j)
             for j, (c, n, other) in enumerate(items[:i])
-            if c == conv and n < number and near_duplicate(text, other, min(thresholds))
+            if c == conv and n < number
         ]
+        earlier = [(score, j) for score, j in scores if score >= min(thresholds)]
         best.append(max(earlier, default=(0.0, -1)))
     bands = sorted(thresholds, reverse=True)
     out: dict[str, Any] = {"items": len(items), "recurring": {}, "examples": {}}

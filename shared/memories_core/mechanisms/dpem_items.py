@@ -22,6 +22,7 @@ __all__ = [
     "DPeMStats",
     "KnowledgeItem",
     "check_typed",
+    "duplicate_score",
     "near_duplicate",
     "padded",
     "similarity",
@@ -54,15 +55,22 @@ def similarity(a: str, b: str) -> float:
     return float(max(fuzz.ratio(pa, pb), fuzz.token_sort_ratio(pa, pb)))
 
 
+def duplicate_score(a: str, b: str) -> float:
+    """:func:`similarity` of two items with the same numbers, 0 when their numbers differ.
+
+    "is 45" and "is 46" are different facts however alike the rest reads.
+    """
+    if _DIGITS.findall(a) != _DIGITS.findall(b):
+        return 0.0
+    return similarity(a, b)
+
+
 def near_duplicate(a: str, b: str, threshold: float = MERGE_THRESHOLD) -> bool:
     """Whether ``b`` is a trivial rephrasing of ``a`` (one flag-table entry, not two).
 
-    ``similarity(a, b) >= threshold`` and the same numbers in both: "is 45" and "is 46"
-    differ, however alike the rest reads.
+    ``duplicate_score(a, b) >= threshold``: alike enough, and the same numbers in both.
     """
-    if _DIGITS.findall(a) != _DIGITS.findall(b):
-        return False
-    return similarity(a, b) >= threshold
+    return duplicate_score(a, b) >= threshold
 
 
 @dataclass(frozen=True)
