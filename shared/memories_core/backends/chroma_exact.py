@@ -2,7 +2,7 @@
 
 Embedded Chroma (chromadb 1.5.9) can leave records out of its HNSW graph: with near-duplicate
 vectors, a record deleted and added again, or a collection closed and reopened, a query with
-a record's own vector may not return it (measured: ``benchmarks/chroma_reopen.py``). The
+a record's own vector may not return it (measured: BENCHMARKS.md, "Embedded Chroma"). The
 record is still stored (``get`` returns it) but recall cannot reach it, which to the user is
 data loss. Two remedies live here, both used by
 :class:`~memories_core.backends.ChromaIndex`:

@@ -65,7 +65,7 @@ _EXACT_BELOW = 2000
 # A mirror the process already holds (loaded, or started empty with the user's first write
 # here) is kept and searched exactly up to this many vectors: it costs memory, not a read.
 # Exact search of 10k hashed vectors takes about 1 ms; a graph query through Chroma's
-# client 10-600 ms on a busy 2-core machine (benchmarks/store_compare.py).
+# client 10-600 ms on a busy 2-core machine (measured while comparing the stores).
 _KEEP_EXACT_BELOW = 20_000
 # Records whose reachability a large collection's first open in a process checks.
 _OPEN_CHECK = 200
@@ -140,7 +140,7 @@ class ChromaIndex(ChromaFiltering, ChromaReachability, ChromaVerification, Chrom
         chromadb 1.5.9's embedded HNSW graph can leave a stored record out of reach: with
         near-duplicate vectors, after a record is deleted and added again, or after a close
         and reopen, a query with the record's own vector may not return it (measured in
-        ``benchmarks/chroma_reopen.py``). A user with at most ``exact_below`` vectors is
+        BENCHMARKS.md, "Embedded Chroma"). A user with at most ``exact_below`` vectors is
         therefore searched by brute force over an in-process mirror of their vectors and
         metadata (loaded with one ``get`` on the user's first search in the process, then
         kept current by this index's writes; :mod:`memories_core.backends.chroma_exact`),

@@ -89,7 +89,7 @@ __all__ = ["PgVectorIndex"]
 _TIE = 1e-5
 
 #: Users with at most this many vectors are searched exactly, outside the HNSW graph.
-#: Chosen by cost (``benchmarks/pg_exact_cost.py`` on the 1M-row store, PostgreSQL's default
+#: Chosen by cost (an exact search against the graph on the 1M-row store, PostgreSQL's default
 #: settings, the covering index): an exact search of a 10,000-vector user took 7.9 ms p50,
 #: a search of a graph holding only that user's rows 14.6 ms; at 20,000 the two were level
 #: (23.7 / 22.6 ms); and a row written outside the graph costs 0.14 ms against 2.3-4.6 ms
@@ -468,7 +468,7 @@ class PgVectorIndex:
         With statistics from before a bulk load the planner believes a user has a few hundred
         vectors and sorts all of them exactly instead of walking the HNSW graph: on 10k
         vectors of one user, 10.4 ms against 3.4 ms per query once analysed (2026-11-27,
-        ``benchmarks/store_compare.py``). Autovacuum would analyse too, but up to a minute
+        BENCHMARKS.md, "LangGraph stores"). Autovacuum would analyse too, but up to a minute
         or more later; ``ANALYZE`` samples the table and blocks no reader or writer.
         """
         with self._lock:

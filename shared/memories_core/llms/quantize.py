@@ -19,7 +19,8 @@ memory bandwidth. Two ways to read less, chosen with ``LocalLLM(quantize=...)``:
 (BENCHMARKS.md, "Answer quality end to end (LoCoMo QA)"). Where torch lacks what a setting
 needs, the model stays in float32 and a warning says so. Nothing is saved: converted layers
 live in memory only (a quantised model could only be stored with pickle, which this project
-never loads). Speed on this project's 2-core machine: ``benchmarks/local_int8.py``.
+never loads). Speed on this project's 2-core machine: BENCHMARKS.md, "Int8 weights for the
+1.5B model".
 """
 
 from __future__ import annotations

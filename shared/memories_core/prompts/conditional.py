@@ -23,8 +23,8 @@ Two answer formats, chosen by what the model offers:
   :attr:`~PromptSpec.structured` twin, used when the model offers schema-constrained
   decoding (the local models through lm-format-enforcer; OpenAI-compatible servers through
   ``response_format``) or JSON mode.
-  A 135M-parameter model rarely follows the tagged format (see
-  ``benchmarks/out/parse_rate.md``), while a schema makes every answer parse; the fields and
+  A 135M-parameter model rarely follows the tagged format (BENCHMARKS.md, "Structured
+  output"), while a schema makes every answer parse; the fields and
   rules are the paper's, only the envelope differs.
 
 User text is untrusted: it is fenced in ``<user_input>`` with ``<``, ``>`` and ``&`` escaped

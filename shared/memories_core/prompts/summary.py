@@ -180,5 +180,5 @@ SESSION_SUMMARY: PromptSpec[SummaryInput, str] = PromptSpec(
     max_tokens=200,
     # No JSON twin in the runner's choice: a summary is prose, and with the bundled SmolLM2
     # the constrained JSON form parsed 0/8 against 8/8 for plain prose
-    # (benchmarks/out/parse_rate.md). SESSION_SUMMARY_JSON stays available on its own.
+    # (BENCHMARKS.md, "Structured output"). SESSION_SUMMARY_JSON stays available on its own.
 )

@@ -76,9 +76,9 @@ __all__ = [
 ]
 
 #: Candidates of the fused ranking re-scored per recall. Chosen with the three below by
-#: leave-one-conversation-out cross-validation on LoCoMo dev (``benchmarks/
-#: rerank_context.py``, every third question: every fold chose 30 candidates, weight 0.5,
-#: pairs with context; held-out R@5 +0.047, R@10 +0.045; BENCHMARKS.md).
+#: leave-one-conversation-out cross-validation on LoCoMo dev (every third question: every
+#: fold chose 30 candidates, weight 0.5, pairs with context; held-out R@5 +0.047, R@10
+#: +0.045; BENCHMARKS.md, "Cross-encoder reranking").
 DEFAULT_CANDIDATES = 30
 #: Word pieces per (query, text) pair, special tokens included. 48 (the earlier default,
 #: turn alone) cut most pairs with context; 96 keeps nearly all of them whole.

@@ -63,8 +63,8 @@ class FusionConfig:
     """How the dense and lexical rankings are fused.
 
     The defaults were chosen by measurement on LoCoMo (the locally available half, raw
-    dialogue turns, all-MiniLM-L6-v2 embeddings; see ``benchmarks/locomo_retrieval.py`` and
-    BENCHMARKS.md): z-score fusion with BM25 weighted above the small embedding model, which
+    dialogue turns, all-MiniLM-L6-v2 embeddings; BENCHMARKS.md, "Cross-validated choice of
+    every knob"): z-score fusion with BM25 weighted above the small embedding model, which
     on dialogue memories is the weaker signal, plus conversation context (below).
 
     Conversation context: in a dialogue the turn that holds a fact often only makes sense

@@ -136,7 +136,7 @@ logger = logging.getLogger(__name__)
 
 #: Candidates of the fused ranking re-scored per recall. This, the weight, ``context`` and
 #: the encoder's ``markers`` were chosen together by leave-one-conversation-out
-#: cross-validation on LoCoMo dev (``benchmarks/rerank_late.py``, all 997 questions, grid
+#: cross-validation on LoCoMo dev (all 997 questions, grid
 #: markers/augmentation x context x candidates 10/20/30 x weight 0.2-1.0): all five folds
 #: chose no markers, context, 30 candidates, weight 0.7; held-out R@5 0.679 -> 0.743,
 #: R@10 0.775 -> 0.815 (BENCHMARKS.md, "Late-interaction reranking").
@@ -147,7 +147,7 @@ DEFAULT_LATE_WEIGHT = 0.7
 DEFAULT_LATE_CONTEXT = True
 #: How deep MaxSim scores the fused ranking (0: the head only); the pool's ``candidates``
 #: best join the head. Chosen with the pipeline depth below by leave-one-conversation-out
-#: CV on LoCoMo dev (``benchmarks/rerank_late.py --depth 150 --pools 0,100,150,200,250``,
+#: CV on LoCoMo dev (fused depth 150, pools 0, 100, 150, 200 and 250,
 #: all 997 questions, candidates 10-50 x pool x weight 0.2-1.0, objective R@5 + R@10 +
 #: session R@10): every fold chose pool 250 and weight 0.7 (30 or 50 candidates); held-out
 #: R@5 0.704 -> 0.756, R@10 0.788 -> 0.828, session R@10 0.953 -> 0.965 (BENCHMARKS.md,

@@ -58,7 +58,7 @@ default, as a set (``decode="expected_f1"``, ours, not the paper's): the walk sc
 reachable memory with ``P(required)`` (the warm-start network, Eq. 5, kept with the policy)
 and the best-first prefix of highest expected F1 is returned, so the size follows how confident the
 top memory is; ``decode="greedy"`` keeps the paper's include/stop walk, which on LoCoMo
-always stops at one memory (``benchmarks/emg_selection.py``).
+always stops at one memory (BENCHMARKS.md, "EMG-RAG: memory selection on LoCoMo").
 
 **Training questions from the user's own memories** (appendix A.1 step 3): no user labels
 questions, so :meth:`EMGMemory.generate_questions` has the model write them

@@ -12,7 +12,8 @@ memory among the question's candidates: its cosine minus the best candidate's, i
 the activation ranking (as ``1 / (1 + rank)``), its activation score relative to the best
 one, and its depth (hops from the activated node it was reached from, as ``1 / (1 + d)``).
 A policy records the features it was trained on (``features``), so a policy of the paper's
-three features keeps working; ``benchmarks/emg_selection.py`` compares both.
+three features keeps working (both are compared in BENCHMARKS.md, "EMG-RAG: memory
+selection on LoCoMo").
 
 :class:`SelectionPolicy` is the paper's network: two layers, 20 ``tanh`` hidden units, two
 outputs (A.4). Inference runs in numpy (no torch import on the answer path); training

@@ -201,7 +201,7 @@ class Selector:
         if policy is None and settings.fallback == "top1":
             # Untrained: the activation ranking's best memories (``min_select``, at least
             # one). On LoCoMo top-1 has the best F1 of every fixed K and of the threshold
-            # walk (benchmarks/emg_selection.py), so an untrained user is never below it;
+            # walk (BENCHMARKS.md, EMG-RAG), so an untrained user is never below it;
             # the reader's answers agree (BENCHMARKS.md, answer quality: top-3 and the
             # threshold walk answer worse).
             decode = "top1"
