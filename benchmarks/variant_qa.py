@@ -29,7 +29,9 @@ Variants (``--variant``):
   (``show_dates=False``), as it was before EMG's context was dated like every other
   mechanism's.
 * ``dpem-stm-cut``: DPeM with the short-term lookup's measured relevance cut
-  (``stm_cut=MEASURED_STM_CUT["levenshtein"]``; off by default).
+  (``stm_cut=MEASURED_STM_CUT["levenshtein"]``; off by default); with ``--dpem`` the copies
+  are first replayed with those settings (as ``dpem-replay``), to measure the cut on an STM
+  that holds more items.
 * ``dpem-keep-all``: DPeM without forgetting: every knowledge item its STM refreshes
   dropped (the paper's "STM is refreshed periodically", Zhang et al., 2023, "Executive
   Process") is put back in STM from the update history, as it was when dropped.
@@ -334,6 +336,27 @@ VARIANTS: dict[str, Variant] = {
 }
 
 
+#: Variants whose copies may first be replayed with other executive settings (``--dpem``).
+REPLAYABLE = ("dpem-replay", "dpem-stm-cut")
+
+
+def resolve_variant(name: str, dpem: str = "") -> Variant:
+    """The variant ``name``, its copies first replayed with the ``--dpem`` settings if given.
+
+    ``dpem-replay`` always replays (with no settings, DPeM's defaults); ``dpem-stm-cut``
+    replays only when asked, so the cut can be measured on a memory that holds more STM
+    items than the ingest left (``--dpem theta=3,stm_refresh_rounds=100000``). The other
+    variants prepare their copies their own way and refuse ``--dpem``.
+    """
+    variant = VARIANTS[name]
+    if dpem and name not in REPLAYABLE:
+        raise SystemExit(f"--dpem applies to {', '.join(REPLAYABLE)}, not {name}")
+    if name == "dpem-replay" or dpem:
+        replay = partial(replay_dpem, settings=dpem_settings(dpem))
+        return Variant(variant.mechanism, variant.factory, prepare=replay)
+    return variant
+
+
 def split_args(argv: Sequence[str] | None) -> tuple[list[str], list[str]]:
     """The script's own arguments and the harness's (those after ``--``)."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -352,13 +375,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--dpem",
         default="",
-        help="dpem-replay's settings, e.g. theta=1,stm_refresh_rounds=24,stm_capacity=64",
+        help="replay the copies with these executive settings first (dpem-replay, "
+        "dpem-stm-cut), e.g. theta=1,stm_refresh_rounds=24,stm_capacity=64",
     )
     args = parser.parse_args(argv)
-    variant = VARIANTS[args.variant]
-    if args.variant == "dpem-replay":
-        settings = dpem_settings(args.dpem)
-        variant = Variant("dpem", prepare=partial(replay_dpem, settings=settings))
+    variant = resolve_variant(args.variant, args.dpem)
     mechanism = variant.mechanism
     from memories_core.embedders import SentenceTransformerEmbedder
 

@@ -797,6 +797,47 @@ def test_dpem_replay_reproduces_the_recorded_memory_and_runs_other_settings(
         other.close()
 
 
+def test_dpem_stm_cut_variant_replays_first_when_given_settings(tmp_path: Path) -> None:
+    """``--dpem`` with the STM cut: the copy is replayed, then recalled through the cut."""
+    from memories_core import DualProcessMemory, Turn
+    from memories_core.prompts.dpem import dpem_reply
+
+    said = ["I have type 2 diabetes.", "My cat Miso opens doors.", "I play the violin."]
+    memory = DualProcessMemory(
+        path=tmp_path / "memory",
+        llm=ScriptedLLM(default=dpem_reply),
+        embedder=HashingEmbedder(),
+        theta=3,
+        stm_refresh_rounds=1,
+    )
+    for text in said:
+        memory.save([Turn("user", text), Turn("assistant", "Noted.")], Scope("ann"))
+        memory.flush("ann")
+    assert len(memory.stm("ann")) < len(said)  # the refreshes dropped the earlier items
+    memory.close()
+    variant = _load_variant_qa()
+    assert variant.resolve_variant("dpem-stm-cut").prepare is None  # no replay unless asked
+    assert variant.resolve_variant("dpem-replay").prepare is not None
+    with pytest.raises(SystemExit, match="--dpem applies to"):
+        variant.resolve_variant("dpem-keep-all", "theta=3")
+    with pytest.raises(SystemExit, match="--dpem"):
+        variant.resolve_variant("dpem-stm-cut", "theta=three")
+    cut = variant.resolve_variant("dpem-stm-cut", "theta=3,stm_refresh_rounds=100")
+    assert cut.factory is variant.dpem_stm_cut
+    cut.prepare(tmp_path / "memory", "ann", HashingEmbedder())
+    common = {"path": tmp_path / "memory", "embedder": HashingEmbedder()}
+    replayed = cut.factory(common, None, None)
+    try:
+        assert len(replayed.stm("ann")) == len(said)  # no refresh dropped them this time
+        assert replayed.stm_cut > 0
+        near = replayed.recall("I play the violin", Scope("ann"), k=3).records
+        assert near and all("violin" in r.record.text for r in near)
+        far = replayed.recall("zzzz qqqq", Scope("ann"), k=3).records
+        assert not far  # nothing in STM is close enough, and LTM is empty
+    finally:
+        replayed.close()
+
+
 def test_rewind_state_puts_recalled_records_back_as_they_were_before_the_questions(
     tmp_path: Path,
 ) -> None:
