@@ -47,6 +47,7 @@ from memories_core.embedders import HashingEmbedder
 from memories_core.evaluation import (
     CATEGORY_NAMES,
     LocomoConversation,
+    leave_one_out,
     load_locomo,
     recall_at_k,
 )
@@ -192,31 +193,36 @@ def objective(summary: dict[str, float]) -> float:
 
 
 def cross_validate(results: dict[Setting, list[Row]], folds: Sequence[str]) -> dict[str, Any]:
-    """Leave one conversation out; ties keep grid order (the first point)."""
+    """Leave one conversation out (:func:`leave_one_out`); ties keep grid order.
+
+    A question's score is the mean of its R@5 and R@10, so a fold's mean score is
+    :func:`objective` of its mean R@k.
+    """
+    settings = {setting.label(): setting for setting in results}
+    scores = {
+        setting.label(): {
+            fold: [objective(row[2]) for row in rows if row[0] == fold] for fold in folds
+        }
+        for setting, rows in results.items()
+    }
+    cv = leave_one_out(scores)
     held: list[Row] = []
     per_fold: dict[str, Any] = {}
-    for fold in folds if len(folds) > 1 else ():
-        best, best_value = None, -1.0
-        for setting, rows in results.items():
-            value = objective(mean_of([r for r in rows if r[0] != fold]))
-            if value > best_value + 1e-12:
-                best, best_value = setting, value
-        assert best is not None
-        test = [r for r in results[best] if r[0] == fold]
+    for fold, choice in cv["folds"].items():
+        test = [r for r in results[settings[choice["chosen"]]] if r[0] == fold]
         held += test
         per_fold[fold] = {
-            "chosen": best.label(),
-            "train_objective": best_value,
+            "chosen": choice["chosen"],
+            "train_objective": choice["train"],
             "held_out": mean_of(test),
             "grid_held_out": {
                 s.label(): mean_of([r for r in rows if r[0] == fold]) for s, rows in results.items()
             },
         }
-    overall_best = max(results, key=lambda s: objective(mean_of(results[s])))
     return {
         "held_out": mean_of(held) if held else {"R@5": 0.0, "R@10": 0.0, "n": 0},
         "folds": per_fold,
-        "best_on_all": overall_best.label(),
+        "best_on_all": cv["best_on_all"],
     }
 
 
