@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from memories_core import DualProcessMemory, FixedClock, Scope, Turn
+from memories_core.clock import memory_time
 from memories_core.embedders import HashingEmbedder
 from memories_core.errors import ConfigurationError, InvalidInputError, ParseError
 from memories_core.llms import ScriptedLLM
@@ -306,14 +307,18 @@ def test_recall_searches_ltm_semantically_and_labels_the_two_types() -> None:
     assert kinds == {KNOWLEDGE_KIND} and tiers == {"stm", "ltm"}
     user_part, common_part = recall.context.split("Common-sense knowledge:\n")
     assert user_part.startswith("User-specific knowledge:\n")
+    when = f"[{memory_time(T0)}]"  # every item dated with when it was memorized
     assert sorted(user_part.strip().splitlines()[1:]) == [
-        "- The user said: I have type 2 diabetes.",
-        "- The user said: My feet tingle at night.",
+        f"- {when} The user said: I have type 2 diabetes.",
+        f"- {when} The user said: My feet tingle at night.",
     ]
-    assert common_part == "- Keeping the skin moist eases diabetic dermopathy."
+    assert common_part == f"- {when} Keeping the skin moist eases diabetic dermopathy."
     assert memory.prompt("red spots on my skin, is it my diabetes?", Scope("ann"), k=5) == (
         recall.context
     )
+    memory.show_dates = False  # the paper's items, undated
+    undated = memory.recall("red spots on my skin, is it my diabetes?", Scope("ann"), k=5)
+    assert undated.context == recall.context.replace(f"{when} ", "")
     # LTM goes through the engine's fused retrieval: only LTM records come from it.
     ltm_hits = memory.engine.search(
         "diabetes", "ann", k=5, kinds=[KNOWLEDGE_KIND], where={"tier": "ltm"}

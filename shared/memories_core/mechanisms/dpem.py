@@ -42,7 +42,9 @@ one transaction and is idempotent (a count is the number of *distinct* rounds an
 seen in), so a crash between it and the job's completion cannot count an item twice.
 
 The rendered context labels user-specific and common-sense knowledge separately (Figure 5); it
-is the prompt ``p = Retriever(x)`` of MaLP's eq. (3) (:meth:`DualProcessMemory.prompt`).
+is the prompt ``p = Retriever(x)`` of MaLP's eq. (3) (:meth:`DualProcessMemory.prompt`). Each
+item is dated with when it was first memorized, as every mechanism dates its lines
+(``show_dates``; ``show_dates=False`` gives the paper's undated items).
 """
 
 from __future__ import annotations
@@ -415,7 +417,8 @@ class DualProcessMemory(MemoryBase):
         groups: dict[str, list[str]] = {USER_SPECIFIC: [], COMMON_SENSE: []}
         for hit in hits:
             kind = str(hit.record.state.attrs.get("type", hit.record.metadata.get("type", "")))
-            groups[kind if kind in groups else USER_SPECIFIC].append(f"- {hit.record.text}")
+            line = self._dated(hit.record.text, hit.record.created_at)
+            groups[kind if kind in groups else USER_SPECIFIC].append(f"- {line}")
         parts = []
         if groups[USER_SPECIFIC]:
             parts.append("User-specific knowledge:\n" + "\n".join(groups[USER_SPECIFIC]))
