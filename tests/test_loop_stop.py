@@ -127,3 +127,95 @@ def test_the_llama_cpp_runtime_keeps_a_reply_that_does_not_loop(
         assert text == "".join(f"<{t}>" for t in reply)
         assert models[0].decoded == len(reply)
         assert llm.usage.capped == 0
+
+
+# ------------------------------------------------------ loops inside a schema-bounded string
+BOUNDED: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "topics": {
+            "type": "array",
+            "items": {"$ref": "#/$defs/Topic"},
+        }
+    },
+    "$defs": {
+        "Topic": {
+            "type": "object",
+            "properties": {
+                "topic": {"type": "string", "maxLength": 120},
+                "summary": {"type": "string", "maxLength": 600},
+                "kind": {"type": "string", "enum": ["a", "b"]},
+                "start": {"type": "integer"},
+            },
+        }
+    },
+}
+
+
+def test_strings_bounded_needs_a_max_length_on_every_string() -> None:
+    from memories_core.llms.loops import strings_bounded
+
+    assert strings_bounded(BOUNDED)
+    notes = {"type": "array", "items": {"type": "string"}}
+    unbounded = {"type": "object", "properties": {"notes": notes}}
+    assert not strings_bounded(unbounded)
+    assert not strings_bounded({"type": ["string", "null"]})
+    assert not strings_bounded(None) and not strings_bounded({})
+
+
+def test_inside_json_string_follows_quotes_and_escapes() -> None:
+    from memories_core.llms.loops import inside_json_string
+
+    assert inside_json_string('{"topics": [{"summary": "Both mention')
+    assert not inside_json_string('{"topics": [{"summary": "done", "start": 1')
+    assert inside_json_string('{"s": "she said \\"hi')  # an escaped quote does not close it
+    assert not inside_json_string('{"s": "a backslash \\\\"')  # an escaped backslash does
+
+
+# Token ids read as text: 1 is a quote, the others a word each.
+WORDS = {1: '"', 2: "{", 3: "}", 4: ":", 5: ","}
+
+
+def _text(ids: list[int]) -> str:
+    return "".join(WORDS.get(t, f" w{t}") for t in ids)
+
+
+def _criterion_stops(reply: list[int], decode: Any) -> bool:
+    import torch
+
+    from memories_core.llms.transformers_runtime import _LoopStop
+
+    prompt = [9, 9, 9]
+    loops = _LoopStop(len(prompt), decode)
+    for n in range(1, len(reply) + 1):
+        if bool(loops.criterion(torch.tensor([prompt + reply[:n]]), None)[0]):
+            return True
+    return False
+
+
+def test_a_cycle_inside_a_bounded_json_string_is_left_to_the_schema() -> None:
+    sentence = list(range(300, 314))  # a 14-word sentence with no quote in it
+    in_string = [2, 1, 50, 1, 4, 1, *sentence * 4, 1, 5, 1, 51, 1, 4, 60, 3]
+    items = [2, *([1, *range(400, 412), 1, 5] * 4), 3]  # whole items, outside any string
+    # Without a decoder (no schema, or one with unbounded strings) both are cut.
+    assert _criterion_stops(in_string, None) and _criterion_stops(items, None)
+    # With a schema that bounds its strings, only the cycle of whole items is.
+    assert not _criterion_stops(in_string, _text)
+    assert _criterion_stops(items, _text)
+
+
+def test_the_llama_cpp_runtime_leaves_a_bounded_string_to_the_schema(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from memories_core.llms.base import JsonSchema
+
+    sentence = list(range(300, 314))
+    reply = [2, 1, 50, 1, 4, 1, *sentence * 4, 1, 5, 1, 51, 1, 4, 60, 3]
+    monkeypatch.setattr(LoopingLlama, "detokenize", lambda self, ids: _text(ids).encode())
+    unbounded: dict[str, Any] = {"type": "object", "properties": {"s": {"type": "string"}}}
+    cases: list[tuple[dict[str, Any], int]] = [(BOUNDED, 0), (unbounded, 1)]
+    for schema, capped in cases:
+        llm, models = llama_with(monkeypatch, reply)
+        llm.generate([ChatMessage("user", "memo please")], response_format=JsonSchema("m", schema))
+        assert llm.usage.capped == capped
+        assert models[0].decoded == (len(reply) if capped == 0 else len(reply[:6] + sentence * 3))

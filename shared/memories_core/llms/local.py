@@ -43,7 +43,7 @@ from memories_core.llms.base import (
     ResponseFormat,
     truncate_at_stop,
 )
-from memories_core.llms.loops import loop_end
+from memories_core.llms.loops import inside_json_string, loop_end, strings_bounded
 from memories_core.llms.models import MODELS, model_gguf
 from memories_core.llms.quantize import (
     Applied,
@@ -656,7 +656,8 @@ class LocalLLM(BaseLLM):
             **options,
         }
         fired: list[bool] = []
-        loop = _LlamaLoopStop()
+        bounded = strings_bounded(getattr(fmt, "schema", None))
+        loop = _LlamaLoopStop(runtime.model.detokenize if bounded else None)
         criteria: list[Callable[[Any, Any], bool]] = []
         if deadline is not None:
 
@@ -697,9 +698,11 @@ class _LlamaLoopStop:
     reply's tokens to keep are in :attr:`kept` once it fired.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, detokenize: Callable[[list[int]], bytes] | None = None) -> None:
         self.prompt_length: int | None = None
         self.kept: list[int] | None = None
+        # A JSON reply: a cycle inside a string is left for the schema to close.
+        self._detokenize = detokenize
 
     def __call__(self, input_ids: Any, logits: Any) -> bool:
         if self.kept is not None:
@@ -709,6 +712,9 @@ class _LlamaLoopStop:
         # Only the reply is converted: the prompt may be thousands of tokens, at every step.
         reply = [int(t) for t in input_ids[self.prompt_length :]]
         end = loop_end(reply)
+        if end is not None and self._detokenize is not None:
+            text = self._detokenize(reply).decode("utf-8", errors="ignore")
+            end = None if inside_json_string(text) else end
         if end is not None:
             self.kept = reply[:end]
         return self.kept is not None

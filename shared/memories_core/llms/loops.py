@@ -4,13 +4,26 @@ A small model decoding greedily can fall into a cycle, writing the same note aga
 again until its token cap. :func:`loop_end` tells where such a reply should end; the
 transformers and llama.cpp runtimes of :class:`~memories_core.llms.LocalLLM` call it on
 token ids, :class:`~memories_core.llms.OpenAIChatLLM` on streamed pieces.
+
+A reply constrained by a schema that bounds every string (:func:`strings_bounded`) is not
+ended inside a string: a cut string would lose every field written after it (a memo topic's
+line range after its summary), while the schema's ``maxLength`` closes a runaway string on
+its own (:func:`inside_json_string`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-__all__ = ["LOOP_REPEATS", "MAX_LOOP_PERIOD", "MIN_LOOP_PERIOD", "loop_end"]
+__all__ = [
+    "LOOP_REPEATS",
+    "MAX_LOOP_PERIOD",
+    "MIN_LOOP_PERIOD",
+    "inside_json_string",
+    "loop_end",
+    "strings_bounded",
+]
 
 #: Shortest span whose back-to-back repetition ends a reply (tokens). A note or a list item
 #: is longer; a list of one-word labels (``"fact", "fact", ...``) repeats a shorter span
@@ -56,3 +69,46 @@ def loop_end(
             return None  # a run of a short span: not an item loop
         return n - (repeats - 2) * period
     return None
+
+
+def inside_json_string(text: str) -> bool:
+    """Whether ``text``, the start of a JSON value, ends inside a string literal.
+
+    A cycle found there is left running when the reply is schema-constrained: the schema
+    closes the string at its ``maxLength`` and the fields after it are still written (ending
+    the reply there made every memo topic whose summary looped unreadable). A cycle of whole
+    items (outside any string) still ends the reply.
+    """
+    inside = escaped = False
+    for char in text:
+        if escaped:
+            escaped = False
+        elif inside and char == "\\":
+            escaped = True
+        elif char == '"':
+            inside = not inside
+    return inside
+
+
+def strings_bounded(schema: Mapping[str, Any] | None) -> bool:
+    """Whether every string ``schema`` allows has a ``maxLength`` (or is an ``enum``/``const``).
+
+    Under such a schema a constrained decoder closes a runaway string itself, so a cycle
+    inside a string is left to it; with an unbounded string (or no schema) the loop stop
+    ends the reply as anywhere else.
+    """
+    if not schema:
+        return False
+
+    def bounded(node: Any) -> bool:
+        if isinstance(node, list):
+            return all(bounded(item) for item in node)
+        if not isinstance(node, Mapping):
+            return True
+        kind = node.get("type")
+        is_string = kind == "string" or (isinstance(kind, list) and "string" in kind)
+        if is_string and not ({"maxLength", "enum", "const"} & set(node)):
+            return False
+        return all(bounded(value) for value in node.values())
+
+    return bounded(schema)

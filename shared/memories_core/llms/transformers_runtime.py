@@ -9,11 +9,19 @@ one ``generate`` (left padding).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from memories_core.llms.base import LLMResult, ResponseFormat, truncate_at_stop
-from memories_core.llms.loops import LOOP_REPEATS, MAX_LOOP_PERIOD, MIN_LOOP_PERIOD, loop_end
+from memories_core.llms.loops import (
+    LOOP_REPEATS,
+    MAX_LOOP_PERIOD,
+    MIN_LOOP_PERIOD,
+    inside_json_string,
+    loop_end,
+    strings_bounded,
+)
 from memories_core.types import ChatMessage
 
 __all__ = [
@@ -63,10 +71,14 @@ def _stop_criteria(tokenizer: Any, stops: list[str], prompt_length: int) -> Any:
 class _LoopStop:
     """A transformers stopping criterion that ends a row once :func:`loop_end` finds a cycle.
 
-    ``ends`` maps a stopped row to the tokens of its reply to keep.
+    ``ends`` maps a stopped row to the tokens of its reply to keep. With ``decode`` (a JSON
+    reply), a cycle inside a string is left for the schema to close
+    (:func:`~memories_core.llms.loops.inside_json_string`).
     """
 
-    def __init__(self, prompt_length: int) -> None:
+    def __init__(
+        self, prompt_length: int, decode: Callable[[list[int]], str] | None = None
+    ) -> None:
         from transformers import StoppingCriteria
 
         self.ends: dict[int, int] = {}
@@ -79,8 +91,11 @@ class _LoopStop:
                 done = []
                 for row, ids in enumerate(input_ids):
                     if row not in outer.ends:
-                        end = loop_end(ids[prompt_length:].tolist())
-                        if end is not None:
+                        reply = ids[prompt_length:].tolist()
+                        end = loop_end(reply)
+                        if end is not None and not (
+                            decode is not None and inside_json_string(decode(reply))
+                        ):
                             outer.ends[row] = end
                     done.append(row in outer.ends)
                 return torch.tensor(done, dtype=torch.bool)
@@ -263,6 +278,11 @@ def _prompt_ids(runtime: Runtime, messages: tuple[ChatMessage, ...], limit: int)
     return [int(t) for t in encoded["input_ids"][0].tolist()][-room:]
 
 
+def _leaves_strings(fmt: ResponseFormat | None) -> bool:
+    """Whether ``fmt`` is a schema whose every string is bounded (loops there are its own)."""
+    return strings_bounded(getattr(fmt, "schema", None))
+
+
 def _generation_options(
     tokenizer: Any,
     limit: int,
@@ -271,8 +291,12 @@ def _generation_options(
     prompt_length: int,
     deadline: float | None,
     stop_loops: bool,
+    json_reply: bool = False,
 ) -> tuple[dict[str, Any], _Deadline | None, _LoopStop | None]:
     """``generate``'s options, with the deadline's and the loop stop's criteria (if any).
+
+    ``json_reply``: the reply is constrained by a schema that bounds its strings, so the loop
+    stop leaves a cycle inside a JSON string to the schema (:func:`_leaves_strings`).
 
     Stop strings end generation inside ``generate`` (saves decoding time); the text is still
     cut afterwards because the criterion fires after the token that completes the string.
@@ -291,7 +315,13 @@ def _generation_options(
     timer = _Deadline(deadline) if deadline is not None else None
     if timer is not None:
         criteria.append(timer.criterion)
-    loops = _LoopStop(prompt_length) if stop_loops else None
+    decode = None
+    if json_reply:
+
+        def decode(ids: list[int]) -> str:
+            return str(tokenizer.decode(ids, skip_special_tokens=True))
+
+    loops = _LoopStop(prompt_length, decode) if stop_loops else None
     if loops is not None:
         criteria.append(loops.criterion)
     if criteria:
@@ -323,7 +353,7 @@ def run_one(
     input_ids = torch.tensor([ids])
     inputs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
     options, timer, loops = _generation_options(
-        tokenizer, limit, temperature, stop, len(ids), deadline, stop_loops
+        tokenizer, limit, temperature, stop, len(ids), deadline, stop_loops, _leaves_strings(fmt)
     )
     if tokenizer.pad_token_id is None:
         options["pad_token_id"] = tokenizer.eos_token_id
@@ -407,7 +437,7 @@ def run_batch(
         masks.append([1] * shared + [0] * gap + [1] * (len(ids) - shared))
     inputs = {"input_ids": torch.tensor(rows), "attention_mask": torch.tensor(masks)}
     options, timer, loops = _generation_options(
-        tokenizer, limit, temperature, stop, width, deadline, stop_loops
+        tokenizer, limit, temperature, stop, width, deadline, stop_loops, _leaves_strings(fmt)
     )
     options["pad_token_id"] = pad
     ends = set(tokenizer.all_special_ids) | {pad}
