@@ -42,9 +42,8 @@ one transaction and is idempotent (a count is the number of *distinct* rounds an
 seen in), so a crash between it and the job's completion cannot count an item twice.
 
 The rendered context labels user-specific and common-sense knowledge separately (Figure 5); it
-is the prompt ``p = Retriever(x)`` of MaLP's eq. (3) (:meth:`DualProcessMemory.prompt`). Each
-item is dated with when it was first memorized, as every mechanism dates its lines
-(``show_dates``; ``show_dates=False`` gives the paper's undated items).
+is the prompt ``p = Retriever(x)`` of MaLP's eq. (3) (:meth:`DualProcessMemory.prompt`); each
+item is dated with when it was memorized (``show_dates=False``: the paper's undated items).
 """
 
 from __future__ import annotations
@@ -135,8 +134,10 @@ WORKING, STM, LTM = "working", "stm", "ltm"
 #: (0.30 -> 0.12). Opt in with ``stm_cut=MEASURED_STM_CUT[scorer]``.
 MEASURED_STM_CUT: dict[str, float] = {"levenshtein": 0.35, "partial": 0.6}
 #: Default cut per scorer: off (0). The measured cut drops facts a paraphrased query asks
-#: about (the contract suite's "what is my secret code" against "My secret code is ..."),
-#: so it is not the default until that trade-off is decided.
+#: about ("what is my secret code" against "My secret code is ..."). On answers it helps
+#: wherever STM holds items (F1 0.114 -> 0.210 on LoCoMo at theta 3), but at the default
+#: ``theta=1`` STM stays empty: an opt-in for ``theta`` 2 or more (BENCHMARKS.md, "DPeM:
+#: the STM cut and dated items on answers").
 DEFAULT_STM_CUT: dict[str, float] = {"levenshtein": 0.0, "partial": 0.0}
 
 T = TypeVar("T")
