@@ -7,7 +7,7 @@ import json
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -317,13 +317,19 @@ def test_stats_and_files_round_trip(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------- the benchmark CLI
-def _load_benchmark() -> object:
-    spec = importlib.util.spec_from_file_location("locomo_qa", ROOT / "benchmarks" / "locomo_qa.py")
+def load_script(name: str) -> Any:
+    """``benchmarks/<name>.py`` as a module, registered under ``name`` (its dataclasses
+    resolve their annotations through ``sys.modules``)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules["locomo_qa"] = module
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def _load_benchmark() -> object:
+    return load_script("locomo_qa")
 
 
 def _offline_bench(monkeypatch: pytest.MonkeyPatch, llm: ScriptedLLM) -> object:
@@ -361,14 +367,25 @@ def _miso_bench(
 
 
 def _load_variant_qa() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "variant_qa", ROOT / "benchmarks" / "variant_qa.py"
+    return load_script("variant_qa")
+
+
+def _dpem_forgetting(path: Path, said: Sequence[str]) -> Any:
+    """A DPeM memory at theta 3 whose STM is refreshed every round, one exchange per text."""
+    from memories_core import DualProcessMemory, Turn
+    from memories_core.prompts.dpem import dpem_reply
+
+    memory = DualProcessMemory(
+        path=path,
+        llm=ScriptedLLM(default=dpem_reply),
+        embedder=HashingEmbedder(),
+        theta=3,
+        stm_refresh_rounds=1,
     )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["variant_qa"] = module  # its dataclass resolves annotations through it
-    spec.loader.exec_module(module)
-    return module
+    for text in said:
+        memory.save([Turn("user", text), Turn("assistant", "Noted.")], Scope("ann"))
+        memory.flush("ann")
+    return memory
 
 
 def _dataset(path: Path) -> Path:
@@ -759,20 +776,10 @@ def test_dpem_replay_reproduces_the_recorded_memory_and_runs_other_settings(
 ) -> None:
     import shutil as copier
 
-    from memories_core import DualProcessMemory, Turn
-    from memories_core.prompts.dpem import dpem_reply
+    from memories_core import DualProcessMemory
 
     said = ["I have type 2 diabetes.", "My cat Miso opens doors.", "I play the violin."]
-    memory = DualProcessMemory(
-        path=tmp_path / "memory",
-        llm=ScriptedLLM(default=dpem_reply),
-        embedder=HashingEmbedder(),
-        theta=3,
-        stm_refresh_rounds=1,
-    )
-    for text in said * 2:  # every item recurs once, three rounds later
-        memory.save([Turn("user", text), Turn("assistant", "Noted.")], Scope("ann"))
-        memory.flush("ann")
+    memory = _dpem_forgetting(tmp_path / "memory", said * 2)  # each recurs 3 rounds later
     recorded = sorted(item.text for item in memory.stm("ann"))
     assert not memory.ltm("ann")
     memory.close()
@@ -799,20 +806,9 @@ def test_dpem_replay_reproduces_the_recorded_memory_and_runs_other_settings(
 
 def test_dpem_stm_cut_variant_replays_first_when_given_settings(tmp_path: Path) -> None:
     """``--dpem`` with the STM cut: the copy is replayed, then recalled through the cut."""
-    from memories_core import DualProcessMemory, Turn
-    from memories_core.prompts.dpem import dpem_reply
 
     said = ["I have type 2 diabetes.", "My cat Miso opens doors.", "I play the violin."]
-    memory = DualProcessMemory(
-        path=tmp_path / "memory",
-        llm=ScriptedLLM(default=dpem_reply),
-        embedder=HashingEmbedder(),
-        theta=3,
-        stm_refresh_rounds=1,
-    )
-    for text in said:
-        memory.save([Turn("user", text), Turn("assistant", "Noted.")], Scope("ann"))
-        memory.flush("ann")
+    memory = _dpem_forgetting(tmp_path / "memory", said)
     assert len(memory.stm("ann")) < len(said)  # the refreshes dropped the earlier items
     memory.close()
     variant = _load_variant_qa()

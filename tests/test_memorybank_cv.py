@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 from typing import Any
@@ -14,15 +13,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def cv() -> Any:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location(
-        "memorybank_cv", ROOT / "benchmarks" / "memorybank_cv.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["memorybank_cv"] = module  # its dataclass resolves annotations through it
-    spec.loader.exec_module(module)
-    return module
+    from test_answer_quality import load_script
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))  # the script imports its sibling modules
+    return load_script("memorybank_cv")
 
 
 def _rows(conv: str, hits: list[tuple[float, float]]) -> list[tuple[str, int, dict[str, float]]]:
