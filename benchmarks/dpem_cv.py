@@ -103,15 +103,15 @@ def recurrences(folder: Path, thresholds: Sequence[float] = THRESHOLDS) -> dict[
     for path in sorted((folder / "state" / "dpem").glob(f"*/{variant_qa.ROUNDS_FILE}")):
         for entry in json.loads(path.read_text(encoding="utf-8")):
             items += [(path.parent.name, int(entry["round"]), text) for text, _ in entry["items"]]
+    lowest = min(thresholds)
     best: list[tuple[float, int]] = []  # (best score against an earlier round's item, which)
     for i, (conv, number, text) in enumerate(items):
-        scores = [
+        scores = (
             (duplicate_score(text, other), j)
             for j, (c, n, other) in enumerate(items[:i])
             if c == conv and n < number
-        ]
-        earlier = [(score, j) for score, j in scores if score >= min(thresholds)]
-        best.append(max(earlier, default=(0.0, -1)))
+        )
+        best.append(max((pair for pair in scores if pair[0] >= lowest), default=(0.0, -1)))
     bands = sorted(thresholds, reverse=True)
     out: dict[str, Any] = {"items": len(items), "recurring": {}, "examples": {}}
     for top, low in zip([101.0, *bands], bands, strict=False):

@@ -343,18 +343,18 @@ REPLAYABLE = ("dpem-replay", "dpem-stm-cut")
 def resolve_variant(name: str, dpem: str = "") -> Variant:
     """The variant ``name``, its copies first replayed with the ``--dpem`` settings if given.
 
-    ``dpem-replay`` always replays (with no settings, DPeM's defaults); ``dpem-stm-cut``
+    ``dpem-replay`` replays with DPeM's defaults when no settings are given; ``dpem-stm-cut``
     replays only when asked, so the cut can be measured on a memory that holds more STM
     items than the ingest left (``--dpem theta=3,stm_refresh_rounds=100000``). The other
     variants prepare their copies their own way and refuse ``--dpem``.
     """
     variant = VARIANTS[name]
-    if dpem and name not in REPLAYABLE:
+    if not dpem:
+        return variant
+    if name not in REPLAYABLE:
         raise SystemExit(f"--dpem applies to {', '.join(REPLAYABLE)}, not {name}")
-    if name == "dpem-replay" or dpem:
-        replay = partial(replay_dpem, settings=dpem_settings(dpem))
-        return Variant(variant.mechanism, variant.factory, prepare=replay)
-    return variant
+    replay = partial(replay_dpem, settings=dpem_settings(dpem))
+    return Variant(variant.mechanism, variant.factory, prepare=replay)
 
 
 def split_args(argv: Sequence[str] | None) -> tuple[list[str], list[str]]:
