@@ -19,6 +19,10 @@ Variants (``--variant``):
   recalls k records). Rebuilt from public parts: a
   :class:`~memories_core.retrieval.Pipeline` of :class:`DenseSource`, :class:`LexicalSource`
   and :class:`~memories_core.mechanisms.memochat.LLMOptionSource`, rendered by the mechanism.
+* ``memochat-choice``: MemoChat's recall as it is, the model's memo choice alone (a
+  none-of-the-others answer recalls nothing): the after beside ``memochat-fused`` when the
+  source run's own answers came from another runtime or question draw, so both are answered
+  on the same copies, by the same reader, in the same sitting.
 * ``emg-threshold``: EMG-RAG's untrained selection before the top-1 default: the walk that
   includes a memory when its activation passes the threshold (``fallback="threshold"``).
 * ``emg-top3``: EMG-RAG's untrained selection widened from the top memory to the top three
@@ -324,6 +328,7 @@ class Variant:
 
 VARIANTS: dict[str, Variant] = {
     "memochat-fused": Variant("memochat", memochat_fused),
+    "memochat-choice": Variant("memochat"),
     "emg-threshold": Variant("emg", emg_threshold),
     "emg-top3": Variant("emg", emg_top3),
     "emg-undated": Variant("emg", emg_undated),

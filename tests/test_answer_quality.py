@@ -669,10 +669,10 @@ def test_a_copied_ingest_is_answered_again_without_ingesting(
     capsys.readouterr()
 
 
-def test_memochat_fused_variant_answers_the_kept_ingest_with_the_earlier_recall(
+def test_memochat_variants_answer_the_kept_ingest_with_the_earlier_and_todays_recall(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """variant_qa re-answers a kept MemoChat ingest: fused recall returns k records always."""
+    """variant_qa re-answers a kept MemoChat ingest: fused recall fills k, choice reproduces."""
     from memories_core.prompts.memochat import rule_following_reply
 
     bench, data = _miso_bench(monkeypatch, tmp_path, [], first=rule_following_reply)  # type: ignore[arg-type]
@@ -693,6 +693,13 @@ def test_memochat_fused_variant_answers_the_kept_ingest_with_the_earlier_recall(
     # the stand-in model chooses few memos (NOTO when no word is shared); fused recall adds
     # dense and lexical hits up to k, so the reader sees more context per question
     assert before["context_chars"] > after["context_chars"]
+    # the same copies answered with today's recall give the source run's row again
+    choice = tmp_path / "choice"
+    args = ["--variant", "memochat-choice", "--source", str(source), "--out", str(choice)]
+    assert variant.main([*args, "--", *argv]) == 0
+    again = json.loads((choice / "locomo_qa.json").read_text())["rows"][0]
+    assert again["ingest_s"] == after["ingest_s"]
+    assert (again["f1"], again["context_chars"]) == (after["f1"], after["context_chars"])
     capsys.readouterr()
 
 
