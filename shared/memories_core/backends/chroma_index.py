@@ -64,8 +64,9 @@ _T = TypeVar("_T")
 _EXACT_BELOW = 2000
 # A mirror the process already holds (loaded, or started empty with the user's first write
 # here) is kept and searched exactly up to this many vectors: it costs memory, not a read.
-# Exact search of 10k hashed vectors takes about 1 ms; a graph query through Chroma's
-# client 10-600 ms on a busy 2-core machine (measured while comparing the stores).
+# Searching a 10k mirror exactly is one in-process matrix product, while a graph query goes
+# through Chroma's client; recall figures per store: BENCHMARKS.md, "Latency and save
+# throughput".
 _KEEP_EXACT_BELOW = 20_000
 # Records whose reachability a large collection's first open in a process checks.
 _OPEN_CHECK = 200
