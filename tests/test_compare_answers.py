@@ -1,0 +1,91 @@
+"""benchmarks/compare_answers.py: kept answers paired by question, with a sign test."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+def _script() -> Any:
+    from test_answer_quality import load_script
+
+    return load_script("compare_answers")
+
+
+def _keep(folder: Path, mechanism: str, answers: dict[str, tuple[int, float, int]]) -> None:
+    """Answers as locomo_qa keeps them: id -> (category, F1, records)."""
+    for question, (category, f1, records) in answers.items():
+        conversation = question.split(":")[0]
+        path = folder / "state" / mechanism / conversation / "answers.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        row = {
+            "id": question,
+            "category": category,
+            "f1": f1,
+            "records": records,
+            "context_chars": 100 * records,
+            "recall_ms": 1000.0 * records,
+        }
+        with path.open("a") as handle:
+            handle.write(json.dumps(row) + "\n")
+
+
+def test_sign_test_is_exact_and_two_sided() -> None:
+    sign_test = _script().sign_test
+    assert sign_test(0, 0) == 1.0
+    assert sign_test(1, 0) == 1.0
+    assert sign_test(5, 0) == pytest.approx(2 / 32)
+    # 5 better, 10 worse: 2 * P(X <= 5), X ~ Bin(15, 1/2) = 2 * 4944 / 32768
+    assert sign_test(5, 10) == pytest.approx(2 * 4944 / 32768)
+    assert sign_test(10, 5) == sign_test(5, 10)
+
+
+def test_runs_are_compared_on_the_questions_they_share(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = _script()
+    a, b, ref = tmp_path / "a", tmp_path / "b", tmp_path / "ref"
+    _keep(a, "memochat", {"c1:0": (2, 0.0, 3), "c1:1": (4, 1.0, 3), "c2:0": (5, 0.5, 3)})
+    _keep(b, "memochat", {"c1:0": (2, 1.0, 0), "c1:1": (4, 1.0, 1), "c2:0": (5, 0.0, 2)})
+    # the reference answered more questions (a larger draw): only the shared ones count
+    _keep(ref, "none", {"c1:0": (2, 0.0, 0), "c1:1": (4, 0.0, 0), "c2:0": (5, 1.0, 0)})
+    _keep(ref, "none", {"c2:7": (1, 1.0, 0)})
+    out = tmp_path / "out"
+    argv = ["--base", "a", "--out", str(out)]
+    for spec in (f"a={a}:memochat", f"b={b}:memochat", f"none={ref}:none"):
+        argv += ["--run", spec]
+    assert script.main(argv) == 0
+    result = json.loads((out / "compare.json").read_text())
+    assert result["questions"] == 3 and result["ids"] == ["c1:0", "c1:1", "c2:0"]
+    runs = result["runs"]
+    assert runs["a"]["f1"] == pytest.approx(0.5) and "better" not in runs["a"]
+    assert runs["b"]["f1"] == pytest.approx(2 / 3)
+    assert (runs["b"]["better"], runs["b"]["worse"]) == (1, 1)
+    assert runs["b"]["conversations"] == {"c1": 1.0, "c2": 0.0}
+    assert runs["b"]["categories"] == {"temporal": 1.0, "single-hop": 1.0, "adversarial": 0.0}
+    assert runs["b"]["empty_contexts"] == 1 and runs["b"]["recall_s_p50"] == pytest.approx(1.0)
+    assert runs["none"]["questions"] == 3 and runs["none"]["left_out"] == 1
+    assert runs["none"]["f1"] == pytest.approx(1 / 3)
+    printed = capsys.readouterr().out
+    assert printed == (out / "compare.md").read_text() + "\n"
+    assert "| b | 0.667 |" in printed and "1 / 1 (1.00)" in printed
+
+
+def test_bad_runs_are_refused(tmp_path: Path) -> None:
+    script = _script()
+    with pytest.raises(SystemExit, match="LABEL=FOLDER:MECHANISM"):
+        script.main(["--run", "no-mechanism"])
+    with pytest.raises(SystemExit, match="no kept memochat answers"):
+        script.main(["--run", f"a={tmp_path}:memochat"])
+    _keep(tmp_path / "a", "x", {"c1:0": (1, 1.0, 1)})
+    _keep(tmp_path / "b", "x", {"c1:1": (1, 1.0, 1)})
+    runs = ["--run", f"a={tmp_path / 'a'}:x", "--run", f"b={tmp_path / 'b'}:x"]
+    with pytest.raises(SystemExit, match="share no question"):
+        script.main(runs)
+    with pytest.raises(SystemExit, match="is not one of"):
+        script.main([*runs, "--base", "c"])
+    with pytest.raises(SystemExit, match="labels must differ"):
+        script.main(["--run", f"a={tmp_path / 'a'}:x", "--run", f"a={tmp_path / 'a'}:x"])
