@@ -30,16 +30,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import locomo_qa
 from machine_info import command_line, machine, run_header
 
-from memories_core.evaluation.harness import read_jsonl
-
-
-def _answers(folder: Path, mechanism: str) -> dict[str, dict[str, Any]]:
-    rows: dict[str, dict[str, Any]] = {}
-    for path in sorted((folder / "state" / mechanism).glob("*/answers.jsonl")):
-        for row in read_jsonl(path):
-            rows[str(row["id"])] = row  # a later line supersedes an earlier one
-    return rows
-
 
 def measure(sizes: list[int], mechanism: str, out: Path, rest: list[str]) -> list[dict[str, Any]]:
     """Answer with each batch size; return one summary per size (the first is the baseline).
@@ -71,7 +61,7 @@ def measure(sizes: list[int], mechanism: str, out: Path, rest: list[str]) -> lis
                 "answer_s": row["answer_s"],
                 "answer_s_per_q": row["answer_s"] / max(1, row["questions"]),
                 "f1": row["f1"],
-                "answers": _answers(folder, mechanism),
+                "answers": locomo_qa.kept_answers(folder, mechanism),
             }
         )
     base = rows[0]

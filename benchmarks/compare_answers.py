@@ -33,6 +33,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import locomo_qa
+
 from memories_core.evaluation.locomo import CATEGORY_NAMES
 
 
@@ -64,12 +66,7 @@ def load_answers(folder: Path, mechanism: str) -> dict[str, dict[str, Any]]:
     Raises:
         SystemExit: The run kept no answers for that mechanism.
     """
-    answers: dict[str, dict[str, Any]] = {}
-    for path in sorted((folder / "state" / mechanism).glob("*/answers.jsonl")):
-        for line in path.read_text(encoding="utf-8").splitlines():
-            if line.strip():
-                row = json.loads(line)
-                answers[str(row["id"])] = row
+    answers = locomo_qa.kept_answers(folder, mechanism)
     if not answers:
         raise SystemExit(f"{folder}: no kept {mechanism} answers")
     return answers

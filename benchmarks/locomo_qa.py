@@ -410,6 +410,18 @@ def copy_ingest(
     return folders
 
 
+def kept_answers(out: Path, mechanism: str) -> dict[str, dict[str, Any]]:
+    """Every kept answer of ``mechanism`` in a run's ``--out``, by question id, as written.
+
+    A later line for the same question supersedes an earlier one.
+    """
+    rows: dict[str, dict[str, Any]] = {}
+    for path in sorted((Path(out) / "state" / mechanism).glob("*/answers.jsonl")):
+        for row in read_jsonl(path):
+            rows[str(row["id"])] = row
+    return rows
+
+
 def kept_ingest(folder: Path) -> IngestStats | None:
     """The finished ingest's record in ``folder`` (``None``: not finished)."""
     marker = folder / "ingest.json"

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-import sys
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
@@ -14,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from benchmark_scripts import load_script
 from memories_core import FixedClock, HistoryMemory, Scope, SummaryMemory
 from memories_core.embedders import HashingEmbedder
 from memories_core.engine import MemoryEngine
@@ -317,17 +316,6 @@ def test_stats_and_files_round_trip(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------- the benchmark CLI
-def load_script(name: str) -> Any:
-    """``benchmarks/<name>.py`` as a module, registered under ``name`` (its dataclasses
-    resolve their annotations through ``sys.modules``)."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def _load_benchmark() -> object:
     return load_script("locomo_qa")
 
@@ -1014,12 +1002,7 @@ def test_answer_batch_script_answers_one_ingest_at_each_size(
         return plain_save(self, *args, **kwargs)
 
     monkeypatch.setattr(HistoryMemory, "save", counted)
-    spec = importlib.util.spec_from_file_location(
-        "answer_batch", ROOT / "benchmarks" / "answer_batch.py"
-    )
-    assert spec is not None and spec.loader is not None
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("answer_batch")
     rest = ["--", "--data", str(data), "--sessions", "2"]
     assert script.main(["--sizes", "1", "--out", str(tmp_path / "alone"), *rest]) == 0
     one_ingest = len(saves)

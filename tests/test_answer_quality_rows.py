@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from benchmark_scripts import load_script
 from memories_core.prompts import memochat
 from memories_core.prompts.dpem import dpem_reply
 from memories_core.prompts.emg.questions import emg_reply
@@ -311,10 +312,8 @@ def test_dpem_cv_replays_each_setting_answers_it_and_cross_validates(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Two conversations' DPeM ingests, two executive settings, one fold per conversation."""
-    import importlib.util
-    import sys
 
-    from test_answer_quality import ROOT, _load_variant_qa
+    from test_answer_quality import _load_variant_qa
 
     bench, asked, argv = _row_bench(monkeypatch, tmp_path, "dpem", sessions=2)
     data = Path(argv[argv.index("--data") + 1])
@@ -324,11 +323,7 @@ def test_dpem_cv_replays_each_setting_answers_it_and_cross_validates(
     assert bench.main([*argv, "--out", str(source)]) == 0  # type: ignore[attr-defined]
     row_prompts = len(asked)
     _load_variant_qa()  # bound to this test's harness module
-    spec = importlib.util.spec_from_file_location("dpem_cv", ROOT / "benchmarks" / "dpem_cv.py")
-    assert spec is not None and spec.loader is not None
-    cv_module = importlib.util.module_from_spec(spec)
-    sys.modules["dpem_cv"] = cv_module
-    spec.loader.exec_module(cv_module)
+    cv_module = load_script("dpem_cv")
 
     rest = [a for a in argv if a not in ("--mechanisms", "dpem")]
     out = tmp_path / "cv"

@@ -2,27 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+
+from benchmark_scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _render_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("render", ROOT / "benchmarks" / "render.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["render"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-render = _render_module()
+render = load_script("render")
 
 
 def _bench(tmp_path: Path, section: str, results: dict[str, object]) -> Path:

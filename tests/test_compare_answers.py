@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from benchmark_scripts import load_script
+
 
 def _script() -> Any:
-    from test_answer_quality import load_script
-
     return load_script("compare_answers")
 
 

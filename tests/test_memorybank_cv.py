@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from benchmark_scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def cv() -> Any:
-    from test_answer_quality import load_script
-
-    sys.path.insert(0, str(ROOT / "benchmarks"))  # the script imports its sibling modules
     return load_script("memorybank_cv")
 
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import threading
 import time
 from pathlib import Path
@@ -12,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from benchmark_scripts import load_script
 from memories_core.embedders import HashingEmbedder
 from memories_core.llms import ScriptedLLM
 from memories_core.prompts.dpem import dpem_reply
@@ -54,14 +53,7 @@ def _data(path: Path) -> Path:
 
 
 def _script() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "writer_batch", ROOT / "benchmarks" / "writer_batch.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec.loader.exec_module(module)
-    return module
+    return load_script("writer_batch")
 
 
 def _factory(models: dict[int, ScriptedLLM], reply: Any) -> Any:
