@@ -13,6 +13,12 @@ read beside the larger run's rows on that subset.
         --run fused=OUT_A:memochat --run choice=OUT_B:memochat \\
         --run none=benchmarks/out/locomo_qa_150:none --out OUT/compare
 
+Each answer is scored again from its kept reply against ``--data`` (the LoCoMo file the runs
+asked from, the harness's default unless given), as ``locomo_qa.py`` does when it resumes:
+scoring is deterministic and may have improved since a run wrote its figures, and two runs
+compared must be scored by the same rule. ``--stored`` reads each answer's F1 as written
+instead (runs whose data is not at hand).
+
 Each ``--run`` is ``LABEL=FOLDER:MECHANISM``: the answers are read from
 ``FOLDER/state/MECHANISM/<conversation>/answers.jsonl``. Only the questions every run
 answered are compared; each run's other answers are counted and left out. Writes
@@ -35,7 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import locomo_qa
 
-from memories_core.evaluation.locomo import CATEGORY_NAMES
+from memories_core.evaluation.harness import QAItem, score_answer
+from memories_core.evaluation.locomo import CATEGORY_NAMES, load_locomo
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,37 @@ def load_answers(folder: Path, mechanism: str) -> dict[str, dict[str, Any]]:
     if not answers:
         raise SystemExit(f"{folder}: no kept {mechanism} answers")
     return answers
+
+
+def load_items(data: Path) -> dict[str, QAItem]:
+    """Every question of a LoCoMo file by the harness's question id (``<sample>:<index>``)."""
+    return {
+        f"{conversation.sample_id}:{index}": QAItem(
+            f"{conversation.sample_id}:{index}", conversation.sample_id, qa
+        )
+        for conversation in load_locomo(data)
+        for index, qa in enumerate(conversation.qa)
+    }
+
+
+def rescore(
+    answers: Mapping[str, Mapping[str, Any]], items: Mapping[str, QAItem], *, seed: int = 0
+) -> dict[str, dict[str, Any]]:
+    """The kept answers with F1 and BLEU-1 scored again from their replies.
+
+    ``seed`` is the run's option-order seed (adversarial questions are multiple choice).
+
+    Raises:
+        SystemExit: An answer's question is not in ``items`` (the run asked from other data).
+    """
+    scored: dict[str, dict[str, Any]] = {}
+    for question, row in answers.items():
+        item = items.get(question)
+        if item is None:
+            raise SystemExit(f"{question}: not a question of --data (another LoCoMo file?)")
+        f1, bleu1 = score_answer(item, str(row.get("prediction", "")), seed=seed)
+        scored[question] = {**row, "f1": f1, "bleu1": bleu1}
+    return scored
 
 
 def sign_test(better: int, worse: int) -> float:
@@ -176,11 +214,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--run", action="append", default=[], help="LABEL=FOLDER:MECHANISM")
     parser.add_argument("--base", default=None, help="the label others are paired against")
     parser.add_argument("--out", type=Path, default=None, help="folder for compare.json/.md")
+    parser.add_argument(
+        "--data", type=Path, default=locomo_qa.DEFAULT_DATA, help="the LoCoMo file asked from"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="the runs' option-order seed")
+    parser.add_argument(
+        "--stored", action="store_true", help="each answer's F1 as written, not scored again"
+    )
     args = parser.parse_args(argv)
+    items = None if args.stored else load_items(args.data)
     runs = []
     for spec in args.run:
         label, folder, mechanism = parse_run(spec)
-        runs.append(Run(label, f"{folder.as_posix()}:{mechanism}", load_answers(folder, mechanism)))
+        answers = load_answers(folder, mechanism)
+        if items is not None:
+            answers = rescore(answers, items, seed=args.seed)
+        runs.append(Run(label, f"{folder.as_posix()}:{mechanism}", answers))
     result = compare(runs, args.base)
     text = table(result)
     print(text)

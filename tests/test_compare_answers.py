@@ -54,7 +54,7 @@ def test_runs_are_compared_on_the_questions_they_share(
     _keep(ref, "none", {"c1:0": (2, 0.0, 0), "c1:1": (4, 0.0, 0), "c2:0": (5, 1.0, 0)})
     _keep(ref, "none", {"c2:7": (1, 1.0, 0)})
     out = tmp_path / "out"
-    argv = ["--base", "a", "--out", str(out)]
+    argv = ["--base", "a", "--out", str(out), "--stored"]
     for spec in (f"a={a}:memochat", f"b={b}:memochat", f"none={ref}:none"):
         argv += ["--run", spec]
     assert script.main(argv) == 0
@@ -77,15 +77,63 @@ def test_runs_are_compared_on_the_questions_they_share(
 def test_bad_runs_are_refused(tmp_path: Path) -> None:
     script = _script()
     with pytest.raises(SystemExit, match="LABEL=FOLDER:MECHANISM"):
-        script.main(["--run", "no-mechanism"])
+        script.main(["--stored", "--run", "no-mechanism"])
     with pytest.raises(SystemExit, match="no kept memochat answers"):
-        script.main(["--run", f"a={tmp_path}:memochat"])
+        script.main(["--stored", "--run", f"a={tmp_path}:memochat"])
     _keep(tmp_path / "a", "x", {"c1:0": (1, 1.0, 1)})
     _keep(tmp_path / "b", "x", {"c1:1": (1, 1.0, 1)})
-    runs = ["--run", f"a={tmp_path / 'a'}:x", "--run", f"b={tmp_path / 'b'}:x"]
+    runs = ["--stored", "--run", f"a={tmp_path / 'a'}:x", "--run", f"b={tmp_path / 'b'}:x"]
     with pytest.raises(SystemExit, match="share no question"):
         script.main(runs)
     with pytest.raises(SystemExit, match="is not one of"):
         script.main([*runs, "--base", "c"])
     with pytest.raises(SystemExit, match="labels must differ"):
-        script.main(["--run", f"a={tmp_path / 'a'}:x", "--run", f"a={tmp_path / 'a'}:x"])
+        script.main(
+            ["--stored", "--run", f"a={tmp_path / 'a'}:x", "--run", f"a={tmp_path / 'a'}:x"]
+        )
+
+
+def _locomo(path: Path) -> Path:
+    """A one-conversation LoCoMo file with two questions (ids ``c1:0`` and ``c1:1``)."""
+    sample = {
+        "sample_id": "c1",
+        "conversation": {
+            "speaker_a": "Ann",
+            "speaker_b": "Bob",
+            "session_1": [{"speaker": "Ann", "dia_id": "D1:1", "text": "I drive a red car."}],
+            "session_1_date_time": "1:56 pm on 8 May, 2023",
+        },
+        "qa": [
+            {"question": "What car?", "answer": "a red car", "category": 4, "evidence": ["D1:1"]},
+            {"question": "Who?", "answer": "Ann", "category": 4, "evidence": ["D1:1"]},
+        ],
+    }
+    path.write_text(json.dumps([sample]), encoding="utf-8")
+    return path
+
+
+def test_answers_are_scored_again_from_their_replies_unless_stored(tmp_path: Path) -> None:
+    script = _script()
+    data = _locomo(tmp_path / "locomo.json")
+    run = tmp_path / "run"
+    # the figures as an older scorer wrote them: both wrong for the replies kept beside them
+    for question, reply, stale in (("c1:0", "A red car.", 0.0), ("c1:1", "Bob", 0.0)):
+        path = run / "state" / "history" / "c1" / "answers.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        row = {"id": question, "category": 4, "prediction": reply, "f1": stale, "records": 1}
+        with path.open("a") as handle:
+            handle.write(json.dumps(row) + "\n")
+    spec = ["--run", f"h={run}:history"]
+    assert script.main([*spec, "--data", str(data), "--out", str(tmp_path / "scored")]) == 0
+    scored = json.loads((tmp_path / "scored" / "compare.json").read_text())["runs"]["h"]
+    assert scored["f1"] == pytest.approx(0.5) and scored["categories"] == {"single-hop": 0.5}
+    assert script.main([*spec, "--stored", "--out", str(tmp_path / "kept")]) == 0
+    stored = json.loads((tmp_path / "kept" / "compare.json").read_text())["runs"]["h"]
+    assert stored["f1"] == 0.0 and stored["conversations"] == {"c1": 0.0}
+    answers = script.rescore(script.load_answers(run, "history"), script.load_items(data))
+    assert (answers["c1:0"]["f1"], answers["c1:1"]["f1"]) == (1.0, 0.0)
+    # a run asked from another file is refused, not scored against the wrong gold answers
+    other = tmp_path / "other"
+    _keep(other, "history", {"c9:0": (4, 1.0, 1)})
+    with pytest.raises(SystemExit, match="not a question of --data"):
+        script.main(["--run", f"o={other}:history", "--data", str(data)])
