@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import locomo_qa
 
-from memories_core.evaluation.harness import QAItem, score_answer
+from memories_core.evaluation.harness import QAItem, score_answer, select_questions
 from memories_core.evaluation.locomo import CATEGORY_NAMES, load_locomo
 
 
@@ -80,14 +80,14 @@ def load_answers(folder: Path, mechanism: str) -> dict[str, dict[str, Any]]:
 
 
 def load_items(data: Path) -> dict[str, QAItem]:
-    """Every question of a LoCoMo file by the harness's question id (``<sample>:<index>``)."""
-    return {
-        f"{conversation.sample_id}:{index}": QAItem(
-            f"{conversation.sample_id}:{index}", conversation.sample_id, qa
-        )
-        for conversation in load_locomo(data)
-        for index, qa in enumerate(conversation.qa)
-    }
+    """Every question of a LoCoMo file by the harness's question id (``<sample>:<index>``).
+
+    Raises:
+        SystemExit: ``data`` is not a file.
+    """
+    if not Path(data).is_file():
+        raise SystemExit(f"--data {data}: no such file (pass the LoCoMo file, or --stored)")
+    return {item.id: item for item in select_questions(load_locomo(data))}
 
 
 def rescore(
@@ -98,14 +98,17 @@ def rescore(
     ``seed`` is the run's option-order seed (adversarial questions are multiple choice).
 
     Raises:
-        SystemExit: An answer's question is not in ``items`` (the run asked from other data).
+        SystemExit: An answer's question is not in ``items`` (the run asked from other data),
+            or it kept no reply.
     """
     scored: dict[str, dict[str, Any]] = {}
     for question, row in answers.items():
         item = items.get(question)
         if item is None:
             raise SystemExit(f"{question}: not a question of --data (another LoCoMo file?)")
-        f1, bleu1 = score_answer(item, str(row.get("prediction", "")), seed=seed)
+        if not isinstance(row.get("prediction"), str):
+            raise SystemExit(f"{question}: the kept answer has no reply to score (--stored?)")
+        f1, bleu1 = score_answer(item, row["prediction"], seed=seed)
         scored[question] = {**row, "f1": f1, "bleu1": bleu1}
     return scored
 

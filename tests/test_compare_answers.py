@@ -137,3 +137,10 @@ def test_answers_are_scored_again_from_their_replies_unless_stored(tmp_path: Pat
     _keep(other, "history", {"c9:0": (4, 1.0, 1)})
     with pytest.raises(SystemExit, match="not a question of --data"):
         script.main(["--run", f"o={other}:history", "--data", str(data)])
+    # an answer kept without its reply is refused, not scored as an empty one
+    bare = tmp_path / "bare"
+    _keep(bare, "history", {"c1:0": (4, 1.0, 1)})
+    with pytest.raises(SystemExit, match="no reply to score"):
+        script.main(["--run", f"b={bare}:history", "--data", str(data)])
+    with pytest.raises(SystemExit, match="no such file"):
+        script.main(["--run", f"h={run}:history", "--data", str(tmp_path / "missing.json")])
