@@ -49,8 +49,6 @@ from memories_core.evaluation.qa import (
 )
 from memories_core.llms.scripted import ScriptedLLM
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 # --------------------------------------------------------------------------- scoring
 def test_normalisation_drops_case_punctuation_articles_and_commas() -> None:

@@ -93,32 +93,16 @@ def test_bad_runs_are_refused(tmp_path: Path) -> None:
         )
 
 
-def _locomo(path: Path) -> Path:
-    """A one-conversation LoCoMo file with two questions (ids ``c1:0`` and ``c1:1``)."""
-    sample = {
-        "sample_id": "c1",
-        "conversation": {
-            "speaker_a": "Ann",
-            "speaker_b": "Bob",
-            "session_1": [{"speaker": "Ann", "dia_id": "D1:1", "text": "I drive a red car."}],
-            "session_1_date_time": "1:56 pm on 8 May, 2023",
-        },
-        "qa": [
-            {"question": "What car?", "answer": "a red car", "category": 4, "evidence": ["D1:1"]},
-            {"question": "Who?", "answer": "Ann", "category": 4, "evidence": ["D1:1"]},
-        ],
-    }
-    path.write_text(json.dumps([sample]), encoding="utf-8")
-    return path
-
-
 def test_answers_are_scored_again_from_their_replies_unless_stored(tmp_path: Path) -> None:
+    from test_answer_quality import _conversation, _dataset
+
     script = _script()
-    data = _locomo(tmp_path / "locomo.json")
+    data = _dataset(tmp_path / "locomo.json")  # question 0: "Miso", question 1: "a sunset"
+    c = _conversation().sample_id
     run = tmp_path / "run"
     # the figures as an older scorer wrote them: both wrong for the replies kept beside them
-    for question, reply, stale in (("c1:0", "A red car.", 0.0), ("c1:1", "Bob", 0.0)):
-        path = run / "state" / "history" / "c1" / "answers.jsonl"
+    for question, reply, stale in ((f"{c}:0", "Miso.", 0.0), (f"{c}:1", "Bob", 0.0)):
+        path = run / "state" / "history" / c / "answers.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         row = {"id": question, "category": 4, "prediction": reply, "f1": stale, "records": 1}
         with path.open("a") as handle:
@@ -129,9 +113,9 @@ def test_answers_are_scored_again_from_their_replies_unless_stored(tmp_path: Pat
     assert scored["f1"] == pytest.approx(0.5) and scored["categories"] == {"single-hop": 0.5}
     assert script.main([*spec, "--stored", "--out", str(tmp_path / "kept")]) == 0
     stored = json.loads((tmp_path / "kept" / "compare.json").read_text())["runs"]["h"]
-    assert stored["f1"] == 0.0 and stored["conversations"] == {"c1": 0.0}
+    assert stored["f1"] == 0.0 and stored["conversations"] == {c: 0.0}
     answers = script.rescore(script.load_answers(run, "history"), script.load_items(data))
-    assert (answers["c1:0"]["f1"], answers["c1:1"]["f1"]) == (1.0, 0.0)
+    assert (answers[f"{c}:0"]["f1"], answers[f"{c}:1"]["f1"]) == (1.0, 0.0)
     # a run asked from another file is refused, not scored against the wrong gold answers
     other = tmp_path / "other"
     _keep(other, "history", {"c9:0": (4, 1.0, 1)})
@@ -139,7 +123,7 @@ def test_answers_are_scored_again_from_their_replies_unless_stored(tmp_path: Pat
         script.main(["--run", f"o={other}:history", "--data", str(data)])
     # an answer kept without its reply is refused, not scored as an empty one
     bare = tmp_path / "bare"
-    _keep(bare, "history", {"c1:0": (4, 1.0, 1)})
+    _keep(bare, "history", {f"{c}:0": (4, 1.0, 1)})
     with pytest.raises(SystemExit, match="no reply to score"):
         script.main(["--run", f"b={bare}:history", "--data", str(data)])
     with pytest.raises(SystemExit, match="no such file"):

@@ -17,8 +17,6 @@ from memories_core.prompts.dpem import dpem_reply
 from memories_core.prompts.emg import emg_reply
 from memories_core.prompts.rule_following import rule_following_reply
 
-ROOT = Path(__file__).resolve().parents[1]
-
 LINES = [
     ("Ann", "I adopted a cat named Miso last week."),
     ("Bob", "Lovely! How is Miso settling in?"),
