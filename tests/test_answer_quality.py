@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from benchmark_scripts import load_script
+from locomo_fixture import miso_bench, offline_bench, tiny_conversation, write_dataset
 from memories_core import FixedClock, HistoryMemory, Scope, SummaryMemory
 from memories_core.embedders import HashingEmbedder
 from memories_core.engine import MemoryEngine
@@ -32,7 +33,7 @@ from memories_core.evaluation.harness import (
     select_questions,
     write_json_atomic,
 )
-from memories_core.evaluation.locomo import LocomoConversation, LocomoQA, LocomoTurn
+from memories_core.evaluation.locomo import LocomoConversation, LocomoQA
 from memories_core.evaluation.qa import (
     NOT_MENTIONED,
     adversarial_options,
@@ -119,39 +120,8 @@ def test_reader_prompt_carries_memory_date_question_and_options() -> None:
     assert "(none)" in reader_messages("Where?", "")[-1].content
 
 
-# --------------------------------------------------------------------------- data helpers
-def _turn(session: int, index: int, speaker: str, text: str) -> LocomoTurn:
-    return LocomoTurn(f"D{session}:{index}", session, speaker, text)
-
-
-def _conversation() -> LocomoConversation:
-    turns = [
-        _turn(1, 1, "Ann", "I adopted a cat named Miso."),
-        _turn(1, 2, "Bob", "Lovely! I bought a blue bicycle."),
-        _turn(1, 3, "Ann", "I work as a nurse in Lyon."),
-        _turn(1, 4, "Bob", "Nice."),
-        _turn(2, 1, "Ann", "Miso learned to open doors."),
-        _turn(2, 2, "Bob", "I painted a sunset last weekend."),
-        _turn(3, 1, "Ann", "I started learning the violin."),
-        _turn(3, 2, "Bob", "Great, I ran a marathon."),
-    ]
-    qa = (
-        LocomoQA("What is Ann's cat called?", "Miso", 4, ("D1:1",)),
-        LocomoQA("What did Bob paint?", "a sunset", 4, ("D2:2",)),
-        LocomoQA("What instrument is Ann learning?", "violin", 4, ("D3:1",)),
-        LocomoQA("What is Ann's car?", "a red car", 5, ("D1:3",)),
-        LocomoQA("No evidence question", "x", 2, ()),
-    )
-    times = {
-        1: "1:56 pm on 8 May, 2023",
-        2: "10:00 am on 15 May, 2023",
-        3: "9:00 am on 1 June, 2023",
-    }
-    return LocomoConversation("conv-t", ("Ann", "Bob"), tuple(turns), qa, times)
-
-
 def test_sessions_are_dated_and_cut() -> None:
-    conversation = _conversation()
+    conversation = tiny_conversation()
     dated = dated_sessions(conversation, 2)
     assert list(dated) == [1, 2]
     first, second = dated[1][0][1], dated[1][1][1]
@@ -160,7 +130,7 @@ def test_sessions_are_dated_and_cut() -> None:
 
 
 def test_question_selection_keeps_answerable_questions_and_is_seeded() -> None:
-    conversation = _conversation()
+    conversation = tiny_conversation()
     kept = select_questions([conversation], sessions=2)
     assert [item.qa.question for item in kept] == [
         "What is Ann's cat called?",
@@ -171,14 +141,14 @@ def test_question_selection_keeps_answerable_questions_and_is_seeded() -> None:
     one = select_questions([conversation], limit=2, seed=1)
     assert one == select_questions([conversation], limit=2, seed=1)
     assert len(one) == 2
-    other = _conversation()
+    other = tiny_conversation()
     other = LocomoConversation("conv-u", other.speakers, other.turns, other.qa, other.session_times)
     spread = select_questions([conversation, other], limit=4, seed=0)
     assert sorted(item.conversation for item in spread) == ["conv-t"] * 2 + ["conv-u"] * 2
 
 
 def test_full_context_keeps_the_most_recent_part_that_fits() -> None:
-    conversation = _conversation()
+    conversation = tiny_conversation()
     whole = full_context(conversation, budget_tokens=10_000, count_tokens=len)
     assert "Miso" in whole and "violin" in whole and "08 May 2023" in whole
     cut = full_context(conversation, budget_tokens=120, count_tokens=len)
@@ -187,7 +157,7 @@ def test_full_context_keeps_the_most_recent_part_that_fits() -> None:
 
 
 def test_evidence_context_is_the_gold_turns_with_dates() -> None:
-    conversation = _conversation()
+    conversation = tiny_conversation()
     text = evidence_context(conversation, conversation.qa[1])
     assert "Bob: I painted a sunset last weekend." in text
     assert "15 May 2023" in text and "Miso" not in text
@@ -195,7 +165,7 @@ def test_evidence_context_is_the_gold_turns_with_dates() -> None:
 
 # --------------------------------------------------------------------------- ingest + answer
 def test_ingest_saves_exchanges_with_the_session_clock(tmp_path: Path) -> None:
-    conversation = _conversation()
+    conversation = tiny_conversation()
     clock = FixedClock(datetime(2024, 1, 1, tzinfo=timezone.utc))
     memory = HistoryMemory(path=tmp_path / "m", embedder=HashingEmbedder(dimension=64), clock=clock)
     ticks: list[int] = []
@@ -219,7 +189,7 @@ def test_ingest_saves_exchanges_with_the_session_clock(tmp_path: Path) -> None:
 
 
 def test_ingest_counts_finished_jobs_by_run_across_a_resume(tmp_path: Path) -> None:
-    conversation = _conversation()
+    conversation = tiny_conversation()
     clock = FixedClock(datetime(2024, 1, 1, tzinfo=timezone.utc))
     # The first session's summary and its repair are garbage; it succeeds on its retry.
     writer = ScriptedLLM(["@@@", "@@@ again"], default="Ann has a cat named Miso.")
@@ -262,7 +232,9 @@ def test_emg_reads_the_second_speakers_turns_only_as_received_messages(
         clock=clock,
         llm=ScriptedLLM(default=rule_following_reply),
     )
-    ingest_conversation(memory, _conversation(), clock, user_id="conv-t", second_role=second_role)
+    ingest_conversation(
+        memory, tiny_conversation(), clock, user_id="conv-t", second_role=second_role
+    )
     turns = memory.engine.records("conv-t", where={"kind": "turn"})
     assert {str(r.metadata.get("role")) for r in turns} == {"user", second_role}
     sources = {
@@ -275,7 +247,7 @@ def test_emg_reads_the_second_speakers_turns_only_as_received_messages(
 
 
 def test_answer_question_recalls_reads_and_scores(tmp_path: Path) -> None:
-    conversation = _conversation()
+    conversation = tiny_conversation()
     clock = FixedClock(datetime(2024, 1, 1, tzinfo=timezone.utc))
     memory = HistoryMemory(path=tmp_path / "m", embedder=HashingEmbedder(dimension=64), clock=clock)
     ingest_conversation(memory, conversation, clock, user_id="conv-t")
@@ -313,49 +285,6 @@ def test_stats_and_files_round_trip(tmp_path: Path) -> None:
     assert percentile([5], 95) == 5.0
 
 
-# --------------------------------------------------------------------------- the benchmark CLI
-def _load_benchmark() -> object:
-    return load_script("locomo_qa")
-
-
-def _offline_bench(monkeypatch: pytest.MonkeyPatch, llm: ScriptedLLM) -> object:
-    """The benchmark module with ``llm`` as reader/writer and the hashing embedder."""
-    bench = _load_benchmark()
-    monkeypatch.setattr(bench, "make_llm", lambda *a, **k: llm)
-    monkeypatch.setattr(
-        "memories_core.embedders.SentenceTransformerEmbedder", lambda: HashingEmbedder(dimension=64)
-    )
-    return bench
-
-
-def _miso_bench(
-    monkeypatch: pytest.MonkeyPatch,
-    tmp_path: Path,
-    calls: list[str],
-    first: Callable[[object], str | None] | None = None,
-) -> tuple[object, Path]:
-    """The offline benchmark whose reader answers "Miso" when its prompt says it, and data.
-
-    ``first`` answers the prompts it knows (a mechanism's writing or choice) before the reader;
-    the reader's prompts are appended to ``calls``.
-    """
-
-    def reader(messages: object) -> str:
-        known = first(messages) if first is not None else None
-        if known is not None:
-            return known
-        text = messages[-1].content  # type: ignore[index]
-        calls.append(text)
-        return "Miso" if "Miso" in text else "dunno"
-
-    bench = _offline_bench(monkeypatch, ScriptedLLM([], default=reader))
-    return bench, _dataset(tmp_path / "locomo.json")
-
-
-def _load_variant_qa() -> Any:
-    return load_script("variant_qa")
-
-
 def _dpem_forgetting(path: Path, said: Sequence[str]) -> Any:
     """A DPeM memory at theta 3 whose STM is refreshed every round, one exchange per text."""
     from memories_core import DualProcessMemory, Turn
@@ -374,44 +303,6 @@ def _dpem_forgetting(path: Path, said: Sequence[str]) -> Any:
     return memory
 
 
-def _dataset(path: Path) -> Path:
-    conversation = _conversation()
-    sample = {
-        "sample_id": conversation.sample_id,
-        "conversation": {
-            "speaker_a": "Ann",
-            "speaker_b": "Bob",
-            **{
-                f"session_{n}": [
-                    {"speaker": t.speaker, "dia_id": t.dia_id, "text": t.text}
-                    for t in conversation.turns
-                    if t.session == n
-                ]
-                for n in (1, 2, 3)
-            },
-            **{f"session_{n}_date_time": v for n, v in conversation.session_times.items()},
-        },
-        "qa": [
-            {
-                "question": q.question,
-                "answer": q.answer,
-                "category": q.category,
-                "evidence": list(q.evidence),
-            }
-            if q.category != 5
-            else {
-                "question": q.question,
-                "adversarial_answer": q.answer,
-                "category": 5,
-                "evidence": list(q.evidence),
-            }
-            for q in conversation.qa
-        ],
-    }
-    path.write_text(json.dumps([sample]), encoding="utf-8")
-    return path
-
-
 def test_benchmark_runs_resumes_and_prints_the_last_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -427,8 +318,8 @@ def test_benchmark_runs_resumes_and_prints_the_last_line(
             return NOT_MENTIONED
         return "Miso" if "Miso" in text else "sunset" if "sunset" in text else "dunno"
 
-    bench = _offline_bench(monkeypatch, ScriptedLLM([], default=reader))
-    data = _dataset(tmp_path / "locomo.json")
+    bench = offline_bench(monkeypatch, ScriptedLLM([], default=reader))
+    data = write_dataset(tmp_path / "locomo.json")
     argv = [
         "--data",
         str(data),
@@ -487,7 +378,7 @@ def test_a_letter_choice_is_scored_as_its_option() -> None:
 
 
 def test_llm_written_rows_are_compared_with_raw_turns_per_category_and_cost() -> None:
-    bench = _load_benchmark()
+    bench = load_script("locomo_qa")
 
     def row(name: str, f1: float, temporal: float, written: float, read: float) -> dict:
         return {
@@ -505,13 +396,13 @@ def test_llm_written_rows_are_compared_with_raw_turns_per_category_and_cost() ->
         row("history", 0.3, 0.4, 0.0, 200.0),
         row("summary", 0.25, 0.5, 50.0, 300.0),  # 300 + 50 * 20 / 10 = 400 tokens/q
     ]
-    text = bench.versus_raw_turns(rows)  # type: ignore[attr-defined]
+    text = bench.versus_raw_turns(rows)
     summary = next(line for line in text.splitlines() if line.startswith("| summary"))
     cells = [cell.strip() for cell in summary.strip("|").split("|")]
     assert cells[1] == "-0.050"  # loses overall
     assert "+0.100" in cells  # wins on temporal questions
     assert cells[-1] == "2.0x"
-    assert bench.versus_raw_turns(rows[:2]) == ""  # type: ignore[attr-defined]
+    assert bench.versus_raw_turns(rows[:2]) == ""
 
 
 @pytest.mark.parametrize(("budget", "fallbacks"), [("0.2", 1), ("0", 0)])
@@ -529,8 +420,8 @@ def test_recall_budget_decides_whether_a_slow_reflection_is_measured_or_falls_ba
         text = messages[-1].content  # type: ignore[index]
         return "Miso" if "Miso" in text else "dunno"
 
-    bench = _offline_bench(monkeypatch, ScriptedLLM([], default=model))
-    data = _dataset(tmp_path / "locomo.json")
+    bench = offline_bench(monkeypatch, ScriptedLLM([], default=model))
+    data = write_dataset(tmp_path / "locomo.json")
     argv = ["--data", str(data), "--mechanisms", "reflective", "--out", str(tmp_path / "out")]
     argv += ["--sessions", "1", "--recall-budget", budget, "-q"]
     assert bench.main(argv) == 0  # type: ignore[attr-defined]
@@ -545,7 +436,7 @@ def test_recall_budget_decides_whether_a_slow_reflection_is_measured_or_falls_ba
 def test_a_judge_that_is_the_reader_is_loaded_once_and_named_as_such(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    bench = _load_benchmark()
+    bench = load_script("locomo_qa")
     loads: list[tuple[object, ...]] = []
 
     def reader(messages: object) -> str:
@@ -566,18 +457,18 @@ def test_a_judge_that_is_the_reader_is_loaded_once_and_named_as_such(
         loads.append(args)
         return other if args[1] == "other-judge" else llm
 
-    monkeypatch.setattr(bench, "make_llm", make_llm)  # type: ignore[attr-defined]
-    data = _dataset(tmp_path / "locomo.json")
+    monkeypatch.setattr(bench, "make_llm", make_llm)
+    data = write_dataset(tmp_path / "locomo.json")
     out = tmp_path / "out"
     argv = ["--data", str(data), "--mechanisms", "gold", "--out", str(out), "-q"]
-    assert bench.main([*argv, "--judge-llm", "local"]) == 0  # type: ignore[attr-defined]
+    assert bench.main([*argv, "--judge-llm", "local"]) == 0
     assert len(loads) == 1  # the judge is the reader's instance, not a second model
     result = json.loads((out / "locomo_qa.json").read_text())
     assert result["meta"]["judge_is_reader"] is True
     assert result["rows"][0]["judge"] is not None
     assert "(the reader itself)" in (out / "locomo_qa.md").read_text()
     # another judge model is loaded on its own, and the table does not call it the reader
-    assert bench.main([*argv, "--judge-model", "other-judge"]) == 0  # type: ignore[attr-defined]
+    assert bench.main([*argv, "--judge-model", "other-judge"]) == 0
     assert len(loads) == 3
     assert "(the reader itself)" not in (out / "locomo_qa.md").read_text()
 
@@ -586,7 +477,7 @@ def test_kept_answers_rebuild_the_table_without_the_memory_folders(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     calls: list[str] = []
-    bench, data = _miso_bench(monkeypatch, tmp_path, calls)
+    bench, data = miso_bench(monkeypatch, tmp_path, calls)
     out = tmp_path / "out"
     argv = ["--data", str(data), "--mechanisms", "history", "--out", str(out), "--sessions", "2"]
     assert bench.main([*argv, "-q"]) == 0  # type: ignore[attr-defined]
@@ -618,7 +509,7 @@ def test_a_copied_ingest_is_answered_again_without_ingesting(
 ) -> None:
     """Before/after scripts answer a kept ingest again: same records, fresh answers."""
     calls: list[str] = []
-    bench, data = _miso_bench(monkeypatch, tmp_path, calls)
+    bench, data = miso_bench(monkeypatch, tmp_path, calls)
     source, copy = tmp_path / "source", tmp_path / "copy"
     argv = ["--data", str(data), "--mechanisms", "history", "--sessions", "2", "-q"]
     assert bench.main([*argv, "--out", str(source)]) == 0  # type: ignore[attr-defined]
@@ -661,8 +552,8 @@ def test_memochat_variants_answer_the_kept_ingest_with_the_earlier_and_todays_re
     """variant_qa re-answers a kept MemoChat ingest: fused recall fills k, choice reproduces."""
     from memories_core.prompts.memochat import rule_following_reply
 
-    bench, data = _miso_bench(monkeypatch, tmp_path, [], first=rule_following_reply)  # type: ignore[arg-type]
-    variant = _load_variant_qa()
+    bench, data = miso_bench(monkeypatch, tmp_path, [], first=rule_following_reply)  # type: ignore[arg-type]
+    variant = load_script("variant_qa")
     source, out = tmp_path / "source", tmp_path / "fused"
     argv = ["--data", str(data), "--sessions", "2", "--recall-budget", "0", "-q"]
     assert bench.main([*argv, "--mechanisms", "memochat", "--out", str(source)]) == 0  # type: ignore[attr-defined]
@@ -705,7 +596,7 @@ def test_conditional_no_keys_variant_deletes_only_the_notes_keys(tmp_path: Path)
     memory.flush("ann")
     records = {r.id for r in memory.records(Scope("ann"))}
     memory.close()
-    variant = _load_variant_qa()
+    variant = load_script("variant_qa")
     assert variant.drop_note_keys(tmp_path / "memory", "ann", HashingEmbedder()) == (2, 2)
     engine = MemoryEngine(path=tmp_path / "memory", embedder=HashingEmbedder())
     try:
@@ -745,7 +636,7 @@ def test_dpem_variants_put_back_what_stm_refreshes_dropped(
     kept = {item.text for item in memory.stm("ann")}
     assert kept < seen  # the refreshes dropped the earlier rounds' items
     memory.close()
-    variant = _load_variant_qa()
+    variant = load_script("variant_qa")
     prepare = variant.VARIANTS[variant_name].prepare
     assert prepare(tmp_path / "memory", "ann", HashingEmbedder()) == (len(kept), len(seen - kept))
     memory = DualProcessMemory(
@@ -777,7 +668,7 @@ def test_dpem_replay_reproduces_the_recorded_memory_and_runs_other_settings(
     assert not memory.ltm("ann")
     memory.close()
     copier.copytree(tmp_path / "memory", tmp_path / "other")
-    variant = _load_variant_qa()
+    variant = load_script("variant_qa")
     same = {"theta": 3, "stm_refresh_rounds": 1}
     assert variant.replay_dpem(tmp_path / "memory", "ann", HashingEmbedder(), settings=same)[1]
     wide = {"stm_refresh_rounds": 100, "theta": 2}
@@ -804,7 +695,7 @@ def test_dpem_stm_cut_variant_replays_first_when_given_settings(tmp_path: Path) 
     memory = _dpem_forgetting(tmp_path / "memory", said)
     assert len(memory.stm("ann")) < len(said)  # the refreshes dropped the earlier items
     memory.close()
-    variant = _load_variant_qa()
+    variant = load_script("variant_qa")
     assert variant.resolve_variant("dpem-stm-cut").prepare is None  # no replay unless asked
     assert variant.resolve_variant("dpem-replay").prepare is not None
     with pytest.raises(SystemExit, match="--dpem applies to"):
@@ -877,8 +768,8 @@ def test_memorybank_decay_variant_answers_from_the_state_the_ingest_left(
         reply = memorybank_reply(messages)  # type: ignore[arg-type]
         return None if reply.startswith("I can only answer") else reply
 
-    bench, data = _miso_bench(monkeypatch, tmp_path, [], first=writer)
-    variant = _load_variant_qa()
+    bench, data = miso_bench(monkeypatch, tmp_path, [], first=writer)
+    variant = load_script("variant_qa")
     source, out = tmp_path / "source", tmp_path / "decay"
     argv = ["--data", str(data), "--sessions", "2", "-q"]
     assert bench.main([*argv, "--mechanisms", "memorybank", "--out", str(source)]) == 0  # type: ignore[attr-defined]
@@ -904,21 +795,21 @@ def test_memorybank_decay_variant_answers_from_the_state_the_ingest_left(
 
 
 def test_full_row_gives_the_whole_window_the_reader_has() -> None:
-    bench = _load_benchmark()
+    bench = load_script("locomo_qa")
 
     class Windowed(ScriptedLLM):
         context_tokens = 16384
 
-    reserve = bench.FULL_RESERVE_TOKENS  # type: ignore[attr-defined]
-    assert bench.full_budget(Windowed([]), None) == 16384 - reserve  # type: ignore[attr-defined]
-    assert bench.full_budget(Windowed([]), 3000) == 3000  # type: ignore[attr-defined]
+    reserve = bench.FULL_RESERVE_TOKENS
+    assert bench.full_budget(Windowed([]), None) == 16384 - reserve
+    assert bench.full_budget(Windowed([]), 3000) == 3000
     # a reader that does not say its window (an OpenAI model) gets the documented default
-    default = bench.FULL_DEFAULT_TOKENS  # type: ignore[attr-defined]
-    assert bench.full_budget(ScriptedLLM([]), None) == default  # type: ignore[attr-defined]
+    default = bench.FULL_DEFAULT_TOKENS
+    assert bench.full_budget(ScriptedLLM([]), None) == default
 
 
 def test_a_rebuilt_table_names_the_reader_as_it_ran(tmp_path: Path) -> None:
-    bench = _load_benchmark()
+    bench = load_script("locomo_qa")
 
     class Local:
         name = "local:Model"
@@ -927,12 +818,12 @@ def test_a_rebuilt_table_names_the_reader_as_it_ran(tmp_path: Path) -> None:
             self.loaded = loaded
             self.quantized = "int8-decode" if loaded else "none"  # known once loaded
 
-    ran = bench.reader_label(Local(loaded=True), tmp_path)  # type: ignore[attr-defined]
+    ran = bench.reader_label(Local(loaded=True), tmp_path)
     assert ran == "local:Model (int8 weights for decoding)"
     # rebuilt from kept answers, nothing loaded: the kept label, not "none"
-    assert bench.reader_label(Local(loaded=False), tmp_path) == ran  # type: ignore[attr-defined]
+    assert bench.reader_label(Local(loaded=False), tmp_path) == ran
     other = tmp_path / "other"
-    assert bench.reader_label(Local(loaded=False), other) == "local:Model"  # type: ignore[attr-defined]
+    assert bench.reader_label(Local(loaded=False), other) == "local:Model"
 
 
 def test_answers_in_batches_match_answers_one_at_a_time(
@@ -940,7 +831,7 @@ def test_answers_in_batches_match_answers_one_at_a_time(
 ) -> None:
     """--answer-batch: recall per question in turn, one reader batch, the same answers."""
     calls: list[str] = []
-    bench, data = _miso_bench(monkeypatch, tmp_path, calls)
+    bench, data = miso_bench(monkeypatch, tmp_path, calls)
     llm = bench.make_llm()  # type: ignore[attr-defined]
     sizes: list[int] = []
     plain = llm.generate_batch
@@ -988,7 +879,7 @@ def test_answer_batch_script_answers_one_ingest_at_each_size(
     """benchmarks/answer_batch.py: one ingest and one reader for every size, answers compared."""
     pytest.importorskip("matplotlib")
     calls: list[str] = []
-    bench, data = _miso_bench(monkeypatch, tmp_path, calls)
+    bench, data = miso_bench(monkeypatch, tmp_path, calls)
     loads: list[tuple[Any, ...]] = []
     reader = bench.make_llm()  # type: ignore[attr-defined]
     monkeypatch.setattr(bench, "make_llm", lambda *spec: loads.append(spec) or reader)

@@ -21,21 +21,19 @@ from typing import Any
 import pytest
 
 from benchmark_scripts import load_script
+from locomo_fixture import miso_bench, tiny_conversation
 from memories_core.prompts import memochat
 from memories_core.prompts.dpem import dpem_reply
 from memories_core.prompts.emg.questions import emg_reply
 from memories_core.prompts.memorybank import memorybank_reply
 from memories_core.prompts.rule_following import rule_following_reply
 from memories_core.types import ChatMessage, Scope
-from test_answer_quality import _load_benchmark, _miso_bench
 
 #: Every memory row of the harness whose writing or recall asks the model (``history`` and
 #: ``late`` ask nothing of it and run in ``test_answer_quality``): a row added to the harness
 #: is tested here without being listed.
 MODEL_ROWS = tuple(
-    name
-    for name in _load_benchmark().MECHANISMS  # type: ignore[attr-defined]
-    if name not in ("history", "late")
+    name for name in load_script("locomo_qa").MECHANISMS if name not in ("history", "late")
 )
 
 
@@ -60,7 +58,7 @@ def _row_bench(
     (``--out`` left to the caller).
     """
     asked: list[str] = []
-    bench, data = _miso_bench(monkeypatch, tmp_path, asked, first=every_prompt)  # type: ignore[arg-type]
+    bench, data = miso_bench(monkeypatch, tmp_path, asked, first=every_prompt)  # type: ignore[arg-type]
     argv = ["--data", str(data), "--sessions", str(sessions), "--recall-budget", "0", "-q"]
     return bench, asked, [*argv, "--mechanisms", row]
 
@@ -75,7 +73,7 @@ def test_each_model_row_ingests_answers_and_resumes(
     bench, asked, argv = _row_bench(monkeypatch, tmp_path, row, sessions=2)
     out = tmp_path / "out"
     argv += ["--out", str(out)]
-    assert bench.main(argv) == 0  # type: ignore[attr-defined]
+    assert bench.main(argv) == 0
     result = json.loads((out / "locomo_qa.json").read_text())
     (summary,) = result["rows"]
     assert summary["mechanism"] == row
@@ -98,7 +96,7 @@ def test_each_model_row_ingests_answers_and_resumes(
     readers = len(asked)
     assert readers == 3  # one reader prompt per question
     # Resumed: the kept ingest and answers are reused; the model is not asked again.
-    assert bench.main([*argv, "--resume"]) == 0  # type: ignore[attr-defined]
+    assert bench.main([*argv, "--resume"]) == 0
     assert len(asked) == readers
     again = json.loads((out / "locomo_qa.json").read_text())["rows"][0]
     assert again["f1"] == summary["f1"]
@@ -133,8 +131,8 @@ def test_an_interrupted_ingest_resumes_from_its_last_session(
 ) -> None:
     """The second run saves only the sessions after the checkpoint and answers as one run."""
     bench, asked, argv = _row_bench(monkeypatch, tmp_path, row, sessions=3)
-    plain = bench.make_memory  # type: ignore[attr-defined]
-    assert bench.main([*argv, "--out", str(tmp_path / "whole")]) == 0  # type: ignore[attr-defined]
+    plain = bench.make_memory
+    assert bench.main([*argv, "--out", str(tmp_path / "whole")]) == 0
     whole = json.loads((tmp_path / "whole" / "locomo_qa.json").read_text())["rows"][0]
 
     opened: list[object] = []
@@ -145,7 +143,7 @@ def test_an_interrupted_ingest_resumes_from_its_last_session(
 
     out = tmp_path / "resumed"
     with pytest.raises(Interrupted):
-        bench.main([*argv, "--out", str(out)], factory=stopping)  # type: ignore[attr-defined]
+        bench.main([*argv, "--out", str(out)], factory=stopping)
     folder = out / "state" / row / "conv-t"
     checkpoint = json.loads((folder / "checkpoint.json").read_text())
     assert checkpoint["stats"]["sessions"] == 2
@@ -155,7 +153,7 @@ def test_an_interrupted_ingest_resumes_from_its_last_session(
     for memory in opened:
         memory.close()  # type: ignore[attr-defined]
     shutil.rmtree(folder / "memory")
-    assert bench.main([*argv, "--out", str(out), "--resume"]) == 0  # type: ignore[attr-defined]
+    assert bench.main([*argv, "--out", str(out), "--resume"]) == 0
     resumed = json.loads((out / "locomo_qa.json").read_text())["rows"][0]
     ingest = json.loads((folder / "ingest.json").read_text())
     assert ingest["sessions"] == 3 and ingest["saves"] > saved
@@ -173,7 +171,7 @@ def test_an_interrupted_ingest_resumes_from_its_last_session(
     answers.write_text(kept[0] + "\n")
     readers = len(asked)
     recorded = (folder / "ingest.json").read_text()
-    assert bench.main([*argv, "--out", str(out), "--resume"]) == 0  # type: ignore[attr-defined]
+    assert bench.main([*argv, "--out", str(out), "--resume"]) == 0
     assert len(asked) == readers + len(kept) - 1
     assert (folder / "ingest.json").read_text() == recorded  # not ingested again
     again = json.loads((out / "locomo_qa.json").read_text())["rows"][0]
@@ -188,7 +186,6 @@ def test_the_checkpoints_time_is_not_counted_as_the_memorys(tmp_path: Path) -> N
     from memories_core import FixedClock, HistoryMemory
     from memories_core.embedders import HashingEmbedder
     from memories_core.evaluation.harness import ingest_conversation
-    from test_answer_quality import _conversation
 
     clock = FixedClock(datetime(2024, 1, 1, tzinfo=timezone.utc))
     memory = HistoryMemory(path=tmp_path / "m", embedder=HashingEmbedder(dimension=64), clock=clock)
@@ -199,7 +196,7 @@ def test_the_checkpoints_time_is_not_counted_as_the_memorys(tmp_path: Path) -> N
         slept.append(0.5)
 
     stats = ingest_conversation(
-        memory, _conversation(), clock, user_id="conv-t", on_session=slow_checkpoint
+        memory, tiny_conversation(), clock, user_id="conv-t", on_session=slow_checkpoint
     )
     memory.close()
     assert len(slept) == stats.sessions == 3
@@ -214,7 +211,6 @@ def test_each_checkpoint_counts_the_jobs_left_pending_and_the_failures(tmp_path:
     from memories_core.embedders import HashingEmbedder
     from memories_core.evaluation.harness import ingest_conversation
     from memories_core.llms import ScriptedLLM
-    from test_answer_quality import _conversation
 
     clock = FixedClock(datetime(2024, 1, 1, tzinfo=timezone.utc))
     memory = ConditionalMemory(
@@ -228,7 +224,7 @@ def test_each_checkpoint_counts_the_jobs_left_pending_and_the_failures(tmp_path:
         seen.append((stats.sessions, stats.pending_jobs, dict(stats.failures)))
 
     stats = ingest_conversation(
-        memory, _conversation(), clock, user_id="conv-t", on_session=checkpoint
+        memory, tiny_conversation(), clock, user_id="conv-t", on_session=checkpoint
     )
     memory.close()
     assert [s for s, _, _ in seen] == [1, 2, 3]
@@ -245,15 +241,14 @@ def _emg_variant(
     Returns the row's and the variant's ``--out``, the reader's prompts of both, and how many
     of them the row asked.
     """
-    from test_answer_quality import _load_variant_qa
 
     bench, asked, argv = _row_bench(monkeypatch, tmp_path, "emg", sessions=2)
     source, out = tmp_path / "source", tmp_path / variant
-    assert bench.main([*argv, "--out", str(source)]) == 0  # type: ignore[attr-defined]
+    assert bench.main([*argv, "--out", str(source)]) == 0
     row_prompts = len(asked)
     rest = [a for a in argv if a not in ("--mechanisms", "emg")]
     args = ["--variant", variant, "--source", str(source), "--out", str(out)]
-    assert _load_variant_qa().main([*args, "--", *rest]) == 0
+    assert load_script("variant_qa").main([*args, "--", *rest]) == 0
     return source, out, asked, row_prompts
 
 
@@ -313,16 +308,14 @@ def test_dpem_cv_replays_each_setting_answers_it_and_cross_validates(
 ) -> None:
     """Two conversations' DPeM ingests, two executive settings, one fold per conversation."""
 
-    from test_answer_quality import _load_variant_qa
-
     bench, asked, argv = _row_bench(monkeypatch, tmp_path, "dpem", sessions=2)
     data = Path(argv[argv.index("--data") + 1])
     (sample,) = json.loads(data.read_text())
     data.write_text(json.dumps([sample, {**sample, "sample_id": "conv-u"}]))
     source = tmp_path / "source"
-    assert bench.main([*argv, "--out", str(source)]) == 0  # type: ignore[attr-defined]
+    assert bench.main([*argv, "--out", str(source)]) == 0
     row_prompts = len(asked)
-    _load_variant_qa()  # bound to this test's harness module
+    load_script("variant_qa")  # bound to this test's harness module
     cv_module = load_script("dpem_cv")
 
     rest = [a for a in argv if a not in ("--mechanisms", "dpem")]

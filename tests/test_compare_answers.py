@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from benchmark_scripts import load_script
+from locomo_fixture import tiny_conversation, write_dataset
 
 
 def _script() -> Any:
@@ -94,11 +95,10 @@ def test_bad_runs_are_refused(tmp_path: Path) -> None:
 
 
 def test_answers_are_scored_again_from_their_replies_unless_stored(tmp_path: Path) -> None:
-    from test_answer_quality import _conversation, _dataset
 
     script = _script()
-    data = _dataset(tmp_path / "locomo.json")  # question 0: "Miso", question 1: "a sunset"
-    c = _conversation().sample_id
+    data = write_dataset(tmp_path / "locomo.json")  # question 0: "Miso", question 1: "a sunset"
+    c = tiny_conversation().sample_id
     run = tmp_path / "run"
     # the figures as an older scorer wrote them: both wrong for the replies kept beside them
     for question, reply, stale in ((f"{c}:0", "Miso.", 0.0), (f"{c}:1", "Bob", 0.0)):
