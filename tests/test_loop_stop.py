@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.machinery
+import json
 import sys
 import types
 from typing import Any
@@ -219,3 +220,62 @@ def test_the_llama_cpp_runtime_leaves_a_bounded_string_to_the_schema(
         llm.generate([ChatMessage("user", "memo please")], response_format=JsonSchema("m", schema))
         assert llm.usage.capped == capped
         assert models[0].decoded == (len(reply) if capped == 0 else len(reply[:6] + sentence * 3))
+
+
+def _library_specs() -> dict[str, Any]:
+    """Every prompt spec the package's prompt modules define, by name."""
+    import importlib
+    import pkgutil
+
+    import memories_core.prompts as prompts
+    from memories_core.prompts.spec import PromptSpec
+
+    found: dict[str, Any] = {}
+    for info in pkgutil.walk_packages(prompts.__path__, prefix="memories_core.prompts."):
+        for value in vars(importlib.import_module(info.name)).values():
+            if isinstance(value, PromptSpec):
+                found[value.name] = value
+    return found
+
+
+def test_every_json_prompt_of_the_library_bounds_its_strings() -> None:
+    from memories_core.llms.loops import strings_bounded
+
+    specs = _library_specs()
+    schemas = {name: spec.json_schema() for name, spec in specs.items() if spec.response_model}
+    # the walk finds the JSON prompts, the three that once left a string unbounded among them
+    assert {"emg.extract", "emg.autofill", "reflection.json", "memochat.writing"} <= set(schemas)
+    unbounded = sorted(name for name, schema in schemas.items() if not strings_bounded(schema))
+    assert unbounded == []
+
+
+def test_a_schema_only_bound_reads_a_longer_string() -> None:
+    from datetime import datetime, timezone
+
+    from memories_core.prompts.emg.answer import (
+        AUTOFILL,
+        MAX_FIELD_CHARS,
+        AutofillInput,
+        MemoryLine,
+    )
+    from memories_core.prompts.emg.extract import EXTRACT, MAX_SUBCLASS_CHARS, ExtractInput
+
+    value = "12 Rue de la République, " * (MAX_FIELD_CHARS // 20)
+    assert len(value) > MAX_FIELD_CHARS
+    schema = AUTOFILL.json_schema()
+    assert schema is not None and "maxLength" in str(schema)
+    reply = json.dumps({"value": value})
+    held = (MemoryLine(f"The user lives at {value}"),)
+    assert AUTOFILL.parse(reply, AutofillInput("address", held)) == value.strip()
+
+    inputs = ExtractInput("I adopted a cat named Miso.", datetime(2024, 1, 1, tzinfo=timezone.utc))
+    memory = {
+        "text": "The user adopted a cat named Miso.",
+        "type": "Relationship",
+        "subclass": "Pets " + "x" * MAX_SUBCLASS_CHARS,
+        "subject": "user",
+        "relation": "has_pet",
+        "object": "Miso",
+    }
+    (read,) = EXTRACT.parse(json.dumps({"memories": [memory]}), inputs)
+    assert read.object == "Miso"

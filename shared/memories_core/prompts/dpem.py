@@ -44,6 +44,7 @@ from memories_core.prompts.spec import (
     json_instruction,
     parse_model,
     read_section,
+    schema_max_length,
     unescape,
 )
 from memories_core.prompts.summary import REFUSALS
@@ -79,7 +80,7 @@ MAX_ITEM_CHARS = 400
 
 #: A note or knowledge item in a JSON answer: the length limit is the schema's (for a
 #: constrained model); a longer item from a model that ignores it is cut, not refused.
-_Item = Annotated[str, pydantic.WithJsonSchema({"type": "string", "maxLength": MAX_ITEM_CHARS})]
+_Item = Annotated[str, schema_max_length(MAX_ITEM_CHARS)]
 
 _WORD = re.compile(r"[^\W\d_]{3,}", re.UNICODE)
 _MARKUP = re.compile(r"</?\s*[A-Za-z_][\w ]{0,30}>\s*:?")

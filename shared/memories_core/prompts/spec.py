@@ -64,6 +64,7 @@ __all__ = [
     "parse_model",
     "read_section",
     "run_spec",
+    "schema_max_length",
     "spec_steps",
     "unescape",
 ]
@@ -166,6 +167,24 @@ def _parse_checked(answer_text: str, reply: str, model: type[M]) -> M:
     answer = parse_json(answer_text, model)
     check_not_placeholder(answer, reply)
     return answer
+
+
+def schema_max_length(max_chars: int, *, nullable: bool = False) -> pydantic.WithJsonSchema:
+    """A string's length limit for the JSON schema only, not for parsing.
+
+    Used as ``Annotated[str, schema_max_length(n)]``. A schema-constrained model closes the
+    string at ``max_chars``, and a schema that bounds every string lets the loop stop leave
+    a runaway string to the decoder (:func:`memories_core.llms.loops.strings_bounded`)
+    instead of cutting the reply inside it, where nothing after the cut can be read.
+    Parsing does not enforce the limit: a longer string from a model that ignores
+    ``maxLength`` (strict OpenAI schemas drop it) is read, not refused.
+
+    Args:
+        max_chars: The schema's ``maxLength``.
+        nullable: The field may also be ``null``.
+    """
+    text: dict[str, Any] = {"type": "string", "maxLength": max_chars}
+    return pydantic.WithJsonSchema({"anyOf": [text, {"type": "null"}]} if nullable else text)
 
 
 def schema_of(model: type[pydantic.BaseModel]) -> dict[str, Any]:
