@@ -238,44 +238,46 @@ def _library_specs() -> dict[str, Any]:
     return found
 
 
-def test_every_json_prompt_of_the_library_bounds_its_strings() -> None:
+#: The JSON prompts that leave a string without ``maxLength``, so that the loop stop may end
+#: their replies anywhere, and why. A new JSON prompt bounds its strings or is listed here.
+UNBOUNDED_ON_PURPOSE = {
+    # Measured (BENCHMARKS.md, "Loop stop and JSON strings"): with every string bounded, a
+    # looping reply ran to the 800-token cap instead of being stopped at 151 tokens, for
+    # the same memories; the parser keeps a cut reply's whole memories.
+    "emg.extract",
+    # One short value that must be found in the memories: a runaway value fails either way.
+    "emg.autofill",
+    # Not measured: left as it was when the rule was written.
+    "reflection.json",
+}
+
+
+def test_the_json_prompts_that_leave_a_string_unbounded_are_the_listed_ones() -> None:
     from memories_core.llms.loops import strings_bounded
 
     specs = _library_specs()
     schemas = {name: spec.json_schema() for name, spec in specs.items() if spec.response_model}
-    # the walk finds the JSON prompts, the three that once left a string unbounded among them
-    assert {"emg.extract", "emg.autofill", "reflection.json", "memochat.writing"} <= set(schemas)
-    unbounded = sorted(name for name, schema in schemas.items() if not strings_bounded(schema))
-    assert unbounded == []
+    # the walk finds the JSON prompts (memo writing is the one the rule was made for)
+    assert UNBOUNDED_ON_PURPOSE | {"memochat.writing", "dpem.notes.json"} <= set(schemas)
+    unbounded = {name for name, schema in schemas.items() if not strings_bounded(schema)}
+    assert unbounded == UNBOUNDED_ON_PURPOSE
 
 
-def test_a_schema_only_bound_reads_a_longer_string() -> None:
-    from datetime import datetime, timezone
+def test_a_schema_only_length_limit_is_in_the_schema_and_not_in_parsing() -> None:
+    from typing import Annotated
 
-    from memories_core.prompts.emg.answer import (
-        AUTOFILL,
-        MAX_FIELD_CHARS,
-        AutofillInput,
-        MemoryLine,
-    )
-    from memories_core.prompts.emg.extract import EXTRACT, MAX_SUBCLASS_CHARS, ExtractInput
+    import pydantic
 
-    value = "12 Rue de la République, " * (MAX_FIELD_CHARS // 20)
-    assert len(value) > MAX_FIELD_CHARS
-    schema = AUTOFILL.json_schema()
-    assert schema is not None and "maxLength" in str(schema)
-    reply = json.dumps({"value": value})
-    held = (MemoryLine(f"The user lives at {value}"),)
-    assert AUTOFILL.parse(reply, AutofillInput("address", held)) == value.strip()
+    from memories_core.llms.loops import strings_bounded
+    from memories_core.prompts.spec import schema_max_length, schema_of
 
-    inputs = ExtractInput("I adopted a cat named Miso.", datetime(2024, 1, 1, tzinfo=timezone.utc))
-    memory = {
-        "text": "The user adopted a cat named Miso.",
-        "type": "Relationship",
-        "subclass": "Pets " + "x" * MAX_SUBCLASS_CHARS,
-        "subject": "user",
-        "relation": "has_pet",
-        "object": "Miso",
-    }
-    (read,) = EXTRACT.parse(json.dumps({"memories": [memory]}), inputs)
-    assert read.object == "Miso"
+    class Answer(pydantic.BaseModel):
+        note: Annotated[str, schema_max_length(10)]
+        when: Annotated[str | None, schema_max_length(5, nullable=True)] = None
+
+    schema = schema_of(Answer)
+    assert schema["properties"]["note"]["maxLength"] == 10
+    assert {"type": "null"} in schema["properties"]["when"]["anyOf"]
+    assert strings_bounded(schema)
+    read = Answer.model_validate_json(json.dumps({"note": "x" * 50, "when": "2024-01-01"}))
+    assert read.note == "x" * 50 and read.when == "2024-01-01"

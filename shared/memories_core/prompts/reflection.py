@@ -22,20 +22,13 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Literal
 
 import pydantic
 
 from memories_core.errors import ParseError
 from memories_core.parsing import parse_tagged, strip_echoed
-from memories_core.prompts.spec import (
-    PromptSpec,
-    fence,
-    json_instruction,
-    parse_model,
-    schema_max_length,
-    unescape,
-)
+from memories_core.prompts.spec import PromptSpec, fence, json_instruction, parse_model, unescape
 from memories_core.types import ChatMessage
 
 __all__ = [
@@ -170,19 +163,13 @@ class ReflectionInput:
     candidates: tuple[str, ...] = ()
 
 
-#: The schema's bound on one search keyword (characters). A constrained model closes a
-#: runaway keyword here, so the loop stop does not cut the reply inside it
-#: (:func:`~memories_core.prompts.spec.schema_max_length`).
-MAX_KEYWORD_CHARS = 60
-
-
 class ReflectionAnswer(pydantic.BaseModel):
     """JSON form of Table 19's two outcomes."""
 
     model_config = pydantic.ConfigDict(extra="forbid")
     enough: Literal["yes", "no"] = pydantic.Field(description="Do the memories suffice?")
     memory: str = pydantic.Field(max_length=600, description="Copied memory sentences")
-    keywords: list[Annotated[str, schema_max_length(MAX_KEYWORD_CHARS)]] = pydantic.Field(
+    keywords: list[str] = pydantic.Field(
         min_length=1, max_length=5, description="New keywords to search if not enough"
     )
 

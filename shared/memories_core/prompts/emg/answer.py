@@ -6,7 +6,6 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Annotated
 
 import pydantic
 
@@ -17,7 +16,6 @@ from memories_core.prompts.spec import (
     fence,
     json_instruction,
     parse_model,
-    schema_max_length,
     unescape,
 )
 from memories_core.types import ChatMessage, ensure_utc
@@ -131,20 +129,11 @@ class AutofillInput:
     memories: tuple[MemoryLine, ...]
 
 
-#: The schema's bound on an autofilled value (characters): a name, a number or a postal
-#: address fits well within it. A constrained model closes a runaway value here, so the
-#: loop stop does not cut the reply inside it (:func:`~memories_core.prompts.spec.
-#: schema_max_length`); a longer value from another model is read as it is.
-MAX_FIELD_CHARS = 200
-
-
 class AutofillAnswer(pydantic.BaseModel):
     """JSON form of one autofilled field."""
 
     model_config = pydantic.ConfigDict(extra="forbid")
-    value: Annotated[str | None, schema_max_length(MAX_FIELD_CHARS, nullable=True)] = (
-        pydantic.Field(description="The field's value, or null if unknown")
-    )
+    value: str | None = pydantic.Field(description="The field's value, or null if unknown")
 
 
 AUTOFILL_SYSTEM = (

@@ -7,7 +7,6 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Annotated
 
 import pydantic
 
@@ -21,7 +20,6 @@ from memories_core.prompts.spec import (
     json_instruction,
     parse_model,
     read_section,
-    schema_max_length,
     unescape,
 )
 from memories_core.types import ChatMessage, ensure_utc
@@ -108,18 +106,6 @@ class ExtractInput:
     speaker: str | None = None
 
 
-#: The schema's bound on a memory's subclass (characters): the longest label the prompt
-#: lists, "Preference/Audio-visual entertainment preference", has 48. With every string of
-#: the answer bounded, the loop stop leaves a runaway string to the decoder instead of
-#: cutting the reply inside it (:func:`~memories_core.prompts.spec.schema_max_length`).
-MAX_SUBCLASS_CHARS = 80
-
-#: The schema's bound on a memory's ``when`` and ``valid_until`` (characters): an ISO 8601
-#: datetime with fractions and offset has 32, and the phrases :func:`resolve_date` reads
-#: are of that length ("the day after tomorrow at 11:30 pm": 34).
-MAX_DATE_CHARS = 60
-
-
 class ExtractedMemoryModel(pydantic.BaseModel):
     """JSON form of one extracted memory."""
 
@@ -134,17 +120,13 @@ class ExtractedMemoryModel(pydantic.BaseModel):
         description="Relationship, Preference, Event or Attribute",
         json_schema_extra={"enum": list(MEMORY_TYPES)},
     )
-    subclass: Annotated[str, schema_max_length(MAX_SUBCLASS_CHARS)] = pydantic.Field(
-        description="A subclass of the type, from the list"
-    )
+    subclass: str = pydantic.Field(description="A subclass of the type, from the list")
     subject: str = pydantic.Field(min_length=1, max_length=120, description="Head entity")
     relation: str = pydantic.Field(min_length=1, max_length=80, description="Relation name")
     object: str = pydantic.Field(min_length=1, max_length=200, description="Tail entity or value")
-    when: Annotated[str | None, schema_max_length(MAX_DATE_CHARS, nullable=True)] = pydantic.Field(
-        default=None, description="ISO time of the event or null"
-    )
-    valid_until: Annotated[str | None, schema_max_length(MAX_DATE_CHARS, nullable=True)] = (
-        pydantic.Field(default=None, description="ISO time the memory stops being true, or null")
+    when: str | None = pydantic.Field(default=None, description="ISO time of the event or null")
+    valid_until: str | None = pydantic.Field(
+        default=None, description="ISO time the memory stops being true, or null"
     )
 
 
