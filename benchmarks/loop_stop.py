@@ -34,8 +34,9 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+from locomo_qa import SECOND_SPEAKER_ROLE
 from machine_info import command_line, machine
 from tqdm import tqdm
 
@@ -77,7 +78,7 @@ def turns(data: Path, conversation: int, session: int) -> list[ExtractInput]:
         ExtractInput(
             turn.text,
             at,
-            "user" if turn.speaker == first else "message",
+            "user" if turn.speaker == first else SECOND_SPEAKER_ROLE["emg"],
             speaker=turn.speaker,
         )
         for turn, at in dated_sessions(sample, session)[session]
@@ -96,15 +97,18 @@ def extract_call(llm: LocalLLM, unit: ExtractInput, args: argparse.Namespace) ->
     return [memory.text for memory in run_spec(llm, EXTRACT, unit, retries=1)]
 
 
-#: The step each ``--prompt`` replays: its units from the session, and one call on a unit
-#: (the items it gave, as text).
-STEPS: dict[str, tuple[Callable[[Path, int, int], list[Any]], Callable[..., list[str]]]] = {
-    "dpem.notes": (exchanges, notes_call),
-    "emg.extract": (turns, extract_call),
-}
+class Step(NamedTuple):
+    """One ``--prompt``: its units from the session, one call on a unit, what its items are."""
 
-#: What one unit's items are called in the tables.
-ITEMS = {"dpem.notes": "notes", "emg.extract": "memories"}
+    units: Callable[[Path, int, int], list[Any]]
+    call: Callable[[LocalLLM, Any, argparse.Namespace], list[str]]
+    items: str
+
+
+STEPS: dict[str, Step] = {
+    "dpem.notes": Step(exchanges, notes_call, "notes"),
+    "emg.extract": Step(turns, extract_call, "memories"),
+}
 
 
 def replay(
@@ -194,7 +198,7 @@ def plot(results: dict[str, dict[str, Any]], path: Path, prompt: str = "dpem.not
     plt.close(fig)
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -208,23 +212,25 @@ def main() -> None:
     parser.add_argument("--max-notes", type=int, default=16, help="DPeM's working memory size")
     parser.add_argument("--name", default="loop_stop", help="output file stem")
     parser.add_argument("--out-dir", type=Path, default=OUT_DIR)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     settings = [s.strip() for s in args.settings.split(",") if s.strip()]
     if not settings or set(settings) - {"off", "on"}:
         parser.error("--settings takes off, on or off,on")
-    units_of, step = STEPS[args.prompt]
-    units = units_of(args.data, args.conversation, args.session)
-    items = ITEMS[args.prompt]
+    step = STEPS[args.prompt]
+    units = step.units(args.data, args.conversation, args.session)
+    items = step.items
     info = machine()
     results = {
-        setting: replay(units, setting == "on", lambda llm, unit: step(llm, unit, args), items)
+        setting: replay(units, setting == "on", lambda llm, unit: step.call(llm, unit, args), items)
         for setting in settings
     }
     print(table(results, items))
     args.out_dir.mkdir(parents=True, exist_ok=True)
     out = {
         "machine": info,
-        "command": command_line("benchmarks/loop_stop.py", sys.argv[1:]),
+        "command": command_line(
+            "benchmarks/loop_stop.py", list(sys.argv[1:] if argv is None else argv)
+        ),
         "model": default_model_name(),
         "prompt": args.prompt,
         "conversation": args.conversation,

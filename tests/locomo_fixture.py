@@ -50,20 +50,21 @@ def tiny_conversation() -> LocomoConversation:
     return LocomoConversation("conv-t", ("Ann", "Bob"), tuple(turns), qa, times)
 
 
-def write_dataset(path: Path) -> Path:
-    conversation = tiny_conversation()
+def write_locomo(path: Path, conversation: LocomoConversation) -> Path:
+    """``conversation`` written as a LoCoMo file (one sample), as the loader reads it back."""
+    sessions = sorted({t.session for t in conversation.turns})
     sample = {
         "sample_id": conversation.sample_id,
         "conversation": {
-            "speaker_a": "Ann",
-            "speaker_b": "Bob",
+            "speaker_a": conversation.speakers[0],
+            "speaker_b": conversation.speakers[1],
             **{
                 f"session_{n}": [
                     {"speaker": t.speaker, "dia_id": t.dia_id, "text": t.text}
                     for t in conversation.turns
                     if t.session == n
                 ]
-                for n in (1, 2, 3)
+                for n in sessions
             },
             **{f"session_{n}_date_time": v for n, v in conversation.session_times.items()},
         },
@@ -86,6 +87,11 @@ def write_dataset(path: Path) -> Path:
     }
     path.write_text(json.dumps([sample]), encoding="utf-8")
     return path
+
+
+def write_dataset(path: Path) -> Path:
+    """:func:`tiny_conversation` as a LoCoMo file."""
+    return write_locomo(path, tiny_conversation())
 
 
 def offline_bench(monkeypatch: pytest.MonkeyPatch, llm: ScriptedLLM) -> object:

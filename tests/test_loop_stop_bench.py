@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +32,9 @@ def _bench(monkeypatch: pytest.MonkeyPatch, answer: Any, made: list[bool]) -> An
     return bench
 
 
-def _run(bench: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *args: str) -> Any:
+def _run(bench: Any, tmp_path: Path, *args: str) -> Any:
     data = write_dataset(tmp_path / "locomo.json")
-    argv = ["loop_stop.py", "--data", str(data), "--out-dir", str(tmp_path), *args]
-    monkeypatch.setattr(sys, "argv", argv)
-    bench.main()
+    bench.main(["--data", str(data), "--out-dir", str(tmp_path), *args])
     name = args[args.index("--name") + 1] if "--name" in args else "loop_stop"
     return json.loads((tmp_path / f"{name}.json").read_text(encoding="utf-8"))
 
@@ -47,9 +44,7 @@ def test_emg_extraction_is_replayed_per_turn_with_the_chosen_setting(
 ) -> None:
     made: list[bool] = []
     bench = _bench(monkeypatch, emg_reply, made)
-    out = _run(
-        bench, monkeypatch, tmp_path, "--prompt", "emg.extract", "--settings", "on", "--name", "x"
-    )
+    out = _run(bench, tmp_path, "--prompt", "emg.extract", "--settings", "on", "--name", "x")
     assert made == [True] and set(out) >= {"on", "prompt"} and "off" not in out
     said = [t.text for t in tiny_conversation().turns if t.session == 1]
     rounds = out["on"]["rounds"]
@@ -63,7 +58,7 @@ def test_dpem_notes_run_off_then_on_per_exchange(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     made: list[bool] = []
-    out = _run(_bench(monkeypatch, dpem_reply, made), monkeypatch, tmp_path)
+    out = _run(_bench(monkeypatch, dpem_reply, made), tmp_path)
     assert made == [False, True]
     for setting in ("off", "on"):
         totals = out[setting]["totals"]  # two exchanges: Ann then Bob, twice
@@ -74,7 +69,7 @@ def test_an_unreadable_reply_counts_as_unparsed(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     bench = _bench(monkeypatch, "not a memory", [])
-    out = _run(bench, monkeypatch, tmp_path, "--prompt", "emg.extract", "--settings", "on")
+    out = _run(bench, tmp_path, "--prompt", "emg.extract", "--settings", "on")
     totals = out["on"]["totals"]
     assert totals["rounds_parsed"] == 0 and totals["memories"] == 0
     assert all(r["error"] and r["calls"] == 2 for r in out["on"]["rounds"])  # one repair
@@ -83,4 +78,4 @@ def test_an_unreadable_reply_counts_as_unparsed(
 def test_an_unknown_setting_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     bench = _bench(monkeypatch, emg_reply, [])
     with pytest.raises(SystemExit):
-        _run(bench, monkeypatch, tmp_path, "--settings", "sometimes")
+        _run(bench, tmp_path, "--settings", "sometimes")

@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 
 from benchmark_scripts import load_script
+from locomo_fixture import write_locomo
 from memories_core.embedders import HashingEmbedder
+from memories_core.evaluation.locomo import LocomoConversation, LocomoTurn
 from memories_core.llms import ScriptedLLM
 from memories_core.prompts.dpem import dpem_reply
 from memories_core.prompts.emg import emg_reply
@@ -32,22 +34,9 @@ LINES = [
 
 
 def _data(path: Path) -> Path:
-    session = [
-        {"speaker": who, "dia_id": f"D1:{i + 1}", "text": text}
-        for i, (who, text) in enumerate(LINES)
-    ]
-    sample = {
-        "sample_id": "conv-x",
-        "conversation": {
-            "speaker_a": "Ann",
-            "speaker_b": "Bob",
-            "session_1": session,
-            "session_1_date_time": "1:56 pm on 8 May, 2023",
-        },
-        "qa": [],
-    }
-    path.write_text(json.dumps([sample]), encoding="utf-8")
-    return path
+    turns = tuple(LocomoTurn(f"D1:{i + 1}", 1, who, text) for i, (who, text) in enumerate(LINES))
+    talk = LocomoConversation("conv-x", ("Ann", "Bob"), turns, (), {1: "1:56 pm on 8 May, 2023"})
+    return write_locomo(path, talk)
 
 
 def _script() -> Any:

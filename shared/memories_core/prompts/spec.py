@@ -169,7 +169,7 @@ def _parse_checked(answer_text: str, reply: str, model: type[M]) -> M:
     return answer
 
 
-def schema_max_length(max_chars: int, *, nullable: bool = False) -> pydantic.WithJsonSchema:
+def schema_max_length(max_chars: int) -> pydantic.WithJsonSchema:
     """A string's length limit for the JSON schema only, not for parsing.
 
     Used as ``Annotated[str, schema_max_length(n)]``. A schema-constrained model closes the
@@ -181,10 +181,8 @@ def schema_max_length(max_chars: int, *, nullable: bool = False) -> pydantic.Wit
 
     Args:
         max_chars: The schema's ``maxLength``.
-        nullable: The field may also be ``null``.
     """
-    text: dict[str, Any] = {"type": "string", "maxLength": max_chars}
-    return pydantic.WithJsonSchema({"anyOf": [text, {"type": "null"}]} if nullable else text)
+    return pydantic.WithJsonSchema({"type": "string", "maxLength": max_chars})
 
 
 def schema_of(model: type[pydantic.BaseModel]) -> dict[str, Any]:
