@@ -123,3 +123,65 @@ def test_a_graph_search_fetches_as_deep_as_its_filter_needs() -> None:
         assert all(fetch == 60 for fetch in note_fetches[1:])  # 10 % pass: capped at 4k + 20
     finally:
         index.close()
+
+
+def test_a_kind_filter_reads_its_kinds_from_the_given_reader() -> None:
+    """With ``kinds_of`` a kind filter asks Chroma for distances only and trusts the reader."""
+    rng = np.random.default_rng(11)
+    n = 300
+    ids = [f"r{i}" for i in range(n)]
+    kinds = ["note" if i % 4 == 0 else "turn" for i in range(n)]
+    vectors = _unit(rng.normal(size=(n, DIM)).astype(np.float32))
+    index = ChromaIndex(exact_below=0, open_check=0)  # every search goes through the graph
+    try:
+        metas = [{"user_id": USER, "kind": kind, "role": "user"} for kind in kinds]
+        index.add(ids, vectors, metas)
+        included: list[list[str]] = []
+        guard = index._guard
+
+        def watching(call: Any, *args: Any, **kwargs: Any) -> Any:
+            if "include" in kwargs and "where" not in kwargs:  # the over-fetches
+                included.append(list(kwargs["include"]))
+            return guard(call, *args, **kwargs)
+
+        index._guard = watching  # type: ignore[method-assign]
+        truth = dict(zip(ids, kinds, strict=True))
+        asked: list[list[str]] = []
+
+        def reader(wanted: Any) -> dict[str, str]:
+            asked.append(list(wanted))
+            return {item: truth[item] for item in wanted}
+
+        for query in _unit(rng.normal(size=(4, DIM)).astype(np.float32)):
+            for kind in ("turn", "note"):
+                plain = index.search(query, user_id=USER, k=10, where={"kind": kind})
+                read = index.search(
+                    query, user_id=USER, k=10, where={"kind": kind}, kinds_of=reader
+                )
+                assert read == plain
+                assert [h for h, _ in read] == _reference(ids, vectors, kinds, query, 10, kind)
+        assert asked and all(len(part) > 10 for part in asked)  # the over-fetched hits
+        # Chroma's metadata is read only by the searches without a reader.
+        assert included.count(["distances"]) == len(asked)
+        assert included.count(["distances", "metadatas"]) == len(asked)
+
+        # The reader is the authority: a hit it calls another kind, or does not know, is
+        # left out even though Chroma's metadata says it passes.
+        query = vectors[1]
+        assert index.search(query, user_id=USER, k=1, where={"kind": "turn"})[0][0] == "r1"
+        relabelled = {**truth, "r1": "note"}
+        hits = index.search(
+            query,
+            user_id=USER,
+            k=5,
+            where={"kind": "turn"},
+            kinds_of=lambda wanted: {i: relabelled[i] for i in wanted if i != "r2"},
+        )
+        assert "r1" not in dict(hits) and "r2" not in dict(hits) and len(hits) == 5
+        # Filters on other fields keep reading Chroma's metadata.
+        session = index.search(
+            query, user_id=USER, k=3, where={"kind": "turn", "role": "user"}, kinds_of=reader
+        )
+        assert session[0][0] == "r1"
+    finally:
+        index.close()

@@ -378,6 +378,8 @@ def test_postgres_keeps_vectors_across_reopen_and_erases_them(
     ids = [r.id for r in records]  # the text-only read a reranker's pool uses, per user
     assert memory.engine.store.texts(ids, user_id="ana") == {r.id: r.text for r in records}
     assert memory.engine.store.texts(ids, user_id="bo") == {}
+    assert memory.engine.store.kinds(ids, user_id="ana") == {r.id: "turn" for r in records}
+    assert memory.engine.store.kinds(ids, user_id="bo") == {}
     memory.engine.store.close()
     encoder = FakeEncoder("counting")
     reopened = pg_memory_factory(encoder)
@@ -477,4 +479,30 @@ def test_a_stores_text_read_is_one_users(tmp_path: Path) -> None:
     assert store.texts(ids, user_id="ana") == {r.id: r.text for r in ana}
     assert store.texts(ids, user_id="bo") == {r.id: r.text for r in bo}
     assert store.texts([], user_id="ana") == {}
+    memory.close()
+
+
+def test_a_stores_kind_read_is_one_users_and_feeds_the_index(tmp_path: Path) -> None:
+    memory = memory_at(tmp_path, FakeEncoder("counting"))
+    ana = fill(memory)
+    bo = fill(memory, "bo", BO_TURNS)
+    store = memory.engine.store
+    ids = [r.id for r in ana] + [r.id for r in bo] + ["missing"]
+    assert store.kinds(ids, user_id="ana") == {r.id: "turn" for r in ana}
+    assert store.kinds(ids, user_id="bo") == {r.id: "turn" for r in bo}
+    assert store.kinds([], user_id="ana") == {}
+    # The engine's searches hand the index a reader bound to the searching user.
+    seen: list[dict[str, str]] = []
+    search = memory.engine.index.search
+
+    def spying(*args: Any, **kwargs: Any) -> Any:
+        reader = kwargs.get("kinds_of")
+        assert reader is not None
+        seen.append(dict(reader(ids)))
+        return search(*args, **kwargs)
+
+    memory.engine.index.search = spying  # type: ignore[method-assign]
+    hits = memory.recall("what is the cat called", Scope("ana"), k=3).records
+    assert hits and {h.record.user_id for h in hits} == {"ana"}
+    assert seen and all(found == {r.id: "turn" for r in ana} for found in seen)
     memory.close()

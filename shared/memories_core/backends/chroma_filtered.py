@@ -30,7 +30,7 @@ import logging
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +38,23 @@ import numpy as np
 import numpy.typing as npt
 
 from memories_core.backends.chroma_exact import _key_of
-from memories_core.backends.chroma_results import _pairs
-from memories_core.backends.numpy_index import metadata_matcher
+from memories_core.backends.chroma_results import _pairs, _with_pinned
+from memories_core.backends.numpy_index import as_query, check_filter, metadata_matcher
+from memories_core.errors import InvalidInputError
 from memories_core.files import read_json_file, write_json_atomic
 from memories_core.interfaces import Filter
+from memories_core.types import check_user_id
 
-__all__ = ["SHARES_FILE", "ChromaFiltering"]
+__all__ = ["SHARES_FILE", "ChromaFiltering", "KindReader"]
+
+#: Reads the ``kind`` of some of the searched user's records: ids in, ``{id: kind}`` out
+#: (ids it does not hold left out). The engine passes its record store's, the record of
+#: truth the index is derived from: a deep search filtered on ``kind`` (the
+#: late-interaction pool) then asks Chroma for distances only, where reading its metadata
+#: cost about 8 of 11.5 ms for 208 hits at 10k records, against about 1 ms for the same
+#: ids on the record store's id index (BENCHMARKS.md, "Late-interaction vectors kept with
+#: the records").
+KindReader = Callable[[Sequence[str]], Mapping[str, str]]
 
 logger = logging.getLogger("memories_core.backends.chroma_index")
 
@@ -71,6 +82,10 @@ class ChromaFiltering:
 
     _guard: Callable[..., Any]
     _folder: Path | None
+    _lock: threading.RLock
+    _on_collection: Callable[..., Any]
+    _check_dimension: Callable[..., None]
+    _exact: Callable[[Any], Any]
 
     def _init_filtering(self) -> None:
         """Start with the shares kept on disk, if any (called by the index's ``__init__``)."""
@@ -138,6 +153,81 @@ class ChromaFiltering:
         if path is not None and path.is_file():
             self._write_shares()
 
+    def search_many(
+        self,
+        vector: npt.NDArray[np.float32],
+        *,
+        user_id: str,
+        k: int,
+        wheres: Sequence[Filter],
+        kinds_of: KindReader | None = None,
+    ) -> list[list[tuple[str, float]]]:
+        """:meth:`search` once per filter of ``wheres``, sharing one Chroma query.
+
+        Each result equals ``search(vector, user_id=user_id, k=k, where=where)``: a filtered
+        search over-fetches the nearest rows without a filter and filters them in Python,
+        and that over-fetch is the same for every filter, so it runs once; a filter that
+        keeps too few rows still gets its own pre-filtered query. Search keys use it (the
+        records and the keys of one recall, :mod:`memories_core.retrieval.keys`).
+
+        Raises:
+            InvalidInputError: if ``k < 1``, a filter is empty or invalid, or the vector is
+                malformed.
+        """
+        check_user_id(user_id)
+        if k < 1:
+            raise InvalidInputError("k must be >= 1")
+        for where in wheres:
+            if not where:
+                raise InvalidInputError("search_many needs non-empty filters")
+            check_filter(where)
+        query = as_query(vector)
+
+        def run(collection: Any) -> list[list[tuple[str, float]]]:
+            self._guard(self._check_dimension, query.shape[0], collection)
+            mirror = self._exact(collection)
+            if mirror is not None:
+                return [mirror.search(query, k, where) for where in wheres]
+            fetched = self._overfetch(collection, query, k, wheres, kinds_of)
+            return [
+                _with_pinned(
+                    self._filtered(collection, query, k, where, fetched),
+                    collection,
+                    query,
+                    k,
+                    where,
+                )
+                for where in wheres
+            ]
+
+        with self._lock:
+            return self._on_collection(user_id, False, run, [[] for _ in wheres])
+
+    def _search_in(
+        self,
+        collection: Any,
+        query: npt.NDArray[np.float32],
+        k: int,
+        where: Filter | None,
+        kinds_of: KindReader | None,
+    ) -> list[tuple[str, float]]:
+        self._guard(self._check_dimension, query.shape[0], collection)
+        mirror = self._exact(collection)
+        if mirror is not None:
+            return mirror.search(query, k, where)
+        if not where:
+            result = self._guard(
+                collection.query,
+                query_embeddings=[query],
+                n_results=k,
+                include=["distances"],
+            )
+            found = _pairs(result)[:k]
+        else:
+            fetched = self._overfetch(collection, query, k, [where], kinds_of)
+            found = self._filtered(collection, query, k, where, fetched)
+        return _with_pinned(found, collection, query, k, where)
+
     def _share_of(self, collection: Any, wheres: Sequence[Filter]) -> float:
         """The smallest learned pass share among ``wheres`` on ``collection``."""
         key = _key_of(collection)
@@ -161,21 +251,35 @@ class ChromaFiltering:
         query: npt.NDArray[np.float32],
         k: int,
         wheres: Sequence[Filter] = (),
+        kinds_of: KindReader | None = None,
     ) -> tuple[list[tuple[str, float]], list[Any], int]:
         """The nearest neighbours without a Chroma pre-filter, as many as ``wheres`` need.
+
+        With ``kinds_of`` and filters on ``kind`` alone, the hits' kinds come from it
+        instead of Chroma's metadata (see :data:`KindReader`); a hit it does not know
+        passes no filter.
 
         Returns ``(pairs, metadatas, fetch)``; Chroma returns fewer rows if it holds fewer.
         """
         share = self._share_of(collection, wheres) if wheres else _FIRST_SHARE
         fetch = min(4 * k + _EXTRA, math.ceil(k / share) + _EXTRA)
+        by_kind = kinds_of is not None and bool(wheres) and all(set(w) == {"kind"} for w in wheres)
         result = self._guard(
             collection.query,
             query_embeddings=[query],
             n_results=fetch,
-            include=["distances", "metadatas"],
+            include=["distances"] if by_kind else ["distances", "metadatas"],
         )
+        pairs = _pairs(result)
+        if by_kind:
+            assert kinds_of is not None  # narrows the type: by_kind needs it
+            kinds = kinds_of([item for item, _ in pairs])
+            metas: list[Any] = [
+                {"kind": kinds[item]} if item in kinds else None for item, _ in pairs
+            ]
+            return pairs, metas, fetch
         metas = result["metadatas"][0] if result.get("metadatas") else []
-        return _pairs(result), list(metas), fetch
+        return pairs, list(metas), fetch
 
     def _filtered(
         self,

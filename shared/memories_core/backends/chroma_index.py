@@ -23,14 +23,12 @@ import numpy.typing as npt
 
 from memories_core.backends.chroma_erasure import ChromaErasure
 from memories_core.backends.chroma_exact import _MIRRORS, _key_of
-from memories_core.backends.chroma_filtered import ChromaFiltering
+from memories_core.backends.chroma_filtered import ChromaFiltering, KindReader
 from memories_core.backends.chroma_reach import ChromaReachability
 from memories_core.backends.chroma_results import (
     _dimension_of,
     _local_folder,
-    _pairs,
     _space_of,
-    _with_pinned,
 )
 from memories_core.backends.chroma_verify import (
     ChromaVerification,
@@ -516,9 +514,19 @@ class ChromaIndex(ChromaFiltering, ChromaReachability, ChromaVerification, Chrom
                 self._dimension = matrix.shape[1]
 
     def search(
-        self, vector: npt.NDArray[np.float32], *, user_id: str, k: int, where: Filter | None = None
+        self,
+        vector: npt.NDArray[np.float32],
+        *,
+        user_id: str,
+        k: int,
+        where: Filter | None = None,
+        kinds_of: KindReader | None = None,
     ) -> list[tuple[str, float]]:
         """Return up to ``k`` ``(id, cosine)`` pairs of ``user_id``'s vectors, best first.
+
+        ``kinds_of`` reads the kinds of ``user_id``'s records (the engine passes its record
+        store's); a filter on ``kind`` alone is then checked with it instead of Chroma's
+        metadata (:data:`~memories_core.backends.chroma_filtered.KindReader`).
 
         Raises:
             InvalidInputError: if ``k < 1``, the vector is malformed or the filter invalid.
@@ -532,78 +540,8 @@ class ChromaIndex(ChromaFiltering, ChromaReachability, ChromaVerification, Chrom
         query = as_query(vector)
         with self._lock:
             return self._on_collection(
-                user_id, False, lambda c: self._search_in(c, query, k, where), []
+                user_id, False, lambda c: self._search_in(c, query, k, where, kinds_of), []
             )
-
-    def search_many(
-        self,
-        vector: npt.NDArray[np.float32],
-        *,
-        user_id: str,
-        k: int,
-        wheres: Sequence[Filter],
-    ) -> list[list[tuple[str, float]]]:
-        """:meth:`search` once per filter of ``wheres``, sharing one Chroma query.
-
-        Each result equals ``search(vector, user_id=user_id, k=k, where=where)``: a filtered
-        search over-fetches the nearest rows without a filter and filters them in Python,
-        and that over-fetch is the same for every filter, so it runs once; a filter that
-        keeps too few rows still gets its own pre-filtered query. Search keys use it (the
-        records and the keys of one recall, :mod:`memories_core.retrieval.keys`).
-
-        Raises:
-            InvalidInputError: if ``k < 1``, a filter is empty or invalid, or the vector is
-                malformed.
-        """
-        check_user_id(user_id)
-        if k < 1:
-            raise InvalidInputError("k must be >= 1")
-        for where in wheres:
-            if not where:
-                raise InvalidInputError("search_many needs non-empty filters")
-            check_filter(where)
-        query = as_query(vector)
-
-        def run(collection: Any) -> list[list[tuple[str, float]]]:
-            self._guard(self._check_dimension, query.shape[0], collection)
-            mirror = self._exact(collection)
-            if mirror is not None:
-                return [mirror.search(query, k, where) for where in wheres]
-            fetched = self._overfetch(collection, query, k, wheres)
-            return [
-                _with_pinned(
-                    self._filtered(collection, query, k, where, fetched),
-                    collection,
-                    query,
-                    k,
-                    where,
-                )
-                for where in wheres
-            ]
-
-        with self._lock:
-            return self._on_collection(user_id, False, run, [[] for _ in wheres])
-
-    def _search_in(
-        self, collection: Any, query: npt.NDArray[np.float32], k: int, where: Filter | None
-    ) -> list[tuple[str, float]]:
-        self._guard(self._check_dimension, query.shape[0], collection)
-        mirror = self._exact(collection)
-        if mirror is not None:
-            return mirror.search(query, k, where)
-        if not where:
-            result = self._guard(
-                collection.query,
-                query_embeddings=[query],
-                n_results=k,
-                include=["distances"],
-            )
-            found = _pairs(result)[:k]
-        else:
-            found = self._filtered(
-                collection, query, k, where, self._overfetch(collection, query, k, [where])
-            )
-        return _with_pinned(found, collection, query, k, where)
 
     def delete(self, ids: Sequence[str], *, user_id: str, erase: bool = False) -> None:
         """Delete vectors by id from ``user_id``'s collection; other users' are left alone.

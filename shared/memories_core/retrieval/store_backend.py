@@ -88,6 +88,18 @@ class StoreBackend:
         self.index = index
         self.embedder = embedder
         self.before_search = before_search
+        # An index that filters on ``kind`` through the store's kinds (the Chroma index) is
+        # given them: the store is the record of truth and reads them faster.
+        self._reads_kinds = callable(getattr(store, "kinds", None)) and _takes(
+            getattr(index, "search", None), "kinds_of"
+        )
+
+    def _kinds_of(self, user_id: str) -> dict[str, Any]:
+        """``kinds_of=`` for the index's searches of ``user_id`` (empty: it takes none)."""
+        if not self._reads_kinds:
+            return {}
+        read = self.store.kinds  # type: ignore[attr-defined]  # checked in __init__
+        return {"kinds_of": lambda ids: read(list(ids), user_id=user_id)}
 
     def embed_query(self, text: str) -> npt.NDArray[np.float32]:
         """The embedder's query vector."""
@@ -101,7 +113,9 @@ class StoreBackend:
             self.before_search()
         return merge_rankings(
             [
-                self.index.search(vector, user_id=user_id, k=depth, where=part)
+                self.index.search(
+                    vector, user_id=user_id, k=depth, where=part, **self._kinds_of(user_id)
+                )
                 for part in split_kinds(where)
             ],
             depth,
@@ -127,7 +141,9 @@ class StoreBackend:
             return [self.dense(vector, user_id=user_id, depth=depth, where=w) for w in wheres]
         if self.before_search is not None:
             self.before_search()
-        found = search_many(vector, user_id=user_id, k=depth, wheres=list(wheres))
+        found = search_many(
+            vector, user_id=user_id, k=depth, wheres=list(wheres), **self._kinds_of(user_id)
+        )
         return [list(ranking)[:depth] for ranking in found]
 
     def lexical(self, query: str, *, user_id: str, depth: int, where: Where | None) -> Ranking:
@@ -190,8 +206,15 @@ class StoreBackend:
 
 def _takes_gap(method: Callable[..., Any]) -> bool:
     """Whether a store's ``adjacent`` takes ``gap`` (links records without a session)."""
+    return _takes(method, "gap")
+
+
+def _takes(method: object, name: str) -> bool:
+    """Whether ``method`` is callable with a parameter called ``name``."""
+    if not callable(method):
+        return False
     try:
-        return "gap" in inspect.signature(method).parameters
+        return name in inspect.signature(method).parameters
     except (TypeError, ValueError):
         return False
 

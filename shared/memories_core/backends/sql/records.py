@@ -212,6 +212,18 @@ class RecordsTable(SQLBase):
         rows = self._rows_by_id(user_id, ids, "SELECT r.id, r.text FROM records AS r")
         return {rid: text for rid, text in rows}
 
+    def kinds(self, ids: Sequence[str], *, user_id: str) -> dict[str, str]:
+        """The kinds of the records with these ids that belong to ``user_id``.
+
+        What a vector index's ``kind`` filter needs of its hits: one query over the id
+        index. Chroma returns a hit's metadata at about 30 microseconds a row, so a deep
+        filtered search (200 hits) read its ``kind`` filter's one field faster from here
+        (:meth:`~memories_core.backends.chroma_index.ChromaIndex.search`, ``kinds_of``).
+        Missing ids and other users' ids are left out.
+        """
+        rows = self._rows_by_id(user_id, ids, "SELECT r.id, r.kind FROM records AS r")
+        return {rid: kind for rid, kind in rows}
+
     def list(
         self,
         *,
