@@ -39,10 +39,32 @@ def machine() -> dict[str, Any]:
 
 
 def repo_state() -> str:
-    """HEAD commit and uncommitted library files: the tree is shared and moves."""
+    """The measured package's commit and uncommitted library files: the tree is shared and moves.
+
+    The package is the ``memories_core`` that is imported (a run may put another checkout,
+    e.g. a worktree pinned at a commit, first on ``PYTHONPATH``); when that is not the
+    checkout these scripts come from, the scripts' commit follows in brackets.
+    """
+    scripts = Path(__file__).resolve().parent.parent
+    package = _package_root()
+    if package is None or package == scripts:
+        return _checkout_state(scripts)
+    return f"{_checkout_state(package)} (benchmark scripts at {_checkout_state(scripts)})"
+
+
+def _package_root() -> Path | None:
+    """The checkout holding the imported ``memories_core`` (``None``: not importable)."""
+    try:
+        import memories_core
+    except ImportError:
+        return None
+    return Path(memories_core.__file__).resolve().parent.parent.parent
+
+
+def _checkout_state(root: Path) -> str:
+    """``root``'s HEAD commit and its uncommitted library files (``unknown`` outside git)."""
     import subprocess
 
-    root = Path(__file__).resolve().parent.parent
     try:
         head = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True
@@ -62,6 +84,8 @@ def repo_state() -> str:
             text=True,
         ).stdout.split("\n")
     except OSError:
+        return "unknown"
+    if not head:
         return "unknown"
     changed = [line[3:] for line in dirty if line.strip()]
     return f"{head}" + (f" + uncommitted changes in {', '.join(changed)}" if changed else "")

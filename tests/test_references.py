@@ -130,3 +130,35 @@ def test_portable_path_is_relative_to_the_repository(
     assert command_line(
         "benchmarks/x.py", ["--dsn", "postgresql://u:secret@/db?host=/tmp/s", "--postgres-dsn=h"]
     ) == ("python benchmarks/x.py --dsn <dsn> --postgres-dsn=<dsn>")
+
+
+def test_the_recorded_code_is_the_imported_packages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run with another checkout's package first on the path records that checkout."""
+    import subprocess
+    import sys
+    import types
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from machine_info import repo_state
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    here = repo_state()
+    assert here and "benchmark scripts" not in here  # the package is this checkout's
+    other = tmp_path / "pinned"
+    (other / "shared" / "memories_core").mkdir(parents=True)
+    (other / "shared" / "memories_core" / "__init__.py").write_text("")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(other)]
+    subprocess.run([*git[:5], "init", "-q", str(other)], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "pinned"], check=True)
+    commit = subprocess.run(
+        [*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    fake = types.ModuleType("memories_core")
+    fake.__file__ = str(other / "shared" / "memories_core" / "__init__.py")
+    monkeypatch.setitem(sys.modules, "memories_core", fake)
+    state = repo_state()
+    assert state.startswith(commit) and f"(benchmark scripts at {here.split()[0]}" in state
