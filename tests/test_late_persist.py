@@ -6,6 +6,7 @@ import importlib.util
 import json
 import zipfile
 from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import pytest
 from memories_core import HistoryMemory, Scope, Turn
 from memories_core.backends import NumpyIndex, SQLiteRecordStore
 from memories_core.embedders import HashingEmbedder
-from memories_core.errors import InvalidInputError
+from memories_core.errors import BackendError, InvalidInputError
 from memories_core.portable import MemoryFileError, export_user, import_user
 from memories_core.retrieval.late_interaction import (
     LateInteractionReranker,
@@ -437,8 +438,9 @@ def test_the_pool_is_read_as_texts_and_ranks_as_full_records_would(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     turns = [f"turn {i} about {'cats' if i % 3 else 'tea'} and day {i}" for i in range(80)]
-    # a pool deeper than the head that context spreading loads as records (20 + neighbours)
-    reranker = LateInteractionReranker(FakeEncoder("counting"), candidates=3, pool=60, context=True)
+    # a pool deeper than the head that context spreading loads as records (20 + neighbours);
+    # the pool's previous turns come with its stored vectors (``pool_rows``), as text too
+    reranker = LateInteractionReranker(FakeEncoder("counting"), candidates=3, pool=75, context=True)
     memory = HistoryMemory(
         path=tmp_path,
         embedder=HashingEmbedder(),
@@ -505,4 +507,140 @@ def test_a_stores_kind_read_is_one_users_and_feeds_the_index(tmp_path: Path) -> 
     hits = memory.recall("what is the cat called", Scope("ana"), k=3).records
     assert hits and {h.record.user_id for h in hits} == {"ana"}
     assert seen and all(found == {r.id: "turn" for r in ana} for found in seen)
+    memory.close()
+
+
+def _linked_records() -> list[MemoryRecord]:
+    """Two users' records: sessions (two turns at one time, a note between turns) and none."""
+    start = datetime(2024, 5, 1, 9, tzinfo=timezone.utc)
+    minutes = [0, 1, 1, 2, 3, 0, 10, 300, 301]
+    sessions: list[str | None] = ["s1", "s1", "s1", "s1", "s1", None, None, None, None]
+    kinds = ["turn", "turn", "turn", "note", "turn", "turn", "turn", "turn", "turn"]
+    made = [
+        MemoryRecord(
+            id=f"ana-{i}",
+            user_id="ana",
+            kind=kind,
+            text=f"ana says {i}",
+            created_at=start + timedelta(minutes=m),
+            session_id=session,
+        )
+        for i, (m, session, kind) in enumerate(zip(minutes, sessions, kinds, strict=True))
+    ]
+    made += [
+        MemoryRecord(id=f"bo-{i}", user_id="bo", kind="turn", text=f"bo {i}", created_at=start)
+        for i in range(2)
+    ]
+    return made
+
+
+def check_pool_rows(store: Any) -> None:
+    """``pool_rows`` answers what ``adjacent`` + ``texts`` + ``token_vectors`` answer."""
+    records = _linked_records()
+    store.add(records)
+    tag, other = encoder_tag("enc"), encoder_tag("other")
+    rng = np.random.default_rng(3)
+    rows = [
+        quantize(r.id, tag, text_digest("enc", r.text), rng.normal(size=(3, 8)))
+        for r in records
+        if r.user_id == "ana" and r.id != "ana-2"
+    ]
+    assert store.put_token_vectors("ana", rows) == len(rows)
+    store.put_token_vectors("ana", [quantize("ana-2", other, "0" * 32, np.ones((2, 8)))])
+    ids = [r.id for r in records] + ["missing"]
+    for gap in (timedelta(minutes=30), None):
+        got = store.pool_rows("ana", ids, encoder=tag, gap=gap)
+        texts = store.texts(ids, user_id="ana")
+        links = store.adjacent(ids, user_id="ana", gap=gap)
+        vectors = store.token_vectors("ana", ids, encoder=tag)
+        assert set(got) == set(texts) == {r.id for r in records if r.user_id == "ana"}
+        for item, row in got.items():
+            before = links.get(item, (None, None))[0]
+            assert row.previous == (texts[before] if before else None)
+            if item in vectors:
+                assert row.vectors is not None and row.vectors.digest == vectors[item].digest
+                assert np.array_equal(row.vectors.data, vectors[item].data)
+            else:
+                assert row.vectors is None  # ana-2 has only another encoder's row
+    assert store.pool_rows("bo", ids, encoder=tag, gap=None).keys() == {"bo-0", "bo-1"}
+    linked = store.pool_rows("ana", ids, encoder=tag, gap=timedelta(minutes=30))
+    assert linked["ana-2"].previous == "ana says 1"  # same time: storage order
+    assert linked["ana-4"].previous == "ana says 2"  # the note is another kind
+    assert linked["ana-6"].previous == "ana says 5"  # no session: ten minutes apart
+    assert linked["ana-7"].previous is None  # no session: five hours apart
+    unlinked = store.pool_rows("ana", ids, encoder=tag, gap=None)
+    assert all(unlinked[f"ana-{i}"].previous is None for i in (5, 6, 7, 8))
+    assert store.pool_rows("ana", [], encoder=tag, gap=None) == {}
+
+
+def test_a_pool_is_linked_and_read_in_one_query(tmp_path: Path) -> None:
+    store = SQLiteRecordStore(tmp_path / "records.sqlite3")
+    try:
+        check_pool_rows(store)
+    finally:
+        store.close()
+
+
+@pytest.mark.slow
+def test_postgres_links_and_reads_a_pool_in_one_query(postgres_dsn: str, pg_schema: str) -> None:
+    from memories_core.backends import PostgresRecordStore
+
+    store = PostgresRecordStore(postgres_dsn, schema=pg_schema)
+    try:
+        check_pool_rows(store)
+    finally:
+        store.close()
+
+
+def test_a_recall_reading_its_pool_in_one_query_ranks_as_the_separate_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    turns = [f"turn {i} about {'cats' if i % 3 else 'tea'} and day {i}" for i in range(40)]
+    encoder = FakeEncoder("counting")
+    reranker = LateInteractionReranker(encoder, candidates=3, pool=30, context=True)
+    memory = HistoryMemory(
+        path=tmp_path,
+        embedder=HashingEmbedder(),
+        pipeline=late_interaction_pipeline(reranker=reranker),
+    )
+    fill(memory, turns=turns)
+    store = memory.engine.store
+    calls = {"pool_rows": 0, "adjacent": 0}
+    real_pool, real_adjacent = store.pool_rows, store.adjacent
+
+    def pool_rows(*args: Any, **kwargs: Any) -> Any:
+        calls["pool_rows"] += 1
+        return real_pool(*args, **kwargs)
+
+    def adjacent(*args: Any, **kwargs: Any) -> Any:
+        calls["adjacent"] += 1
+        return real_adjacent(*args, **kwargs)
+
+    monkeypatch.setattr(store, "pool_rows", pool_rows)
+    monkeypatch.setattr(store, "adjacent", adjacent)
+    encoder.documents.clear()
+    one_query = memory.recall("what about the cats", Scope("ana"), k=5).records
+    assert calls["pool_rows"] == 1 and encoder.documents == []  # every row was stored
+    linked_by_context_spreading = calls["adjacent"]
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        raise BackendError("the pool query failed")
+
+    monkeypatch.setattr(store, "pool_rows", failing)  # read apart, as stores without it do
+    apart = memory.recall("what about the cats", Scope("ana"), k=5).records
+    assert calls["adjacent"] == 2 * linked_by_context_spreading + 1 and encoder.documents == []
+    assert [h.record.id for h in one_query] == [h.record.id for h in apart]
+    assert [h.score for h in one_query] == pytest.approx([h.score for h in apart])
+
+    # A damaged stored row costs the encoding of that record only.
+    monkeypatch.setattr(store, "pool_rows", real_pool)
+    victim = one_query[0].record.id
+    with store._write(["ana"]) as conn:
+        conn.execute(
+            "UPDATE token_vectors SET data = ? WHERE seq = (SELECT seq FROM records WHERE id = ?)",
+            (b"\x01\x02", victim),
+        )
+    again = memory.recall("what about the cats", Scope("ana"), k=5).records
+    assert len(encoder.documents) == 1 and encoder.documents[0].endswith(one_query[0].record.text)
+    assert [h.record.id for h in again] == [h.record.id for h in one_query]
     memory.close()

@@ -39,7 +39,8 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from datetime import timedelta
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -51,6 +52,8 @@ __all__ = [
     "MAX_TOKEN_DIM",
     "ROWS_MEMBER",
     "VALUES_MEMBER",
+    "PoolReader",
+    "PoolRow",
     "TokenVectorStore",
     "TokenVectors",
     "encoder_tag",
@@ -207,6 +210,39 @@ class TokenVectorStore(Protocol):
 
     def delete_token_vectors(self, user_id: str, *, keep_encoder: str | None = None) -> int:
         """Delete ``user_id``'s rows (all, or those of encoders other than ``keep_encoder``)."""
+        ...
+
+
+class PoolRow(NamedTuple):
+    """What :class:`PoolReader` gives for one record of a pool.
+
+    Attributes:
+        previous: The text of the record before it in its conversation (``None``: none).
+        vectors: Its stored row of the asked encoder (``None``: none, or unreadable).
+    """
+
+    previous: str | None
+    vectors: TokenVectors | None
+
+
+@runtime_checkable
+class PoolReader(Protocol):
+    """A token-vector store that reads a pool's links and vectors in one query (the SQL stores).
+
+    A reranker that scores each record after the one before it needs, per record of its
+    pool, that record's previous text (to know what was encoded) and its stored vectors;
+    read apart, they are three queries over the same ids.
+    """
+
+    def pool_rows(
+        self, user_id: str, ids: Sequence[str], *, encoder: str, gap: timedelta | None
+    ) -> Mapping[str, PoolRow]:
+        """Each of ``user_id``'s records among ``ids``: its previous text and stored row.
+
+        The previous record follows :meth:`~memories_core.interfaces.NeighbourStore.adjacent`
+        (same kind; same session, or without one within ``gap``). Other users' and missing
+        ids are left out.
+        """
         ...
 
 

@@ -32,11 +32,18 @@ Where the token vectors live. A record's vectors depend only on its text (and, w
   (:mod:`memories_core.token_vectors`; table ``token_vectors`` of the SQL stores);
 * a recall reads its whole pool's vectors from the store in one query and encodes only
   records that have none (records derived later, imported without them, or edited), then
-  writes those back: a memory reopened in a new process has no cold start;
+  writes those back: a memory reopened in a new process has no cold start. With
+  ``context``, that query also links each record to the one before it and reads that
+  text (:class:`~memories_core.token_vectors.PoolReader`; three queries before, one
+  saved about 5 ms of a 10k-record recall in a scratch profile);
 * a :class:`TokenVectorCache` in process memory (LRU, bounded in bytes) is an optional
-  accelerator in front of the store; with a store that keeps no token vectors it is the
-  only copy, and :meth:`LateInteractionReranker.prefetch` (``memory.prefetch(user_id)``)
-  fills it ahead of the first recalls.
+  accelerator in front of a store that reads vectors apart (no ``context``, or not a
+  ``PoolReader``); a store that reads the pool with its links is not fronted by it (with
+  the cache in front, a 250-record pool out of 10k or 100k records mostly missed its 64 MB,
+  and recall was never faster than from the store alone: BENCHMARKS.md). With a store that
+  keeps no token vectors the cache is the only copy, and
+  :meth:`LateInteractionReranker.prefetch` (``memory.prefetch(user_id)``) fills it ahead of
+  the first recalls.
 
 Each vector row is tagged with a digest of the encoder's name and one of the exact text
 encoded, so:
@@ -98,6 +105,7 @@ from memories_core.retrieval.pipeline import (
     RecallRequest,
 )
 from memories_core.token_vectors import (
+    PoolReader,
     TokenVectors,
     TokenVectorStore,
     encoder_tag,
@@ -179,7 +187,8 @@ def _digest(encoder: str, text: str) -> str:
 class TokenVectorCache:
     """Per-record token vectors (int8 with a scale, as stored), LRU, bounded in bytes.
 
-    An optional accelerator in front of the store (which keeps every record's vectors):
+    An optional accelerator in front of a store that reads vectors apart from the pool's
+    links (see the module docstring), and the only copy where the store keeps none:
     entries are keyed by ``(user id, record id)`` and tagged with the digest of the encoder
     name and the text that was encoded; :meth:`get` with another digest drops the entry
     (the record or its context changed) and misses. Thread-safe.
@@ -339,11 +348,12 @@ class LateInteractionReranker:
     block), the rest keep their order below it. Re-ranking a first-stage head with
     late interaction is ColBERT's re-ranking mode (Khattab & Zaharia, 2020, §3.5).
 
-    Where a record's vectors come from, in order: the in-process :attr:`cache`; the record
-    store, when it keeps token vectors (:class:`~memories_core.token_vectors.TokenVectorStore`,
-    the SQL stores; one query for the whole pool), which the save's pending job filled;
-    the encoder, for a record that has none yet (or whose text or previous turn changed),
-    after which they are written back to the store. So a memory reopened in a new process
+    Where a record's vectors come from, in order: the in-process :attr:`cache` (unless the
+    store reads the pool with its links, see the module docstring); the record store, when
+    it keeps token vectors (:class:`~memories_core.token_vectors.TokenVectorStore`, the SQL
+    stores; one query for the whole pool), which the save's pending job filled; the
+    encoder, for a record that has none yet (or whose text or previous turn changed), after
+    which they are written back to the store. So a memory reopened in a new process
     encodes nothing on its first recall. See the module docstring for invalidation.
 
     With ``pool`` larger than ``candidates``, MaxSim also scores the fused ranking down to
@@ -414,23 +424,32 @@ class LateInteractionReranker:
         head: Sequence[str],
         texts: Sequence[str],
         store: TokenVectorStore | None,
+        stored: Mapping[str, TokenVectors] | None = None,
     ) -> tuple[list[TokenVectors], int]:
-        """:meth:`vectors`, and how many of them were encoded now."""
+        """:meth:`vectors`, and how many of them were encoded now.
+
+        ``stored``: the store's rows of ``head``, read already (:meth:`_pool_read`); the
+        cache is then neither read nor filled (the store holds every row).
+        """
         name = self.encoder.name
         tag = encoder_tag(name)
         digests = [_digest(name, text) for text in texts]
         found: dict[int, TokenVectors] = {}
+        cache = self.cache if stored is None else None
         for i, (item, digest) in enumerate(zip(head, digests, strict=True)):
-            hit = self.cache.get(user_id, item, digest)
+            hit = cache.get(user_id, item, digest) if cache is not None else None
             if hit is not None:
                 found[i] = hit
         lacking = [i for i in range(len(head)) if i not in found]
         if lacking and store is not None:
-            stored = _read_stored(store, user_id, [head[i] for i in lacking], tag)
+            if stored is None:
+                stored = _read_stored(store, user_id, [head[i] for i in lacking], tag)
             for i in lacking:
                 row = stored.get(head[i])
                 if row is not None and row.digest == digests[i]:
-                    found[i] = self.cache.put(user_id, head[i], digests[i], row)
+                    found[i] = (
+                        row if cache is None else cache.put(user_id, head[i], digests[i], row)
+                    )
         fresh: list[TokenVectors] = []
         for i in range(len(head)):
             if i in found:
@@ -439,11 +458,42 @@ class LateInteractionReranker:
             if rows.ndim != 2 or not len(rows):
                 raise ConfigurationError(f"encoder returned shape {rows.shape} for a text")
             made = quantize(head[i], tag, digests[i], rows)
-            found[i] = self.cache.put(user_id, head[i], digests[i], made)
+            found[i] = made if cache is None else cache.put(user_id, head[i], digests[i], made)
             fresh.append(made)
         if fresh and store is not None:
             _write_stored(store, user_id, fresh)
         return [found[i] for i in range(len(head))], len(fresh)
+
+    def _pool_read(
+        self,
+        store: TokenVectorStore | None,
+        user_id: str,
+        scored: Sequence[str],
+        own: Mapping[str, str],
+    ) -> tuple[list[str], dict[str, TokenVectors]] | None:
+        """The texts ``scored`` is encoded from and its stored rows, in one store query.
+
+        The same texts as :func:`~memories_core.retrieval.cross_encoder.context_pair_texts`
+        (a record after the one before it). ``None`` when the store cannot read a pool
+        (not a :class:`~memories_core.token_vectors.PoolReader`) or fails: the recall then
+        links, reads and encodes its pool step by step.
+        """
+        if not isinstance(store, PoolReader):
+            return None
+        try:
+            rows = store.pool_rows(user_id, scored, encoder=self.encoder_tag, gap=self.context_gap)
+        except (MemoriesError, ValueError):
+            logger.warning("reading a pool with its links failed; reading it apart", exc_info=True)
+            return None
+        texts = []
+        stored: dict[str, TokenVectors] = {}
+        for item in scored:
+            row = rows.get(item)
+            before = row.previous if row is not None else None
+            texts.append(f"{before} {own[item]}" if before is not None else own[item])
+            if row is not None and row.vectors is not None:
+                stored[item] = row.vectors
+        return texts, stored
 
     def prefetch(
         self,
@@ -534,8 +584,13 @@ class LateInteractionReranker:
         scored = [item for item in wanted if item in own]
         if not scored:
             return [(item, float(scores[item])) for item in items]
-        texts = context_pair_texts(scored, own, request, ctx, self.context, self.context_gap)
-        pool = self.vectors(request.user_id, scored, texts, token_vector_store(ctx))
+        store = token_vector_store(ctx)
+        read = self._pool_read(store, request.user_id, scored, own) if self.context else None
+        if read is not None:
+            pool = self._vectors(request.user_id, scored, read[0], store, read[1])[0]
+        else:
+            texts = context_pair_texts(scored, own, request, ctx, self.context, self.context_gap)
+            pool = self.vectors(request.user_id, scored, texts, store)
         value = dict(zip(scored, maxsim_pool(query, pool).tolist(), strict=True))
         head = pool_head(scored, [value[item] for item in scored], self.candidates)
         return blend_head(items, scores, head, [value[item] for item in head], self.weight)

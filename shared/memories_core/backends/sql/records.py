@@ -33,7 +33,7 @@ from memories_core.filters import compile_filter
 from memories_core.interfaces import Filter
 from memories_core.types import MemoryRecord, check_user_id
 
-__all__ = ["RecordsTable"]
+__all__ = ["RecordsTable", "neighbour_sql"]
 
 _MICROSECOND = timedelta(microseconds=1)
 
@@ -51,6 +51,26 @@ _NEIGHBOUR = (
     "AND x.kind = c.kind AND x.created_at {side} c.created_at{bound} "
     "ORDER BY x.created_at {order}, x.seq {order} LIMIT 1))"
 )
+
+
+def neighbour_sql(dialect: Any, session: str, side: str, *, bounded: bool) -> str:
+    """The id of record ``c``'s neighbour on ``side`` (``<``: previous, ``>``: next).
+
+    ``session`` matches the session (``x.session_id = c.session_id`` or ``x.session_id IS
+    NULL``); with ``bounded`` the neighbour lies within a bound time distance (one ``?``,
+    microseconds). The rule of :meth:`RecordsTable.adjacent`.
+    """
+    before = side == "<"
+    sign = "-" if before else "+"
+    return _NEIGHBOUR.format(
+        using=dialect.using("records_session_order"),
+        session=session,
+        side=side,
+        bound=f" AND x.created_at {'>=' if before else '<='} c.created_at {sign} ?"
+        if bounded
+        else "",
+        order="DESC" if before else "ASC",
+    )
 
 
 class RecordsTable(SQLBase):
@@ -301,21 +321,8 @@ class RecordsTable(SQLBase):
 
     def _neighbours_sql(self, session: str, own: str, *, bounded: bool) -> str:
         d = self.dialect
-        using = d.using("records_session_order")
-        earlier = _NEIGHBOUR.format(
-            using=using,
-            session=session,
-            side="<",
-            bound=" AND x.created_at >= c.created_at - ?" if bounded else "",
-            order="DESC",
-        )
-        later = _NEIGHBOUR.format(
-            using=using,
-            session=session,
-            side=">",
-            bound=" AND x.created_at <= c.created_at + ?" if bounded else "",
-            order="ASC",
-        )
+        earlier = neighbour_sql(d, session, "<", bounded=bounded)
+        later = neighbour_sql(d, session, ">", bounded=bounded)
         return (
             f"SELECT c.id, {earlier}, {later} FROM records AS c "
             f"WHERE {d.hint('c.user_id')} = ? AND c.session_id {own} AND {d.ids_in('c.id')}"

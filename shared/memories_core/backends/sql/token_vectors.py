@@ -12,15 +12,21 @@ reads or writes another's rows.
 from __future__ import annotations
 
 import builtins
+import logging
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
 from memories_core.backends.sql.base import SQLBase
+from memories_core.backends.sql.records import neighbour_sql
 from memories_core.errors import InvalidInputError
-from memories_core.token_vectors import TokenVectors
+from memories_core.token_vectors import PoolRow, TokenVectors
 from memories_core.types import check_user_id
 
 __all__ = ["TokenVectorsTable"]
+
+logger = logging.getLogger(__name__)
+_MICROSECOND = timedelta(microseconds=1)
 
 _COLUMNS = "r.id, t.encoder, t.digest, t.tokens, t.dim, t.scale, t.data"
 
@@ -93,6 +99,65 @@ class TokenVectorsTable(SQLBase):
             params=(user_id, encoder),
         )
         return {row[0]: _row(row) for row in rows}
+
+    def pool_rows(
+        self, user_id: str, ids: Sequence[str], *, encoder: str, gap: timedelta | None
+    ) -> dict[str, PoolRow]:
+        """Each of ``user_id``'s records among ``ids``: the previous record's text and its row.
+
+        One query for a late-interaction pool scored with context
+        (:class:`~memories_core.token_vectors.PoolReader`), where the previous neighbours, their
+        texts and the pool's rows were three. The neighbour rule is
+        :meth:`~memories_core.backends.sql.records.RecordsTable.adjacent`'s. A row that does
+        not decode (a damaged file) is logged and left out, so only that record is encoded
+        again.
+        """
+        self._ensure_open()
+        check_user_id(user_id)
+        if not ids:
+            return {}
+        d = self.dialect
+        listed = d.ids(list(ids))
+
+        vectors = (
+            "LEFT JOIN token_vectors AS t ON t.seq = c.seq AND t.user_id = c.user_id "
+            "AND t.encoder = ?"
+        )
+        where = f"WHERE {d.hint('c.user_id')} = ? AND c.session_id {{own}} AND {d.ids_in('c.id')}"
+        columns = "c.id, {text}, t.digest, t.tokens, t.dim, t.scale, t.data"
+        in_session = neighbour_sql(d, "x.session_id = c.session_id", "<", bounded=False)
+        parts = [
+            f"SELECT {columns.format(text='p.text')} FROM records AS c "
+            f"LEFT JOIN records AS p ON p.id = {in_session} AND p.user_id = c.user_id "
+            f"{vectors} {where.format(own='IS NOT NULL')}"
+        ]
+        params: builtins.list[Any] = [encoder, user_id, listed]
+        if gap is not None:
+            loose = neighbour_sql(d, "x.session_id IS NULL", "<", bounded=True)
+            parts.append(
+                f"SELECT {columns.format(text='p.text')} FROM records AS c "
+                f"LEFT JOIN records AS p ON p.id = {loose} AND p.user_id = c.user_id "
+                f"{vectors} {where.format(own='IS NULL')}"
+            )
+            params += [gap // _MICROSECOND, encoder, user_id, listed]
+        else:  # records without a session have no neighbour
+            parts.append(
+                f"SELECT {columns.format(text='NULL')} FROM records AS c "
+                f"{vectors} {where.format(own='IS NULL')}"
+            )
+            params += [encoder, user_id, listed]
+        with self._read([user_id]) as conn:
+            rows = self._run(conn, " UNION ALL ".join(parts), params).fetchall()
+        found: dict[str, PoolRow] = {}
+        for rid, previous, digest, tokens, dim, scale, data in rows:
+            row = None
+            if digest is not None:
+                try:
+                    row = _row((rid, encoder, digest, tokens, dim, scale, data))
+                except (InvalidInputError, ValueError, TypeError):
+                    logger.warning("stored token vectors of a record do not decode; re-encoding")
+            found[rid] = PoolRow(previous, row)
+        return found
 
     def token_vector_rows(self, user_id: str) -> builtins.list[TokenVectors]:
         """Every row of ``user_id`` (any encoder), in record order, for export."""
