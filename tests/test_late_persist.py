@@ -644,3 +644,23 @@ def test_a_recall_reading_its_pool_in_one_query_ranks_as_the_separate_reads(
     assert len(encoder.documents) == 1 and encoder.documents[0].endswith(one_query[0].record.text)
     assert [h.record.id for h in again] == [h.record.id for h in one_query]
     memory.close()
+
+
+@pytest.mark.parametrize("context", [True, False])
+def test_the_cache_fronts_only_a_store_that_reads_vectors_apart(
+    tmp_path: Path, context: bool
+) -> None:
+    encoder = FakeEncoder("counting")
+    reranker = LateInteractionReranker(encoder, candidates=3, pool=10, context=context)
+    memory = HistoryMemory(
+        path=tmp_path,
+        embedder=HashingEmbedder(),
+        pipeline=late_interaction_pipeline(reranker=reranker),
+    )
+    records = fill(memory)
+    memory.recall("what is the cat called", Scope("ana"), k=3)
+    assert set(stored(memory)) == {r.id for r in records}  # the save job stored them all
+    # With context, recall reads the pool with its links from the store, so neither the
+    # save job nor recall fills the cache; without, the cache fronts the store.
+    assert len(reranker.cache) == (0 if context else len(records))
+    memory.close()

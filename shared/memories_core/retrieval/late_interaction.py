@@ -425,17 +425,20 @@ class LateInteractionReranker:
         texts: Sequence[str],
         store: TokenVectorStore | None,
         stored: Mapping[str, TokenVectors] | None = None,
+        *,
+        cached: bool = True,
     ) -> tuple[list[TokenVectors], int]:
         """:meth:`vectors`, and how many of them were encoded now.
 
-        ``stored``: the store's rows of ``head``, read already (:meth:`_pool_read`); the
-        cache is then neither read nor filled (the store holds every row).
+        ``stored``: the store's rows of ``head``, read already (:meth:`_pool_read`).
+        ``cached``: read and fill the cache (not for a store that reads pools with their
+        links, :meth:`_fronted`).
         """
         name = self.encoder.name
         tag = encoder_tag(name)
         digests = [_digest(name, text) for text in texts]
         found: dict[int, TokenVectors] = {}
-        cache = self.cache if stored is None else None
+        cache = self.cache if cached else None
         for i, (item, digest) in enumerate(zip(head, digests, strict=True)):
             hit = cache.get(user_id, item, digest) if cache is not None else None
             if hit is not None:
@@ -464,6 +467,10 @@ class LateInteractionReranker:
             _write_stored(store, user_id, fresh)
         return [found[i] for i in range(len(head))], len(fresh)
 
+    def _fronted(self, store: TokenVectorStore | None) -> bool:
+        """Whether the cache fronts ``store`` (not when recall reads its pools with links)."""
+        return not (self.context and isinstance(store, PoolReader))
+
     def _pool_read(
         self,
         store: TokenVectorStore | None,
@@ -478,8 +485,9 @@ class LateInteractionReranker:
         (not a :class:`~memories_core.token_vectors.PoolReader`) or fails: the recall then
         links, reads and encodes its pool step by step.
         """
-        if not isinstance(store, PoolReader):
+        if self._fronted(store):
             return None
+        assert isinstance(store, PoolReader)  # not fronted: a pool reader
         try:
             rows = store.pool_rows(user_id, scored, encoder=self.encoder_tag, gap=self.context_gap)
         except (MemoriesError, ValueError):
@@ -540,7 +548,7 @@ class LateInteractionReranker:
             part = ids[start : start + chunk]
             own = {item: known[item].text for item in part}  # all given, all known
             texts = context_pair_texts(part, own, request, ctx, self.context, self.context_gap)
-            encoded += self._vectors(user_id, part, texts, store)[1]
+            encoded += self._vectors(user_id, part, texts, store, cached=self._fronted(store))[1]
         return encoded
 
     def begin(self, request: RecallRequest, ctx: RecallContext) -> None:
@@ -585,9 +593,9 @@ class LateInteractionReranker:
         if not scored:
             return [(item, float(scores[item])) for item in items]
         store = token_vector_store(ctx)
-        read = self._pool_read(store, request.user_id, scored, own) if self.context else None
+        read = self._pool_read(store, request.user_id, scored, own)
         if read is not None:
-            pool = self._vectors(request.user_id, scored, read[0], store, read[1])[0]
+            pool = self._vectors(request.user_id, scored, read[0], store, read[1], cached=False)[0]
         else:
             texts = context_pair_texts(scored, own, request, ctx, self.context, self.context_gap)
             pool = self.vectors(request.user_id, scored, texts, store)
