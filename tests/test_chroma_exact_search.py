@@ -34,6 +34,34 @@ def _reference(
     return [ids[row] for row in rows[:k]]
 
 
+def _graph_index(
+    seed: int, n: int, *, note_every: int
+) -> tuple[np.random.Generator, list[str], list[str], npt.NDArray[np.float32], ChromaIndex]:
+    """An index of ``n`` random vectors searched through the graph; every ``note_every``-th
+    is a note, the rest turns (all of role ``user``)."""
+    rng = np.random.default_rng(seed)
+    ids = [f"r{i}" for i in range(n)]
+    kinds = ["note" if i % note_every == 0 else "turn" for i in range(n)]
+    vectors = _unit(rng.normal(size=(n, DIM)).astype(np.float32))
+    index = ChromaIndex(exact_below=0, open_check=0)  # every search goes through the graph
+    index.add(ids, vectors, [{"user_id": USER, "kind": k, "role": "user"} for k in kinds])
+    return rng, ids, kinds, vectors, index
+
+
+def _overfetches(index: ChromaIndex) -> list[dict[str, Any]]:
+    """A list that collects the keyword arguments of the index's unfiltered Chroma queries."""
+    seen: list[dict[str, Any]] = []
+    guard = index._guard
+
+    def watching(call: Any, *args: Any, **kwargs: Any) -> Any:
+        if "n_results" in kwargs and "where" not in kwargs:
+            seen.append(dict(kwargs))
+        return guard(call, *args, **kwargs)
+
+    index._guard = watching  # type: ignore[method-assign]
+    return seen
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_exact_search_equals_filtering_every_row_first(seed: int) -> None:
     rng = np.random.default_rng(seed)
@@ -94,29 +122,16 @@ def test_a_user_written_in_this_process_stays_exact_past_exact_below(tmp_path: P
 
 def test_a_graph_search_fetches_as_deep_as_its_filter_needs() -> None:
     """The over-fetch follows the share of hits that passed the filter before; results hold."""
-    rng = np.random.default_rng(7)
-    n = 400
-    ids = [f"r{i}" for i in range(n)]
-    kinds = ["note" if i % 10 == 0 else "turn" for i in range(n)]
-    vectors = _unit(rng.normal(size=(n, DIM)).astype(np.float32))
-    index = ChromaIndex(exact_below=0, open_check=0)  # every search goes through the graph
+    rng, ids, kinds, vectors, index = _graph_index(7, 400, note_every=10)
     try:
-        index.add(ids, vectors, [{"user_id": USER, "kind": kind} for kind in kinds])
-        asked: list[int] = []
-        guard = index._guard
-
-        def counting(call: Any, *args: Any, **kwargs: Any) -> Any:
-            if "n_results" in kwargs and "where" not in kwargs:
-                asked.append(int(kwargs["n_results"]))
-            return guard(call, *args, **kwargs)
-
-        index._guard = counting  # type: ignore[method-assign]
+        fetches = _overfetches(index)
         queries = _unit(rng.normal(size=(6, DIM)).astype(np.float32))
         for query in queries:
             for kind in ("turn", "note"):
                 hits = index.search(query, user_id=USER, k=10, where={"kind": kind})
                 found = [h for h, _ in hits]
                 assert found == _reference(ids, vectors, kinds, query, 10, kind)
+        asked = [int(kw["n_results"]) for kw in fetches]
         turn_fetches, note_fetches = asked[0::2], asked[1::2]
         assert turn_fetches[0] == note_fetches[0] == 4 * 10 + 20  # nothing known yet
         assert all(fetch < 40 for fetch in turn_fetches[1:])  # 90 % pass: about k / 0.72 + 20
@@ -127,24 +142,9 @@ def test_a_graph_search_fetches_as_deep_as_its_filter_needs() -> None:
 
 def test_a_kind_filter_reads_its_kinds_from_the_given_reader() -> None:
     """With ``kinds_of`` a kind filter asks Chroma for distances only and trusts the reader."""
-    rng = np.random.default_rng(11)
-    n = 300
-    ids = [f"r{i}" for i in range(n)]
-    kinds = ["note" if i % 4 == 0 else "turn" for i in range(n)]
-    vectors = _unit(rng.normal(size=(n, DIM)).astype(np.float32))
-    index = ChromaIndex(exact_below=0, open_check=0)  # every search goes through the graph
+    rng, ids, kinds, vectors, index = _graph_index(11, 300, note_every=4)
     try:
-        metas = [{"user_id": USER, "kind": kind, "role": "user"} for kind in kinds]
-        index.add(ids, vectors, metas)
-        included: list[list[str]] = []
-        guard = index._guard
-
-        def watching(call: Any, *args: Any, **kwargs: Any) -> Any:
-            if "include" in kwargs and "where" not in kwargs:  # the over-fetches
-                included.append(list(kwargs["include"]))
-            return guard(call, *args, **kwargs)
-
-        index._guard = watching  # type: ignore[method-assign]
+        fetches = _overfetches(index)
         truth = dict(zip(ids, kinds, strict=True))
         asked: list[list[str]] = []
 
@@ -162,6 +162,7 @@ def test_a_kind_filter_reads_its_kinds_from_the_given_reader() -> None:
                 assert [h for h, _ in read] == _reference(ids, vectors, kinds, query, 10, kind)
         assert asked and all(len(part) > 10 for part in asked)  # the over-fetched hits
         # Chroma's metadata is read only by the searches without a reader.
+        included = [list(kw["include"]) for kw in fetches]
         assert included.count(["distances"]) == len(asked)
         assert included.count(["distances", "metadatas"]) == len(asked)
 

@@ -26,7 +26,7 @@ from memories_core.retrieval.late_interaction import (
     maxsim,
     maxsim_pool,
 )
-from memories_core.retrieval.late_vectors import rebuild_token_vectors
+from memories_core.retrieval.late_vectors import late_stages, rebuild_token_vectors
 from memories_core.token_vectors import (
     TokenVectors,
     TokenVectorStore,
@@ -50,8 +50,10 @@ BO_TURNS = [
 ]
 
 
-def memory_at(path: Path | None, encoder: Any, **kw: Any) -> HistoryMemory:
-    reranker = LateInteractionReranker(encoder, candidates=3, pool=10, context=True)
+def memory_at(
+    path: Path | None, encoder: Any, *, pool: int = 10, context: bool = True, **kw: Any
+) -> HistoryMemory:
+    reranker = LateInteractionReranker(encoder, candidates=3, pool=pool, context=context)
     return HistoryMemory(
         path=path,
         embedder=HashingEmbedder(),
@@ -472,7 +474,9 @@ def test_the_pool_is_read_as_texts_and_ranks_as_full_records_would(
     memory.close()
 
 
-def test_a_stores_text_read_is_one_users(tmp_path: Path) -> None:
+def test_a_stores_text_and_kind_reads_are_one_users_and_kinds_feed_the_index(
+    tmp_path: Path,
+) -> None:
     memory = memory_at(tmp_path, FakeEncoder("counting"))
     ana = fill(memory)
     bo = fill(memory, "bo", BO_TURNS)
@@ -481,15 +485,6 @@ def test_a_stores_text_read_is_one_users(tmp_path: Path) -> None:
     assert store.texts(ids, user_id="ana") == {r.id: r.text for r in ana}
     assert store.texts(ids, user_id="bo") == {r.id: r.text for r in bo}
     assert store.texts([], user_id="ana") == {}
-    memory.close()
-
-
-def test_a_stores_kind_read_is_one_users_and_feeds_the_index(tmp_path: Path) -> None:
-    memory = memory_at(tmp_path, FakeEncoder("counting"))
-    ana = fill(memory)
-    bo = fill(memory, "bo", BO_TURNS)
-    store = memory.engine.store
-    ids = [r.id for r in ana] + [r.id for r in bo] + ["missing"]
     assert store.kinds(ids, user_id="ana") == {r.id: "turn" for r in ana}
     assert store.kinds(ids, user_id="bo") == {r.id: "turn" for r in bo}
     assert store.kinds([], user_id="ana") == {}
@@ -597,12 +592,7 @@ def test_a_recall_reading_its_pool_in_one_query_ranks_as_the_separate_reads(
 ) -> None:
     turns = [f"turn {i} about {'cats' if i % 3 else 'tea'} and day {i}" for i in range(40)]
     encoder = FakeEncoder("counting")
-    reranker = LateInteractionReranker(encoder, candidates=3, pool=30, context=True)
-    memory = HistoryMemory(
-        path=tmp_path,
-        embedder=HashingEmbedder(),
-        pipeline=late_interaction_pipeline(reranker=reranker),
-    )
+    memory = memory_at(tmp_path, encoder, pool=30)
     fill(memory, turns=turns)
     store = memory.engine.store
     calls = {"pool_rows": 0, "adjacent": 0}
@@ -650,13 +640,8 @@ def test_a_recall_reading_its_pool_in_one_query_ranks_as_the_separate_reads(
 def test_the_cache_fronts_only_a_store_that_reads_vectors_apart(
     tmp_path: Path, context: bool
 ) -> None:
-    encoder = FakeEncoder("counting")
-    reranker = LateInteractionReranker(encoder, candidates=3, pool=10, context=context)
-    memory = HistoryMemory(
-        path=tmp_path,
-        embedder=HashingEmbedder(),
-        pipeline=late_interaction_pipeline(reranker=reranker),
-    )
+    memory = memory_at(tmp_path, FakeEncoder("counting"), context=context)
+    (reranker,) = late_stages(memory.pipeline)
     records = fill(memory)
     memory.recall("what is the cat called", Scope("ana"), k=3)
     assert set(stored(memory)) == {r.id for r in records}  # the save job stored them all

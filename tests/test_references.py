@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -103,17 +104,25 @@ def test_benchmark_results_record_no_machine_path() -> None:
     assert not found, found
 
 
-def test_portable_path_is_relative_to_the_repository(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _machine_info() -> Any:
+    """The benchmarks' ``machine_info`` module (the scripts' folder is not a package)."""
     import sys
-    import tempfile
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
-        from machine_info import command_line, portable_path
+        import machine_info
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
+    return machine_info
+
+
+def test_portable_path_is_relative_to_the_repository(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tempfile
+
+    info = _machine_info()
+    command_line, portable_path = info.command_line, info.portable_path
     data = ROOT.parent / "shared" / "datasets" / "x.json"
     assert portable_path(data) == "../shared/datasets/x.json"
     assert portable_path("relative/kept.json") == "relative/kept.json"
@@ -140,11 +149,7 @@ def test_the_recorded_code_is_the_imported_packages(
     import sys
     import types
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        from machine_info import repo_state
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    repo_state = _machine_info().repo_state
     here = repo_state()
     assert here and "benchmark scripts" not in here  # the package is this checkout's
     other = tmp_path / "pinned"
