@@ -502,3 +502,24 @@ def test_schema_version_from_the_future_is_refused(tmp_path: Path) -> None:
     conn.close()
     with pytest.raises(BackendError, match="schema version 99"):
         SQLiteRecordStore(path)
+
+
+def test_a_kind_filter_every_record_passes_ranks_as_no_filter(store: SQLiteRecordStore) -> None:
+    """A user of one kind is searched without the join; another kind is still filtered."""
+    texts = ["tea with milk", "green tea and cake", "the cat likes tea", "coffee at noon"]
+    store.add([rec(f"t{i}", text, minutes=i) for i, text in enumerate(texts)])
+    store.add([rec("b0", "tea for bob", user="bob", kind="note")])  # another user's kind
+    plain = store.search_text("tea", user_id="alice", k=10)
+    statements: list[str] = []
+    store._conn.set_trace_callback(statements.append)
+    assert store.search_text("tea", user_id="alice", k=10, where={"kind": "turn"}) == plain
+    assert not any("JOIN record_state" in s for s in statements)  # ranked inside FTS5
+    assert store.search_text("tea", user_id="alice", k=10, where={"kind": "note"}) == []
+    store.add([rec("n0", "a note about tea", kind="note", minutes=9)])
+    statements.clear()
+    turns = store.search_text("tea", user_id="alice", k=10, where={"kind": "turn"})
+    assert [rid for rid, _ in turns] == [rid for rid, _ in plain]  # the note is left out
+    assert any("JOIN record_state" in s for s in statements)  # filtered row by row again
+    notes = store.search_text("tea", user_id="alice", k=10, where={"kind": "note"})
+    assert [rid for rid, _ in notes] == ["n0"]
+    store._conn.set_trace_callback(None)
