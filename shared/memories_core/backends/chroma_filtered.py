@@ -50,10 +50,10 @@ __all__ = ["SHARES_FILE", "ChromaFiltering", "KindReader"]
 #: Reads the ``kind`` of some of the searched user's records: ids in, ``{id: kind}`` out
 #: (ids it does not hold left out). The engine passes its record store's, the record of
 #: truth the index is derived from: a deep search filtered on ``kind`` (the
-#: late-interaction pool) then asks Chroma for distances only, where reading its metadata
-#: cost about 8 of 11.5 ms for 208 hits at 10k records, against about 1 ms for the same
-#: ids on the record store's id index (BENCHMARKS.md, "Late-interaction vectors kept with
-#: the records").
+#: late-interaction pool) then asks Chroma for distances only: its metadata cost about 8 of
+#: 11.5 ms for 208 hits at 10k records, and a late recall's whole index search, the kinds
+#: read included, fell from 13.9 to 4.7 ms (BENCHMARKS.md, "Late-interaction vectors kept
+#: with the records").
 KindReader = Callable[[Sequence[str]], Mapping[str, str]]
 
 logger = logging.getLogger("memories_core.backends.chroma_index")
