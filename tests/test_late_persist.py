@@ -619,6 +619,7 @@ def test_a_recall_reading_its_pool_in_one_query_ranks_as_the_separate_reads(
     monkeypatch.setattr(store, "pool_rows", failing)  # read apart, as stores without it do
     apart = memory.recall("what about the cats", Scope("ana"), k=5).records
     assert calls["adjacent"] == 2 * linked_by_context_spreading + 1 and encoder.documents == []
+    assert len(late_stages(memory.pipeline)[0].cache) == 0  # a pool reader is never fronted
     assert [h.record.id for h in one_query] == [h.record.id for h in apart]
     assert [h.score for h in one_query] == pytest.approx([h.score for h in apart])
 

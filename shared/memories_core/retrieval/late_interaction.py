@@ -598,7 +598,9 @@ class LateInteractionReranker:
             pool = self._vectors(request.user_id, scored, read[0], store, read[1], cached=False)[0]
         else:
             texts = context_pair_texts(scored, own, request, ctx, self.context, self.context_gap)
-            pool = self.vectors(request.user_id, scored, texts, store)
+            pool = self._vectors(
+                request.user_id, scored, texts, store, cached=self._fronted(store)
+            )[0]
         value = dict(zip(scored, maxsim_pool(query, pool).tolist(), strict=True))
         head = pool_head(scored, [value[item] for item in scored], self.candidates)
         return blend_head(items, scores, head, [value[item] for item in head], self.weight)
