@@ -401,9 +401,14 @@ def context_pair_texts(
             previous[item] = before
     found = ctx.texts(list(dict.fromkeys(previous.values())), user_id=request.user_id)
     return [
-        f"{found[previous[item]]} {text}" if item in previous and previous[item] in found else text
+        pair_text(found.get(previous[item]) if item in previous else None, text)
         for item, text in zip(head, texts, strict=True)
     ]
+
+
+def pair_text(previous: str | None, text: str) -> str:
+    """The text a record is scored with in context: the previous record's text before its own."""
+    return text if previous is None else f"{previous} {text}"
 
 
 def _unit(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:

@@ -88,6 +88,7 @@ from memories_core.retrieval.cross_encoder import (
     blend_head,
     check_head_blend,
     context_pair_texts,
+    pair_text,
     require_rerank_extra,
 )
 from memories_core.retrieval.fusion import Ranking
@@ -415,8 +416,8 @@ class LateInteractionReranker:
         texts: Sequence[str],
         store: TokenVectorStore | None = None,
     ) -> list[TokenVectors]:
-        """Token vectors of ``head`` (encoded from ``texts``): cached, stored or computed."""
-        return self._vectors(user_id, head, texts, store)[0]
+        """Token vectors of ``head`` (from ``texts``): cached (:meth:`_fronted`), stored or new."""
+        return self._vectors(user_id, head, texts, store, cached=self._fronted(store))[0]
 
     def _vectors(
         self,
@@ -497,8 +498,7 @@ class LateInteractionReranker:
         stored: dict[str, TokenVectors] = {}
         for item in scored:
             row = rows.get(item)
-            before = row.previous if row is not None else None
-            texts.append(f"{before} {own[item]}" if before is not None else own[item])
+            texts.append(pair_text(row.previous if row is not None else None, own[item]))
             if row is not None and row.vectors is not None:
                 stored[item] = row.vectors
         return texts, stored
@@ -598,9 +598,7 @@ class LateInteractionReranker:
             pool = self._vectors(request.user_id, scored, read[0], store, read[1], cached=False)[0]
         else:
             texts = context_pair_texts(scored, own, request, ctx, self.context, self.context_gap)
-            pool = self._vectors(
-                request.user_id, scored, texts, store, cached=self._fronted(store)
-            )[0]
+            pool = self.vectors(request.user_id, scored, texts, store)
         value = dict(zip(scored, maxsim_pool(query, pool).tolist(), strict=True))
         head = pool_head(scored, [value[item] for item in scored], self.candidates)
         return blend_head(items, scores, head, [value[item] for item in head], self.weight)

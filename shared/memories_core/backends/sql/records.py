@@ -236,7 +236,7 @@ class RecordsTable(SQLBase):
         """The kinds of the records with these ids that belong to ``user_id``.
 
         What a vector index's ``kind`` filter needs of its hits: one query over the id
-        index. Chroma returns a hit's metadata at about 30 microseconds a row, so a deep
+        index. Chroma returns a hit's metadata at 30-40 microseconds a row, so a deep
         filtered search (200 hits) read its ``kind`` filter's one field faster from here
         (:meth:`~memories_core.backends.chroma_index.ChromaIndex.search`, ``kinds_of``).
         Missing ids and other users' ids are left out.

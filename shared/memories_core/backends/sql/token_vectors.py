@@ -119,33 +119,31 @@ class TokenVectorsTable(SQLBase):
         d = self.dialect
         listed = d.ids(list(ids))
 
-        vectors = (
-            "LEFT JOIN token_vectors AS t ON t.seq = c.seq AND t.user_id = c.user_id "
-            "AND t.encoder = ?"
-        )
-        where = f"WHERE {d.hint('c.user_id')} = ? AND c.session_id {{own}} AND {d.ids_in('c.id')}"
-        columns = "c.id, {text}, t.digest, t.tokens, t.dim, t.scale, t.data"
+        def part(own: str, previous: str | None) -> str:
+            """The records with ``c.session_id {own}``, linked by the ``previous`` rule."""
+            text, link = "NULL", ""  # records without a session, and no gap: no neighbour
+            if previous is not None:
+                text = "p.text"
+                link = f"LEFT JOIN records AS p ON p.id = {previous} AND p.user_id = c.user_id "
+            return (
+                f"SELECT c.id, {text}, t.digest, t.tokens, t.dim, t.scale, t.data "
+                f"FROM records AS c {link}"
+                "LEFT JOIN token_vectors AS t ON t.seq = c.seq AND t.user_id = c.user_id "
+                f"AND t.encoder = ? WHERE {d.hint('c.user_id')} = ? AND c.session_id {own} "
+                f"AND {d.ids_in('c.id')}"
+            )
+
         in_session = neighbour_sql(d, "x.session_id = c.session_id", "<", bounded=False)
-        parts = [
-            f"SELECT {columns.format(text='p.text')} FROM records AS c "
-            f"LEFT JOIN records AS p ON p.id = {in_session} AND p.user_id = c.user_id "
-            f"{vectors} {where.format(own='IS NOT NULL')}"
-        ]
+        parts = [part("IS NOT NULL", in_session)]
         params: builtins.list[Any] = [encoder, user_id, listed]
-        if gap is not None:
-            loose = neighbour_sql(d, "x.session_id IS NULL", "<", bounded=True)
+        if gap is None:
+            parts.append(part("IS NULL", None))
+        else:
             parts.append(
-                f"SELECT {columns.format(text='p.text')} FROM records AS c "
-                f"LEFT JOIN records AS p ON p.id = {loose} AND p.user_id = c.user_id "
-                f"{vectors} {where.format(own='IS NULL')}"
+                part("IS NULL", neighbour_sql(d, "x.session_id IS NULL", "<", bounded=True))
             )
-            params += [gap // _MICROSECOND, encoder, user_id, listed]
-        else:  # records without a session have no neighbour
-            parts.append(
-                f"SELECT {columns.format(text='NULL')} FROM records AS c "
-                f"{vectors} {where.format(own='IS NULL')}"
-            )
-            params += [encoder, user_id, listed]
+            params.append(gap // _MICROSECOND)
+        params += [encoder, user_id, listed]
         with self._read([user_id]) as conn:
             rows = self._run(conn, " UNION ALL ".join(parts), params).fetchall()
         found: dict[str, PoolRow] = {}
