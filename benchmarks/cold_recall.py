@@ -1,0 +1,230 @@
+"""The first recall after a reopen, over several reopens: files cached, files on disk, prefetched.
+
+``late_persist.py`` times one first recall per run, and on a machine that pages idle files
+out (this one does after about a minute) that one call mostly measures the disk. This
+script opens a kept late-interaction store (``late_persist.py --keep-store DIR`` builds one
+in ``DIR/late``) again and again in one process, with both models loaded beforehand, and
+times each reopen's first recall and the ten recalls after it. Each trial runs three
+conditions, in this order:
+
+* ``disk``: every file of the store is dropped from the page cache first
+  (``posix_fadvise(DONTNEED)``, Linux): what a process sees after a reboot or after the
+  kernel reclaimed the idle store; SQLite then reads each pool's rows from the disk;
+* ``disk + prefetch``: the same, then ``memory.prefetch(user)`` (what an app calls when a
+  user signs in), timed apart, then the first recall;
+* ``reopen``: the store is reopened at once, its files as the prefetch left them (cached):
+  what a restarted process sees on a machine that keeps its files cached. The process's
+  state is cold: a new engine, new SQLite connections, Chroma's collection not loaded,
+  an empty reranker cache.
+
+The warm reference is the p50 of the ten recalls after each ``reopen``. Every recall embeds
+its query, and every query is asked once (no answer can come from a query cache).
+
+    python benchmarks/cold_recall.py --store /data/late10k --trials 7 --name cold_recall_10k
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from latency import OUT, command_line, machine, make_queries, real_embedder
+
+TARGET = "target-user"
+CONDITIONS = ("disk", "disk + prefetch", "reopen")
+
+
+def drop_cached(folder: Path) -> int:
+    """Ask the kernel to drop ``folder``'s files from the page cache; returns the files asked.
+
+    ``posix_fadvise(POSIX_FADV_DONTNEED)`` drops clean pages only, which is all of a closed
+    store's after a checkpoint. Raises ``OSError`` where the call does not exist.
+    """
+    if not hasattr(os, "posix_fadvise"):
+        raise OSError("posix_fadvise is not available on this platform")
+    files = 0
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            handle = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(handle, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(handle)
+            files += 1
+    return files
+
+
+def timed_ms(call: Callable[[], object]) -> float:
+    """Milliseconds ``call`` takes, to 0.1 ms."""
+    start = time.perf_counter()
+    call()
+    return round(1000 * (time.perf_counter() - start), 1)
+
+
+def summarise(trials: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per condition: the first recalls' median and range, and their ratio to the warm p50.
+
+    The warm p50 is the median of every later recall of the ``reopen`` trials (files cached,
+    the process warmed by its first recall).
+    """
+    warm = statistics.median(ms for t in trials for ms in t["reopen"]["later_ms"])
+    summary: dict[str, Any] = {"warm_p50_ms": round(warm, 1)}
+    for condition in CONDITIONS:
+        firsts = [t[condition]["first_ms"] for t in trials]
+        later = [statistics.median(t[condition]["later_ms"]) for t in trials]
+        row = {
+            "first_median_ms": round(statistics.median(firsts), 1),
+            "first_min_ms": round(min(firsts), 1),
+            "first_max_ms": round(max(firsts), 1),
+            "ratio_to_warm": round(statistics.median(firsts) / warm, 2),
+            "trials_within_2x": sum(first <= 2 * warm for first in firsts),
+            "later_p50_median_ms": round(statistics.median(later), 1),
+            "open_median_ms": round(statistics.median(t[condition]["open_ms"] for t in trials), 1),
+        }
+        prefetch = [t[condition]["prefetch_ms"] for t in trials if "prefetch_ms" in t[condition]]
+        if prefetch:
+            row["prefetch_median_ms"] = round(statistics.median(prefetch), 1)
+        summary[condition] = row
+    return summary
+
+
+def report(result: dict[str, Any]) -> str:
+    """The summary as a markdown table."""
+    summary = result["summary"]
+    n = len(result["trials"])
+    lines = [
+        f"{result['command']}",
+        "",
+        f"{result['records']} records; warm recall p50 {summary['warm_p50_ms']} ms "
+        f"(the later recalls of the `reopen` trials); {n} trials; load average "
+        f"{result['load_average']['start'][0]:.2f} at the start, "
+        f"{result['load_average']['end'][0]:.2f} at the end.",
+        "",
+        "| condition | open ms | prefetch ms | first recall ms, median (min-max) | / warm p50 "
+        "| trials within 2x | next 10 recalls p50 ms |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for condition in CONDITIONS:
+        row = summary[condition]
+        lines.append(
+            f"| {condition} | {row['open_median_ms']} | {row.get('prefetch_median_ms', '-')} | "
+            f"{row['first_median_ms']} ({row['first_min_ms']}-{row['first_max_ms']}) | "
+            f"{row['ratio_to_warm']}x | {row['trials_within_2x']} of {n} | "
+            f"{row['later_p50_median_ms']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    """Each trial's first recall per condition, against the warm p50 and twice it."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # pragma: no cover - the figure is optional
+        return
+    warm = result["summary"]["warm_p50_ms"]
+    fig, ax = plt.subplots(figsize=(7, 3))
+    for row, condition in enumerate(CONDITIONS):
+        firsts = [t[condition]["first_ms"] for t in result["trials"]]
+        ax.scatter(firsts, [row] * len(firsts), color="#4477aa", alpha=0.7)
+    ax.axvline(warm, color="#228833", label=f"warm p50 {warm} ms")
+    ax.axvline(2 * warm, color="#ee6677", linestyle="--", label="2x warm")
+    ax.set_yticks(range(len(CONDITIONS)), list(CONDITIONS))
+    ax.set_xlabel("first recall after a reopen, ms (one dot per trial)")
+    ax.set_title(f"{result['records']} records")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--store", required=True, help="a late_persist.py --keep-store folder")
+    parser.add_argument("--trials", type=int, default=7)
+    parser.add_argument("--later", type=int, default=10, help="recalls timed after the first")
+    parser.add_argument("--seed", type=int, default=29)
+    parser.add_argument("--torch-threads", type=int, default=1)
+    parser.add_argument("--name", default="cold_recall")
+    parser.add_argument("--report-only", action="store_true", help="redo md/png from the JSON")
+    args = parser.parse_args(argv)
+    if args.report_only:
+        saved: dict[str, Any] = json.loads((OUT / f"{args.name}.json").read_text())
+        (OUT / f"{args.name}.md").write_text(report(saved))
+        plot(saved, OUT / f"{args.name}.png")
+        return
+
+    from tqdm.auto import tqdm
+
+    from memories_core import HistoryMemory, Scope
+    from memories_core.retrieval.late_interaction import (
+        late_interaction_pipeline,
+        late_interaction_reranker,
+    )
+
+    folder = Path(args.store) / "late"
+    if not (folder / "records.sqlite3").is_file():
+        raise SystemExit(f"{folder} holds no store: build one with late_persist.py --keep-store")
+    load_start = os.getloadavg()
+    per_trial = len(CONDITIONS) * (1 + args.later)
+    queries = iter(make_queries(args.trials * per_trial, args.seed))
+    embedder = real_embedder(args.torch_threads)
+    reranker = late_interaction_reranker(cache_bytes=64 * 2**20)
+    reranker.encoder.encode_query("load the model")  # models loaded, nothing of the store
+    scope = Scope(TARGET)
+
+    def run(condition: str) -> dict[str, Any]:
+        """One reopen under ``condition``: its timings."""
+        if condition.startswith("disk"):
+            drop_cached(folder)
+        reranker.cache.clear()
+        row: dict[str, Any] = {}
+        opened = time.perf_counter()
+        pipeline = late_interaction_pipeline(reranker=reranker)
+        memory = HistoryMemory(path=folder, embedder=embedder, pipeline=pipeline)
+        row["open_ms"] = round(1000 * (time.perf_counter() - opened), 1)
+        if condition.endswith("prefetch"):
+            row["prefetch_ms"] = timed_ms(lambda: memory.prefetch(TARGET, progress=False))
+        row["first_ms"] = timed_ms(lambda: memory.recall(next(queries), scope, k=5))
+        row["later_ms"] = [
+            timed_ms(lambda: memory.recall(next(queries), scope, k=5)) for _ in range(args.later)
+        ]
+        memory.close()
+        return row
+
+    with HistoryMemory(path=folder, embedder=embedder) as counting:
+        records = len(counting.engine.records(TARGET))
+    trials: list[dict[str, Any]] = []
+    for _ in tqdm(range(args.trials), desc="trials"):
+        trial: dict[str, Any] = {}
+        for condition in CONDITIONS:
+            trial[condition] = run(condition)
+        trials.append(trial)
+    result: dict[str, Any] = {
+        "command": command_line(),
+        "machine": machine(),
+        "records": records,
+        "trials": trials,
+        "summary": summarise(trials),
+        "load_average": {"start": load_start, "end": os.getloadavg()},
+    }
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / f"{args.name}.json").write_text(json.dumps(result, indent=2))
+    (OUT / f"{args.name}.md").write_text(report(result))
+    plot(result, OUT / f"{args.name}.png")
+    print(report(result))
+
+
+if __name__ == "__main__":
+    main()
