@@ -331,6 +331,21 @@ def test_maxsim_pool_is_maxsim_of_each_stored_record() -> None:
     assert maxsim_pool(query, []).shape == (0,)
 
 
+def test_maxsim_pool_scores_a_pool_wider_than_a_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    from memories_core.retrieval import maxsim as module
+
+    monkeypatch.setattr(module, "BLOCK_COLUMNS", 8)
+    rng = np.random.default_rng(5)
+    query = rng.standard_normal((3, 4)).astype(np.float32)
+    # Blocks of 3+5, 2+4+1, then a record wider than a block alone, then 7.
+    pool = [
+        quantize(f"r{i}", "0" * 32, "1" * 32, rng.standard_normal((n, 4)))
+        for i, n in enumerate([3, 5, 2, 4, 1, 20, 7])
+    ]
+    single = [maxsim(query, item.floats()) for item in pool]
+    assert np.allclose(module.maxsim_pool(query, pool), single, rtol=1e-5, atol=1e-5)
+
+
 def test_stored_rows_are_checked() -> None:
     row = quantize("r", "0" * 32, "1" * 32, np.ones((2, 3)))
     with pytest.raises(InvalidInputError):

@@ -99,6 +99,7 @@ from memories_core.retrieval.late_encoder import (
     OnnxLateInteractionEncoder,
     bundled_colbert_dir,
 )
+from memories_core.retrieval.maxsim import maxsim, maxsim_pool
 from memories_core.retrieval.pipeline import (
     Pipeline,
     RecallBackend,
@@ -280,32 +281,6 @@ class TokenVectorCache:
 
     def __contains__(self, key: object) -> bool:
         return key in self._entries
-
-
-def maxsim(query: npt.NDArray[np.float32], text: npt.NDArray[np.floating]) -> float:
-    """Sum over query tokens of the best cosine with a text token (ColBERT §3.3)."""
-    return float((query @ np.asarray(text, dtype=np.float32).T).max(axis=1).sum())
-
-
-def maxsim_pool(
-    query: npt.NDArray[np.float32], pool: Sequence[TokenVectors]
-) -> npt.NDArray[np.float64]:
-    """:func:`maxsim` of ``query`` with every record of ``pool``, in one matrix product.
-
-    The pool's int8 rows are concatenated into one float32 matrix (one conversion per
-    recall, not one per record), multiplied by the query once, and each record's segment
-    of columns is reduced by ``np.maximum.reduceat``. A record's scale is applied to its
-    maxima: ``max(q . (s k)) = s max(q . k)`` for ``s > 0``.
-    """
-    if not pool:
-        return np.zeros(0, dtype=np.float64)
-    matrix = np.concatenate([item.data for item in pool], axis=0, dtype=np.float32)
-    sizes = np.fromiter((item.tokens for item in pool), dtype=np.int64, count=len(pool))
-    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
-    products = np.asarray(query, dtype=np.float32) @ matrix.T
-    best = np.maximum.reduceat(products, starts, axis=1)
-    scales = np.fromiter((item.scale for item in pool), dtype=np.float64, count=len(pool))
-    return best.sum(axis=0, dtype=np.float64) * scales
 
 
 def token_vector_store(backend: object) -> TokenVectorStore | None:

@@ -1,0 +1,65 @@
+"""MaxSim, the late-interaction score (ColBERT §3.3), of one record or of a recall's pool.
+
+:func:`maxsim_pool` scores a pool in blocks of at most :data:`BLOCK_COLUMNS` token columns:
+each block's int8 rows are converted to one float32 matrix, multiplied by the query once and
+reduced per record. The blocks keep every temporary array small (about 1.5 MB for the
+matrix at 96 dimensions), so a recall neither allocates tens of megabytes per call nor
+touches fresh memory for them; one matrix for a whole pool of 250 turns is about 18 MB.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from memories_core.token_vectors import TokenVectors
+
+__all__ = ["BLOCK_COLUMNS", "maxsim", "maxsim_pool"]
+
+#: Token columns converted and multiplied at once by :func:`maxsim_pool`. Chosen by a
+#: measurement of a 250-record pool of 150-230 tokens (96 dimensions): 3.8 ms p50 at 4096
+#: against 4.7 ms for one matrix of the whole pool, 4.2 ms at 2048 and 3.7 ms at 8192;
+#: below 4 MB, numpy does not ask the kernel for huge pages for the matrix, whose first
+#: touch after a reopen could stall on memory compaction.
+BLOCK_COLUMNS = 4096
+
+
+def maxsim(query: npt.NDArray[np.float32], text: npt.NDArray[np.floating]) -> float:
+    """Sum over query tokens of the best cosine with a text token (ColBERT §3.3)."""
+    return float((query @ np.asarray(text, dtype=np.float32).T).max(axis=1).sum())
+
+
+def maxsim_pool(
+    query: npt.NDArray[np.float32], pool: Sequence[TokenVectors]
+) -> npt.NDArray[np.float64]:
+    """:func:`maxsim` of ``query`` with every record of ``pool``, block by block.
+
+    A block is consecutive records of at most :data:`BLOCK_COLUMNS` tokens in all (a longer
+    record is a block alone). Its int8 rows are concatenated into one float32 matrix (one
+    conversion per block, not one per record), multiplied by the query once, and each
+    record's segment of columns is reduced by ``np.maximum.reduceat``. A record's scale is
+    applied to its maxima: ``max(q . (s k)) = s max(q . k)`` for ``s > 0``.
+    """
+    count = len(pool)
+    if not count:
+        return np.zeros(0, dtype=np.float64)
+    query32 = np.asarray(query, dtype=np.float32)
+    sizes = [item.tokens for item in pool]
+    best = np.empty(count, dtype=np.float64)
+    start = 0
+    while start < count:
+        end, columns = start + 1, sizes[start]
+        while end < count and columns + sizes[end] <= BLOCK_COLUMNS:
+            columns += sizes[end]
+            end += 1
+        block = pool[start:end]
+        matrix = np.concatenate([item.data for item in block], axis=0, dtype=np.float32)
+        offsets = np.cumsum([0, *sizes[start : end - 1]])
+        products = query32 @ matrix.T
+        maxima = np.maximum.reduceat(products, offsets, axis=1)
+        best[start:end] = maxima.sum(axis=0, dtype=np.float64)
+        start = end
+    scales = np.fromiter((item.scale for item in pool), dtype=np.float64, count=count)
+    return best * scales
