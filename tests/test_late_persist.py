@@ -346,6 +346,31 @@ def test_maxsim_pool_scores_a_pool_wider_than_a_block(monkeypatch: pytest.Monkey
     assert np.allclose(module.maxsim_pool(query, pool), single, rtol=1e-5, atol=1e-5)
 
 
+def test_maxsim_holds_blas_to_one_thread_and_restores_it() -> None:
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    from memories_core.retrieval.maxsim import one_blas_thread
+
+    def blas_threads() -> set[int]:
+        info = threadpoolctl.threadpool_info()
+        return {lib["num_threads"] for lib in info if lib["user_api"] == "blas"}
+
+    before = blas_threads()
+    if not before:
+        pytest.skip("numpy's BLAS is not visible to threadpoolctl")
+    with threadpoolctl.threadpool_limits(limits=2, user_api="blas"):
+        inside: list[set[int]] = []
+        first, second = one_blas_thread(), one_blas_thread()
+        first.__enter__()
+        second.__enter__()  # overlapping callers share the limit
+        inside.append(blas_threads())
+        first.__exit__(None, None, None)
+        inside.append(blas_threads())  # still one thread: a caller is inside
+        second.__exit__(None, None, None)
+        assert inside == [{1}, {1}]
+        assert blas_threads() == {2}  # the last one out restored the setting
+    assert blas_threads() == before
+
+
 def test_stored_rows_are_checked() -> None:
     row = quantize("r", "0" * 32, "1" * 32, np.ones((2, 3)))
     with pytest.raises(InvalidInputError):

@@ -9,14 +9,17 @@ touches fresh memory for them; one matrix for a whole pool of 250 turns is about
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from memories_core.token_vectors import TokenVectors
 
-__all__ = ["BLOCK_COLUMNS", "maxsim", "maxsim_pool"]
+__all__ = ["BLOCK_COLUMNS", "maxsim", "maxsim_pool", "one_blas_thread"]
 
 #: Token columns converted and multiplied at once by :func:`maxsim_pool`. Chosen by a
 #: measurement of a 250-record pool of 150-230 tokens (96 dimensions): 3.8 ms p50 at 4096
@@ -24,6 +27,41 @@ __all__ = ["BLOCK_COLUMNS", "maxsim", "maxsim_pool"]
 #: below 4 MB, numpy does not ask the kernel for huge pages for the matrix, whose first
 #: touch after a reopen could stall on memory compaction.
 BLOCK_COLUMNS = 4096
+
+
+_BLAS_LOCK = threading.Lock()
+#: The threadpoolctl controller (found once; ``False`` when threadpoolctl is missing), the
+#: limit in force and how many callers are inside :func:`one_blas_thread`.
+_BLAS: dict[str, Any] = {"controller": None, "limit": None, "inside": 0}
+
+
+@contextmanager
+def one_blas_thread() -> Iterator[None]:
+    """Hold numpy's BLAS to one thread inside the block, and restore its setting after.
+
+    The setting is process-wide, so concurrent callers share one limit: the first in sets
+    it and the last out restores what was there before. Without ``threadpoolctl`` (a
+    dependency of scikit-learn, which sentence-transformers installs) nothing changes.
+    """
+    with _BLAS_LOCK:
+        if _BLAS["controller"] is None:
+            try:
+                from threadpoolctl import ThreadpoolController
+
+                _BLAS["controller"] = ThreadpoolController()
+            except ImportError:
+                _BLAS["controller"] = False
+        if _BLAS["controller"] is not False and _BLAS["inside"] == 0:
+            _BLAS["limit"] = _BLAS["controller"].limit(limits=1, user_api="blas")
+        _BLAS["inside"] += 1
+    try:
+        yield
+    finally:
+        with _BLAS_LOCK:
+            _BLAS["inside"] -= 1
+            if _BLAS["inside"] == 0 and _BLAS["limit"] is not None:
+                _BLAS["limit"].restore_original_limits()
+                _BLAS["limit"] = None
 
 
 def maxsim(query: npt.NDArray[np.float32], text: npt.NDArray[np.floating]) -> float:
@@ -48,6 +86,20 @@ def maxsim_pool(
     query32 = np.asarray(query, dtype=np.float32)
     sizes = [item.tokens for item in pool]
     best = np.empty(count, dtype=np.float64)
+    with one_blas_thread():
+        _score_blocks(query32, pool, sizes, best)
+    scales = np.fromiter((item.scale for item in pool), dtype=np.float64, count=count)
+    return best * scales
+
+
+def _score_blocks(
+    query: npt.NDArray[np.float32],
+    pool: Sequence[TokenVectors],
+    sizes: list[int],
+    best: npt.NDArray[np.float64],
+) -> None:
+    """Write each record's unscaled MaxSim into ``best``, block by block."""
+    count = len(pool)
     start = 0
     while start < count:
         end, columns = start + 1, sizes[start]
@@ -57,9 +109,7 @@ def maxsim_pool(
         block = pool[start:end]
         matrix = np.concatenate([item.data for item in block], axis=0, dtype=np.float32)
         offsets = np.cumsum([0, *sizes[start : end - 1]])
-        products = query32 @ matrix.T
+        products = query @ matrix.T
         maxima = np.maximum.reduceat(products, offsets, axis=1)
         best[start:end] = maxima.sum(axis=0, dtype=np.float64)
         start = end
-    scales = np.fromiter((item.scale for item in pool), dtype=np.float64, count=count)
-    return best * scales
