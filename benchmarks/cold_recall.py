@@ -38,6 +38,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from latency import OUT, command_line, machine, make_queries, real_embedder
+from machine_info import repo_state
 
 TARGET = "target-user"
 CONDITIONS = ("disk", "disk + prefetch", "reopen")
@@ -214,6 +215,7 @@ def main(argv: list[str] | None = None) -> None:
     result: dict[str, Any] = {
         "command": command_line(),
         "machine": machine(),
+        "code": repo_state(),
         "records": records,
         "trials": trials,
         "summary": summarise(trials),
