@@ -371,6 +371,25 @@ def test_maxsim_holds_blas_to_one_thread_and_restores_it() -> None:
     assert blas_threads() == before
 
 
+def test_maxsim_scores_alike_when_threadpoolctl_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threadpoolctl
+
+    from memories_core.retrieval import maxsim as module
+
+    class Broken:
+        def __init__(self) -> None:
+            raise OSError("cannot read the loaded libraries")
+
+    rng = np.random.default_rng(8)
+    query = rng.standard_normal((3, 8)).astype(np.float32)
+    pool = [quantize(f"r{i}", "0" * 32, "1" * 32, rng.standard_normal((4, 8))) for i in range(5)]
+    expected = module.maxsim_pool(query, pool)
+    monkeypatch.setattr(threadpoolctl, "ThreadpoolController", Broken)
+    monkeypatch.setitem(module._BLAS, "controller", None)  # found again, and failing
+    assert np.array_equal(module.maxsim_pool(query, pool), expected)
+    assert module._BLAS["controller"] is False and module._BLAS["inside"] == 0
+
+
 def test_stored_rows_are_checked() -> None:
     row = quantize("r", "0" * 32, "1" * 32, np.ones((2, 3)))
     with pytest.raises(InvalidInputError):

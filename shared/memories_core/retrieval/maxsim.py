@@ -9,6 +9,7 @@ touches fresh memory for them; one matrix for a whole pool of 250 turns is about
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -19,19 +20,21 @@ import numpy.typing as npt
 
 from memories_core.token_vectors import TokenVectors
 
+logger = logging.getLogger(__name__)
+
 __all__ = ["BLOCK_COLUMNS", "maxsim", "maxsim_pool", "one_blas_thread"]
 
 #: Token columns converted and multiplied at once by :func:`maxsim_pool`. Chosen by a
 #: measurement of a 250-record pool of 150-230 tokens (96 dimensions): 3.8 ms p50 at 4096
-#: against 4.7 ms for one matrix of the whole pool, 4.2 ms at 2048 and 3.7 ms at 8192;
-#: below 4 MB, numpy does not ask the kernel for huge pages for the matrix, whose first
-#: touch after a reopen could stall on memory compaction.
+#: against 4.7 ms for one matrix of the whole pool, 4.2 ms at 2048 and 3.7 ms at 8192.
+#: A block's matrix (1.5 MB at 96 dimensions) also stays below the 4 MB from which numpy
+#: asks the kernel for huge pages.
 BLOCK_COLUMNS = 4096
 
 
 _BLAS_LOCK = threading.Lock()
-#: The threadpoolctl controller (found once; ``False`` when threadpoolctl is missing), the
-#: limit in force and how many callers are inside :func:`one_blas_thread`.
+#: The threadpoolctl controller (found once; ``False`` when threadpoolctl is missing or
+#: fails), the limit in force and how many callers are inside :func:`one_blas_thread`.
 _BLAS: dict[str, Any] = {"controller": None, "limit": None, "inside": 0}
 
 
@@ -41,7 +44,8 @@ def one_blas_thread() -> Iterator[None]:
 
     The setting is process-wide, so concurrent callers share one limit: the first in sets
     it and the last out restores what was there before. Without ``threadpoolctl`` (a
-    dependency of scikit-learn, which sentence-transformers installs) nothing changes.
+    dependency of scikit-learn, which sentence-transformers installs), or where it fails to
+    read or set the thread count, nothing changes: the scores are the same either way.
     """
     with _BLAS_LOCK:
         if _BLAS["controller"] is None:
@@ -49,10 +53,15 @@ def one_blas_thread() -> Iterator[None]:
                 from threadpoolctl import ThreadpoolController
 
                 _BLAS["controller"] = ThreadpoolController()
-            except ImportError:
+            except Exception:  # missing, or a library it cannot read: leave BLAS alone
+                logger.debug("threadpoolctl unavailable; BLAS threads left as set", exc_info=True)
                 _BLAS["controller"] = False
         if _BLAS["controller"] is not False and _BLAS["inside"] == 0:
-            _BLAS["limit"] = _BLAS["controller"].limit(limits=1, user_api="blas")
+            try:
+                _BLAS["limit"] = _BLAS["controller"].limit(limits=1, user_api="blas")
+            except Exception:
+                logger.debug("could not limit BLAS threads", exc_info=True)
+                _BLAS["controller"] = False
         _BLAS["inside"] += 1
     try:
         yield
