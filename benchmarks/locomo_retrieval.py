@@ -33,7 +33,6 @@ import hashlib
 import itertools
 import json
 import os
-import pickle
 import platform
 import random
 import shutil
@@ -1306,8 +1305,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             scored = {}
             for config in tqdm(points, desc=f"grid {storage}{' + keys' if with_keys else ''}"):
                 scored[config] = harness.rows(storage, with_keys, config)
-            with (args.out / f"cv_rows{'_keys' if with_keys else ''}.pkl").open("wb") as handle:
-                pickle.dump({c.label(): rows for c, rows in scored.items()}, handle)
+            (args.out / f"cv_rows{'_keys' if with_keys else ''}.json").write_text(
+                json.dumps({c.label(): rows for c, rows in scored.items()})
+            )
             for constrained in (True, False):
                 label = f"{storage}{', observation keys' if with_keys else ''}, " + (
                     "no category worse" if constrained else "unconstrained"

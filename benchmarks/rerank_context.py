@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import pickle
 import statistics
 import sys
 import time
@@ -62,9 +61,10 @@ def score_questions(
     args: argparse.Namespace, harness: lr.Harness, conversations: Sequence[Any]
 ) -> list[dict[str, Any]]:
     """Per sampled question: default ranking, fused scores, cross-encoder scores (cached)."""
-    cache = args.out / "cache" / f"rerank_context_{args.max_length}_{args.candidates}.pkl"
+    cache = args.out / "cache" / f"rerank_context_{args.max_length}_{args.candidates}.json"
     if cache.exists():
-        return pickle.loads(cache.read_bytes())
+        cached: list[dict[str, Any]] = json.loads(cache.read_text())
+        return cached
     text = {c.sample_id: {t.dia_id: t.render() for t in c.turns} for c in conversations}
     previous = lr.previous_turns(conversations, "text")
     scorer = OnnxCrossEncoder(max_length=args.max_length, threads=2)
@@ -93,7 +93,7 @@ def score_questions(
             }
         )
     cache.parent.mkdir(parents=True, exist_ok=True)
-    cache.write_bytes(pickle.dumps(rows))
+    cache.write_text(json.dumps(rows))
     return rows
 
 

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import pickle
 import statistics
 import sys
 import time
@@ -93,9 +92,11 @@ OBJECTIVE: tuple[str, ...] = ("R@5", "R@10")
 def first_stage(args: argparse.Namespace, conversations: Sequence[Any]) -> dict[str, Any]:
     """Per question: the first stage's top 50 and fused scores; turn and previous texts."""
     deep = "" if args.depth == DEFAULT_DEPTH else f"_depth{args.depth}"
-    cache = args.out / "cache" / f"rerank_late_stage1_{args.first_stage}{deep}.pkl"
+    cache = args.out / "cache" / f"rerank_late_stage1_{args.first_stage}{deep}.json"
     if cache.exists():
-        loaded: dict[str, Any] = pickle.loads(cache.read_bytes())
+        loaded: dict[str, Any] = json.loads(cache.read_text())
+        # JSON keys are strings: the previous turns are stored as [sample, turn, text] rows.
+        loaded["prev"] = {(sid, item): text for sid, item, text in loaded["prev"]}
         return loaded
     if args.first_stage == "best":
         from memories_core.embedders.onnx import OnnxEmbedder
@@ -133,7 +134,8 @@ def first_stage(args: argparse.Namespace, conversations: Sequence[Any]) -> dict[
     embedder.save()
     out = {"rows": rows, "text": text, "prev": previous, "config": config.label()}
     cache.parent.mkdir(parents=True, exist_ok=True)
-    cache.write_bytes(pickle.dumps(out))
+    stored = out | {"prev": [[sid, item, value] for (sid, item), value in previous.items()]}
+    cache.write_text(json.dumps(stored))
     return out
 
 
@@ -148,8 +150,8 @@ def late_scores(args: argparse.Namespace, stage: dict[str, Any]) -> dict[str, li
     """MaxSim of the top 30 per question, per (markers, augment, context) variant."""
     suffix = "" if HEAD == 30 else f"_{HEAD}"
     deep = "" if args.depth == DEFAULT_DEPTH else f"_depth{args.depth}"
-    cache = args.out / "cache" / f"rerank_late_scores_{args.first_stage}{deep}{suffix}.pkl"
-    found: dict[str, list[list[float]]] = pickle.loads(cache.read_bytes()) if cache.exists() else {}
+    cache = args.out / "cache" / f"rerank_late_scores_{args.first_stage}{deep}{suffix}.json"
+    found: dict[str, list[list[float]]] = json.loads(cache.read_text()) if cache.exists() else {}
     rows = stage["rows"]
     for markers, augment in args.late_variants:
         encoder = OnnxLateInteractionEncoder(markers=markers, augment=augment, threads=1)
@@ -169,16 +171,17 @@ def late_scores(args: argparse.Namespace, stage: dict[str, Any]) -> dict[str, li
                     scores.append(maxsim(query, docs[text]))
                 values.append(scores)
             found[key] = values
-            cache.write_bytes(pickle.dumps(found))
+            cache.write_text(json.dumps(found))
     return found
 
 
 def ce_scores(args: argparse.Namespace, stage: dict[str, Any]) -> dict[str, dict[int, list[float]]]:
     """Cross-encoder logits of the top 30 (context pairs) per sampled question, per length."""
-    cache = args.out / "cache" / f"rerank_late_ce_{args.first_stage}.pkl"
-    found: dict[str, dict[int, list[float]]] = (
-        pickle.loads(cache.read_bytes()) if cache.exists() else {}
-    )
+    cache = args.out / "cache" / f"rerank_late_ce_{args.first_stage}.json"
+    found: dict[str, dict[int, list[float]]] = {}
+    if cache.exists():  # JSON keys are strings: the question numbers come back as ints
+        stored: dict[str, dict[str, list[float]]] = json.loads(cache.read_text())
+        found = {key: {int(n): v for n, v in done.items()} for key, done in stored.items()}
     rows = stage["rows"]
     for length in CE_LENGTHS:
         key = f"context, {length} pieces"
@@ -190,8 +193,8 @@ def ce_scores(args: argparse.Namespace, stage: dict[str, Any]) -> dict[str, dict
             texts = [pair_text(stage, row["sid"], i, True) for i in row["ids"][:HEAD]]
             done[n] = scorer(row["q"], texts)
             if count % 50 == 49:
-                cache.write_bytes(pickle.dumps(found))
-        cache.write_bytes(pickle.dumps(found))
+                cache.write_text(json.dumps(found))
+        cache.write_text(json.dumps(found))
     return found
 
 
