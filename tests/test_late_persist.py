@@ -390,6 +390,14 @@ def test_maxsim_scores_alike_when_threadpoolctl_fails(monkeypatch: pytest.Monkey
     assert module._BLAS["controller"] is False and module._BLAS["inside"] == 0
 
 
+def test_building_the_reranker_finds_the_blas_control(monkeypatch: pytest.MonkeyPatch) -> None:
+    from memories_core.retrieval import maxsim as module
+
+    monkeypatch.setitem(module._BLAS, "controller", None)
+    LateInteractionReranker(FakeEncoder(), candidates=3, pool=10)
+    assert module._BLAS["controller"] is not None  # found (or known missing) before a recall
+
+
 def test_stored_rows_are_checked() -> None:
     row = quantize("r", "0" * 32, "1" * 32, np.ones((2, 3)))
     with pytest.raises(InvalidInputError):

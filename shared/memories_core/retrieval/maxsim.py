@@ -22,7 +22,7 @@ from memories_core.token_vectors import TokenVectors
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BLOCK_COLUMNS", "maxsim", "maxsim_pool", "one_blas_thread"]
+__all__ = ["BLOCK_COLUMNS", "find_blas_control", "maxsim", "maxsim_pool", "one_blas_thread"]
 
 #: Token columns converted and multiplied at once by :func:`maxsim_pool`. Chosen by a
 #: measurement of a 250-record pool of 150-230 tokens (96 dimensions): 3.8 ms p50 at 4096
@@ -38,6 +38,30 @@ _BLAS_LOCK = threading.Lock()
 _BLAS: dict[str, Any] = {"controller": None, "limit": None, "inside": 0}
 
 
+def _controller() -> Any:
+    """The threadpoolctl controller, found on first use (``False`` if none); lock held."""
+    if _BLAS["controller"] is None:
+        try:
+            from threadpoolctl import ThreadpoolController
+
+            _BLAS["controller"] = ThreadpoolController()
+        except Exception:  # missing, or a library it cannot read: leave BLAS alone
+            logger.debug("threadpoolctl unavailable; BLAS threads left as set", exc_info=True)
+            _BLAS["controller"] = False
+    return _BLAS["controller"]
+
+
+def find_blas_control() -> bool:
+    """Find numpy's BLAS for :func:`one_blas_thread` now; whether it can be limited.
+
+    Loading threadpoolctl and reading the process's libraries takes a few milliseconds,
+    once per process; the late-interaction reranker calls this when it is built, so that
+    the cost is paid with the model load, not by the first recall.
+    """
+    with _BLAS_LOCK:
+        return _controller() is not False
+
+
 @contextmanager
 def one_blas_thread() -> Iterator[None]:
     """Hold numpy's BLAS to one thread inside the block, and restore its setting after.
@@ -48,15 +72,7 @@ def one_blas_thread() -> Iterator[None]:
     read or set the thread count, nothing changes: the scores are the same either way.
     """
     with _BLAS_LOCK:
-        if _BLAS["controller"] is None:
-            try:
-                from threadpoolctl import ThreadpoolController
-
-                _BLAS["controller"] = ThreadpoolController()
-            except Exception:  # missing, or a library it cannot read: leave BLAS alone
-                logger.debug("threadpoolctl unavailable; BLAS threads left as set", exc_info=True)
-                _BLAS["controller"] = False
-        if _BLAS["controller"] is not False and _BLAS["inside"] == 0:
+        if _controller() is not False and _BLAS["inside"] == 0:
             try:
                 _BLAS["limit"] = _BLAS["controller"].limit(limits=1, user_api="blas")
             except Exception:
