@@ -15,7 +15,10 @@ conditions, in this order:
 * ``reopen``: the store is reopened at once, its files as the prefetch left them (cached):
   what a restarted process sees on a machine that keeps its files cached. The process's
   state is cold: a new engine, new SQLite connections, Chroma's collection not loaded,
-  an empty reranker cache.
+  an empty reranker cache;
+* ``new process``: a fresh interpreter (``--child``) loads both models, opens the store, its
+  files still cached, and times its first recall and the ten after it: what a restarted
+  server sees, with the first calls of every library in the process.
 
 The warm reference is the p50 of the ten recalls after each ``reopen``. Every recall embeds
 its query, and every query is asked once (no answer can come from a query cache).
@@ -32,6 +35,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +45,7 @@ from latency import OUT, command_line, machine, make_queries, real_embedder
 from machine_info import repo_state
 
 TARGET = "target-user"
-CONDITIONS = ("disk", "disk + prefetch", "reopen")
+CONDITIONS = ("disk", "disk + prefetch", "reopen", "new process")
 
 
 def drop_cached(folder: Path) -> int:
@@ -69,6 +73,50 @@ def timed_ms(call: Callable[[], object]) -> float:
     start = time.perf_counter()
     call()
     return round(1000 * (time.perf_counter() - start), 1)
+
+
+def timed_recalls(memory: Any, asked: list[str], *, prefetch: bool = False) -> dict[str, Any]:
+    """Time ``memory``'s recalls of ``asked`` (after ``prefetch(user)`` if told); closes it."""
+    from memories_core import Scope
+
+    scope = Scope(TARGET)
+    row: dict[str, Any] = {}
+    if prefetch:
+        row["prefetch_ms"] = timed_ms(lambda: memory.prefetch(TARGET, progress=False))
+    row["first_ms"] = timed_ms(lambda: memory.recall(asked[0], scope, k=5))
+    row["later_ms"] = [timed_ms(partial(memory.recall, query, scope, k=5)) for query in asked[1:]]
+    memory.close()
+    return row
+
+
+def child(folder: Path, asked: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    """A new process's reopen: load both models, open the store, time its recalls."""
+    from memories_core import HistoryMemory
+    from memories_core.retrieval.late_interaction import (
+        late_interaction_pipeline,
+        late_interaction_reranker,
+    )
+
+    embedder = real_embedder(args.torch_threads)
+    reranker = late_interaction_reranker(cache_bytes=64 * 2**20)
+    reranker.encoder.encode_query("load the model")
+    opened = time.perf_counter()
+    pipeline = late_interaction_pipeline(reranker=reranker)
+    memory = HistoryMemory(path=folder, embedder=embedder, pipeline=pipeline)
+    open_ms = round(1000 * (time.perf_counter() - opened), 1)
+    return {"open_ms": open_ms} | timed_recalls(memory, asked)
+
+
+def new_process(args: argparse.Namespace, first: int) -> dict[str, Any]:
+    """Run :func:`child` in a fresh interpreter, asking the queries from index ``first``."""
+    import subprocess
+
+    command = [sys.executable, str(Path(__file__).resolve()), "--store", args.store]
+    command += ["--trials", str(args.trials), "--later", str(args.later)]
+    command += ["--seed", str(args.seed), "--torch-threads", str(args.torch_threads)]
+    command += ["--child", str(first)]
+    done = subprocess.run(command, check=True, capture_output=True, text=True)
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 def summarise(trials: list[dict[str, Any]]) -> dict[str, Any]:
@@ -159,6 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--torch-threads", type=int, default=1)
     parser.add_argument("--name", default="cold_recall")
     parser.add_argument("--report-only", action="store_true", help="redo md/png from the JSON")
+    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)  # first query's index
     args = parser.parse_args(argv)
     if args.report_only:
         saved: dict[str, Any] = json.loads((OUT / f"{args.name}.json").read_text())
@@ -168,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from tqdm.auto import tqdm
 
-    from memories_core import HistoryMemory, Scope
+    from memories_core import HistoryMemory
     from memories_core.retrieval.late_interaction import (
         late_interaction_pipeline,
         late_interaction_reranker,
@@ -177,40 +226,40 @@ def main(argv: list[str] | None = None) -> None:
     folder = Path(args.store) / "late"
     if not (folder / "records.sqlite3").is_file():
         raise SystemExit(f"{folder} holds no store: build one with late_persist.py --keep-store")
+    per_condition = 1 + args.later
+    queries = make_queries(args.trials * len(CONDITIONS) * per_condition, args.seed)
+    if args.child is not None:  # a new process's reopen: one JSON line on stdout
+        print(json.dumps(child(folder, queries[args.child : args.child + per_condition], args)))
+        return
     load_start = os.getloadavg()
-    per_trial = len(CONDITIONS) * (1 + args.later)
-    queries = iter(make_queries(args.trials * per_trial, args.seed))
     embedder = real_embedder(args.torch_threads)
     reranker = late_interaction_reranker(cache_bytes=64 * 2**20)
     reranker.encoder.encode_query("load the model")  # models loaded, nothing of the store
-    scope = Scope(TARGET)
 
-    def run(condition: str) -> dict[str, Any]:
-        """One reopen under ``condition``: its timings."""
+    def run(condition: str, asked: list[str]) -> dict[str, Any]:
+        """One reopen under ``condition``, asking ``asked``: its timings."""
+        if condition == "new process":
+            return new_process(args, queries.index(asked[0]))
         if condition.startswith("disk"):
             drop_cached(folder)
         reranker.cache.clear()
-        row: dict[str, Any] = {}
         opened = time.perf_counter()
         pipeline = late_interaction_pipeline(reranker=reranker)
         memory = HistoryMemory(path=folder, embedder=embedder, pipeline=pipeline)
-        row["open_ms"] = round(1000 * (time.perf_counter() - opened), 1)
-        if condition.endswith("prefetch"):
-            row["prefetch_ms"] = timed_ms(lambda: memory.prefetch(TARGET, progress=False))
-        row["first_ms"] = timed_ms(lambda: memory.recall(next(queries), scope, k=5))
-        row["later_ms"] = [
-            timed_ms(lambda: memory.recall(next(queries), scope, k=5)) for _ in range(args.later)
-        ]
-        memory.close()
-        return row
+        open_ms = round(1000 * (time.perf_counter() - opened), 1)
+        prefetch = condition.endswith("prefetch")
+        return {"open_ms": open_ms} | timed_recalls(memory, asked, prefetch=prefetch)
 
     with HistoryMemory(path=folder, embedder=embedder) as counting:
         records = len(counting.engine.records(TARGET))
     trials: list[dict[str, Any]] = []
+    next_query = 0
     for _ in tqdm(range(args.trials), desc="trials"):
         trial: dict[str, Any] = {}
         for condition in CONDITIONS:
-            trial[condition] = run(condition)
+            asked = queries[next_query : next_query + per_condition]
+            next_query += per_condition
+            trial[condition] = run(condition, asked)
         trials.append(trial)
     result: dict[str, Any] = {
         "command": command_line(),

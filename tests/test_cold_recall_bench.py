@@ -35,11 +35,13 @@ def test_summary_compares_each_condition_with_the_warm_recalls() -> None:
             "disk": _trial(100.0, [30.0, 50.0]),
             "disk + prefetch": _trial(40.0, [20.0, 20.0]) | {"prefetch_ms": 700.0},
             "reopen": _trial(50.0, [20.0, 30.0]),
+            "new process": _trial(90.0, [40.0, 30.0]),
         },
         {
             "disk": _trial(130.0, [30.0, 30.0]),
             "disk + prefetch": _trial(35.0, [20.0, 20.0]) | {"prefetch_ms": 900.0},
             "reopen": _trial(70.0, [10.0, 20.0]),
+            "new process": _trial(60.0, [25.0, 25.0]),
         },
     ]
     summary = bench.summarise(trials)
@@ -51,6 +53,8 @@ def test_summary_compares_each_condition_with_the_warm_recalls() -> None:
     assert summary["disk + prefetch"]["trials_within_2x"] == 2
     assert summary["disk + prefetch"]["prefetch_median_ms"] == 800.0
     assert "prefetch_median_ms" not in summary["reopen"]
+    assert summary["new process"]["first_median_ms"] == 75.0
+    assert summary["new process"]["later_p50_median_ms"] == 30.0
     table = bench.report(
         {
             "command": "cold_recall.py",
@@ -65,7 +69,7 @@ def test_summary_compares_each_condition_with_the_warm_recalls() -> None:
 
 @needs_fadvise
 def test_a_run_on_a_kept_store_times_every_condition(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     bench = load_script("cold_recall")
     folder = tmp_path / "kept" / "late"
@@ -86,7 +90,17 @@ def test_a_run_on_a_kept_store_times_every_condition(
     monkeypatch.setattr(bench, "real_embedder", lambda threads: HashingEmbedder())
     monkeypatch.setattr(bench, "plot", lambda *a, **k: None)
     monkeypatch.setattr(late_interaction, "late_interaction_reranker", reranker)
+    children: list[int] = []
+
+    def in_process(args: Any, first: int) -> dict[str, Any]:
+        children.append(first)
+        queries = bench.make_queries(2 * len(bench.CONDITIONS) * 4, args.seed)
+        return dict(bench.child(folder, queries[first : first + 4], args))
+
+    monkeypatch.setattr(bench, "new_process", in_process)
     bench.main(["--store", str(tmp_path / "kept"), "--trials", "2", "--later", "3"])
+    per_trial = len(bench.CONDITIONS) * 4
+    assert children == [3 * 4, per_trial + 3 * 4]  # the new process asks its own queries
     result = json.loads((tmp_path / "out" / "cold_recall.json").read_text())
     assert result["records"] == 12
     assert len(result["trials"]) == 2
@@ -95,6 +109,12 @@ def test_a_run_on_a_kept_store_times_every_condition(
         assert all(len(row["later_ms"]) == 3 for row in trial.values())
         assert "prefetch_ms" in trial["disk + prefetch"]
     assert (tmp_path / "out" / "cold_recall.md").read_text().count("|") > 20
+    # What the parent runs in a fresh interpreter: one JSON line of its reopen's timings.
+    capsys.readouterr()
+    kept = ["--store", str(tmp_path / "kept"), "--trials", "2", "--later", "3"]
+    bench.main([*kept, "--child", "12"])
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(line) == {"open_ms", "first_ms", "later_ms"} and len(line["later_ms"]) == 3
 
 
 def test_a_folder_without_a_store_is_refused(tmp_path: Path) -> None:

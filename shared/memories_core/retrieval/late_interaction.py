@@ -99,7 +99,7 @@ from memories_core.retrieval.late_encoder import (
     OnnxLateInteractionEncoder,
     bundled_colbert_dir,
 )
-from memories_core.retrieval.maxsim import find_blas_control, maxsim, maxsim_pool
+from memories_core.retrieval.maxsim import maxsim, maxsim_pool, prepare_maxsim
 from memories_core.retrieval.pipeline import (
     Pipeline,
     RecallBackend,
@@ -378,7 +378,7 @@ class LateInteractionReranker:
             raise ConfigurationError("pool must be an int >= 0")
         if not isinstance(self.encoder, LateInteractionEncoder):
             raise ConfigurationError("encoder needs name, encode_query and encode_document")
-        find_blas_control()  # once per process: with the model load, not in the first recall
+        prepare_maxsim()  # numpy's first calls with the model load, not in the first recall
 
     @property
     def encoder_tag(self) -> str:

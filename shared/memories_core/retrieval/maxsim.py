@@ -22,7 +22,7 @@ from memories_core.token_vectors import TokenVectors
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BLOCK_COLUMNS", "find_blas_control", "maxsim", "maxsim_pool", "one_blas_thread"]
+__all__ = ["BLOCK_COLUMNS", "maxsim", "maxsim_pool", "one_blas_thread", "prepare_maxsim"]
 
 #: Token columns converted and multiplied at once by :func:`maxsim_pool`. Chosen by a
 #: measurement of a 250-record pool of 150-230 tokens (96 dimensions): 3.8 ms p50 at 4096
@@ -51,15 +51,22 @@ def _controller() -> Any:
     return _BLAS["controller"]
 
 
-def find_blas_control() -> bool:
-    """Find numpy's BLAS for :func:`one_blas_thread` now; whether it can be limited.
+def prepare_maxsim() -> bool:
+    """Pay MaxSim's once-per-process costs now; whether numpy's BLAS can be limited.
 
-    Loading threadpoolctl and reading the process's libraries takes a few milliseconds,
-    once per process; the late-interaction reranker calls this when it is built, so that
-    the cost is paid with the model load, not by the first recall.
+    Finds numpy's BLAS for :func:`one_blas_thread` (threadpoolctl reads the process's
+    libraries: a few milliseconds) and scores a two-record synthetic pool once, so that
+    numpy's first calls of the functions :func:`maxsim_pool` uses are made here: the first
+    real pool of a new process then took about 8 ms instead of 13-17 (250 records, 96
+    dimensions). The late-interaction reranker calls this when it is built, with the model
+    load, not in the first recall.
     """
     with _BLAS_LOCK:
-        return _controller() is not False
+        found = _controller() is not False
+    rows = np.zeros((2, 4), dtype=np.int8)
+    pool = [TokenVectors(f"warm-{n}", "0" * 32, "0" * 32, rows, 1.0) for n in range(2)]
+    maxsim_pool(np.ones((1, 4), dtype=np.float32), pool)
+    return found
 
 
 @contextmanager
