@@ -2,9 +2,10 @@
 
 :func:`maxsim_pool` scores a pool in blocks of at most :data:`BLOCK_COLUMNS` token columns:
 each block's int8 rows are converted to one float32 matrix, multiplied by the query once and
-reduced per record. A block's matrix (about 1.5 MB at 96 dimensions) and its products are
-written into buffers the calling thread keeps, so a recall allocates neither anew; one
-matrix for a whole pool of 250 turns would be about 18 MB.
+reduced per record. A block's matrix (about 3 MB at the bundled encoder's 384 dimensions)
+and its products are written into buffers the calling thread keeps, so a recall allocates
+neither anew; one matrix for a whole pool of 250 turns (about 47 tokens each) would be
+about 18 MB.
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ logger = logging.getLogger(__name__)
 __all__ = ["BLOCK_COLUMNS", "maxsim", "maxsim_pool", "one_blas_thread", "prepare_maxsim"]
 
 #: Token columns converted and multiplied at once by :func:`maxsim_pool`. Chosen by a
-#: measurement of a 250-record pool of 150-230 tokens (96 dimensions): 3.8 ms p50 at 4096
-#: against 4.7 ms for one matrix of the whole pool, 4.2 ms at 2048 and 3.7 ms at 8192.
-#: A block's matrix (1.5 MB at 96 dimensions) also stays below the 4 MB from which numpy
-#: asks the kernel for huge pages.
-BLOCK_COLUMNS = 4096
+#: measurement of a synthetic pool like a recall's (250 records of 30-64 tokens, 384
+#: dimensions, a 10-token query; 40 rounds): 4.2 ms p50 at 2048 against 5.6 ms for one
+#: matrix of the whole pool, 4.1 ms at 1024, 4.5 at 512 and 4.6 at 4096. A block's matrix
+#: (3.1 MB at 384 dimensions) also stays below the 4 MB from which numpy asks the kernel
+#: for huge pages.
+BLOCK_COLUMNS = 2048
 
 
 _BLAS_LOCK = threading.Lock()
@@ -55,18 +57,19 @@ def prepare_maxsim() -> bool:
     """Pay MaxSim's once-per-process costs now; whether numpy's BLAS can be limited.
 
     Finds numpy's BLAS for :func:`one_blas_thread` (threadpoolctl reads the process's
-    libraries: a few milliseconds) and scores one synthetic block of :data:`BLOCK_COLUMNS`
-    zero tokens at 128 dimensions with a 32-token query: numpy's and the BLAS library's
-    first calls at that size, and this thread's buffers, are then made here (about 3 ms).
-    Measured on a 250-record pool at 96 dimensions in a fresh process: its first score took
-    7.0 ms after this, 10.6 ms without. The late-interaction reranker calls this when it is
-    built, with the model load, not in the first recall.
+    libraries) and scores one synthetic block of :data:`BLOCK_COLUMNS` zero tokens at the
+    bundled encoder's 384 dimensions with a 32-token query: numpy's and the BLAS library's
+    first calls at that size, and this thread's buffers, are then made here. Measured in
+    fresh processes (torch and onnxruntime loaded) on a 250-record pool: this took 11-13 ms,
+    and the first score after it 4.2-5.4 ms, against 13.7-17.8 ms without it. The
+    late-interaction reranker calls this when it is built, with the model load, not in the
+    first recall.
     """
     with _BLAS_LOCK:
         found = _controller() is not False
-    block = np.zeros((BLOCK_COLUMNS, 128), dtype=np.int8)
+    block = np.zeros((BLOCK_COLUMNS, 384), dtype=np.int8)
     maxsim_pool(
-        np.zeros((32, 128), dtype=np.float32),
+        np.zeros((32, 384), dtype=np.float32),
         [TokenVectors("warm", "0" * 32, "0" * 32, block, 1.0)],
     )
     return found
@@ -133,10 +136,10 @@ _SCRATCH = threading.local()
 def _scratch(name: str, size: int) -> npt.NDArray[np.float32]:
     """The first ``size`` floats of this thread's buffer ``name``, grown when too small.
 
-    A block's matrix and products are written into buffers each thread keeps (about 2 MB
-    at 96 dimensions), so that a recall does not allocate them anew: in a new process, a
-    fresh allocation of that size was page-faulted on every recall (about 500 faults, some
-    7 ms a recall, over its first ten recalls here).
+    A block's matrix and products are written into buffers each thread keeps (about 3 MB
+    at 384 dimensions), so that a recall does not allocate them anew: allocated per block,
+    they were page-faulted again on every recall over a new process's first ten recalls
+    (about 500 faults, MaxSim 11 ms against 4 later; blocks of 4,096 columns then).
     """
     held: npt.NDArray[np.float32] | None = getattr(_SCRATCH, name, None)
     if held is None or held.size < size:
