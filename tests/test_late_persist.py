@@ -390,12 +390,17 @@ def test_maxsim_scores_alike_when_threadpoolctl_fails(monkeypatch: pytest.Monkey
     assert module._BLAS["controller"] is False and module._BLAS["inside"] == 0
 
 
-def test_building_the_reranker_finds_the_blas_control(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_building_the_reranker_prepares_maxsim(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
     from memories_core.retrieval import maxsim as module
 
     monkeypatch.setitem(module._BLAS, "controller", None)
+    monkeypatch.setattr(module, "_SCRATCH", threading.local())
     LateInteractionReranker(FakeEncoder(), candidates=3, pool=10)
     assert module._BLAS["controller"] is not None  # found (or known missing) before a recall
+    # This thread's buffers hold a full block of the bundled encoder's width already.
+    assert module._SCRATCH.matrix.size >= module.BLOCK_COLUMNS * 384
 
 
 def test_stored_rows_are_checked() -> None:
