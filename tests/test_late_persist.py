@@ -346,6 +346,25 @@ def test_maxsim_pool_scores_a_pool_wider_than_a_block(monkeypatch: pytest.Monkey
     assert np.allclose(module.maxsim_pool(query, pool), single, rtol=1e-5, atol=1e-5)
 
 
+def test_maxsim_keeps_no_buffer_for_an_outsized_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from memories_core.retrieval import maxsim as module
+
+    monkeypatch.setattr(module, "_SCRATCH", threading.local())
+    monkeypatch.setattr(module, "_KEEP_FLOATS", 64)
+    monkeypatch.setattr(module, "BLOCK_COLUMNS", 8)  # blocks: [3], [40] alone, [2]
+    rng = np.random.default_rng(9)
+    query = rng.standard_normal((2, 4)).astype(np.float32)
+    pool = [
+        quantize(f"r{i}", "0" * 32, "1" * 32, rng.standard_normal((n, 4)))
+        for i, n in enumerate([3, 40, 2])
+    ]
+    single = [maxsim(query, item.floats()) for item in pool]
+    assert np.allclose(module.maxsim_pool(query, pool), single, rtol=1e-5, atol=1e-5)
+    assert module._SCRATCH.matrix.size <= 64  # the 40-token record's 160 floats were not kept
+
+
 def test_maxsim_holds_blas_to_one_thread_and_restores_it() -> None:
     threadpoolctl = pytest.importorskip("threadpoolctl")
     from memories_core.retrieval.maxsim import one_blas_thread

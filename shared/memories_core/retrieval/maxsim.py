@@ -131,6 +131,9 @@ def maxsim_pool(
 
 
 _SCRATCH = threading.local()
+#: Floats a thread's buffer may keep (16 MB); a larger request (a record of thousands of
+#: tokens) gets an array of its own, freed after the block.
+_KEEP_FLOATS = 4 * 2**20
 
 
 def _scratch(name: str, size: int) -> npt.NDArray[np.float32]:
@@ -141,6 +144,8 @@ def _scratch(name: str, size: int) -> npt.NDArray[np.float32]:
     they were page-faulted again on every recall over a new process's first ten recalls
     (about 500 faults, MaxSim 11 ms against 4 later; blocks of 4,096 columns then).
     """
+    if size > _KEEP_FLOATS:
+        return np.empty(size, dtype=np.float32)
     held: npt.NDArray[np.float32] | None = getattr(_SCRATCH, name, None)
     if held is None or held.size < size:
         held = np.empty(size, dtype=np.float32)
