@@ -98,18 +98,34 @@ class Renderer:
 
     @staticmethod
     def lookup(data: Any, path: str, where: str) -> Any:
-        """Follow a dotted path of keys and list indices; an empty path is the data itself."""
+        """Follow a dotted path of keys and list indices; an empty path is the data itself.
+
+        A key that holds dots itself (``HistoryMemory.recall, chroma``) is found by joining
+        the path's parts again, the shortest key that exists first.
+        """
         value = data
-        for part in [p for p in path.strip().split(".") if p]:
+        parts = [p for p in path.strip().split(".") if p]
+        at = 0
+        while at < len(parts):
+            part = parts[at]
             if isinstance(value, list) and part.lstrip("-").isdigit():
                 index = int(part)
                 if not -len(value) <= index < len(value):
                     raise RenderError(f"{where}: index {index} out of range in {path!r}")
                 value = value[index]
-            elif isinstance(value, dict) and part in value:
-                value = value[part]
-            else:
-                raise RenderError(f"{where}: no key {part!r} in {path!r}")
+                at += 1
+                continue
+            if isinstance(value, dict):
+                for end in range(at + 1, len(parts) + 1):
+                    key = ".".join(parts[at:end])
+                    if key in value:
+                        value = value[key]
+                        at = end
+                        break
+                else:
+                    raise RenderError(f"{where}: no key {part!r} in {path!r}")
+                continue
+            raise RenderError(f"{where}: no key {part!r} in {path!r}")
         return value
 
     @staticmethod

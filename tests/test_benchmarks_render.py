@@ -62,6 +62,16 @@ def test_rows_can_be_single_objects_labelled_by_their_path(tmp_path: Path) -> No
     assert "| old code | 0.50 |\n| new code | 0.75 |" in text
 
 
+def test_a_key_with_dots_in_it_is_found(tmp_path: Path) -> None:
+    results = {"p.json": {"rows": {"recall, k=5.0": {"R": 0.5}, "recall": {"k": 1}}}}
+    section = "{{ out/p.json : rows.recall, k=5.0.R | .2f }} {{ out/p.json : rows.recall.k }}\n"
+    root = _bench(tmp_path, section, results)
+    assert render.Renderer(root).render(root / "sections").strip().endswith("\n0.50 1")
+    missing = _bench(tmp_path / "b", "{{ out/p.json : rows.recall, k=5.0.S }}\n", results)
+    with pytest.raises(render.RenderError, match="no key 'S'"):
+        render.Renderer(missing).render(missing / "sections")
+
+
 def test_a_figure_that_cannot_be_found_stops_the_rendering(tmp_path: Path) -> None:
     root = _bench(tmp_path, "x {{ out/cost.json : missing }}\n", {"cost.json": {"s": 1}})
     with pytest.raises(render.RenderError, match=r"01_a\.md:1: no key 'missing'"):
