@@ -41,7 +41,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from latency import OUT, command_line, machine, make_queries, real_embedder
+from latency import command_line, machine, make_queries, real_embedder, save_results
 from machine_info import repo_state
 
 TARGET = "target-user"
@@ -210,9 +210,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)  # first query's index
     args = parser.parse_args(argv)
     if args.report_only:
-        saved: dict[str, Any] = json.loads((OUT / f"{args.name}.json").read_text())
-        (OUT / f"{args.name}.md").write_text(report(saved))
-        plot(saved, OUT / f"{args.name}.png")
+        save_results(args.name, None, report, plot)
         return
 
     from tqdm.auto import tqdm
@@ -270,10 +268,7 @@ def main(argv: list[str] | None = None) -> None:
         "summary": summarise(trials),
         "load_average": {"start": load_start, "end": os.getloadavg()},
     }
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / f"{args.name}.json").write_text(json.dumps(result, indent=2))
-    (OUT / f"{args.name}.md").write_text(report(result))
-    plot(result, OUT / f"{args.name}.png")
+    save_results(args.name, result, report, plot)
     print(report(result))
 
 

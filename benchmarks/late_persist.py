@@ -52,7 +52,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from latency import (
     BASE_TIME,
-    OUT,
     VectorBank,
     command_line,
     machine,
@@ -60,6 +59,7 @@ from latency import (
     make_turns,
     real_embedder,
     render,
+    save_results,
 )
 
 TARGET = "target-user"
@@ -219,9 +219,7 @@ def main(argv: list[str] | None = None) -> None:
         child(Path(args.child_store), args.child, args)
         return
     if args.report_only:
-        saved: dict[str, Any] = json.loads((OUT / f"{args.name}.json").read_text())
-        (OUT / f"{args.name}.md").write_text(report(saved))
-        plot(saved, OUT / f"{args.name}.png")
+        save_results(args.name, None, report, plot)
         return
 
     from tqdm.auto import tqdm
@@ -334,10 +332,7 @@ def main(argv: list[str] | None = None) -> None:
         if kept is None:
             shutil.rmtree(work, ignore_errors=True)
     result["load_average"] = {"start": load_start, "end": os.getloadavg()}
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / f"{args.name}.json").write_text(json.dumps(result, indent=2))
-    (OUT / f"{args.name}.md").write_text(report(result))
-    plot(result, OUT / f"{args.name}.png")
+    save_results(args.name, result, report, plot)
     print(report(result))
 
 

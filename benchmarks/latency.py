@@ -975,6 +975,26 @@ def machine() -> dict[str, Any]:
     }
 
 
+def save_results(
+    name: str,
+    result: dict[str, Any] | None,
+    report: Callable[[dict[str, Any]], str],
+    plot: Callable[[dict[str, Any], Path], None],
+) -> dict[str, Any]:
+    """Write ``OUT/<name>.json`` (unless ``result`` is ``None``: read it back) and its md/png.
+
+    ``None`` is ``--report-only``: the saved JSON is drawn again with today's report and plot.
+    """
+    OUT.mkdir(parents=True, exist_ok=True)
+    if result is None:
+        result = dict(json.loads((OUT / f"{name}.json").read_text()))
+    else:
+        (OUT / f"{name}.json").write_text(json.dumps(result, indent=2))
+    (OUT / f"{name}.md").write_text(report(result))
+    plot(result, OUT / f"{name}.png")
+    return result
+
+
 def command_line() -> str:
     """This process's command as results record it (``machine_info.nice_command_line``)."""
     from machine_info import nice_command_line, portable_path

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +87,7 @@ def test_a_run_on_a_kept_store_times_every_condition(
         memory.save([Turn("user", f"turn {i} about the cat and the garden")], Scope(bench.TARGET))
     memory.flush()
     memory.close()
-    monkeypatch.setattr(bench, "OUT", tmp_path / "out")
+    monkeypatch.setattr(sys.modules["latency"], "OUT", tmp_path / "out")  # save_results' folder
     monkeypatch.setattr(bench, "real_embedder", lambda threads: HashingEmbedder())
     monkeypatch.setattr(bench, "plot", lambda *a, **k: None)
     monkeypatch.setattr(late_interaction, "late_interaction_reranker", reranker)
