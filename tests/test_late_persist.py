@@ -415,11 +415,16 @@ def test_building_the_reranker_prepares_maxsim(monkeypatch: pytest.MonkeyPatch) 
     from memories_core.retrieval import maxsim as module
 
     monkeypatch.setitem(module._BLAS, "controller", None)
+    monkeypatch.setitem(module._BLAS, "prepared", False)  # as in a fresh process
     monkeypatch.setattr(module, "_SCRATCH", threading.local())
     LateInteractionReranker(FakeEncoder(), candidates=3, pool=10)
     assert module._BLAS["controller"] is not None  # found (or known missing) before a recall
     # This thread's buffers hold a full block of the bundled encoder's width already.
     assert module._SCRATCH.matrix.size >= module.BLOCK_COLUMNS * 384
+    # Once per process: a second reranker scores no synthetic block again.
+    monkeypatch.setattr(module, "_SCRATCH", threading.local())
+    LateInteractionReranker(FakeEncoder(), candidates=3, pool=10)
+    assert not hasattr(module._SCRATCH, "matrix")
 
 
 def test_stored_rows_are_checked() -> None:

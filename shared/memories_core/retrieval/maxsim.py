@@ -36,8 +36,12 @@ BLOCK_COLUMNS = 2048
 
 _BLAS_LOCK = threading.Lock()
 #: The threadpoolctl controller (found once; ``False`` when threadpoolctl is missing or
-#: fails), the limit in force and how many callers are inside :func:`one_blas_thread`.
-_BLAS: dict[str, Any] = {"controller": None, "limit": None, "inside": 0}
+#: fails), the limit in force, how many callers are inside :func:`one_blas_thread`, and
+#: whether :func:`prepare_maxsim` has scored its synthetic block in this process.
+_BLAS: dict[str, Any] = {"controller": None, "limit": None, "inside": 0, "prepared": False}
+#: Width of :func:`prepare_maxsim`'s synthetic block: the bundled encoder's (a narrower
+#: encoder's blocks fit in the buffers it leaves; a wider one grows them on first use).
+_PREPARE_DIM = 384
 
 
 def _controller() -> Any:
@@ -59,17 +63,20 @@ def prepare_maxsim() -> bool:
     Finds numpy's BLAS for :func:`one_blas_thread` (threadpoolctl reads the process's
     libraries) and scores one synthetic block of :data:`BLOCK_COLUMNS` zero tokens at the
     bundled encoder's 384 dimensions with a 32-token query: numpy's and the BLAS library's
-    first calls at that size, and this thread's buffers, are then made here. Measured in
-    fresh processes (torch and onnxruntime loaded) on a 250-record pool: this took 11-13 ms,
-    and the first score after it 4.2-5.4 ms, against 13.7-17.8 ms without it. The
-    late-interaction reranker calls this when it is built, with the model load, not in the
-    first recall.
+    first calls at that size, and this thread's buffers, are then made here, once per
+    process (a later call only answers). Measured in fresh processes (torch and onnxruntime
+    loaded) on a 250-record pool: this took 11-13 ms, and the first score after it 4.2-5.4
+    ms, against 13.7-17.8 ms without it. The late-interaction reranker calls this when it
+    is built, with the model load, not in the first recall.
     """
     with _BLAS_LOCK:
         found = _controller() is not False
-    block = np.zeros((BLOCK_COLUMNS, 384), dtype=np.int8)
+        if _BLAS["prepared"]:
+            return found
+        _BLAS["prepared"] = True
+    block = np.zeros((BLOCK_COLUMNS, _PREPARE_DIM), dtype=np.int8)
     maxsim_pool(
-        np.zeros((32, 384), dtype=np.float32),
+        np.zeros((32, _PREPARE_DIM), dtype=np.float32),
         [TokenVectors("warm", "0" * 32, "0" * 32, block, 1.0)],
     )
     return found
@@ -132,7 +139,8 @@ def maxsim_pool(
 
 _SCRATCH = threading.local()
 #: Floats a thread's buffer may keep (16 MB); a larger request (a record of thousands of
-#: tokens) gets an array of its own, freed after the block.
+#: tokens) gets an array of its own, freed after the block. A bound on memory, not a tuned
+#: value: five times a full block's matrix at 384 dimensions.
 _KEEP_FLOATS = 4 * 2**20
 
 
