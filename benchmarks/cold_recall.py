@@ -4,7 +4,7 @@
 out (this one does after about a minute) that one call mostly measures the disk. This
 script opens a kept late-interaction store (``late_persist.py --keep-store DIR`` builds one
 in ``DIR/late``) again and again in one process, with both models loaded beforehand, and
-times each reopen's first recall and the ten recalls after it. Each trial runs three
+times each reopen's first recall and the ten recalls after it. Each trial runs four
 conditions, in this order:
 
 * ``disk``: every file of the store is dropped from the page cache first
@@ -89,22 +89,34 @@ def timed_recalls(memory: Any, asked: list[str], *, prefetch: bool = False) -> d
     return row
 
 
-def child(folder: Path, asked: list[str], args: argparse.Namespace) -> dict[str, Any]:
-    """A new process's reopen: load both models, open the store, time its recalls."""
-    from memories_core import HistoryMemory
-    from memories_core.retrieval.late_interaction import (
-        late_interaction_pipeline,
-        late_interaction_reranker,
-    )
+def load_models(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The query embedder and the late-interaction reranker, both models loaded."""
+    from memories_core.retrieval.late_interaction import late_interaction_reranker
 
     embedder = real_embedder(args.torch_threads)
     reranker = late_interaction_reranker(cache_bytes=64 * 2**20)
-    reranker.encoder.encode_query("load the model")
+    reranker.encoder.encode_query("load the model")  # models loaded, nothing of the store
+    return embedder, reranker
+
+
+def reopened(
+    folder: Path, embedder: Any, reranker: Any, asked: list[str], *, prefetch: bool = False
+) -> dict[str, Any]:
+    """Open the store with an empty reranker cache and time the open and the recalls."""
+    from memories_core import HistoryMemory
+    from memories_core.retrieval.late_interaction import late_interaction_pipeline
+
+    reranker.cache.clear()
     opened = time.perf_counter()
     pipeline = late_interaction_pipeline(reranker=reranker)
     memory = HistoryMemory(path=folder, embedder=embedder, pipeline=pipeline)
     open_ms = round(1000 * (time.perf_counter() - opened), 1)
-    return {"open_ms": open_ms} | timed_recalls(memory, asked)
+    return {"open_ms": open_ms} | timed_recalls(memory, asked, prefetch=prefetch)
+
+
+def child(folder: Path, asked: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    """A new process's reopen: load both models, open the store, time its recalls."""
+    return reopened(folder, *load_models(args), asked)
 
 
 def new_process(args: argparse.Namespace, first: int) -> dict[str, Any]:
@@ -216,10 +228,6 @@ def main(argv: list[str] | None = None) -> None:
     from tqdm.auto import tqdm
 
     from memories_core import HistoryMemory
-    from memories_core.retrieval.late_interaction import (
-        late_interaction_pipeline,
-        late_interaction_reranker,
-    )
 
     folder = Path(args.store) / "late"
     if not (folder / "records.sqlite3").is_file():
@@ -230,34 +238,26 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(child(folder, queries[args.child : args.child + per_condition], args)))
         return
     load_start = os.getloadavg()
-    embedder = real_embedder(args.torch_threads)
-    reranker = late_interaction_reranker(cache_bytes=64 * 2**20)
-    reranker.encoder.encode_query("load the model")  # models loaded, nothing of the store
+    embedder, reranker = load_models(args)
 
-    def run(condition: str, asked: list[str]) -> dict[str, Any]:
-        """One reopen under ``condition``, asking ``asked``: its timings."""
+    def run(condition: str, first: int) -> dict[str, Any]:
+        """One reopen under ``condition``, asking the queries from index ``first``."""
         if condition == "new process":
-            return new_process(args, queries.index(asked[0]))
+            return new_process(args, first)
         if condition.startswith("disk"):
             drop_cached(folder)
-        reranker.cache.clear()
-        opened = time.perf_counter()
-        pipeline = late_interaction_pipeline(reranker=reranker)
-        memory = HistoryMemory(path=folder, embedder=embedder, pipeline=pipeline)
-        open_ms = round(1000 * (time.perf_counter() - opened), 1)
+        asked = queries[first : first + per_condition]
         prefetch = condition.endswith("prefetch")
-        return {"open_ms": open_ms} | timed_recalls(memory, asked, prefetch=prefetch)
+        return reopened(folder, embedder, reranker, asked, prefetch=prefetch)
 
     with HistoryMemory(path=folder, embedder=embedder) as counting:
         records = len(counting.engine.records(TARGET))
     trials: list[dict[str, Any]] = []
-    next_query = 0
-    for _ in tqdm(range(args.trials), desc="trials"):
+    for number in tqdm(range(args.trials), desc="trials"):
         trial: dict[str, Any] = {}
-        for condition in CONDITIONS:
-            asked = queries[next_query : next_query + per_condition]
-            next_query += per_condition
-            trial[condition] = run(condition, asked)
+        for position, condition in enumerate(CONDITIONS):
+            first = (number * len(CONDITIONS) + position) * per_condition
+            trial[condition] = run(condition, first)
         trials.append(trial)
     result: dict[str, Any] = {
         "command": command_line(),
