@@ -1,4 +1,4 @@
-"""Late-interaction token vectors kept with the records: ingest, disk, cold and warm recall.
+"""Late-interaction token vectors kept with the records: ingest, disk and warm recall.
 
 One user saves N synthetic dialogue turns (``latency.py``'s generator, 2 turns per
 ``save``) into ``HistoryMemory(path=..., pipeline=late_interaction_pipeline())``: SQLite +
@@ -11,18 +11,12 @@ background derivation. Measured:
   differ by the token vectors only;
 * disk: the SQLite file's bytes per record with and without vectors, and the stored int8
   payload per record;
-* reopen: the memory is closed and opened again (a new reranker, empty cache) and the first
-  recall is timed, with the models loaded beforehand (``cold``) and, separately, the very
-  first call that also loads them, and the first recall of the first stage alone after a
-  reopen (what the store's reopen costs without the late stage), and after one more reopen
-  ``prefetch(user)`` (what an app calls when a user signs in) and the first recall after it;
-* a new process: a fresh interpreter opens the store (Chroma reads the user's graph from
-  disk, SQLite starts cold), loads both models, and times its first recall and then ten more
-  (their p50 shows how long a new process stays slower than a long-running one: at 100k,
-  all ten); a second one calls ``prefetch`` first;
-* recall p50 over the queries, interleaved per query: the default pipeline, the late
-  pipeline (vectors from its cache or the store), and the late pipeline with no cache
-  (every recall reads its pool's vectors from SQLite). Every recall embeds its query.
+* the first recall after a reopen is ``cold_recall.py``'s, on stores kept here with
+  ``--keep-store`` (several reopens per condition: one call per run, as this script timed
+  it before, mostly measured the disk on a machine that pages idle files out);
+* recall p50 over the queries, interleaved per query: the default pipeline and the late
+  pipeline (its pool's vectors read from SQLite with their links; the cache does not front
+  such a store). Every recall embeds its query.
 
     nice -n 15 python benchmarks/late_persist.py --size 10000 --queries 100
     nice -n 15 python benchmarks/late_persist.py --size 300 --queries 10 --name _late_dev
@@ -127,72 +121,6 @@ def percentiles(samples: list[float]) -> dict[str, float]:
     }
 
 
-def timed(call: Callable[[], Any]) -> float:
-    start = time.perf_counter()
-    call()
-    return time.perf_counter() - start
-
-
-def new_process(folder: Path, mode: str, args: argparse.Namespace) -> dict[str, float]:
-    """Run the cold recall in a fresh interpreter (``--child``) and return its figures."""
-    import subprocess
-
-    command = [
-        sys.executable,
-        str(Path(__file__).resolve()),
-        "--child",
-        mode,
-        "--child-store",
-        str(folder),
-        "--queries",
-        str(args.queries),
-        "--seed",
-        str(args.seed),
-        "--torch-threads",
-        str(args.torch_threads),
-        "--query-runtime",
-        args.query_runtime,
-    ]
-    done = subprocess.run(command, check=True, capture_output=True, text=True)
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
-
-
-def child(folder: Path, mode: str, args: argparse.Namespace) -> None:
-    """A new process's first recall on a kept store: prints one JSON line."""
-    from memories_core import HistoryMemory, Scope
-    from memories_core.retrieval.late_interaction import (
-        late_interaction_pipeline,
-        late_interaction_reranker,
-    )
-
-    queries = make_queries(args.queries + 2, args.seed + 1)
-    embedder = real_embedder(args.torch_threads, args.query_runtime)
-    embedder.embed_query("load the model")
-    reranker = late_interaction_reranker(cache_bytes=64 * 2**20)
-    reranker.encoder.encode_query("load the model")  # models loaded, nothing of the store
-    scope = Scope(TARGET)
-    opened = time.perf_counter()
-    memory = HistoryMemory(
-        path=folder, embedder=embedder, pipeline=late_interaction_pipeline(reranker=reranker)
-    )
-    figures: dict[str, float] = {"open_ms": round(1000 * (time.perf_counter() - opened), 1)}
-    if mode == "prefetch":
-        figures["prefetch_ms"] = round(
-            1000 * timed(lambda: memory.prefetch(TARGET, progress=False)), 1
-        )
-    figures["first_recall_ms"] = round(
-        1000 * timed(lambda: memory.recall(queries[1], scope, k=5)), 1
-    )
-    later = []
-    for query in queries[2:12]:
-        start = time.perf_counter()
-        memory.recall(query, scope, k=5)
-        later.append(time.perf_counter() - start)
-    figures["next_10_p50_ms"] = percentiles(later)["p50_ms"]
-    memory.close()
-    print(json.dumps(figures))
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size", type=int, default=10_000)
@@ -212,12 +140,7 @@ def main(argv: list[str] | None = None) -> None:
         "(their ingest figures are reused) instead of ingesting",
     )
     parser.add_argument("--report-only", action="store_true", help="redo md/png from the JSON")
-    parser.add_argument("--child", choices=("cold", "prefetch"), help=argparse.SUPPRESS)
-    parser.add_argument("--child-store", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.child:
-        child(Path(args.child_store), args.child, args)
-        return
     if args.report_only:
         save_results(args.name, None, report, plot)
         return
@@ -225,7 +148,6 @@ def main(argv: list[str] | None = None) -> None:
     from tqdm.auto import tqdm
 
     from memories_core import HistoryMemory, Scope
-    from memories_core.retrieval import Pipeline
     from memories_core.retrieval.hybrid import FusionConfig
     from memories_core.retrieval.late_interaction import (
         late_interaction_pipeline,
@@ -269,65 +191,28 @@ def main(argv: list[str] | None = None) -> None:
                 record = {"shape": shape, "command": result["command"], "ingest": result["ingest"]}
                 built.write_text(json.dumps(record, indent=2))
 
-        # -- reopen: a new process's view (new reranker, empty cache)
-        def opened(cache_bytes: int) -> tuple[HistoryMemory, Any]:
-            reranker = late_interaction_reranker(cache_bytes=cache_bytes)
-            pipeline = late_interaction_pipeline(reranker=reranker)
-            return HistoryMemory(path=work / "late", embedder=bank, pipeline=pipeline), reranker
-
-        memory, reranker = opened(64 * 2**20)
+        reranker = late_interaction_reranker(cache_bytes=64 * 2**20)
+        reranker.encoder.encode_query("load the model")
+        pipeline = late_interaction_pipeline(reranker=reranker)
+        memory = HistoryMemory(path=work / "late", embedder=bank, pipeline=pipeline)
         scope = Scope(TARGET)
-        first_with_load = timed(lambda: memory.recall(queries[0], scope, k=5))
-        memory.close()
-        # The store's own reopen cost: the first stage alone, first recall after a reopen.
-        plain_memory = HistoryMemory(path=work / "late", embedder=bank, pipeline=Pipeline())
-        cold_first_stage = timed(lambda: plain_memory.recall(queries[1], scope, k=5))
-        plain_memory.close()
-        memory, reranker = opened(64 * 2**20)
-        reranker.encoder.encode_query("load the model")  # models loaded, nothing cached
-        cold = timed(lambda: memory.recall(queries[1], scope, k=5))
-        encoded_after_reopen = reranker.cache.misses
         default = FusionConfig().pipeline()
-        store_only_reranker = late_interaction_reranker(cache_bytes=1)
-        store_only = late_interaction_pipeline(reranker=store_only_reranker)
-        store_only_reranker.encoder.encode_query("load the model")
         calls: dict[str, Callable[[str], Any]] = {
             "default pipeline": lambda q: memory.engine.search(
                 q, TARGET, k=5, kinds=["turn"], pipeline=default
             ),
             "late_interaction_pipeline() (cache + store)": lambda q: memory.recall(q, scope, k=5),
-            "late_interaction_pipeline(), no cache (store only)": lambda q: memory.engine.search(
-                q, TARGET, k=5, kinds=["turn"], pipeline=store_only
-            ),
         }
+        for query in queries[:2]:  # the first recalls after the open: cold_recall.py's part
+            memory.recall(query, scope, k=5)
         samples: dict[str, list[float]] = {name: [] for name in calls}
         for query in tqdm(queries[2:], desc="recalls"):
             for name, call in calls.items():
                 start = time.perf_counter()
                 call(query)
                 samples[name].append(time.perf_counter() - start)
-        warm = {name: percentiles(s) for name, s in samples.items()}
+        result["recall"] = {name: percentiles(s) for name, s in samples.items()}
         memory.close()
-        # A user prefetched at sign-in: the index loads the user's collection first.
-        memory, reranker = opened(64 * 2**20)
-        reranker.encoder.encode_query("load the model")
-        prefetch_s = timed(lambda: memory.prefetch(TARGET, progress=False))
-        after_prefetch = timed(lambda: memory.recall(queries[1], scope, k=5))
-        result["reopen"] = {
-            "first_recall_with_model_load_ms": round(1000 * first_with_load, 1),
-            "cold_first_recall_ms": round(1000 * cold, 1),
-            "cold_first_stage_ms": round(1000 * cold_first_stage, 1),
-            "warm_p50_ms": warm["late_interaction_pipeline() (cache + store)"]["p50_ms"],
-            "cache_misses_of_first_recall": encoded_after_reopen,
-            "prefetch_ms": round(1000 * prefetch_s, 1),
-            "first_recall_after_prefetch_ms": round(1000 * after_prefetch, 1),
-        }
-        result["recall"] = warm
-        memory.close()
-        # A new process: nothing of the store is loaded (what a restarted server sees).
-        result["new_process"] = {
-            mode: new_process(work / "late", mode, args) for mode in ("cold", "prefetch")
-        }
     finally:
         if kept is None:
             shutil.rmtree(work, ignore_errors=True)
@@ -362,27 +247,9 @@ def report(result: dict[str, Any]) -> str:
             f"| {name} | {row['turns']} | {row['turns_per_s']} | {row['save_returns_s']} | "
             f"{row['disk_bytes_per_record']:,} | {row['payload_bytes_per_record']:,} |"
         )
-    reopen = result["reopen"]
+    lines += reopen_rows(result.get("reopen"))
+    lines += new_process_rows(result.get("new_process"))
     lines += [
-        "",
-        "| after reopen | ms |",
-        "| --- | ---: |",
-        f"| first recall, models loaded, empty cache (cold) | {reopen['cold_first_recall_ms']} |",
-        f"| warm recall p50 | {reopen['warm_p50_ms']} |",
-        f"| first recall of the first stage alone (the store's reopen) | "
-        f"{reopen.get('cold_first_stage_ms', 'not measured')} |",
-        f"| very first recall, loading both models | {reopen['first_recall_with_model_load_ms']} |",
-        *(
-            [
-                f"| `prefetch(user)` after a reopen (loads the user's collection) | "
-                f"{reopen['prefetch_ms']} |",
-                "| first recall after that prefetch | "
-                f"{reopen['first_recall_after_prefetch_ms']} |",
-            ]
-            if "prefetch_ms" in reopen
-            else []
-        ),
-        *new_process_rows(result.get("new_process")),
         "",
         "| recall (query embedding included) | p50 ms | p95 ms | mean ms |",
         "| --- | ---: | ---: | ---: |",
@@ -390,6 +257,32 @@ def report(result: dict[str, Any]) -> str:
     for name, row in result["recall"].items():
         lines.append(f"| {name} | {row['p50_ms']} | {row['p95_ms']} | {row['mean_ms']} |")
     return "\n".join(lines) + "\n"
+
+
+def reopen_rows(reopen: dict[str, Any] | None) -> list[str]:
+    """The one-call reopen table of results made before ``cold_recall.py`` took it over."""
+    if not reopen:
+        return []
+    prefetched = (
+        [
+            "| `prefetch(user)` after a reopen (loads the user's collection) | "
+            f"{reopen['prefetch_ms']} |",
+            f"| first recall after that prefetch | {reopen['first_recall_after_prefetch_ms']} |",
+        ]
+        if "prefetch_ms" in reopen
+        else []
+    )
+    return [
+        "",
+        "| after reopen | ms |",
+        "| --- | ---: |",
+        f"| first recall, models loaded, empty cache (cold) | {reopen['cold_first_recall_ms']} |",
+        f"| warm recall p50 | {reopen['warm_p50_ms']} |",
+        "| first recall of the first stage alone (the store's reopen) | "
+        f"{reopen.get('cold_first_stage_ms', 'not measured')} |",
+        f"| very first recall, loading both models | {reopen['first_recall_with_model_load_ms']} |",
+        *prefetched,
+    ]
 
 
 def new_process_rows(figures: dict[str, dict[str, float]] | None) -> list[str]:
@@ -421,8 +314,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
         return
     names = list(result["recall"])
     values = [result["recall"][n]["p50_ms"] for n in names]
-    names += ["cold first recall after reopen"]
-    values += [result["reopen"]["cold_first_recall_ms"]]
+    if "reopen" in result:  # outputs from before cold_recall.py
+        names += ["cold first recall after reopen"]
+        values += [result["reopen"]["cold_first_recall_ms"]]
     fig, ax = plt.subplots(figsize=(8, 3))
     ax.barh(names, values, color="#4477aa")
     ax.set_xlabel("ms (p50; the cold recall is one call)")
