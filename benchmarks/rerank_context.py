@@ -44,7 +44,11 @@ from tqdm import tqdm
 
 from memories_core.evaluation import load_locomo
 from memories_core.retrieval import Pipeline, RecallRequest
-from memories_core.retrieval.cross_encoder import OnnxCrossEncoder, cross_encoder_reranker
+from memories_core.retrieval.cross_encoder import (
+    OnnxCrossEncoder,
+    cross_encoder_reranker,
+    pair_text,
+)
 
 FIELDS = ("alone", "context")
 CANDIDATES = (10, 20, 30)
@@ -79,7 +83,7 @@ def score_questions(
         alone = scorer(qa.question, [text[sample_id][i] for i in head])
         paired = scorer(
             qa.question,
-            [(previous.get((sample_id, i), "") + " " + text[sample_id][i]).strip() for i in head],
+            [pair_text(previous.get((sample_id, i)) or None, text[sample_id][i]) for i in head],
         )
         rows.append(
             {

@@ -65,6 +65,7 @@ from memories_core.retrieval.cross_encoder import (
     blend_head,
     cross_encoder_reranker,
 )
+from memories_core.retrieval.cross_encoder import pair_text as context_text
 from memories_core.retrieval.keys import KeyedBackend
 from memories_core.retrieval.late_interaction import (
     LateInteractionReranker,
@@ -143,7 +144,7 @@ def pair_text(stage: dict[str, Any], sid: str, item: str, context: bool) -> str:
     """The text a candidate is scored with (the rerankers' ``context`` rule on LoCoMo)."""
     own: str = stage["text"][sid][item]
     before = stage["prev"].get((sid, item)) if context else None
-    return f"{before} {own}" if before else own
+    return context_text(before or None, own)  # the library's rule for a record in context
 
 
 def late_scores(args: argparse.Namespace, stage: dict[str, Any]) -> dict[str, list[list[float]]]:
