@@ -8,8 +8,10 @@ temporal boost); ``--first-stage best`` uses the strongest LLM-free first stage 
 max). The top 30 of each question's ranking are re-scored:
 
 * late interaction (:mod:`memories_core.retrieval.late_interaction`): the bundled
-  answerai-colbert-small-v1 INT8 ONNX, MaxSim over L2-normalised 384-dim hidden states,
-  with and without ColBERT's ``[Q]``/``[D]`` markers and query ``[MASK]`` augmentation,
+  answerai-colbert-small-v1 INT8 ONNX, MaxSim over its L2-normalised hidden states projected
+  onto their first ``--late-dim`` principal directions (the library's default 128; 384: the
+  hidden states as they are; ``fit_late_basis.py``), with and without ColBERT's
+  ``[Q]``/``[D]`` markers and query ``[MASK]`` augmentation,
   each turn alone or after the turn before it; every question with evidence;
 * the cross-encoder (:mod:`memories_core.retrieval.cross_encoder`), context pairs, at 64
   and 96 word pieces, on every third question (``--ce-every``; it is the slow one).
@@ -67,6 +69,7 @@ from memories_core.retrieval.cross_encoder import (
 )
 from memories_core.retrieval.cross_encoder import pair_text as context_text
 from memories_core.retrieval.keys import KeyedBackend
+from memories_core.retrieval.late_encoder import BUNDLED_HIDDEN_DIM, DEFAULT_LATE_DIM
 from memories_core.retrieval.late_interaction import (
     LateInteractionReranker,
     OnnxLateInteractionEncoder,
@@ -154,11 +157,17 @@ def late_scores(args: argparse.Namespace, stage: dict[str, Any]) -> dict[str, li
     cache = args.out / "cache" / f"rerank_late_scores_{args.first_stage}{deep}{suffix}.json"
     found: dict[str, list[list[float]]] = json.loads(cache.read_text()) if cache.exists() else {}
     rows = stage["rows"]
+    # Scores at the full 384 dimensions keep the keys they were cached under before --late-dim.
+    width = "" if args.late_dim == BUNDLED_HIDDEN_DIM else f" dim={args.late_dim}"
+    wanted = []
     for markers, augment in args.late_variants:
-        encoder = OnnxLateInteractionEncoder(markers=markers, augment=augment, threads=1)
+        encoder = OnnxLateInteractionEncoder(
+            markers=markers, augment=augment, threads=1, dim=args.late_dim
+        )
         docs: dict[str, npt.NDArray[np.float32]] = {}
         for context in (False, True):
-            key = f"markers={markers} augment={augment} context={context}"
+            key = f"markers={markers} augment={augment} context={context}{width}"
+            wanted.append(key)
             if key in found:
                 continue
             values = []
@@ -173,7 +182,7 @@ def late_scores(args: argparse.Namespace, stage: dict[str, Any]) -> dict[str, li
                 values.append(scores)
             found[key] = values
             cache.write_text(json.dumps(found))
-    return found
+    return {key: found[key] for key in wanted}
 
 
 def ce_scores(args: argparse.Namespace, stage: dict[str, Any]) -> dict[str, dict[int, list[float]]]:
@@ -368,7 +377,9 @@ def timing(
         inner = backends[sid]
         return KeyedBackend(inner) if keys else inner
 
-    late = OnnxLateInteractionEncoder(markers=args.late_markers, augment=args.late_augment)
+    late = OnnxLateInteractionEncoder(
+        markers=args.late_markers, augment=args.late_augment, dim=args.late_dim
+    )
     settings: list[tuple[str, Callable[[], Pipeline], bool]] = [
         ("first stage only", lambda: base, False)
     ]
@@ -596,6 +607,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--late-markers", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--late-augment", action=argparse.BooleanOptionalAction, default=False)
+    parser.add_argument(
+        "--late-dim",
+        type=int,
+        default=DEFAULT_LATE_DIM,
+        help="width of the token vectors: the bundled model's first principal directions "
+        f"(384: unprojected; default {DEFAULT_LATE_DIM})",
+    )
     parser.add_argument(
         "--ce-timing",
         type=parse_ce_timing,

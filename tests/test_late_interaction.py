@@ -16,6 +16,7 @@ from memories_core.embedders import HashingEmbedder
 from memories_core.errors import ConfigurationError, InvalidInputError, MissingExtraError
 from memories_core.retrieval import Pipeline, RecallRequest
 from memories_core.retrieval.cross_encoder import CrossEncoderModelMissing
+from memories_core.retrieval.late_encoder import DEFAULT_LATE_DIM
 from memories_core.retrieval.late_interaction import (
     DEFAULT_LATE_DEPTH,
     LateInteractionReranker,
@@ -348,7 +349,7 @@ def test_bundled_colbert_scores_the_answer_highest_and_is_deterministic() -> Non
         "Bo: thanks, see you soon!",
     ]
     rows = [encoder.encode_document(t) for t in texts]
-    assert all(r.shape[1] == 384 for r in rows)
+    assert all(r.shape[1] == DEFAULT_LATE_DIM for r in rows)
     assert np.allclose(np.linalg.norm(rows[1], axis=1), 1.0, atol=1e-4)
     values = [maxsim(query, r) for r in rows]
     assert max(range(3), key=values.__getitem__) == 1

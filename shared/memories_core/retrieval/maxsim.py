@@ -39,9 +39,10 @@ _BLAS_LOCK = threading.Lock()
 #: fails), the limit in force, how many callers are inside :func:`one_blas_thread`, and
 #: whether :func:`prepare_maxsim` has scored its synthetic block in this process.
 _BLAS: dict[str, Any] = {"controller": None, "limit": None, "inside": 0, "prepared": False}
-#: Width of :func:`prepare_maxsim`'s synthetic block: the bundled encoder's (a narrower
-#: encoder's blocks fit in the buffers it leaves; a wider one grows them on first use).
-_PREPARE_DIM = 384
+#: Width of :func:`prepare_maxsim`'s synthetic block: the bundled encoder's default
+#: (``DEFAULT_LATE_DIM``; a narrower encoder's blocks fit in the buffers it leaves, a wider
+#: one grows them on first use).
+_PREPARE_DIM = 128
 
 
 def _controller() -> Any:
