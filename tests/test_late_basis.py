@@ -101,3 +101,20 @@ def test_bundled_vectors_are_the_unit_hidden_states_projected_and_normalised_aga
     query = narrow.encode_query("What is the name of Ana's cat?")
     assert query.shape[1] == DEFAULT_LATE_DIM
     assert np.allclose(np.linalg.norm(query, axis=1), 1.0, atol=1e-4)
+
+
+def test_a_missing_basis_is_found_before_a_default_is_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_basis: None
+) -> None:
+    from memories_core.retrieval.late_interaction import (
+        late_interaction_installed,
+        late_interaction_reranker,
+    )
+
+    installed = late_interaction_installed()
+    monkeypatch.setattr(late_encoder, "_BASIS_FILE", tmp_path / "missing.npy")
+    # A broken install is not "installed": the default pipeline keeps the first stage ...
+    assert late_interaction_installed() is False
+    if installed:  # ... and an explicit build says why, before any recall
+        with pytest.raises(ConfigurationError, match="basis"):
+            late_interaction_reranker()

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BUNDLED_COLBERT_NAME",
+    "BUNDLED_HIDDEN_DIM",
     "DEFAULT_LATE_DIM",
     "DEFAULT_LATE_MARKERS",
     "LateInteractionEncoder",

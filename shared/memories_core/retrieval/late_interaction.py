@@ -84,6 +84,7 @@ import numpy as np
 import numpy.typing as npt
 
 from memories_core.errors import ConfigurationError, MemoriesError
+from memories_core.retrieval import late_encoder
 from memories_core.retrieval.context import DEFAULT_CONTEXT_GAP
 from memories_core.retrieval.cross_encoder import (
     _positive_int,
@@ -96,9 +97,12 @@ from memories_core.retrieval.cross_encoder import (
 from memories_core.retrieval.fusion import Ranking
 from memories_core.retrieval.late_encoder import (
     BUNDLED_COLBERT_NAME,
+    BUNDLED_HIDDEN_DIM,
+    DEFAULT_LATE_DIM,
     DEFAULT_LATE_MARKERS,
     LateInteractionEncoder,
     OnnxLateInteractionEncoder,
+    bundled_basis,
     bundled_colbert_dir,
 )
 from memories_core.retrieval.maxsim import maxsim, maxsim_pool, prepare_maxsim
@@ -120,9 +124,11 @@ from memories_core.types import MemoryRecord
 
 __all__ = [
     "BUNDLED_COLBERT_NAME",
+    "BUNDLED_HIDDEN_DIM",
     "DEFAULT_LATE_CANDIDATES",
     "DEFAULT_LATE_CONTEXT",
     "DEFAULT_LATE_DEPTH",
+    "DEFAULT_LATE_DIM",
     "DEFAULT_LATE_MARKERS",
     "DEFAULT_LATE_POOL",
     "DEFAULT_LATE_WEIGHT",
@@ -132,6 +138,7 @@ __all__ = [
     "LateInteractionReranker",
     "OnnxLateInteractionEncoder",
     "TokenVectorCache",
+    "bundled_basis",
     "bundled_colbert_dir",
     "default_turn_pipeline",
     "late_interaction_installed",
@@ -664,10 +671,13 @@ def late_interaction_reranker(
     Raises:
         CrossEncoderModelMissing: if ``encoder`` is ``None`` and the bundled files are
             missing (checked now, not at the first recall).
+        ConfigurationError: if ``encoder`` is ``None`` and the package's projection basis
+            is missing or damaged (:func:`bundled_basis`).
         MissingExtraError: if ``encoder`` is ``None`` and onnxruntime or tokenizers is missing.
     """
     if encoder is None:
         bundled_colbert_dir()
+        bundled_basis()
         for package in _RUNTIME:
             require_rerank_extra(package)
         encoder = OnnxLateInteractionEncoder(threads=threads)
@@ -734,6 +744,8 @@ def late_interaction_installed() -> bool:
     try:
         bundled_colbert_dir()
     except MemoriesError:
+        return False
+    if not late_encoder._BASIS_FILE.is_file():  # the package's projection basis
         return False
     return all(importlib.util.find_spec(name) for name in _RUNTIME)
 
