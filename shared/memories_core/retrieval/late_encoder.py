@@ -48,6 +48,7 @@ __all__ = [
     "LateInteractionEncoder",
     "OnnxLateInteractionEncoder",
     "bundled_basis",
+    "bundled_basis_path",
     "bundled_colbert_dir",
 ]
 
@@ -81,6 +82,11 @@ def bundled_colbert_dir() -> Path:
     return find_bundled_onnx(_FOLDER, "late-interaction model (answerai-colbert-small-v1)")
 
 
+def bundled_basis_path() -> Path:
+    """Where the package keeps the bundled model's projection basis (see :func:`bundled_basis`)."""
+    return _BASIS_FILE
+
+
 @functools.lru_cache(maxsize=1)
 def bundled_basis() -> npt.NDArray[np.float32]:
     """The principal directions of the bundled model's unit token vectors, strongest first.
@@ -92,11 +98,12 @@ def bundled_basis() -> npt.NDArray[np.float32]:
     Raises:
         ConfigurationError: if the package's basis file is missing or damaged.
     """
+    path = bundled_basis_path()
     try:
-        basis = np.load(_BASIS_FILE, allow_pickle=False)
+        basis = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as exc:
         raise ConfigurationError(
-            f"the late-interaction basis {_BASIS_FILE.name} is missing or unreadable: "
+            f"the late-interaction basis {path.name} is missing or unreadable: "
             "reinstall llm-memories, or pass dim=384 for the unprojected vectors"
         ) from exc
     shape = (BUNDLED_HIDDEN_DIM, BUNDLED_HIDDEN_DIM)
@@ -108,7 +115,7 @@ def bundled_basis() -> npt.NDArray[np.float32]:
         or not np.allclose(basis.T @ basis, np.eye(shape[0]), atol=1e-3)
     ):
         raise ConfigurationError(
-            f"the late-interaction basis {_BASIS_FILE.name} is damaged (expected an "
+            f"the late-interaction basis {path.name} is damaged (expected an "
             f"orthonormal float32 {shape} matrix): reinstall llm-memories"
         )
     basis.setflags(write=False)

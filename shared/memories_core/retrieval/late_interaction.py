@@ -84,7 +84,6 @@ import numpy as np
 import numpy.typing as npt
 
 from memories_core.errors import ConfigurationError, MemoriesError
-from memories_core.retrieval import late_encoder
 from memories_core.retrieval.context import DEFAULT_CONTEXT_GAP
 from memories_core.retrieval.cross_encoder import (
     _positive_int,
@@ -103,6 +102,7 @@ from memories_core.retrieval.late_encoder import (
     LateInteractionEncoder,
     OnnxLateInteractionEncoder,
     bundled_basis,
+    bundled_basis_path,
     bundled_colbert_dir,
 )
 from memories_core.retrieval.maxsim import maxsim, maxsim_pool, prepare_maxsim
@@ -745,7 +745,7 @@ def late_interaction_installed() -> bool:
         bundled_colbert_dir()
     except MemoriesError:
         return False
-    if not late_encoder._BASIS_FILE.is_file():  # the package's projection basis
+    if not bundled_basis_path().is_file():  # the package's projection basis
         return False
     return all(importlib.util.find_spec(name) for name in _RUNTIME)
 

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from memories_core.retrieval.late_encoder import DEFAULT_LATE_DIM
 from memories_core.token_vectors import TokenVectors
 
 logger = logging.getLogger(__name__)
@@ -40,10 +41,6 @@ _BLAS_LOCK = threading.Lock()
 #: fails), the limit in force, how many callers are inside :func:`one_blas_thread`, and
 #: whether :func:`prepare_maxsim` has scored its synthetic block in this process.
 _BLAS: dict[str, Any] = {"controller": None, "limit": None, "inside": 0, "prepared": False}
-#: Width of :func:`prepare_maxsim`'s synthetic block: the bundled encoder's default
-#: (``DEFAULT_LATE_DIM``; a narrower encoder's blocks fit in the buffers it leaves, a wider
-#: one grows them on first use).
-_PREPARE_DIM = 128
 
 
 def _controller() -> Any:
@@ -64,21 +61,23 @@ def prepare_maxsim() -> bool:
 
     Finds numpy's BLAS for :func:`one_blas_thread` (threadpoolctl reads the process's
     libraries) and scores one synthetic block of :data:`BLOCK_COLUMNS` zero tokens at the
-    bundled encoder's 384 dimensions with a 32-token query: numpy's and the BLAS library's
-    first calls at that size, and this thread's buffers, are then made here, once per
-    process (a later call only answers). Measured in fresh processes (torch and onnxruntime
-    loaded) on a 250-record pool: this took 11-13 ms, and the first score after it 4.2-5.4
-    ms, against 13.7-17.8 ms without it. The late-interaction reranker calls this when it
-    is built, with the model load, not in the first recall.
+    bundled encoder's default width (``DEFAULT_LATE_DIM``; a narrower encoder's blocks fit
+    in the buffers it leaves, a wider one grows them on first use) with a 32-token query:
+    numpy's and the BLAS library's first calls at that size, and this thread's buffers, are
+    then made here, once per process (a later call only answers). Measured in fresh
+    processes (torch and onnxruntime loaded) on a 250-record pool at 384 dimensions: this
+    took 11-13 ms, and the first score after it 4.2-5.4 ms, against 13.7-17.8 ms without
+    it. The late-interaction reranker calls this when it is built, with the model load, not
+    in the first recall.
     """
     with _BLAS_LOCK:
         found = _controller() is not False
         if _BLAS["prepared"]:
             return found
         _BLAS["prepared"] = True
-    block = np.zeros((BLOCK_COLUMNS, _PREPARE_DIM), dtype=np.int8)
+    block = np.zeros((BLOCK_COLUMNS, DEFAULT_LATE_DIM), dtype=np.int8)
     maxsim_pool(
-        np.zeros((32, _PREPARE_DIM), dtype=np.float32),
+        np.zeros((32, DEFAULT_LATE_DIM), dtype=np.float32),
         [TokenVectors("warm", "0" * 32, "0" * 32, block, 1.0)],
     )
     return found
@@ -149,10 +148,11 @@ _KEEP_FLOATS = 4 * 2**20
 def _scratch(name: str, size: int) -> npt.NDArray[np.float32]:
     """The first ``size`` floats of this thread's buffer ``name``, grown when too small.
 
-    A block's matrix and products are written into buffers each thread keeps (about 3 MB
-    at 384 dimensions), so that a recall does not allocate them anew: allocated per block,
-    they were page-faulted again on every recall over a new process's first ten recalls
-    (about 500 faults, MaxSim 11 ms against 4 later; blocks of 4,096 columns then).
+    A block's matrix and products are written into buffers each thread keeps (about 1 MB
+    at 128 dimensions, 3 MB at 384), so that a recall does not allocate them anew:
+    allocated per block, they were page-faulted again on every recall over a new process's
+    first ten recalls (about 500 faults, MaxSim 11 ms against 4 later; blocks of 4,096
+    columns then).
     """
     if size > _KEEP_FLOATS:
         return np.empty(size, dtype=np.float32)
