@@ -11,11 +11,11 @@ That export stops at the 384-dimension hidden states; the model's trained 384 ->
 projection (ColBERT §3.2, the linear layer after BERT) is not in it. In its place the
 bundled model's vectors are projected onto their first :data:`DEFAULT_LATE_DIM` principal
 directions, a basis fitted once on other dialogue corpora and shipped with this package
-(``data/colbert_small_basis.npy``; fitted by ``benchmarks/fit_late_basis.py`` on
-MemoryBank's and MemoChat's dialogues, none of LoCoMo), then normalised again. A third of
-the width costs no recall (LoCoMo dev, leave one conversation out, BENCHMARKS.md,
-"Token vectors at 128 dimensions") and makes a stored record, the pool read from disk and
-MaxSim a third as large.
+(``data/colbert_small_basis.npy``, fitted on MemoryBank's and MemoChat's dialogues, none
+of LoCoMo), then normalised again. A third of the width costs no recall (LoCoMo dev, leave
+one conversation out) and makes a stored record, the pool read from disk and MaxSim a third
+as large; BENCHMARKS.md, "Token vectors at 128 dimensions", gives the fit's command and
+the figures.
 """
 
 from __future__ import annotations
