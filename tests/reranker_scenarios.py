@@ -71,6 +71,38 @@ class FakeEncoder:
         return self._rows(text)
 
 
+#: Width of :class:`NarrowingEncoder`'s vectors.
+NARROW = 16
+
+
+def _unit(rows: npt.NDArray[np.floating]) -> npt.NDArray[np.float32]:
+    rows = np.asarray(rows, dtype=np.float32)
+    return rows / np.linalg.norm(rows, axis=1, keepdims=True)
+
+
+def narrow(rows: npt.NDArray[np.floating]) -> npt.NDArray[np.float32]:
+    """Unit rows cut to their first :data:`NARROW` values, unit again."""
+    return _unit(_unit(rows)[:, :NARROW])
+
+
+class NarrowingEncoder(FakeEncoder):
+    """:class:`FakeEncoder`'s vectors cut by :func:`narrow`: like the projecting ONNX
+    encoder, it derives its rows from stored rows of the encoder named ``source``."""
+
+    def __init__(self, name: str = "narrow", source: str = "wide") -> None:
+        super().__init__(name)
+        self.derives_from = source
+
+    def derive(self, vectors: npt.NDArray[np.floating]) -> npt.NDArray[np.float32]:
+        return narrow(vectors)
+
+    def encode_document(self, text: str) -> npt.NDArray[np.float32]:
+        return narrow(super().encode_document(text))
+
+    def encode_query(self, text: str) -> npt.NDArray[np.float32]:
+        return narrow(super().encode_query(text))
+
+
 def with_reranker(reranker: Any) -> Pipeline:
     """The default pipeline with ``reranker`` after its own rerankers."""
     base = Pipeline()

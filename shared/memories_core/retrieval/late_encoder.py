@@ -219,13 +219,53 @@ class OnnxLateInteractionEncoder:
     @property
     def name(self) -> str:
         """The model and the settings that change its vectors."""
+        return self._name(projected=self._projects)
+
+    def _name(self, *, projected: bool) -> str:
         model = BUNDLED_COLBERT_NAME if self._model_dir is None else f"onnx:{self._model_dir}"
-        if self._projects:  # the unprojected name stays that of the vectors stored before
+        if projected:  # the unprojected name stays that of the vectors stored before
             model += f" principal directions={self.dim}"
         return (
             f"{model} markers={self.markers} augment={self.augment} "
             f"lengths={self.query_length}/{self.document_length}"
         )
+
+    @property
+    def derives_from(self) -> str | None:
+        """The name of the vectors this encoder's own are derived from without the model.
+
+        A projecting encoder's vectors are the unprojected ones of the same settings (those
+        of ``dim=384``, which releases before the projection stored) projected by
+        :meth:`derive`, so a stored row of that name whose text still matches becomes a row
+        of this encoder in microseconds instead of a model pass. ``None`` when nothing
+        derives: this encoder does not project.
+        """
+        return self._name(projected=False) if self._projects else None
+
+    def derive(self, vectors: npt.NDArray[np.floating]) -> npt.NDArray[np.float32]:
+        """This encoder's token vectors from those named by :attr:`derives_from`.
+
+        The same steps as an encoding after the model's pass: unit rows (a stored row was
+        rounded to int8), projected onto the basis, unit again. Needs the basis only.
+
+        Raises:
+            ConfigurationError: if this encoder does not project (:attr:`derives_from` is
+                ``None``), or the rows are not ``(tokens, 384)``.
+        """
+        rows = np.asarray(vectors, dtype=np.float32)
+        if not self._projects or rows.ndim != 2 or rows.shape[1] != BUNDLED_HIDDEN_DIM:
+            raise ConfigurationError(
+                f"cannot derive {self.dim}-dimension vectors from shape {rows.shape}"
+            )
+        return l2_normalise(l2_normalise(rows) @ self._projection())
+
+    def _projection(self) -> npt.NDArray[np.float32]:
+        """The basis's first ``dim`` columns, loaded once (the model is not needed)."""
+        if self._basis is None:
+            with self._lock:
+                if self._basis is None:
+                    self._basis = np.ascontiguousarray(bundled_basis()[:, : self.dim])
+        return self._basis
 
     @property
     def _projects(self) -> bool:
@@ -240,7 +280,7 @@ class OnnxLateInteractionEncoder:
         with self._lock:
             if self._session is not None:
                 return
-            if self._projects:  # checked before the model loads: a broken install fails first
+            if self._projects and self._basis is None:  # a broken install fails first
                 self._basis = np.ascontiguousarray(bundled_basis()[:, : self.dim])
             loaded = load_onnx_encoder(
                 self.model_dir,

@@ -52,9 +52,11 @@ encoded, so:
 
 * an edited record (or an edited previous turn, with ``context``) has a new digest: its
   stale vectors are ignored, recomputed on the next recall that ranks it and overwritten;
-* vectors of another encoder are never read; after a model change
+* vectors of another encoder are never scored; after a model change
   :func:`~memories_core.retrieval.late_vectors.rebuild_token_vectors` re-encodes everyone,
-  with a progress bar;
+  with a progress bar. The one exception is read, not scored: the unprojected rows of
+  earlier releases, which the projecting encoder turns into its own without the model
+  (:func:`~memories_core.retrieval.late_vectors.derive_stored`);
 * a deleted record's stored vectors are deleted with it (and a user's with
   ``delete_user``); cached ones are dropped when a recall finds the id gone, when the cache
   evicts them, or by ``delete_user`` and ``clear``;
@@ -105,6 +107,7 @@ from memories_core.retrieval.late_encoder import (
     bundled_basis_path,
     bundled_colbert_dir,
 )
+from memories_core.retrieval.late_vectors import derive_stored, read_stored, write_stored
 from memories_core.retrieval.maxsim import maxsim, maxsim_pool, prepare_maxsim
 from memories_core.retrieval.pipeline import (
     Pipeline,
@@ -418,7 +421,10 @@ class LateInteractionReranker:
         *,
         cached: bool = True,
     ) -> tuple[list[TokenVectors], int]:
-        """:meth:`vectors`, and how many of them were encoded now.
+        """:meth:`vectors`, and how many of them were made now (encoded or derived).
+
+        Derived: from the stored rows the encoder derives its own from
+        (:func:`~memories_core.retrieval.late_vectors.derive_stored`).
 
         ``stored``: the store's rows of ``head``, read already (:meth:`_pool_read`).
         ``cached``: read and fill the cache (not for a store that reads pools with their
@@ -434,16 +440,20 @@ class LateInteractionReranker:
             if hit is not None:
                 found[i] = hit
         lacking = [i for i in range(len(head)) if i not in found]
+        fresh: list[TokenVectors] = []
         if lacking and store is not None:
             if stored is None:
-                stored = _read_stored(store, user_id, [head[i] for i in lacking], tag)
+                stored = read_stored(store, user_id, [head[i] for i in lacking], tag)
             for i in lacking:
                 row = stored.get(head[i])
                 if row is not None and row.digest == digests[i]:
                     found[i] = (
                         row if cache is None else cache.put(user_id, head[i], digests[i], row)
                     )
-        fresh: list[TokenVectors] = []
+            lacking = [i for i in lacking if i not in found]
+            for i, row in derive_stored(self.encoder, store, user_id, head, texts, lacking).items():
+                found[i] = row if cache is None else cache.put(user_id, head[i], digests[i], row)
+                fresh.append(row)
         for i in range(len(head)):
             if i in found:
                 continue
@@ -454,7 +464,7 @@ class LateInteractionReranker:
             found[i] = made if cache is None else cache.put(user_id, head[i], digests[i], made)
             fresh.append(made)
         if fresh and store is not None:
-            _write_stored(store, user_id, fresh)
+            write_stored(store, user_id, fresh)
         return [found[i] for i in range(len(head))], len(fresh)
 
     def _fronted(self, store: TokenVectorStore | None) -> bool:
@@ -519,7 +529,8 @@ class LateInteractionReranker:
             chunk: Records linked and encoded per step.
 
         Returns:
-            How many records were encoded now.
+            How many records got vectors now (encoded, or derived from stored rows of the
+            encoder's source: :func:`~memories_core.retrieval.late_vectors.derive_stored`).
         """
         from tqdm import tqdm
 
@@ -620,25 +631,6 @@ def _query_workers() -> ThreadPoolExecutor:
                 max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="late-query"
             )
         return _WORKERS
-
-
-def _read_stored(
-    store: TokenVectorStore, user_id: str, ids: Sequence[str], tag: str
-) -> Mapping[str, TokenVectors]:
-    """The store's rows of ``ids``; a store that fails is skipped (the records are encoded)."""
-    try:
-        return store.token_vectors(user_id, ids, encoder=tag)
-    except (MemoriesError, ValueError):
-        logger.warning("reading stored token vectors failed; encoding instead", exc_info=True)
-        return {}
-
-
-def _write_stored(store: TokenVectorStore, user_id: str, rows: Sequence[TokenVectors]) -> None:
-    """Write freshly encoded rows back; a failure only costs a later re-encode."""
-    try:
-        store.put_token_vectors(user_id, rows)
-    except MemoriesError:
-        logger.warning("storing token vectors failed; they stay in the cache", exc_info=True)
 
 
 def late_interaction_reranker(

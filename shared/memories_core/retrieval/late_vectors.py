@@ -12,31 +12,119 @@ what it needs itself. Only turns get a job; records derived later get their vect
 first recall that ranks them, which writes them back.
 
 :func:`rebuild_token_vectors` re-encodes every user's records after an encoder change
-(vectors of another encoder are never read) and drops the old rows.
+(vectors of another encoder are never scored) and drops the old rows. Where the new encoder
+derives its vectors from the old ones (the projecting encoder from the unprojected rows of
+earlier releases: :func:`derive_stored`), a row is derived instead, without the model: a
+10,000-record store took seconds instead of minutes (BENCHMARKS.md, "Token vectors at 128
+dimensions"). Recall derives the rows its pool lacks the same way.
 
 A memory file carries the stored vectors too (:mod:`memories_core.token_vectors`).
 """
 
 from __future__ import annotations
 
+import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from memories_core.errors import InvalidInputError
+from memories_core.errors import InvalidInputError, MemoriesError
 from memories_core.interfaces import MechanismHooks
-from memories_core.token_vectors import TokenVectorStore
+from memories_core.token_vectors import (
+    TokenVectors,
+    TokenVectorStore,
+    encoder_tag,
+    quantize,
+    text_digest,
+)
 from memories_core.types import Job, JobSpec, MemoryRecord
 
 if TYPE_CHECKING:
     from memories_core.engine import MemoryEngine
+    from memories_core.retrieval.late_encoder import LateInteractionEncoder
     from memories_core.retrieval.late_interaction import LateInteractionReranker
     from memories_core.retrieval.pipeline import Pipeline
 
-__all__ = ["JOB_KIND", "attach_token_vectors", "late_stages", "rebuild_token_vectors"]
+__all__ = [
+    "JOB_KIND",
+    "attach_token_vectors",
+    "derive_stored",
+    "late_stages",
+    "read_stored",
+    "rebuild_token_vectors",
+    "write_stored",
+]
+
+logger = logging.getLogger(__name__)
 
 #: Kind of the pending job that encodes a save's turns.
 JOB_KIND = "token_vectors"
+
+
+def read_stored(
+    store: TokenVectorStore, user_id: str, ids: Sequence[str], tag: str
+) -> Mapping[str, TokenVectors]:
+    """The store's rows of ``ids``; a store that fails is skipped (the records are encoded)."""
+    try:
+        return store.token_vectors(user_id, ids, encoder=tag)
+    except (MemoriesError, ValueError):
+        logger.warning("reading stored token vectors failed; encoding instead", exc_info=True)
+        return {}
+
+
+def write_stored(store: TokenVectorStore, user_id: str, rows: Sequence[TokenVectors]) -> None:
+    """Write freshly made rows back; a failure only costs a later re-encode."""
+    try:
+        store.put_token_vectors(user_id, rows)
+    except MemoriesError:
+        logger.warning("storing token vectors failed; they stay in the cache", exc_info=True)
+
+
+def derive_stored(
+    encoder: LateInteractionEncoder,
+    store: TokenVectorStore,
+    user_id: str,
+    ids: Sequence[str],
+    texts: Sequence[str],
+    wanted: Sequence[int],
+) -> dict[int, TokenVectors]:
+    """Rows of ``encoder`` made from stored rows of the encoder it derives from.
+
+    An encoder with a ``derives_from`` name and a ``derive`` method (the projecting
+    :class:`~memories_core.retrieval.late_encoder.OnnxLateInteractionEncoder`) turns the
+    stored rows of that name into its own. A row is used only if its digest is that of the
+    same text under that name (an edited record is encoded again), and its output is
+    checked like an encoding's. Nothing is written here: the caller stores what it keeps.
+
+    Args:
+        encoder: The reranker's encoder.
+        store: The user's record store.
+        user_id: Owner of the records.
+        ids: Record ids, one per text.
+        texts: The texts the vectors are of (with context, after the record before).
+        wanted: Positions in ``ids`` that lack rows of ``encoder``.
+
+    Returns:
+        Position -> derived row, for the positions whose source row exists and matches.
+    """
+    source = getattr(encoder, "derives_from", None)
+    derive = getattr(encoder, "derive", None)
+    if not wanted or not isinstance(source, str) or not callable(derive):
+        return {}
+    name = encoder.name
+    rows = read_stored(store, user_id, [ids[i] for i in wanted], encoder_tag(source))
+    made: dict[int, TokenVectors] = {}
+    for i in wanted:
+        row = rows.get(ids[i])
+        if row is None or row.digest != text_digest(source, texts[i]):
+            continue
+        try:
+            vectors = derive(row.floats())
+            digest = text_digest(name, texts[i])
+            made[i] = quantize(ids[i], encoder_tag(name), digest, vectors)
+        except (MemoriesError, ValueError):
+            logger.warning("a stored row could not be derived from; encoding it", exc_info=True)
+    return made
 
 
 def late_stages(pipeline: Pipeline | None) -> list[LateInteractionReranker]:
@@ -104,9 +192,11 @@ def rebuild_token_vectors(
     """Give every record of ``users`` (default: all) vectors of the memory's current encoder.
 
     For an encoder change (a new model or settings: stored vectors of another encoder are
-    never read, so until this runs each recall encodes its pool). Records whose stored
-    vectors match are skipped, so an interrupted rebuild resumes where it stopped; when a
-    user is done, rows of other encoders are deleted.
+    never scored, so until this runs each recall encodes its pool). Records whose stored
+    vectors match are skipped, so an interrupted rebuild resumes where it stopped; a
+    record whose row of the encoder's source matches its text is derived from it
+    (:func:`derive_stored`) rather than encoded; when a user is done, rows of other
+    encoders are deleted.
 
     Args:
         memory: A memory with a late-interaction pipeline (``memory.pipeline``,
@@ -115,7 +205,7 @@ def rebuild_token_vectors(
         progress: Show a ``tqdm`` bar over the records.
 
     Returns:
-        How many records were encoded.
+        How many records got new vectors (encoded or derived).
 
     Raises:
         InvalidInputError: if the memory's pipeline has no late-interaction stage.
