@@ -22,8 +22,13 @@ conditions, in this order:
 
 The warm reference is the p50 of the ten recalls after each ``reopen``. Every recall embeds
 its query, and every query is asked once (no answer can come from a query cache).
+``--pipeline first-stage`` times the same conditions for the first stage alone (dense +
+BM25, context spreading, no reranker): how much of a cold first recall the store's files
+cost before any token vector is read.
 
     python benchmarks/cold_recall.py --store /data/late10k --trials 7 --name cold_recall_10k
+    python benchmarks/cold_recall.py --store /data/late10k --pipeline first-stage \
+        --name cold_recall_10k_first_stage
 """
 
 from __future__ import annotations
@@ -75,25 +80,72 @@ def timed_ms(call: Callable[[], object]) -> float:
     return round(1000 * (time.perf_counter() - start), 1)
 
 
+def read_bytes() -> int | None:
+    """Bytes this process has made the kernel fetch from storage (Linux), else ``None``."""
+    try:
+        lines = Path("/proc/self/io").read_text().splitlines()
+    except OSError:
+        return None
+    return next((int(line.split()[1]) for line in lines if line.startswith("read_bytes")), None)
+
+
+def random_read_rate(file: Path, reads: int = 600, seed: int = 3) -> dict[str, float]:
+    """Random 4 KiB reads per second from ``file`` dropped from the page cache.
+
+    One thread, then four: how many of a pool's scattered pages the disk returns per second,
+    alone and with requests in flight together. The reads are marked random
+    (``POSIX_FADV_RANDOM``), so the kernel reads no more than asked: the disk's own rate.
+    """
+    import random
+    from concurrent.futures import ThreadPoolExecutor
+
+    pages = max(1, file.stat().st_size // 4096)
+    rng = random.Random(seed)
+    rates: dict[str, float] = {}
+    handle = os.open(file, os.O_RDONLY)
+    try:
+        os.posix_fadvise(handle, 0, 0, os.POSIX_FADV_RANDOM)
+        for threads in (1, 4):
+            drop_cached(file.parent)
+            offsets = [rng.randrange(pages) * 4096 for _ in range(reads)]
+            start = time.perf_counter()
+            with ThreadPoolExecutor(threads) as pool:
+                list(pool.map(lambda offset: os.pread(handle, 4096, offset), offsets))
+            rates[f"{threads}_thread"] = round(reads / (time.perf_counter() - start))
+    finally:
+        os.close(handle)
+    return rates
+
+
 def timed_recalls(memory: Any, asked: list[str], *, prefetch: bool = False) -> dict[str, Any]:
-    """Time ``memory``'s recalls of ``asked`` (after ``prefetch(user)`` if told); closes it."""
+    """Time ``memory``'s recalls of ``asked`` (after ``prefetch(user)`` if told); closes it.
+
+    ``first_read_kib`` is what the first recall made the kernel read from storage.
+    """
     from memories_core import Scope
 
     scope = Scope(TARGET)
     row: dict[str, Any] = {}
     if prefetch:
         row["prefetch_ms"] = timed_ms(lambda: memory.prefetch(TARGET, progress=False))
+    before = read_bytes()
     row["first_ms"] = timed_ms(lambda: memory.recall(asked[0], scope, k=5))
+    after = read_bytes()
+    if before is not None and after is not None:
+        row["first_read_kib"] = round((after - before) / 1024)
     row["later_ms"] = [timed_ms(partial(memory.recall, query, scope, k=5)) for query in asked[1:]]
     memory.close()
     return row
 
 
 def load_models(args: argparse.Namespace) -> tuple[Any, Any]:
-    """The query embedder and the late-interaction reranker, both models loaded."""
+    """The query embedder and the late-interaction reranker (``None`` for the first stage)."""
     from memories_core.retrieval.late_interaction import late_interaction_reranker
 
     embedder = real_embedder(args.torch_threads)
+    if args.pipeline == "first-stage":
+        embedder.embed_query("load the model")
+        return embedder, None
     reranker = late_interaction_reranker(cache_bytes=64 * 2**20)
     reranker.encoder.encode_query("load the model")  # models loaded, nothing of the store
     return embedder, reranker
@@ -102,13 +154,21 @@ def load_models(args: argparse.Namespace) -> tuple[Any, Any]:
 def reopened(
     folder: Path, embedder: Any, reranker: Any, asked: list[str], *, prefetch: bool = False
 ) -> dict[str, Any]:
-    """Open the store with an empty reranker cache and time the open and the recalls."""
+    """Open the store with an empty reranker cache and time the open and the recalls.
+
+    ``reranker`` ``None``: the first stage alone (the engine's fusion defaults).
+    """
     from memories_core import HistoryMemory
+    from memories_core.retrieval import FusionConfig
     from memories_core.retrieval.late_interaction import late_interaction_pipeline
 
-    reranker.cache.clear()
+    if reranker is not None:
+        reranker.cache.clear()
     opened = time.perf_counter()
-    pipeline = late_interaction_pipeline(reranker=reranker)
+    if reranker is None:
+        pipeline = FusionConfig().pipeline()
+    else:
+        pipeline = late_interaction_pipeline(reranker=reranker)
     memory = HistoryMemory(path=folder, embedder=embedder, pipeline=pipeline)
     open_ms = round(1000 * (time.perf_counter() - opened), 1)
     return {"open_ms": open_ms} | timed_recalls(memory, asked, prefetch=prefetch)
@@ -126,7 +186,7 @@ def new_process(args: argparse.Namespace, first: int) -> dict[str, Any]:
     command = [sys.executable, str(Path(__file__).resolve()), "--store", args.store]
     command += ["--trials", str(args.trials), "--later", str(args.later)]
     command += ["--seed", str(args.seed), "--torch-threads", str(args.torch_threads)]
-    command += ["--child", str(first)]
+    command += ["--pipeline", args.pipeline, "--child", str(first)]
     done = subprocess.run(command, check=True, capture_output=True, text=True)
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
@@ -154,6 +214,9 @@ def summarise(trials: list[dict[str, Any]]) -> dict[str, Any]:
         prefetch = [t[condition]["prefetch_ms"] for t in trials if "prefetch_ms" in t[condition]]
         if prefetch:
             row["prefetch_median_ms"] = round(statistics.median(prefetch), 1)
+        read = [t[condition]["first_read_kib"] for t in trials if "first_read_kib" in t[condition]]
+        if read:
+            row["first_read_kib_median"] = round(statistics.median(read))
         summary[condition] = row
     return summary
 
@@ -165,14 +228,15 @@ def report(result: dict[str, Any]) -> str:
     lines = [
         f"{result['command']}",
         "",
-        f"{result['records']} records; warm recall p50 {summary['warm_p50_ms']} ms "
+        f"{result['records']} records, pipeline {result.get('pipeline', 'late')}; warm recall "
+        f"p50 {summary['warm_p50_ms']} ms "
         f"(the later recalls of the `reopen` trials); {n} trials; load average "
         f"{result['load_average']['start'][0]:.2f} at the start, "
         f"{result['load_average']['end'][0]:.2f} at the end.",
         "",
         "| condition | open ms | prefetch ms | first recall ms, median (min-max) | / warm p50 "
-        "| trials within 2x | next 10 recalls p50 ms |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| trials within 2x | next 10 recalls p50 ms | first recall read from storage, KiB |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for condition in CONDITIONS:
         row = summary[condition]
@@ -180,8 +244,15 @@ def report(result: dict[str, Any]) -> str:
             f"| {condition} | {row['open_median_ms']} | {row.get('prefetch_median_ms', '-')} | "
             f"{row['first_median_ms']} ({row['first_min_ms']}-{row['first_max_ms']}) | "
             f"{row['ratio_to_warm']}x | {row['trials_within_2x']} of {n} | "
-            f"{row['later_p50_median_ms']} |"
+            f"{row['later_p50_median_ms']} | {row.get('first_read_kib_median', '-')} |"
         )
+    probe = result.get("disk_probe")
+    if probe:
+        lines += [
+            "",
+            f"The disk: {probe['1_thread']} random 4 KiB reads per second from one thread, "
+            f"{probe['4_thread']} from four (the store's file dropped from the page cache).",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -217,6 +288,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--later", type=int, default=10, help="recalls timed after the first")
     parser.add_argument("--seed", type=int, default=29)
     parser.add_argument("--torch-threads", type=int, default=1)
+    parser.add_argument(
+        "--pipeline",
+        choices=("late", "first-stage"),
+        default="late",
+        help="late interaction (the default's) or the first stage alone",
+    )
     parser.add_argument("--name", default="cold_recall")
     parser.add_argument("--report-only", action="store_true", help="redo md/png from the JSON")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)  # first query's index
@@ -264,9 +341,11 @@ def main(argv: list[str] | None = None) -> None:
         "machine": machine(),
         "code": repo_state(),
         "records": records,
+        "pipeline": args.pipeline,
         "trials": trials,
         "summary": summarise(trials),
         "load_average": {"start": load_start, "end": os.getloadavg()},
+        "disk_probe": random_read_rate(folder / "records.sqlite3"),
     }
     save_results(args.name, result, report, plot)
     print(report(result))

@@ -115,7 +115,60 @@ def test_a_run_on_a_kept_store_times_every_condition(
     kept = ["--store", str(tmp_path / "kept"), "--trials", "2", "--later", "3"]
     bench.main([*kept, "--child", "12"])
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert set(line) == {"open_ms", "first_ms", "later_ms"} and len(line["later_ms"]) == 3
+    assert {"open_ms", "first_ms", "later_ms"} <= set(line) and len(line["later_ms"]) == 3
+    assert set(result["disk_probe"]) == {"1_thread", "4_thread"}
+    assert all(rate > 0 for rate in result["disk_probe"].values())
+    assert result["pipeline"] == "late"
+
+
+@needs_fadvise
+def test_the_first_stage_alone_is_timed_without_a_reranker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bench = load_script("cold_recall")
+    folder = tmp_path / "kept" / "late"
+    with HistoryMemory(path=folder, embedder=HashingEmbedder()) as memory:
+        for i in range(8):
+            memory.save([Turn("user", f"turn {i} about the boat")], Scope(bench.TARGET))
+        memory.flush()
+    monkeypatch.setattr(sys.modules["latency"], "OUT", tmp_path / "out")
+    monkeypatch.setattr(bench, "real_embedder", lambda threads: HashingEmbedder())
+    monkeypatch.setattr(bench, "plot", lambda *a, **k: None)
+
+    def no_reranker(**_: Any) -> LateInteractionReranker:
+        raise AssertionError("the first stage needs no late-interaction model")
+
+    monkeypatch.setattr(late_interaction, "late_interaction_reranker", no_reranker)
+    pipelines: list[Any] = []
+    opened = bench.reopened
+
+    def spy(folder: Path, embedder: Any, reranker: Any, *args: Any, **kwargs: Any) -> Any:
+        pipelines.append(reranker)
+        return opened(folder, embedder, reranker, *args, **kwargs)
+
+    monkeypatch.setattr(bench, "reopened", spy)
+    queries = bench.make_queries(12, 29)
+    monkeypatch.setattr(
+        bench, "new_process", lambda args, first: bench.child(folder, queries[first:], args)
+    )
+    bench.main(
+        [
+            "--store",
+            str(tmp_path / "kept"),
+            "--trials",
+            "1",
+            "--later",
+            "2",
+            "--pipeline",
+            "first-stage",
+            "--name",
+            "fs",
+        ]
+    )
+    result = json.loads((tmp_path / "out" / "fs.json").read_text())
+    assert result["pipeline"] == "first-stage"
+    assert pipelines and all(reranker is None for reranker in pipelines)
+    assert "pipeline first-stage" in (tmp_path / "out" / "fs.md").read_text()
 
 
 def test_a_folder_without_a_store_is_refused(tmp_path: Path) -> None:

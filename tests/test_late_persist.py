@@ -364,9 +364,14 @@ def test_maxsim_keeps_no_buffer_for_an_outsized_record(monkeypatch: pytest.Monke
     assert module._SCRATCH.matrix.size <= 64  # the 40-token record's 160 floats were not kept
 
 
-def test_maxsim_holds_blas_to_one_thread_and_restores_it() -> None:
+def test_maxsim_holds_blas_to_one_thread_and_restores_it(monkeypatch: pytest.MonkeyPatch) -> None:
     threadpoolctl = pytest.importorskip("threadpoolctl")
+    from memories_core.retrieval import maxsim as module
     from memories_core.retrieval.maxsim import one_blas_thread
+
+    # The controller knows the BLAS libraries loaded when it was made; an earlier test in
+    # this process may have loaded another since (torch's), so this test makes its own.
+    monkeypatch.setitem(module._BLAS, "controller", None)
 
     def blas_threads() -> set[int]:
         info = threadpoolctl.threadpool_info()
