@@ -32,6 +32,14 @@ CAT_TURNS = (
 )
 CAT_QUESTION = "What is the name of my cat?"
 
+#: A user's turns for the token-vector storage tests (one names the cat).
+PERSONAL_TURNS = (
+    "my sister visited and we cooked dinner",
+    "I adopted a grey cat and named her Pixel",
+    "hiking boots were too small for the trip",
+    "see you on Sunday then",
+)
+
 #: Dimension of :func:`word_vector`'s vectors.
 DIM = 64
 

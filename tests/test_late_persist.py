@@ -34,14 +34,9 @@ from memories_core.token_vectors import (
     text_digest,
 )
 from memories_core.types import MemoryRecord
-from reranker_scenarios import FakeEncoder, needs_bundled
+from reranker_scenarios import PERSONAL_TURNS, FakeEncoder, needs_bundled
 
-TURNS = [
-    "my sister visited and we cooked dinner",
-    "I adopted a grey cat and named her Pixel",
-    "hiking boots were too small for the trip",
-    "see you on Sunday then",
-]
+TURNS = list(PERSONAL_TURNS)
 BO_TURNS = [
     "the train to Lyon was late again",
     "my brother plays the cello",
