@@ -539,7 +539,7 @@ def parse_objective(text: str) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    global HEAD, CANDIDATES, OBJECTIVE, POOLS
+    global HEAD, CANDIDATES, OBJECTIVE, POOLS, WEIGHTS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=lr.DEFAULT_DATA)
     parser.add_argument("--out", type=Path, default=lr.OUT)
@@ -588,6 +588,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="late-interaction encoder variants scored: MARKERS/AUGMENT (0 or 1),...",
     )
     parser.add_argument(
+        "--weights",
+        type=lambda text: tuple(float(part) for part in text.split(",")),
+        default=WEIGHTS,
+        help="blend weights in the CV grid, e.g. 0.5,0.6,0.7,0.8 (0 is the first stage)",
+    )
+    parser.add_argument(
         "--pools",
         type=int_list,
         default=POOLS,
@@ -626,6 +632,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"wrote {args.out / 'rerank_late_chart.png'}")
         return 0
     OBJECTIVE = tuple(args.objective)
+    WEIGHTS = tuple(sorted(args.weights))
     CANDIDATES = tuple(sorted(args.candidates))
     POOLS = tuple(sorted(args.pools))
     HEAD = max(CANDIDATES + POOLS)
