@@ -190,3 +190,25 @@ def test_postgres_rows_are_derived_too(postgres_dsn: str, pg_schema: str) -> Non
     assert {row.encoder for row in rows.values()} == {encoder_tag("narrow")}
     assert {row.dim for row in rows.values()} == {NARROW}
     memory.engine.store.close()
+
+
+def test_a_save_job_does_not_look_for_rows_to_derive_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from memories_core.retrieval import late_interaction
+
+    looked: list[int] = []
+    real = late_interaction.derive_stored
+
+    def counting(*args: Any) -> dict[int, TokenVectors]:
+        looked.append(len(args[-1]))  # positions it was asked to derive
+        return real(*args)
+
+    monkeypatch.setattr(late_interaction, "derive_stored", counting)
+    memory = memory_at(tmp_path, NarrowingEncoder())
+    for text in TURNS:
+        memory.save([Turn("user", text)], Scope("ana"))
+    memory.flush()
+    assert len(rows_of(memory, "ana")) == len(TURNS)  # the job encoded every turn ...
+    assert not any(looked)  # ... without a store query for rows of the source encoder
+    memory.close()

@@ -277,11 +277,11 @@ class OnnxLateInteractionEncoder:
         return self._model_dir if self._model_dir is not None else bundled_colbert_dir()
 
     def _load(self) -> None:
+        if self._projects:  # before the model: a broken install fails first
+            self._projection()
         with self._lock:
             if self._session is not None:
                 return
-            if self._projects and self._basis is None:  # a broken install fails first
-                self._basis = np.ascontiguousarray(bundled_basis()[:, : self.dim])
             loaded = load_onnx_encoder(
                 self.model_dir,
                 threads=self.threads,

@@ -420,6 +420,7 @@ class LateInteractionReranker:
         stored: Mapping[str, TokenVectors] | None = None,
         *,
         cached: bool = True,
+        derive: bool = True,
     ) -> tuple[list[TokenVectors], int]:
         """:meth:`vectors`, and how many of them were made now (encoded or derived).
 
@@ -429,6 +430,7 @@ class LateInteractionReranker:
         ``stored``: the store's rows of ``head``, read already (:meth:`_pool_read`).
         ``cached``: read and fill the cache (not for a store that reads pools with their
         links, :meth:`_fronted`).
+        ``derive``: look for rows to derive from (not for turns just saved: they have none).
         """
         name = self.encoder.name
         tag = encoder_tag(name)
@@ -450,8 +452,9 @@ class LateInteractionReranker:
                     found[i] = (
                         row if cache is None else cache.put(user_id, head[i], digests[i], row)
                     )
-            lacking = [i for i in lacking if i not in found]
-            for i, row in derive_stored(self.encoder, store, user_id, head, texts, lacking).items():
+            lacking = [i for i in lacking if i not in found] if derive else []
+            derived = derive_stored(self.encoder, store, user_id, head, texts, digests, lacking)
+            for i, row in derived.items():
                 found[i] = row if cache is None else cache.put(user_id, head[i], digests[i], row)
                 fresh.append(row)
         for i in range(len(head)):
@@ -510,6 +513,7 @@ class LateInteractionReranker:
         *,
         progress: bool = False,
         chunk: int = 256,
+        derive: bool = True,
     ) -> int:
         """Make sure ``user_id``'s ``records`` have token vectors of this encoder.
 
@@ -527,6 +531,8 @@ class LateInteractionReranker:
             records: The records to prepare.
             progress: Show a progress bar.
             chunk: Records linked and encoded per step.
+            derive: Derive from stored rows of the encoder's source where they match
+                (off for a save's new turns, which have none: it saves a store query).
 
         Returns:
             How many records got vectors now (encoded, or derived from stored rows of the
@@ -548,7 +554,10 @@ class LateInteractionReranker:
             part = ids[start : start + chunk]
             own = {item: known[item].text for item in part}  # all given, all known
             texts = context_pair_texts(part, own, request, ctx, self.context, self.context_gap)
-            encoded += self._vectors(user_id, part, texts, store, cached=self._fronted(store))[1]
+            made = self._vectors(
+                user_id, part, texts, store, cached=self._fronted(store), derive=derive
+            )
+            encoded += made[1]
         return encoded
 
     def begin(self, request: RecallRequest, ctx: RecallContext) -> None:
@@ -729,7 +738,9 @@ _SHARED_LOCK = threading.Lock()
 def late_interaction_installed() -> bool:
     """Whether the bundled late-interaction model and its runtime are installed.
 
-    Looks for the files and the packages without importing or loading anything.
+    Looks for the files and the packages without importing or loading anything (a basis
+    file that is there but damaged is reported when the reranker is built, as a
+    ``ConfigurationError``).
     """
     import importlib.util
 

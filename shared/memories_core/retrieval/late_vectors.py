@@ -14,9 +14,9 @@ first recall that ranks them, which writes them back.
 :func:`rebuild_token_vectors` re-encodes every user's records after an encoder change
 (vectors of another encoder are never scored) and drops the old rows. Where the new encoder
 derives its vectors from the old ones (the projecting encoder from the unprojected rows of
-earlier releases: :func:`derive_stored`), a row is derived instead, without the model: a
-10,000-record store took seconds instead of minutes (BENCHMARKS.md, "Token vectors at 128
-dimensions"). Recall derives the rows its pool lacks the same way.
+earlier releases: :func:`derive_stored`), a row is derived instead, without the model:
+100k records took 40 s where encoding them takes about 36 minutes (BENCHMARKS.md, "Token
+vectors at 128 dimensions"). Recall derives the rows its pool lacks the same way.
 
 A memory file carries the stored vectors too (:mod:`memories_core.token_vectors`).
 """
@@ -86,6 +86,7 @@ def derive_stored(
     user_id: str,
     ids: Sequence[str],
     texts: Sequence[str],
+    digests: Sequence[str],
     wanted: Sequence[int],
 ) -> dict[int, TokenVectors]:
     """Rows of ``encoder`` made from stored rows of the encoder it derives from.
@@ -102,6 +103,7 @@ def derive_stored(
         user_id: Owner of the records.
         ids: Record ids, one per text.
         texts: The texts the vectors are of (with context, after the record before).
+        digests: ``text_digest(encoder.name, text)`` of each text (the derived rows' own).
         wanted: Positions in ``ids`` that lack rows of ``encoder``.
 
     Returns:
@@ -111,7 +113,7 @@ def derive_stored(
     derive = getattr(encoder, "derive", None)
     if not wanted or not isinstance(source, str) or not callable(derive):
         return {}
-    name = encoder.name
+    tag = encoder_tag(encoder.name)
     rows = read_stored(store, user_id, [ids[i] for i in wanted], encoder_tag(source))
     made: dict[int, TokenVectors] = {}
     for i in wanted:
@@ -119,9 +121,7 @@ def derive_stored(
         if row is None or row.digest != text_digest(source, texts[i]):
             continue
         try:
-            vectors = derive(row.floats())
-            digest = text_digest(name, texts[i])
-            made[i] = quantize(ids[i], encoder_tag(name), digest, vectors)
+            made[i] = quantize(ids[i], tag, digests[i], derive(row.floats()))
         except (MemoriesError, ValueError):
             logger.warning("a stored row could not be derived from; encoding it", exc_info=True)
     return made
@@ -172,7 +172,8 @@ def attach_token_vectors(
         if records:
             backend = _backend(engine)
             for stage in stages:
-                stage.prefetch(backend, job.user_id, records)
+                # Turns just saved: no rows of an earlier encoder to derive from.
+                stage.prefetch(backend, job.user_id, records, derive=False)
         return None
 
     engine.attach(MechanismHooks(name=job_name, on_turns=on_turns, run_job=run_job))
