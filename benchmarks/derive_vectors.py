@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         late_interaction_pipeline,
         late_interaction_reranker,
     )
-    from memories_core.retrieval.late_vectors import rebuild_token_vectors
+    from memories_core.retrieval.late_vectors import engine_backend, rebuild_token_vectors
     from memories_core.token_vectors import TokenVectorStore, text_digest
 
     source = Path(args.store) / "late"
@@ -129,14 +129,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     sample = random.Random(args.seed).sample(sorted(rows), min(args.sample, len(rows)))
     by_id = {r.id: r for r in records}
     chosen = [by_id[i] for i in sample]
-    texts = dict(zip(sample, _pair_texts(memory, chosen, reranker), strict=True))
+    texts = reranker.pair_texts(engine_backend(memory.engine), TARGET, chosen)
+    pairs = dict(zip(sample, texts, strict=True))
     name = reranker.encoder.name
-    if any(rows[i].digest != text_digest(name, texts[i]) for i in sample):
+    if any(rows[i].digest != text_digest(name, pairs[i]) for i in sample):
         raise SystemExit("a derived row is not of its record's text: nothing to compare")
     quality = compare(
         reranker.encoder,
         {i: rows[i] for i in sample},
-        texts,
+        pairs,
         make_queries(args.queries, args.seed),
     )
     memory.close()
@@ -159,23 +160,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "sample": quality,
         "load_average": os.getloadavg(),
     }
-
-
-def _pair_texts(memory: Any, records: list[Any], reranker: Any) -> list[str]:
-    """The texts the reranker encodes for ``records`` (each after the record before it)."""
-    from memories_core.retrieval import RecallRequest
-    from memories_core.retrieval.cross_encoder import context_pair_texts
-    from memories_core.retrieval.pipeline import RecallContext
-    from memories_core.retrieval.store_backend import StoreBackend
-
-    engine = memory.engine
-    backend = StoreBackend(engine.store, engine.index, engine.embedder, clock=engine.clock)
-    request = RecallRequest("derive", user_id=TARGET, k=1)
-    ctx = RecallContext(request, backend)
-    ctx.remember(records)
-    ids = [r.id for r in records]
-    own = {r.id: r.text for r in records}
-    return context_pair_texts(ids, own, request, ctx, reranker.context, reranker.context_gap)
 
 
 def report(result: dict[str, Any]) -> str:

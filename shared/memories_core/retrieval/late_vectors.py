@@ -49,6 +49,7 @@ __all__ = [
     "JOB_KIND",
     "attach_token_vectors",
     "derive_stored",
+    "engine_backend",
     "late_stages",
     "read_stored",
     "rebuild_token_vectors",
@@ -170,7 +171,7 @@ def attach_token_vectors(
             raise InvalidInputError("a token-vector job names its records in payload['ids']")
         records = engine.store.get(ids, user_id=job.user_id)
         if records:
-            backend = _backend(engine)
+            backend = engine_backend(engine)
             for stage in stages:
                 # Turns just saved: no rows of an earlier encoder to derive from.
                 stage.prefetch(backend, job.user_id, records, derive=False)
@@ -180,8 +181,13 @@ def attach_token_vectors(
     return True
 
 
-def _backend(engine: MemoryEngine) -> Any:
-    """A recall backend over ``engine``'s parts (neighbours for ``context``, the store)."""
+def engine_backend(engine: MemoryEngine) -> Any:
+    """A recall backend over ``engine``'s store (with the token vectors), index and embedder.
+
+    What :meth:`~memories_core.retrieval.late_interaction.LateInteractionReranker.prefetch`
+    and :meth:`~memories_core.retrieval.late_interaction.LateInteractionReranker.pair_texts`
+    take to link neighbours and find the store.
+    """
     from memories_core.retrieval.store_backend import StoreBackend
 
     return StoreBackend(engine.store, engine.index, engine.embedder, clock=engine.clock)
@@ -221,7 +227,7 @@ def rebuild_token_vectors(
     engine: MemoryEngine = memory.engine
     targets = list(users) if users is not None else list(engine.users())
     store = engine.store if isinstance(engine.store, TokenVectorStore) else None
-    backend = _backend(engine)
+    backend = engine_backend(engine)
     encoded = 0
     plan = {u: [r for r in engine.records(u) if r.kind != SEARCH_KEY_KIND] for u in targets}
     with tqdm(
