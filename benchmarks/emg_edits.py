@@ -114,7 +114,7 @@ def main() -> None:
     leaks = 0
     ended = [r for r in memory.memories(user, include_expired=True) if r.state.valid_until]
     for record in tqdm(ended, desc="expiry"):
-        after = record.state.valid_until + timedelta(seconds=1)  # type: ignore[operator]
+        after = record.state.valid_until + timedelta(seconds=1)
         returned = {
             h.record.id for h in memory.recall(record.text, Scope(user), k=20, now=after).records
         }

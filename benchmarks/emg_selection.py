@@ -68,7 +68,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from locomo_retrieval import CachedEmbedder
-from machine_info import command_line, machine
+from machine_info import command_line, datasets_dir, machine
 from tqdm.auto import tqdm
 
 from memories_core import FixedClock
@@ -698,7 +698,7 @@ def main() -> None:
     parser.add_argument(
         "datasets",
         nargs="?",
-        default=str(Path(__file__).resolve().parents[1] / ".." / "shared" / "datasets"),
+        default=str(datasets_dir()),
     )
     parser.add_argument("--episodes", type=int, default=3000)
     parser.add_argument("--warm-epochs", type=int, default=300)

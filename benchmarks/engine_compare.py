@@ -60,7 +60,11 @@ from typing import Any
 os.environ.setdefault("LLM_MEMORIES_LATE_INTERACTION", "off")
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
+sys.path.insert(0, str(HERE))
+
+from machine_info import datasets_dir  # noqa: E402
+
+DEFAULT_DATA = datasets_dir()
 DEFAULT_OUT = HERE / "out" / "engine_compare"
 VERSIONS = ("before", "after")
 USER = "target-user"
@@ -594,14 +598,8 @@ def orchestrate(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def locomo_file(datasets: Path) -> Path:
-    """``<datasets>/locomo/locomo_dev.json``; from a worktree, the nearest ancestor's."""
-    wanted = Path("locomo") / "locomo_dev.json"
-    if (datasets / wanted).exists() or datasets != DEFAULT_DATA:
-        return datasets / wanted
-    for parent in HERE.parents:  # e.g. a git worktree nested below the shared folder
-        if (parent / "shared" / "datasets" / wanted).exists():
-            return parent / "shared" / "datasets" / wanted
-    return datasets / wanted
+    """``<datasets>/locomo/locomo_dev.json``."""
+    return datasets / "locomo" / "locomo_dev.json"
 
 
 def summarise_locomo(locomo: dict[str, Any]) -> None:

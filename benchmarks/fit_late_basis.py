@@ -38,12 +38,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from latency import command_line, save_results
-from machine_info import machine
+from machine_info import datasets_dir, machine
 from tqdm import tqdm
 
 from memories_core.retrieval.late_encoder import BUNDLED_HIDDEN_DIM, OnnxLateInteractionEncoder
 
-DEFAULT_DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "datasets"
+DEFAULT_DATA = datasets_dir()
 BASIS = Path(__file__).resolve().parents[1] / "shared/memories_core/retrieval/data"
 WIDTHS = (32, 64, 96, 128, 192, 256, 384)
 

@@ -18,6 +18,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 OUT = Path(__file__).parent / "out"
 
@@ -65,7 +66,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=7)
     args = parser.parse_args()
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name, (framework, ours) in CASES.items():
         measure(ours, 1)  # warm the OS file cache once
         base, _ = measure(framework, args.runs)

@@ -35,12 +35,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine_info import command_line, machine, portable_path
+from machine_info import command_line, datasets_dir, machine, portable_path
 
 OUT = Path(__file__).resolve().parent / "out"
-DEFAULT_DATA = (
-    Path(__file__).resolve().parents[2] / "shared" / "datasets" / "locomo" / "locomo_dev.json"
-)
+DEFAULT_DATA = datasets_dir() / "locomo" / "locomo_dev.json"
 INSTRUCTION = (
     "Summarise the events and key information of this day's dialogue in two or three "
     "sentences. Only state what the dialogue says."

@@ -60,7 +60,7 @@ from typing import Any, Protocol
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from machine_info import command_line
+from machine_info import command_line, datasets_dir
 from tqdm import tqdm
 
 from memories_core import FixedClock, MemoryEngine, Scope
@@ -86,7 +86,7 @@ from memories_core.mechanisms.reflection import DEFAULT_RECALL_BUDGET
 from memories_core.portable import export_user, import_user
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_DATA = HERE.parent.parent / "shared" / "datasets" / "locomo" / "locomo_dev.json"
+DEFAULT_DATA = datasets_dir() / "locomo" / "locomo_dev.json"
 DEFAULT_OUT = HERE / "out" / "locomo_qa"
 
 BASELINES = ("none", "full", "gold")

@@ -74,20 +74,13 @@ from memories_core.retrieval.temporal import TemporalBoost
 from memories_core.types import MemoryRecord, new_id
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine_info import command_line
+from machine_info import command_line, datasets_dir
 
 # First-stage figures (HistoryMemory reranks by default where the rerank extra is).
 os.environ.setdefault("LLM_MEMORIES_LATE_INTERACTION", "off")
 
 #: The shared datasets folder next to the repository (see shared/datasets/README.md).
-DEFAULT_DATA = (
-    Path(__file__).resolve().parents[1]
-    / ".."
-    / "shared"
-    / "datasets"
-    / "locomo"
-    / "locomo_dev.json"
-)
+DEFAULT_DATA = datasets_dir() / "locomo" / "locomo_dev.json"
 OUT = Path(__file__).resolve().parent / "out"
 KS = (1, 5, 10, 25)
 #: Rows of the table: a label, the search mode and the fusion (None = the library default).

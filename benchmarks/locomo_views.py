@@ -64,15 +64,9 @@ from memories_core.types import MemoryRecord
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from locomo_retrieval import CachedEmbedder
-from machine_info import machine, portable_path
+from machine_info import datasets_dir, machine, portable_path
 
-DEFAULT_DATA = (
-    Path(__file__).resolve().parents[1].parent
-    / "shared"
-    / "datasets"
-    / "locomo"
-    / "locomo_dev.json"
-)
+DEFAULT_DATA = datasets_dir() / "locomo" / "locomo_dev.json"
 OUT = Path(__file__).resolve().parent / "out"
 STEM = "locomo_views"
 KS = (1, 5, 10, 25)

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from locomo_qa import SECOND_SPEAKER_ROLE
-from machine_info import command_line, machine
+from machine_info import command_line, datasets_dir, machine
 from tqdm import tqdm
 
 from memories_core.errors import ParseError
@@ -50,7 +50,7 @@ from memories_core.prompts.emg import EXTRACT, ExtractInput
 from memories_core.prompts.spec import run_spec
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_DATA = ROOT.parent / "shared" / "datasets" / "locomo" / "locomo_dev.json"
+DEFAULT_DATA = datasets_dir() / "locomo" / "locomo_dev.json"
 OUT_DIR = ROOT / "benchmarks" / "out"
 
 

@@ -38,6 +38,20 @@ def machine() -> dict[str, Any]:
     }
 
 
+def datasets_dir() -> Path:
+    """The shared datasets folder: ``shared/datasets`` in the nearest folder above the scripts.
+
+    Next to the repository in a checkout (``../shared/datasets``), and still found from a
+    clone or worktree nested deeper below the shared folder. Where none exists, the one next
+    to the repository (a script then says the file is missing).
+    """
+    here = Path(__file__).resolve().parent
+    for parent in here.parents:
+        if (parent / "shared" / "datasets").is_dir():
+            return parent / "shared" / "datasets"
+    return here.parents[1] / "shared" / "datasets"
+
+
 def repo_state() -> str:
     """The measured package's commit and uncommitted library files: the tree is shared and moves.
 

@@ -34,7 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from locomo_retrieval import CachedEmbedder, machine
-from machine_info import command_line
+from machine_info import command_line, datasets_dir
 from tqdm import tqdm
 
 from memories_core.evaluation import recall_at_k
@@ -47,7 +47,7 @@ from memories_core.retrieval import (
 from memories_core.retrieval.memory_backend import InMemoryBackend
 from memories_core.types import MemoryRecord
 
-DEFAULT_DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "datasets" / "madial"
+DEFAULT_DATA = datasets_dir() / "madial"
 OUT = Path(__file__).resolve().parent / "out"
 KS = (1, 3, 5, 10)
 QUERIES = ("last user turn", "last 3 turns", "whole context")

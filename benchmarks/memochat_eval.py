@@ -49,7 +49,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from tqdm import tqdm
@@ -69,20 +69,9 @@ from memories_core.prompts.memochat import build_retrieval_messages, build_writi
 from memories_core.usage import estimate_tokens
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine_info import portable_path
+from machine_info import datasets_dir, portable_path
 
-
-def _default_items() -> Path:
-    """``shared/datasets/memochat/test.jsonl`` in the nearest folder above this script."""
-    here = Path(__file__).resolve()
-    for parent in here.parents:
-        candidate = parent / "shared" / "datasets" / "memochat" / "test.jsonl"
-        if candidate.exists():
-            return candidate
-    return here.parents[2] / "shared" / "datasets" / "memochat" / "test.jsonl"
-
-
-DEFAULT_ITEMS = _default_items()
+DEFAULT_ITEMS = datasets_dir() / "memochat" / "test.jsonl"
 THRESHOLDS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4)
 PENALTIES = (0.0, 0.25, 0.5, 0.75, 1.0)
 SMOOTHINGS = (0.0, 0.15, 0.3, 0.5)
@@ -194,6 +183,12 @@ def f1(pred: set[int], gold: set[int]) -> float:
 Setting = dict[str, Any]
 
 
+class ScoreSource(Protocol):
+    """What the selectors read: an item's score matrix (query sentences x real options)."""
+
+    def scores(self, item: dict[str, Any], setting: Setting, /) -> np.ndarray: ...
+
+
 class Scorer:
     """Score matrices (query sentences x real options) per item, computed once per setting.
 
@@ -299,7 +294,9 @@ def decide(scores: np.ndarray, setting: Setting) -> list[int]:
     raise ValueError(rule)
 
 
-def ranking_ceiling(items: Sequence[dict[str, Any]], scorer: Scorer, setting: Setting) -> float:
+def ranking_ceiling(
+    items: Sequence[dict[str, Any]], scorer: ScoreSource, setting: Setting
+) -> float:
     """F1 when told how many options are right: the top-k options by their best sentence score.
 
     Over the items whose reference is not NOTO; k = the reference's size. No threshold or
@@ -316,7 +313,7 @@ def ranking_ceiling(items: Sequence[dict[str, Any]], scorer: Scorer, setting: Se
     return statistics.fmean(scores) if scores else float("nan")
 
 
-def select(item: dict[str, Any], scorer: Scorer, setting: Setting) -> set[int]:
+def select(item: dict[str, Any], scorer: ScoreSource, setting: Setting) -> set[int]:
     """Run a selector on one item; map back to the item's option numbers (NOTO if none)."""
     real = [i for i in range(1, len(item["options"]) + 1) if i != item["noto"]]
     if not real:
@@ -325,7 +322,7 @@ def select(item: dict[str, Any], scorer: Scorer, setting: Setting) -> set[int]:
     return {real[c] for c in chosen} or {item["noto"]}
 
 
-def selector_f1(items: Sequence[dict[str, Any]], scorer: Scorer, setting: Setting) -> float:
+def selector_f1(items: Sequence[dict[str, Any]], scorer: ScoreSource, setting: Setting) -> float:
     if not items:
         return float("nan")
     return statistics.fmean(f1(select(it, scorer, setting), it["gold"]) for it in items)

@@ -98,7 +98,10 @@ def score(
     items: Sequence[dict[str, Any]], answers: dict[str, dict[str, Any]], order: str, base: str
 ) -> dict[str, Any]:
     """One order's figures, and per item against the order ``base`` (F1 better / worse)."""
-    f1s, noto_hit, other_noto, secs = [], [], [], []
+    f1s: list[float] = []
+    noto_hit: list[bool] = []
+    other_noto: list[bool] = []
+    secs: list[float] = []
     failed = better = worse = changed = 0
     for item in items:
         a, b = answers.get(key(item, order)), answers.get(key(item, base))

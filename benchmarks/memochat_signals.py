@@ -425,7 +425,7 @@ def selector_f1(items: Sequence[Item], ch: Channels, s: Setting) -> float:
 
 
 def cv_row(
-    split: dict[str, list[Item]], score: Callable[[Sequence[Item], Setting], float], grid: list[Any]
+    split: dict[str, list[Item]], score: Callable[[Sequence[Item], Any], float], grid: list[Any]
 ) -> dict[str, Any]:
     """Both CV directions, their loss against the test source's best, and the best-mean point."""
     per = {s: [score(split[s], g) for g in grid] for s in ("dialogsum", "topiocqa")}
@@ -733,14 +733,14 @@ def main(argv: Sequence[str] | None = None) -> None:
             for weight in (0.0, 0.25, 0.5, 0.75):
                 if kind == "char" and weight == 0.0:
                     continue
-                grid = [
+                seg_grid = [
                     (w, c, sh, co, weight, kind)
                     for w in (2, 3)
                     for c in (0.5, 1.0, 1.5)
                     for sh in (0.0, 0.4, 0.8)
                     for co in (0.0, 0.2, 0.4)
                 ]
-                row = cv_row(wsplit, seg_f1, grid)
+                row = cv_row(wsplit, seg_f1, seg_grid)
                 every = seg_f1(writing, row["best_mean"])
                 out["segmenter"][f"{kind} {weight}"] = {**row, "best_mean_all": every}
                 print(

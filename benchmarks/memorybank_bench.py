@@ -41,17 +41,10 @@ from memories_core.types import MemoryRecord, new_id
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from machine_info import datasets_dir
+
 OUT = Path(__file__).resolve().parent / "out"
 KS = (1, 5, 10, 25)
-
-
-def datasets_dir() -> Path:
-    """The shared datasets folder next to the repository (or next to an ancestor of it)."""
-    here = Path(__file__).resolve()
-    for parent in here.parents:
-        if (parent / "shared" / "datasets").is_dir():
-            return parent / "shared" / "datasets"
-    return here.parents[1].parent / "shared" / "datasets"
 
 
 # ----------------------------------------------------------------------------- 1. ingest
@@ -137,7 +130,7 @@ def forgetting_variants() -> dict[str, Pipeline]:
 
 def locomo(path: Path, minilm: bool) -> dict[str, Any]:
     """Recall@k of evidence turns per category, without and with forgetting."""
-    from locomo_retrieval import CachedEmbedder, pipeline_backend, summarise_categories
+    from locomo_retrieval import CachedEmbedder, build_backend, summarise_categories
 
     from memories_core.evaluation import load_locomo, recall_at_k
 
@@ -148,7 +141,7 @@ def locomo(path: Path, minilm: bool) -> dict[str, Any]:
 
         inner = SentenceTransformerEmbedder()
     embedder = CachedEmbedder(inner, OUT / "cache")
-    backends = {c.sample_id: pipeline_backend(c, embedder, "session ids") for c in conversations}
+    backends = {c.sample_id: build_backend(c, embedder, "session ids") for c in conversations}
     embedder.save()
     results: dict[str, Any] = {"embedder": inner.name, "conversations": len(conversations)}
     for label, pipeline in forgetting_variants().items():

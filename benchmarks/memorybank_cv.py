@@ -41,6 +41,7 @@ from locomo_retrieval import (
     question_time,
     turn_content,
 )
+from machine_info import datasets_dir
 
 from memories_core import FixedClock, MemoryBankMemory, Scope, Turn
 from memories_core.embedders import HashingEmbedder
@@ -90,15 +91,6 @@ def library_default() -> Setting:
         params["archive_below"].default,
         params["summaries_decay"].default,
     )
-
-
-def datasets_dir() -> Path:
-    """The shared datasets folder next to the repository (or next to an ancestor of it)."""
-    here = Path(__file__).resolve()
-    for parent in here.parents:
-        if (parent / "shared" / "datasets").is_dir():
-            return parent / "shared" / "datasets"
-    return here.parents[1].parent / "shared" / "datasets"
 
 
 def replay(

@@ -27,17 +27,12 @@ from memories_core.llms import ScriptedLLM
 from memories_core.mechanisms.forgetting import retention
 from memories_core.prompts.memorybank import memorybank_reply
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from machine_info import datasets_dir
+
 OUT = Path(__file__).resolve().parent / "out"
 DAYS = 30
-
-
-def datasets_dir() -> Path:
-    """The shared datasets folder next to the repository (or next to an ancestor of it)."""
-    here = Path(__file__).resolve()
-    for parent in here.parents:
-        if (parent / "shared" / "datasets").is_dir():
-            return parent / "shared" / "datasets"
-    return here.parents[1].parent / "shared" / "datasets"
 
 
 def load_users(path: Path) -> dict[str, dict[str, list[dict[str, str]]]]:

@@ -57,12 +57,12 @@ from memories_core.types import ChatMessage
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from locomo_retrieval import CachedEmbedder
-from machine_info import machine, portable_path
+from machine_info import datasets_dir, machine, portable_path
 
 # First-stage figures (HistoryMemory reranks by default where the rerank extra is).
 os.environ.setdefault("LLM_MEMORIES_LATE_INTERACTION", "off")
 
-DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
+DATASETS = datasets_dir()
 DEFAULT_DATA = DATASETS / "locomo" / "locomo_dev.json"
 OUT = Path(__file__).resolve().parent / "out"
 STEM = "reflection_loop"

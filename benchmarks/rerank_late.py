@@ -48,6 +48,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -336,6 +337,22 @@ def cross_validate(
     }
 
 
+def late_timed(
+    base: Pipeline, late: OnnxLateInteractionEncoder, candidates: int, pool: int, depth: int
+) -> Pipeline:
+    """The late-interaction pipeline a timing row runs (a fresh cache: cold)."""
+    reranker = LateInteractionReranker(
+        late, candidates=candidates, pool=pool, cache=TokenVectorCache()
+    )
+    return late_interaction_pipeline(base, reranker, depth=depth if pool else base.depth)
+
+
+def ce_timed(base: Pipeline, length: int, candidates: int, threads: int) -> Pipeline:
+    """The cross-encoder pipeline a timing row runs."""
+    stage = cross_encoder_reranker(candidates=candidates, max_length=length, threads=threads)
+    return replace(base, rerankers=(*base.rerankers, stage))
+
+
 def timing(
     args: argparse.Namespace, conversations: Sequence[Any], stage: dict[str, Any]
 ) -> list[dict[str, Any]]:
@@ -390,13 +407,7 @@ def timing(
                 (
                     f"late interaction, {candidates} candidates{deep}, "
                     f"{('cold', 'warm')[warm]} cache",
-                    lambda c=candidates, p=pool: late_interaction_pipeline(
-                        base,
-                        LateInteractionReranker(
-                            late, candidates=c, pool=p, cache=TokenVectorCache()
-                        ),
-                        depth=args.depth if p else base.depth,
-                    ),
+                    partial(late_timed, base, late, candidates, pool, args.depth),
                     warm,
                 )
             )
@@ -404,13 +415,7 @@ def timing(
         settings.append(
             (
                 f"cross-encoder, {candidates} x {length} pieces, {threads} thread(s)",
-                lambda n=length, c=candidates, t=threads: replace(
-                    base,
-                    rerankers=(
-                        *base.rerankers,
-                        cross_encoder_reranker(candidates=c, max_length=n, threads=t),
-                    ),
-                ),
+                partial(ce_timed, base, length, candidates, threads),
                 False,
             )
         )
