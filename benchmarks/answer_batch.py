@@ -28,7 +28,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import locomo_qa
-from machine_info import command_line, machine, run_header
+from machine_info import command_line, machine, run_header, save_figure
 
 
 def measure(sizes: list[int], mechanism: str, out: Path, rest: list[str]) -> list[dict[str, Any]]:
@@ -111,9 +111,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     ax.set_xlabel("questions answered per batch (--answer-batch)")
     ax.set_ylabel("reader seconds per question")
     ax.set_title("Batched answers, offline reader")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -47,7 +47,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from latency import command_line, machine, make_queries, real_embedder, save_results
-from machine_info import repo_state
+from machine_info import repo_state, save_figure
 
 TARGET = "target-user"
 CONDITIONS = ("disk", "disk + prefetch", "reopen", "new process")
@@ -276,9 +276,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax.set_xlabel("first recall after a reopen, ms (one dot per trial)")
     ax.set_title(f"{result['records']} records")
     ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> None:

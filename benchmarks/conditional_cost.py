@@ -44,7 +44,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from machine_info import machine
+from machine_info import machine, save_figure
 
 from memories_core import (
     ConditionalMemory,
@@ -617,9 +617,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     axes[1].legend(fontsize=8)
     axes[1].set_title("prompt tokens added by memory")
     fig.suptitle("Cost per utterance, scripted 40-utterance dialogue (rule-following fake LLM)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -38,7 +38,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from latency import command_line, machine, make_queries, real_embedder, save_results
-from machine_info import repo_state
+from machine_info import repo_state, save_figure
 
 TARGET = "target-user"
 
@@ -206,9 +206,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax.set_xlim(1, 2 * max(rates))  # bars from 1 record/s: the log scale's lengths compare
     ax.set_xlabel("records per second (log scale)")
     ax.set_title(f"upgrading {result['records']} records to 128 dimensions")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -32,6 +32,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import variant_qa
+from machine_info import save_figure
 
 from memories_core.evaluation import CATEGORY_NAMES, leave_one_out, mean
 from memories_core.evaluation.harness import read_jsonl
@@ -214,9 +215,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax.set_ylabel("LoCoMo F1")
     ax.set_title("DPeM executive settings (replayed rounds, same reader)")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -62,7 +62,7 @@ os.environ.setdefault("LLM_MEMORIES_LATE_INTERACTION", "off")
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from machine_info import datasets_dir  # noqa: E402
+from machine_info import datasets_dir, save_figure  # noqa: E402
 
 DEFAULT_DATA = datasets_dir()
 DEFAULT_OUT = HERE / "out" / "engine_compare"
@@ -883,9 +883,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
         f"{report['machine']['nproc']} cores)",
         fontsize=11,
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 def write_outputs(report: dict[str, Any], out: Path) -> None:

@@ -38,7 +38,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from latency import command_line, save_results
-from machine_info import datasets_dir, machine
+from machine_info import datasets_dir, machine, save_figure
 from tqdm import tqdm
 
 from memories_core.retrieval.late_encoder import BUNDLED_HIDDEN_DIM, OnnxLateInteractionEncoder
@@ -118,9 +118,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax.set_ylabel("share of the token vectors' energy")
     ax.set_ylim(0, 1)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> None:

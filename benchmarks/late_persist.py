@@ -55,6 +55,7 @@ from latency import (
     render,
     save_results,
 )
+from machine_info import save_figure
 
 TARGET = "target-user"
 #: Time between two turns: a conversation of turns 30 s apart.
@@ -321,9 +322,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax.barh(names, values, color="#4477aa")
     ax.set_xlabel("ms (p50; the cold recall is one call)")
     ax.invert_yaxis()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from machine_info import save_figure
+
 OUT_DIR = Path(__file__).resolve().parent / "out"
 
 PROMPTS = [
@@ -203,9 +207,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     ax_speed.set_ylabel("generated tokens / s")
     ax_speed.set_title("Greedy decode speed (higher is better)")
     fig.suptitle("LocalLLM: SmolLM2-135M-Instruct (Q4_1 GGUF), CPU")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def markdown(

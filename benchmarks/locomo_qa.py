@@ -60,7 +60,7 @@ from typing import Any, Protocol
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from machine_info import command_line, datasets_dir
+from machine_info import command_line, datasets_dir, save_figure
 from tqdm import tqdm
 
 from memories_core import FixedClock, MemoryEngine, Scope
@@ -779,9 +779,7 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
     ax.set_ylabel("LoCoMo F1")
     ax.set_title("Answer quality vs cost")
     ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 # ----------------------------------------------------------------------------- main

@@ -74,7 +74,7 @@ from memories_core.retrieval.temporal import TemporalBoost
 from memories_core.types import MemoryRecord, new_id
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine_info import command_line, datasets_dir
+from machine_info import command_line, datasets_dir, save_figure
 
 # First-stage figures (HistoryMemory reranks by default where the rerank extra is).
 os.environ.setdefault("LLM_MEMORIES_LATE_INTERACTION", "off")
@@ -991,9 +991,7 @@ def plot_variants(rows: dict[str, Any], path: Path) -> None:
     turns.legend(fontsize=6, loc="lower right")
     sessions.legend(fontsize=6, loc="lower right")
     fig.suptitle("LoCoMo dev, no session ids (5 conversations, 997 questions)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def gap_label(gap: timedelta | None) -> str:
@@ -1128,9 +1126,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.set_title("LoCoMo retrieval: recall of evidence turns")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def machine() -> str:

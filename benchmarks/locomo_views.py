@@ -64,7 +64,7 @@ from memories_core.types import MemoryRecord
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from locomo_retrieval import CachedEmbedder
-from machine_info import datasets_dir, machine, portable_path
+from machine_info import datasets_dir, machine, portable_path, save_figure
 
 DEFAULT_DATA = datasets_dir() / "locomo" / "locomo_dev.json"
 OUT = Path(__file__).resolve().parent / "out"
@@ -441,9 +441,7 @@ def plot(results: dict[str, Any], modes: Sequence[str], path: Path) -> None:
     ax.set_title(f"{modes[0]}: recall per dia_id budget")
     ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from locomo_qa import SECOND_SPEAKER_ROLE
-from machine_info import command_line, datasets_dir, machine
+from machine_info import command_line, datasets_dir, machine, save_figure
 from tqdm import tqdm
 
 from memories_core.errors import ParseError
@@ -193,9 +193,7 @@ def plot(results: dict[str, dict[str, Any]], path: Path, prompt: str = "dpem.not
     ax.set_ylabel(f"seconds ({prompt} call, with repair)")
     ax.set_title(f"{prompt}, Qwen2.5-1.5B greedy, 2 CPU cores (lower is better)")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -1,4 +1,5 @@
-"""Machine and code description written into every benchmark's Markdown snippet."""
+"""What every benchmark shares: the machine and code description written beside its
+figures, its command line, the datasets folder, and the figure writer."""
 
 from __future__ import annotations
 
@@ -50,6 +51,15 @@ def datasets_dir() -> Path:
         if (parent / "shared" / "datasets").is_dir():
             return parent / "shared" / "datasets"
     return here.parents[1] / "shared" / "datasets"
+
+
+def save_figure(fig: Any, path: Path, dpi: int = 120) -> None:
+    """Lay out a matplotlib figure, write it to ``path`` and close it (a run draws many)."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
 
 
 def repo_state() -> str:

@@ -34,7 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from locomo_retrieval import CachedEmbedder, machine
-from machine_info import command_line, datasets_dir
+from machine_info import command_line, datasets_dir, save_figure
 from tqdm import tqdm
 
 from memories_core.evaluation import recall_at_k
@@ -215,9 +215,7 @@ def plot(results: dict[str, dict[str, dict[str, float]]], path: Path) -> None:
     axes[0].set_ylim(0, 1)
     axes[-1].legend(fontsize=8)
     fig.suptitle("MADial-Bench (en) memory recall")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -37,6 +37,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from machine_info import save_figure
 from memochat_eval import DEFAULT_ITEMS, f1, retrieval_items
 
 from memories_core.mechanisms.memochat import choose_memos
@@ -177,9 +178,7 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
     ax.set_ylim(0, 1)
     ax.legend(fontsize=7)
     ax.set_title("MemoChat memo retrieval by NOTO position", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

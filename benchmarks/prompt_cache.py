@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from loop_stop import DEFAULT_DATA, OUT_DIR, exchanges
-from machine_info import command_line, machine
+from machine_info import command_line, machine, save_figure
 from tqdm import tqdm
 
 from memories_core.llms import LocalLLM
@@ -121,9 +121,7 @@ def plot(results: list[dict[str, Any]], path: Path, model: str) -> None:
     ax.set_ylim(0, 1)
     ax.set_title(f"Prompt cache reuse, {model}, greedy (lower is better)")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main() -> None:

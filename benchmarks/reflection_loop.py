@@ -57,7 +57,7 @@ from memories_core.types import ChatMessage
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from locomo_retrieval import CachedEmbedder
-from machine_info import datasets_dir, machine, portable_path
+from machine_info import datasets_dir, machine, portable_path, save_figure
 
 # First-stage figures (HistoryMemory reranks by default where the rerank extra is).
 os.environ.setdefault("LLM_MEMORIES_LATE_INTERACTION", "off")
@@ -535,9 +535,7 @@ def plot(rows: list[dict[str, Any]], local: dict[str, Any] | None, path: Path) -
     axes[1].legend(fontsize=7)
     axes[1].set_title("recall of the final records")
     fig.suptitle("Self-reflective retrieval over LoCoMo raw turns (scripted judges = mechanics)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -45,7 +45,7 @@ from locomo_retrieval import (
     build_backend,
     machine,
 )
-from machine_info import command_line
+from machine_info import command_line, save_figure
 from tqdm import tqdm
 
 from memories_core.evaluation import CATEGORY_NAMES, load_locomo, recall_at_k
@@ -310,9 +310,7 @@ def plot(
     right.legend(fontsize=8)
     right.set_title("cost")
     fig.suptitle("Cross-encoder reranking (ms-marco-MiniLM-L-12-v2 int8 ONNX)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -60,7 +60,7 @@ import numpy.typing as npt
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent / "shared"), str(HERE.parent), str(HERE)]
 
-from machine_info import command_line, machine  # noqa: E402
+from machine_info import command_line, machine, save_figure  # noqa: E402
 
 from memories_core.embedders.base import BaseEmbedder  # noqa: E402
 from memories_core.testing import chroma_server  # noqa: E402
@@ -818,9 +818,7 @@ def plot(results: Sequence[dict[str, Any]], path: Path) -> None:
     ax3.set_ylabel("ms per query")
     ax3.set_title("Recall, k=10, 4 concurrent clients", fontsize=9)
     ax3.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 def markdown(result: dict[str, Any]) -> str:

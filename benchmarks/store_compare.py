@@ -44,7 +44,7 @@ from typing import Any
 
 from langgraph.store.base import BaseStore, PutOp
 from langgraph.store.memory import InMemoryStore
-from machine_info import command_line, machine
+from machine_info import command_line, machine, save_figure
 
 from langchain_memories import CoreEmbeddings, MemoryStore
 from memories_core.embedders import HashingEmbedder
@@ -270,9 +270,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
     search.set_xlabel("query search ms, log scale (lower is better)")
     search.legend(loc="lower right")
     fig.suptitle(f"LangGraph stores: {report['items']:,} items in one namespace")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,7 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import locomo_qa
-from machine_info import command_line, machine, run_header
+from machine_info import command_line, machine, run_header, save_figure
 
 from memories_core import Scope
 from memories_core.evaluation.harness import ingest_conversation
@@ -154,9 +154,7 @@ def plot(rows: list[dict[str, Any]], mechanism: str, path: Path) -> None:
     ax.set_xlabel("jobs written per batch (LocalLLM batch_size)")
     ax.set_ylabel("ingest seconds per exchange")
     ax.set_title(f"{mechanism} memory writing, offline model")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def local_factory(model: str | None, threads: int | None, quantize: str) -> LLMFactory:
