@@ -37,10 +37,9 @@ from memories_core.backends.chroma_verify import (
 )
 from memories_core.backends.folder_lock import FolderLock
 from memories_core.backends.numpy_index import (
-    as_matrix,
     as_query,
     check_filter,
-    check_metadata,
+    checked_batch,
 )
 from memories_core.errors import (
     BackendError,
@@ -467,12 +466,10 @@ class ChromaIndex(ChromaFiltering, ChromaReachability, ChromaVerification, Chrom
             BackendError: if Chroma fails (earlier batches may already be written; the
                 record store keeps such records pending, so they are re-added later).
         """
-        if len(ids) != len(metadatas):
-            raise InvalidInputError(f"{len(ids)} ids but {len(metadatas)} metadatas")
-        if not ids:
+        batch = checked_batch(ids, vectors, metadatas)
+        if batch is None:
             return
-        matrix = as_matrix(vectors, len(ids))
-        metas = [check_metadata(meta) for meta in metadatas]
+        matrix, metas = batch
         id_list = [str(i) for i in ids]
         rows_of: dict[str, list[int]] = {}
         for row, meta in enumerate(metas):

@@ -151,6 +151,25 @@ def as_matrix(vectors: npt.ArrayLike, rows: int) -> npt.NDArray[np.float32]:
     return matrix
 
 
+def checked_batch(
+    ids: Sequence[str], vectors: npt.ArrayLike, metadatas: Sequence[Metadata]
+) -> tuple[npt.NDArray[np.float32], list[dict[str, str | int | float | bool]]] | None:
+    """Validate a batch of every index's ``add`` before anything of it is written.
+
+    Returns:
+        The vectors as :func:`as_matrix` and the metadatas as :func:`check_metadata`
+        return them, or ``None`` for an empty batch (nothing to add).
+
+    Raises:
+        InvalidInputError: on mismatched lengths, bad shapes or invalid metadata.
+    """
+    if len(ids) != len(metadatas):
+        raise InvalidInputError(f"{len(ids)} ids but {len(metadatas)} metadatas")
+    if not ids:
+        return None
+    return as_matrix(vectors, len(ids)), [check_metadata(meta) for meta in metadatas]
+
+
 def as_query(vector: npt.ArrayLike) -> npt.NDArray[np.float32]:
     """Return a query as a finite 1-d float32 vector (a ``(1, d)`` array is accepted).
 
@@ -268,12 +287,10 @@ class NumpyIndex:
             MissingUserError: if a metadata has no ``user_id``.
             EmbedderMismatchError: if the dimension differs from the stored vectors'.
         """
-        if len(ids) != len(metadatas):
-            raise InvalidInputError(f"{len(ids)} ids but {len(metadatas)} metadatas")
-        if not ids:
+        batch = checked_batch(ids, vectors, metadatas)
+        if batch is None:
             return
-        matrix = as_matrix(vectors, len(ids))
-        metas = [check_metadata(meta) for meta in metadatas]
+        matrix, metas = batch
         with self._lock:
             self._check_dimension(matrix.shape[1])
             self._dimension = matrix.shape[1]

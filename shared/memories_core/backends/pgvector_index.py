@@ -61,10 +61,9 @@ import numpy.typing as npt
 
 from memories_core.backends.numpy_index import (
     PROBE_DEPTH,
-    as_matrix,
     as_query,
     check_filter,
-    check_metadata,
+    checked_batch,
 )
 from memories_core.backends.pg_common import (
     check_schema,
@@ -400,12 +399,10 @@ class PgVectorIndex:
             MissingUserError: if a metadata has no ``user_id``.
             EmbedderMismatchError: if the dimension differs from the table's.
         """
-        if len(ids) != len(metadatas):
-            raise InvalidInputError(f"{len(ids)} ids but {len(metadatas)} metadatas")
-        if not ids:
+        batch = checked_batch(ids, vectors, metadatas)
+        if batch is None:
             return
-        matrix = as_matrix(vectors, len(ids))
-        metas = [check_metadata(meta) for meta in metadatas]
+        matrix, metas = batch
         self._check_dimension(matrix.shape[1])
         rows = []
         for vid, vector, meta in zip(ids, matrix, metas, strict=True):
