@@ -11,7 +11,8 @@ the sum of R@5, R@10 and session R@10):
 
 * ``min-max blend``: the library's own rule (candidates x weight, pool 250);
 * ``z-score blend`` / ``pool z-score blend``: the two scores standardised over the head, or
-  over the whole pool, instead of min-max (Fox & Shaw's CombSUM family of score fusions);
+  over the whole pool, instead of min-max (zero mean, unit variance: Montague & Aslam, 2001,
+  "Relevance Score Normalization for Metasearch");
 * ``rank fusion``: reciprocal-rank fusion of the two orders in the head (Cormack, Clarke and
   Buettcher, 2009, "Reciprocal Rank Fusion outperforms Condorcet and individual Rank
   Learning Methods"), ``k`` as its constant;
@@ -284,6 +285,8 @@ def load(out: Path) -> list[Question]:
             return np.stack([vectors[key("d", texts[i])] for i in ids])
 
         query = vectors.get(key("q", row["q"]))
+        if query is None or any(key("d", text) not in vectors for text in texts.values()):
+            raise SystemExit(f"{VECTOR_CACHE} lacks vectors of {row['sid']}: run rerank_late.py")
         questions.append(Question(row, late[SCORE_KEY][n], of, query))
     return questions
 
