@@ -37,7 +37,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from latency import command_line, machine, make_queries, real_embedder, save_results
+from latency import (
+    add_output_options,
+    command_line,
+    machine,
+    make_queries,
+    real_embedder,
+    run_or_redraw,
+)
 from machine_info import repo_state, save_figure
 
 TARGET = "target-user"
@@ -216,15 +223,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sample", type=int, default=300, help="records compared")
     parser.add_argument("--queries", type=int, default=100)
     parser.add_argument("--seed", type=int, default=5)
-    parser.add_argument("--name", default="derive_vectors")
-    parser.add_argument("--report-only", action="store_true", help="redo md/png from the JSON")
-    args = parser.parse_args(argv)
-    if args.report_only:
-        save_results(args.name, None, report, plot)
-        return
-    result = run(args)
-    save_results(args.name, result, report, plot)
-    print(report(result))
+    add_output_options(parser, "derive_vectors")
+    run_or_redraw(parser.parse_args(argv), run, report, plot)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from latency import command_line, save_results
+from latency import add_output_options, command_line, run_or_redraw
 from machine_info import datasets_dir, machine, save_figure
 from tqdm import tqdm
 
@@ -128,12 +128,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--basis", type=Path, default=BASIS / "colbert_small_basis.npy")
-    parser.add_argument("--name", default="late_basis")
-    parser.add_argument("--report-only", action="store_true", help="redo md/png from the JSON")
-    args = parser.parse_args(argv)
-    if args.report_only:
-        save_results(args.name, None, report, plot)
-        return
+    add_output_options(parser, "late_basis")
+    run_or_redraw(parser.parse_args(argv), run, report, plot)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Fit the basis, write it (atomically) and return the figures."""
     bank = memorybank_texts(args.data)
     chat = memochat_texts(args.data, args.memochat_lines, args.seed)
     started = time.perf_counter()
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
     partial = args.basis.with_suffix(".tmp.npy")
     np.save(partial, basis, allow_pickle=False)
     partial.replace(args.basis)  # atomic: a reader never sees half a file
-    result = {
+    return {
         "command": command_line(),
         "machine": machine(),
         "texts": {"memorybank": len(bank), "memochat": len(chat)},
@@ -152,8 +152,6 @@ def main(argv: list[str] | None = None) -> None:
         "energy": {str(w): float(cumulative[w - 1]) for w in WIDTHS},
         "curve": [float(c) for c in cumulative],
     }
-    save_results(args.name, result, report, plot)
-    print(report(result))
 
 
 if __name__ == "__main__":

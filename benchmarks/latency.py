@@ -995,6 +995,27 @@ def save_results(
     return result
 
 
+def add_output_options(parser: argparse.ArgumentParser, name: str) -> None:
+    """``--name`` (the stem of ``OUT/<name>.{json,md,png}``) and ``--report-only``."""
+    parser.add_argument("--name", default=name)
+    parser.add_argument("--report-only", action="store_true", help="redo md/png from the JSON")
+
+
+def run_or_redraw(
+    args: argparse.Namespace,
+    run: Callable[[argparse.Namespace], dict[str, Any]],
+    report: Callable[[dict[str, Any]], str],
+    plot: Callable[[dict[str, Any], Path], None],
+) -> None:
+    """Run, save and print the report; with ``--report-only``, draw the saved JSON again."""
+    if args.report_only:
+        save_results(args.name, None, report, plot)
+        return
+    result = run(args)
+    save_results(args.name, result, report, plot)
+    print(report(result))
+
+
 def command_line() -> str:
     """This process's command as results record it (``machine_info.nice_command_line``)."""
     from machine_info import nice_command_line, portable_path

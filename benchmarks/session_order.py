@@ -55,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import locomo_retrieval as lr
 import rerank_late as rl
-from latency import OUT, command_line, save_results
+from latency import OUT, add_output_options, command_line, run_or_redraw
 from machine_info import machine, save_figure
 
 from memories_core.evaluation import leave_one_out
@@ -359,15 +359,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=OUT, help="where the caches are")
-    parser.add_argument("--name", default="session_order")
-    parser.add_argument("--report-only", action="store_true", help="redo md/png from the JSON")
-    args = parser.parse_args(argv)
-    if args.report_only:
-        save_results(args.name, None, report, plot)
-        return
-    result = run(args)
-    save_results(args.name, result, report, plot)
-    print(report(result))
+    add_output_options(parser, "session_order")
+    run_or_redraw(parser.parse_args(argv), run, report, plot)
 
 
 if __name__ == "__main__":
