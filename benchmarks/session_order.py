@@ -109,9 +109,13 @@ def _unit(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
     return (values - low) / (high - low) if high > low else np.zeros_like(values)
 
 
-def _standard(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-    spread = values.std()
-    return (values - values.mean()) / spread if spread > 0 else np.zeros_like(values)
+def _standard(
+    values: npt.NDArray[np.float64], over: npt.NDArray[np.float64] | None = None
+) -> npt.NDArray[np.float64]:
+    """``values`` in standard deviations from the mean of ``over`` (default: themselves)."""
+    over = values if over is None else over
+    spread = over.std()
+    return (values - over.mean()) / spread if spread > 0 else np.zeros_like(values)
 
 
 def _ranks(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
@@ -120,6 +124,11 @@ def _ranks(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
     ranks = np.empty(len(values))
     ranks[order] = np.arange(len(values))
     return ranks
+
+
+def library_blend(q: Question, candidates: int, weight: float) -> list[str]:
+    """The library's own rule (``pool_head`` then ``blend_head``) at one grid point."""
+    return rl.blended_ranking(q.row, q.late, (SCORE_KEY, candidates, DEFAULT_LATE_POOL, weight))
 
 
 def blended(q: Question, candidates: int, weight: float, form: str, k: float = 60.0) -> list[str]:
@@ -131,16 +140,12 @@ def blended(q: Question, candidates: int, weight: float, form: str, k: float = 6
     fused = dict(zip(ids, q.row["fused"], strict=True))
     model = np.array([late[i] for i in head], dtype=np.float64)
     first = np.array([fused[i] for i in head], dtype=np.float64)
-    if form == "min-max":
-        mixed = weight * _unit(model) + (1 - weight) * _unit(first)
-    elif form == "z-score":
+    if form == "z-score":
         mixed = weight * _standard(model) + (1 - weight) * _standard(first)
     elif form == "pool z-score":
         pool_model = np.array([late[i] for i in scored], dtype=np.float64)
         pool_first = np.array([fused[i] for i in scored], dtype=np.float64)
-        mixed = weight * (model - pool_model.mean()) / (pool_model.std() or 1.0) + (1 - weight) * (
-            first - pool_first.mean()
-        ) / (pool_first.std() or 1.0)
+        mixed = weight * _standard(model, pool_model) + (1 - weight) * _standard(first, pool_first)
     elif form == "rank fusion":
         mixed = weight / (k + _ranks(model)) + (1 - weight) / (k + _ranks(first))
     else:
@@ -185,8 +190,9 @@ Setting = tuple[str, Callable[[Question], list[str]]]
 def families() -> dict[str, list[Setting]]:
     """Every family's settings; the library's default is the first of its own family."""
 
+    cells = list(itertools.product((40, 30, 50), (0.7, 0.5, 0.6, 0.8, 0.9)))
+
     def blend_family(form: str) -> list[Setting]:
-        cells = list(itertools.product((40, 30, 50), (0.7, 0.5, 0.6, 0.8, 0.9)))
         return [
             (f"{c} candidates, weight {w}", partial(blended, candidates=c, weight=w, form=form))
             for c, w in cells
@@ -197,7 +203,10 @@ def families() -> dict[str, list[Setting]]:
     feedback_cells = itertools.product((3, 5), (0.5, 1.0, 2.0), (5, 10), (0.2, 0.4, 0.6), (50, 100))
     identity: Setting = ("the library's order", lambda q: q.default)
     return {
-        "min-max blend (library)": blend_family("min-max"),
+        "min-max blend (library)": [
+            (f"{c} candidates, weight {w}", partial(library_blend, candidates=c, weight=w))
+            for c, w in cells
+        ],
         "z-score blend": blend_family("z-score"),
         "pool z-score blend": blend_family("pool z-score"),
         "rank fusion": [
