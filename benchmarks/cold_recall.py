@@ -46,7 +46,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from latency import command_line, machine, make_queries, real_embedder, save_results
+from latency import (
+    add_output_options,
+    command_line,
+    machine,
+    make_queries,
+    real_embedder,
+    save_results,
+)
 from machine_info import repo_state, save_figure
 
 TARGET = "target-user"
@@ -292,8 +299,7 @@ def main(argv: list[str] | None = None) -> None:
         default="late",
         help="late interaction (the default's) or the first stage alone",
     )
-    parser.add_argument("--name", default="cold_recall")
-    parser.add_argument("--report-only", action="store_true", help="redo md/png from the JSON")
+    add_output_options(parser, "cold_recall")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)  # first query's index
     args = parser.parse_args(argv)
     if args.report_only:

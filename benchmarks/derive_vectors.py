@@ -45,14 +45,9 @@ from latency import (
     real_embedder,
     run_or_redraw,
 )
-from machine_info import repo_state, save_figure
+from machine_info import folder_bytes, repo_state, save_figure
 
 TARGET = "target-user"
-
-
-def folder_bytes(folder: Path) -> int:
-    """Bytes of every file under ``folder``."""
-    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
 
 
 def compare(

@@ -62,7 +62,7 @@ os.environ.setdefault("LLM_MEMORIES_LATE_INTERACTION", "off")
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from machine_info import datasets_dir, save_figure  # noqa: E402
+from machine_info import datasets_dir, folder_bytes, save_figure  # noqa: E402
 
 DEFAULT_DATA = datasets_dir()
 DEFAULT_OUT = HERE / "out" / "engine_compare"
@@ -105,8 +105,7 @@ def load_avg() -> list[float]:
 
 
 def dir_mib(path: Path) -> float:
-    total = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-    return round(total / 2**20, 1)
+    return round(folder_bytes(path) / 2**20, 1)
 
 
 def library_origin() -> str:

@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from latency import (
     BASE_TIME,
     VectorBank,
+    add_output_options,
     command_line,
     machine,
     make_queries,
@@ -132,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--query-runtime", default="auto", choices=("auto", "torch"), help="embedder queries"
     )
-    parser.add_argument("--name", default="late_persist")
+    add_output_options(parser, "late_persist")
     parser.add_argument(
         "--keep-store",
         default=None,
@@ -140,7 +141,6 @@ def main(argv: list[str] | None = None) -> None:
         "earlier run with the same --size/--batch/--seed, measure recall on them again "
         "(their ingest figures are reused) instead of ingesting",
     )
-    parser.add_argument("--report-only", action="store_true", help="redo md/png from the JSON")
     args = parser.parse_args(argv)
     if args.report_only:
         save_results(args.name, None, report, plot)

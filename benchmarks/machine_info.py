@@ -1,5 +1,5 @@
 """What every benchmark shares: the machine and code description written beside its
-figures, its command line, the datasets folder, and the figure writer."""
+figures, its command line, the datasets folder, a folder's size, and the figure writer."""
 
 from __future__ import annotations
 
@@ -51,6 +51,11 @@ def datasets_dir() -> Path:
         if (parent / "shared" / "datasets").is_dir():
             return parent / "shared" / "datasets"
     return here.parents[1] / "shared" / "datasets"
+
+
+def folder_bytes(folder: Path) -> int:
+    """Bytes of every file under ``folder`` (a store's size on disk)."""
+    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
 
 
 def save_figure(fig: Any, path: Path, dpi: int = 120) -> None:

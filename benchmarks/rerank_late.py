@@ -535,6 +535,11 @@ def int_list(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in text.split(","))
 
 
+def float_list(text: str) -> tuple[float, ...]:
+    """``"0.5,0.7"`` -> ``(0.5, 0.7)`` (an argparse type)."""
+    return tuple(float(part) for part in text.split(","))
+
+
 def parse_objective(text: str) -> list[str]:
     parts = [part.strip() for part in text.split(",") if part.strip()]
     unknown = [part for part in parts if part not in METRICS]
@@ -594,7 +599,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--weights",
-        type=lambda text: tuple(float(part) for part in text.split(",")),
+        type=float_list,
         default=WEIGHTS,
         help="blend weights in the CV grid, e.g. 0.5,0.6,0.7,0.8 (0 is the first stage)",
     )
