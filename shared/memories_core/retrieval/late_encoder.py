@@ -45,6 +45,7 @@ __all__ = [
     "BUNDLED_HIDDEN_DIM",
     "DEFAULT_LATE_DIM",
     "DEFAULT_LATE_MARKERS",
+    "DerivingEncoder",
     "LateInteractionEncoder",
     "OnnxLateInteractionEncoder",
     "bundled_basis",
@@ -142,6 +143,25 @@ class LateInteractionEncoder(Protocol):
 
     def encode_document(self, text: str) -> npt.NDArray[np.float32]:
         """``(tokens, dim)`` unit rows for a stored text."""
+        ...
+
+
+@runtime_checkable
+class DerivingEncoder(LateInteractionEncoder, Protocol):
+    """An encoder whose vectors are a function of another encoder's stored vectors.
+
+    ``derives_from`` names that encoder (``None``: this one derives nothing) and ``derive``
+    turns its rows into this encoder's, without a model pass; stored rows are upgraded that
+    way (:func:`~memories_core.retrieval.late_vectors.derive_stored`).
+    """
+
+    @property
+    def derives_from(self) -> str | None:
+        """The name of the encoder whose rows :meth:`derive` takes, or ``None``."""
+        ...
+
+    def derive(self, vectors: npt.NDArray[np.floating]) -> npt.NDArray[np.float32]:
+        """This encoder's rows from one text's rows of :attr:`derives_from`."""
         ...
 
 

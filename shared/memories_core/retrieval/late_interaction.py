@@ -477,8 +477,7 @@ class LateInteractionReranker:
 
     def _texts(self, ids: Sequence[str], request: RecallRequest, ctx: RecallContext) -> list[str]:
         """The texts of ``ids``, records ``ctx`` holds (:meth:`_holding`)."""
-        known = ctx.load(ids, user_id=request.user_id)
-        own = {item: known[item].text for item in ids}  # all given, all known
+        own = ctx.texts(ids, user_id=request.user_id)  # all held: nothing is read
         return context_pair_texts(ids, own, request, ctx, self.context, self.context_gap)
 
     def begin(self, request: RecallRequest, ctx: RecallContext) -> None:

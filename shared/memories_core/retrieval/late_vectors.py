@@ -92,11 +92,12 @@ def derive_stored(
 ) -> dict[int, TokenVectors]:
     """Rows of ``encoder`` made from stored rows of the encoder it derives from.
 
-    An encoder with a ``derives_from`` name and a ``derive`` method (the projecting
+    A :class:`~memories_core.retrieval.late_encoder.DerivingEncoder` (the projecting
     :class:`~memories_core.retrieval.late_encoder.OnnxLateInteractionEncoder`) turns the
-    stored rows of that name into its own. A row is used only if its digest is that of the
-    same text under that name (an edited record is encoded again), and its output is
-    checked like an encoding's. Nothing is written here: the caller stores what it keeps.
+    stored rows of its ``derives_from`` name into its own. A row is used only if its
+    digest is that of the same text under that name (an edited record is encoded again),
+    and its output is checked like an encoding's. Nothing is written here: the caller
+    stores what it keeps.
 
     Args:
         encoder: The reranker's encoder.
@@ -110,9 +111,12 @@ def derive_stored(
     Returns:
         Position -> derived row, for the positions whose source row exists and matches.
     """
-    source = getattr(encoder, "derives_from", None)
-    derive = getattr(encoder, "derive", None)
-    if not wanted or not isinstance(source, str) or not callable(derive):
+    from memories_core.retrieval.late_encoder import DerivingEncoder
+
+    if not wanted or not isinstance(encoder, DerivingEncoder):
+        return {}
+    source = encoder.derives_from
+    if source is None:
         return {}
     tag = encoder_tag(encoder.name)
     rows = read_stored(store, user_id, [ids[i] for i in wanted], encoder_tag(source))
@@ -122,7 +126,7 @@ def derive_stored(
         if row is None or row.digest != text_digest(source, texts[i]):
             continue
         try:
-            made[i] = quantize(ids[i], tag, digests[i], derive(row.floats()))
+            made[i] = quantize(ids[i], tag, digests[i], encoder.derive(row.floats()))
         except (MemoriesError, ValueError):
             logger.warning("a stored row could not be derived from; encoding it", exc_info=True)
     return made
