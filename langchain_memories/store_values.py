@@ -36,7 +36,7 @@ from typing import Any
 from langchain_core.embeddings import Embeddings
 from langgraph.store.base import ensure_embeddings, get_text_at_path, tokenize_path
 
-from memories_core.errors import ConfigurationError, InvalidInputError
+from memories_core.errors import ConfigurationError, InvalidInputError, check_count
 from memories_core.interfaces import Embedder
 
 __all__ = [
@@ -228,8 +228,8 @@ def resolve_embedder(embed: Any, dims: int | None) -> Embedder:
     from langchain_memories.bridges import LangChainEmbedder
     from memories_core.embedders import HashingEmbedder
 
-    if dims is not None and (isinstance(dims, bool) or not isinstance(dims, int) or dims < 1):
-        raise ConfigurationError(f"index dims must be a positive int, got {dims!r}")
+    if dims is not None:
+        check_count("index dims", dims)
     if _core_embedder(embed):
         return embed
     if isinstance(embed, str):

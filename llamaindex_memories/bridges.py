@@ -22,7 +22,7 @@ from llama_index.core.llms import LLM as LIBaseLLM
 
 from memories_core.embedders import BaseEmbedder
 from memories_core.embedders.base import l2_normalise
-from memories_core.errors import InvalidInputError
+from memories_core.errors import InvalidInputError, check_count
 from memories_core.interfaces import Embedder
 from memories_core.llms import BaseLLM, LLMResult
 from memories_core.llms.base import truncate_at_stop
@@ -133,8 +133,8 @@ class LlamaIndexEmbedder(BaseEmbedder):
         name: str | None = None,
     ) -> None:
         super().__init__()
-        if dimension is not None and (isinstance(dimension, bool) or dimension < 1):
-            raise ValueError(f"dimension must be a positive int, got {dimension!r}")
+        if dimension is not None:
+            check_count("dimension", dimension)
         self._embed_model = embed_model
         self._known_dimension = dimension
         self._name = name

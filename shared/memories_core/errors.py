@@ -20,6 +20,7 @@ __all__ = [
     "SchemaVersionError",
     "SearchKeyError",
     "StoreInUseError",
+    "check_count",
 ]
 
 
@@ -145,3 +146,30 @@ class MissingExtraError(MemoriesError, ImportError):
         )
         self.package = package
         self.extra = extra
+
+
+def check_count(
+    label: str,
+    value: object,
+    *,
+    minimum: int = 1,
+    error: type[MemoriesError] = ConfigurationError,
+) -> int:
+    """Return ``value`` if it is an ``int`` (not a ``bool``) of at least ``minimum``.
+
+    The one check behind every count-like setting (sizes, batch sizes, threads, limits).
+
+    Args:
+        label: The setting's name, as the message shows it.
+        value: What the caller passed.
+        minimum: The smallest value allowed (1: a positive int; 0: a non-negative one).
+        error: The error class raised: :class:`ConfigurationError` for settings,
+            :class:`InvalidInputError` for values that come with the data.
+
+    Raises:
+        ConfigurationError: (or ``error``) naming ``label`` and the value given.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        kind = {1: "a positive int", 0: "a non-negative int"}.get(minimum, f"an int >= {minimum}")
+        raise error(f"{label} must be {kind}, got {value!r}")
+    return value

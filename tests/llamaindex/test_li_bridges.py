@@ -11,7 +11,15 @@ from llama_index.core.base.llms.types import ChatResponse
 from llama_index.core.llms import MockLLM
 
 from llamaindex_memories import CoreEmbedding, LlamaIndexEmbedder, LlamaIndexLLM
-from memories_core import ChatMessage, HistoryMemory, LLMError, Scope, SummaryMemory, Turn
+from memories_core import (
+    ChatMessage,
+    ConfigurationError,
+    HistoryMemory,
+    LLMError,
+    Scope,
+    SummaryMemory,
+    Turn,
+)
 from memories_core.embedders import HashingEmbedder
 from memories_core.interfaces import LLM, Embedder
 
@@ -130,8 +138,9 @@ def test_llamaindex_embedder_given_dimension_skips_the_probe() -> None:
     bridged = LlamaIndexEmbedder(CoreEmbedding(core), dimension=16)
     assert bridged.dimension == 16
     assert core.usage.calls == 0
-    with pytest.raises(ValueError, match="dimension"):
-        LlamaIndexEmbedder(CoreEmbedding(core), dimension=0)
+    for bad in (0, "16", True, 2.0):  # a string used to fail with a TypeError
+        with pytest.raises(ConfigurationError, match="dimension must be a positive int"):
+            LlamaIndexEmbedder(CoreEmbedding(core), dimension=bad)  # type: ignore[arg-type]
 
 
 def test_history_memory_runs_on_a_llamaindex_embedder() -> None:

@@ -77,6 +77,7 @@ from memories_core.errors import (
     ConfigurationError,
     EmbedderMismatchError,
     InvalidInputError,
+    check_count,
 )
 from memories_core.filters import ColumnType, index_prefilter
 from memories_core.interfaces import Filter
@@ -196,10 +197,8 @@ class PgVectorIndex:
         ef_search: int = 100,
         exact_below: int = EXACT_BELOW,
     ) -> None:
-        if isinstance(dimension, bool) or not isinstance(dimension, int) or dimension < 1:
-            raise ConfigurationError("dimension must be a positive int")
-        if isinstance(exact_below, bool) or not isinstance(exact_below, int) or exact_below < 0:
-            raise ConfigurationError(f"exact_below must be an int >= 0, got {exact_below!r}")
+        check_count("dimension", dimension)
+        check_count("exact_below", exact_below, minimum=0)
         self.exact_below = exact_below
         if dimension > 16000:
             raise ConfigurationError("pgvector stores at most 16000 dimensions")

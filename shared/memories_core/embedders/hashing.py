@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from memories_core.embedders.base import BaseEmbedder
-from memories_core.errors import ConfigurationError
+from memories_core.errors import check_count
 
 __all__ = ["HashingEmbedder"]
 
@@ -147,8 +147,7 @@ class HashingEmbedder(BaseEmbedder):
 
     def __init__(self, dimension: int = 256) -> None:
         super().__init__()
-        if isinstance(dimension, bool) or not isinstance(dimension, int) or dimension < 8:
-            raise ConfigurationError(f"dimension must be an int >= 8, got {dimension!r}")
+        check_count("dimension", dimension, minimum=8)
         self._dimension = dimension
         self._word_cache: dict[str, tuple[str, bool, list[int], list[float]]] = {}
         self._cache_lock = threading.Lock()

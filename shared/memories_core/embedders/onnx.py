@@ -35,7 +35,7 @@ import numpy.typing as npt
 
 from memories_core.embedders.base import BaseEmbedder
 from memories_core.embedders.onnx_loader import find_bundled_onnx, load_onnx_encoder
-from memories_core.errors import ConfigurationError, InvalidInputError
+from memories_core.errors import ConfigurationError, InvalidInputError, check_count
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -107,8 +107,7 @@ class OnnxEmbedder(BaseEmbedder):
             ("batch_size", batch_size),
             ("threads", threads),
         ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigurationError(f"{label} must be a positive int, got {value!r}")
+            check_count(label, value)
         if max_length < 4:
             raise ConfigurationError(f"max_length must be >= 4, got {max_length}")
         if pooling not in ("cls", "mean"):

@@ -16,7 +16,12 @@ import numpy.typing as npt
 
 from memories_core.embedders.base import BaseEmbedder
 from memories_core.embedders.query_onnx import QueryOnnx, onnx_export_available
-from memories_core.errors import ConfigurationError, InvalidInputError, MissingExtraError
+from memories_core.errors import (
+    ConfigurationError,
+    InvalidInputError,
+    MissingExtraError,
+    check_count,
+)
 from memories_core.usage import estimate_tokens
 
 if TYPE_CHECKING:
@@ -138,9 +143,8 @@ class SentenceTransformerEmbedder(BaseEmbedder):
             raise ConfigurationError(
                 f"query_runtime must be 'auto' or 'torch', got {query_runtime!r}"
             )
-        for label, value in (("batch_size", batch_size), ("max_chars", max_chars)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigurationError(f"{label} must be a positive int, got {value!r}")
+        check_count("batch_size", batch_size)
+        check_count("max_chars", max_chars)
         if model_name_or_path is not None and _is_bundled_path(model_name_or_path):
             # The bundled folder given explicitly is the default model: same name, same
             # dimension, so an index built with either spelling stays valid.

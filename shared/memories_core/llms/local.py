@@ -35,7 +35,12 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from memories_core.cache import cache_root
-from memories_core.errors import ConfigurationError, LLMTimeoutError, MissingExtraError
+from memories_core.errors import (
+    ConfigurationError,
+    LLMTimeoutError,
+    MissingExtraError,
+    check_count,
+)
 from memories_core.llms.base import (
     BaseLLM,
     JsonSchema,
@@ -252,16 +257,10 @@ class LocalLLM(BaseLLM):
             raise ConfigurationError(
                 f"backend must be 'auto', 'llama_cpp' or 'transformers', got {backend!r}"
             )
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
-            raise ConfigurationError(f"max_new_tokens must be an int, got {max_new_tokens!r}")
-        if max_new_tokens < 1:
-            raise ConfigurationError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if n_threads is not None and (
-            isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads < 1
-        ):
-            raise ConfigurationError(f"n_threads must be a positive int or None, got {n_threads!r}")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ConfigurationError(f"batch_size must be a positive int, got {batch_size!r}")
+        check_count("max_new_tokens", max_new_tokens)
+        if n_threads is not None:
+            check_count("n_threads", n_threads)
+        check_count("batch_size", batch_size)
         super().__init__(timeout=timeout, max_tokens=max_new_tokens)
         self.batch_size = batch_size
         self._gguf: Path | None = None

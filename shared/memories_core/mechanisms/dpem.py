@@ -61,7 +61,7 @@ from memories_core.engine import (
     check_scope,
     default_llm,
 )
-from memories_core.errors import ConfigurationError, LLMError, ParseError
+from memories_core.errors import ConfigurationError, LLMError, ParseError, check_count
 from memories_core.grounding import find_ungrounded, log_rejection
 from memories_core.mechanisms.base import MemoryBase, fit_recent
 from memories_core.mechanisms.dpem_items import (
@@ -229,8 +229,7 @@ class DualProcessMemory(MemoryBase):
             ("working_capacity", working_capacity),
             ("max_dialogue_chars", max_dialogue_chars),
         ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigurationError(f"{name} must be a positive int, got {value!r}")
+            check_count(name, value)
         if not 0 < float(merge_threshold) <= 100:
             raise ConfigurationError(f"merge_threshold must be in (0, 100], got {merge_threshold}")
         if stm_scorer not in ("levenshtein", "partial"):

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from memories_core.errors import InvalidInputError
+from memories_core.errors import InvalidInputError, check_count
 from memories_core.prompts.dpem import COMMON_SENSE, USER_SPECIFIC
 from memories_core.types import MemoryRecord, ScoredRecord
 
@@ -159,8 +159,7 @@ def check_typed(user_id: str, round_no: int, typed: Sequence[tuple[str, str]]) -
         InvalidInputError: on a round that is not a positive int, or an item that is not a
             non-empty string paired with ``"user-specific"`` or ``"common-sense"``.
     """
-    if isinstance(round_no, bool) or not isinstance(round_no, int) or round_no < 1:
-        raise InvalidInputError(f"round_no must be a positive int, got {round_no!r}")
+    check_count("round_no", round_no, error=InvalidInputError)
     for pair in typed:
         if not isinstance(pair, tuple) or len(pair) != 2:
             raise InvalidInputError(f"{user_id}: each item is an (item, type) pair, got {pair!r}")

@@ -10,7 +10,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from memories_core.errors import ConfigurationError, InvalidInputError, MissingExtraError
+from memories_core.errors import (
+    ConfigurationError,
+    InvalidInputError,
+    MissingExtraError,
+    check_count,
+)
 from memories_core.types import ChatMessage
 
 __all__ = [
@@ -103,13 +108,9 @@ class LoRAConfig:
 
     def __post_init__(self) -> None:
         for name in ("rank", "alpha", "epochs", "max_input_tokens", "max_output_tokens"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigurationError(f"{name} must be a positive int, got {value!r}")
+            check_count(name, getattr(self, name))
         for name in ("history_turns", "memory_k", "min_examples", "checkpoint_every"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigurationError(f"{name} must be a non-negative int, got {value!r}")
+            check_count(name, getattr(self, name), minimum=0)
         if self.max_steps is not None and (
             isinstance(self.max_steps, bool) or not isinstance(self.max_steps, int)
         ):

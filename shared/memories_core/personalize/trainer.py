@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from memories_core.engine_parts.rules import MAX_K
-from memories_core.errors import ConfigurationError, InvalidInputError
+from memories_core.errors import ConfigurationError, InvalidInputError, check_count
 from memories_core.llms.base import LLMResult
 from memories_core.mechanisms.base import render_hits
 from memories_core.personalize.llm import PersonalizedLLM
@@ -142,8 +142,7 @@ class Personalizer:
         self.name = name
         self.train_every = train_every
         if train_every is not None:
-            if isinstance(train_every, bool) or not isinstance(train_every, int) or train_every < 1:
-                raise ConfigurationError(f"train_every must be a positive int, got {train_every!r}")
+            check_count("train_every", train_every)
             if not callable(getattr(memory, "ltm", None)):
                 raise ConfigurationError(
                     "train_every needs a memory with a long-term memory (ltm(user_id)), "

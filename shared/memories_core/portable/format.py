@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from memories_core import token_vectors as stored_tokens
-from memories_core.errors import InvalidInputError, MemoriesError
+from memories_core.errors import InvalidInputError, MemoriesError, check_count
 
 if TYPE_CHECKING:
     from memories_core.engine import MemoryEngine
@@ -98,9 +98,7 @@ class ImportLimits:
             "max_id_chars",
             "max_depth",
         ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidInputError(f"ImportLimits.{name} must be a positive int")
+            check_count(f"ImportLimits.{name}", getattr(self, name), error=InvalidInputError)
         if not isinstance(self.max_ratio, (int, float)) or not self.max_ratio >= 1:
             raise InvalidInputError("ImportLimits.max_ratio must be a number >= 1")
 

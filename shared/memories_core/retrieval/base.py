@@ -11,7 +11,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from memories_core.errors import InvalidInputError
+from memories_core.errors import InvalidInputError, check_count
 from memories_core.retrieval.fusion import Ranking
 from memories_core.types import MemoryRecord, ScoredRecord, check_user_id, ensure_utc
 
@@ -69,8 +69,7 @@ class RecallRequest:
         if not isinstance(self.query, str) or not self.query.strip():
             raise InvalidInputError("query is empty or only whitespace")
         check_user_id(self.user_id)
-        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
-            raise InvalidInputError(f"k must be an int >= 1, got {self.k!r}")
+        check_count("k", self.k, error=InvalidInputError)
         if self.now is not None:
             object.__setattr__(self, "now", ensure_utc(self.now))
         if self.kinds is not None:

@@ -52,7 +52,12 @@ from memories_core.embedders import onnx_loader
 from memories_core.embedders.onnx_loader import CrossEncoderModelMissing, load_onnx_encoder
 from memories_core.embedders.onnx_loader import LoadedOnnx as LoadedOnnx
 from memories_core.embedders.onnx_loader import require_rerank_extra as require_rerank_extra
-from memories_core.errors import ConfigurationError, InvalidInputError, MissingExtraError
+from memories_core.errors import (
+    ConfigurationError,
+    InvalidInputError,
+    MissingExtraError,
+    check_count,
+)
 from memories_core.retrieval.base import RecallContext, RecallRequest
 from memories_core.retrieval.context import DEFAULT_CONTEXT_GAP
 from memories_core.retrieval.fusion import Ranking
@@ -116,19 +121,13 @@ def bundled_model_dir() -> Path:
     return find_bundled_onnx(BUNDLED_FOLDER, "cross-encoder (ms-marco-MiniLM-L-12-v2)")
 
 
-def _positive_int(label: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigurationError(f"{label} must be a positive int, got {value!r}")
-    return value
-
-
 def check_head_blend(candidates: object, weight: object) -> None:
     """Validate a second-stage reranker's head size and blend weight (see :func:`blend_head`).
 
     Raises:
         ConfigurationError: unless ``candidates`` is a positive int and ``weight`` in [0, 1].
     """
-    _positive_int("candidates", candidates)
+    check_count("candidates", candidates)
     if isinstance(weight, bool) or not (isinstance(weight, (int, float)) and 0 <= weight <= 1):
         raise ConfigurationError("weight must be in [0, 1]")
 
@@ -174,12 +173,12 @@ class OnnxCrossEncoder:
         threads: int = 1,
         cache_size: int = 20_000,
     ) -> None:
-        self.max_length = _positive_int("max_length", max_length)
+        self.max_length = check_count("max_length", max_length)
         if max_length < 8:
             raise ConfigurationError(f"max_length must be >= 8, got {max_length}")
-        self.batch_size = _positive_int("batch_size", batch_size)
-        self.threads = _positive_int("threads", threads)
-        self.cache_size = _positive_int("cache_size", cache_size)
+        self.batch_size = check_count("batch_size", batch_size)
+        self.threads = check_count("threads", threads)
+        self.cache_size = check_count("cache_size", cache_size)
         self._model_dir = Path(model_dir) if model_dir is not None else None
         self._session: onnxruntime.InferenceSession | None = None
         self._tokenizer: Tokenizer | None = None
@@ -320,8 +319,8 @@ class SentenceTransformersCrossEncoder:
         allow_download: bool = False,
     ) -> None:
         if max_length is not None:
-            _positive_int("max_length", max_length)
-        self.batch_size = _positive_int("batch_size", batch_size)
+            check_count("max_length", max_length)
+        self.batch_size = check_count("batch_size", batch_size)
         self.max_length = max_length
         self._spec = model if isinstance(model, (str, Path)) else None
         self._model: Any = None if self._spec is not None else model

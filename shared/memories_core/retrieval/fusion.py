@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from memories_core.errors import ConfigurationError, InvalidInputError
+from memories_core.errors import ConfigurationError, InvalidInputError, check_count
 
 __all__ = [
     "DEFAULT_EXHAUSTED_MARGIN",
@@ -158,8 +158,7 @@ class Fusion:
         for margin in (self.missing_margin, self.exhausted_margin):
             if not (isinstance(margin, (int, float)) and margin > 0):
                 raise ConfigurationError("missing_margin and exhausted_margin must be > 0")
-        if isinstance(self.rrf_k, bool) or not isinstance(self.rrf_k, int) or self.rrf_k < 0:
-            raise ConfigurationError("rrf_k must be an int >= 0")
+        check_count("rrf_k", self.rrf_k, minimum=0)
 
     def fuse(
         self, rankings: Sequence[Ranking], weights: Sequence[float], *, depth: int | None = None

@@ -21,7 +21,7 @@ from datetime import timedelta
 from typing import Any, Literal
 
 from memories_core.clock import resolve_now
-from memories_core.errors import ConfigurationError, InvalidInputError
+from memories_core.errors import ConfigurationError, InvalidInputError, check_count
 from memories_core.interfaces import Clock, Embedder, Filter, RecordStore, VectorIndex
 from memories_core.retrieval.context import (
     DEFAULT_AFTER_QUESTION_WEIGHT,
@@ -385,8 +385,7 @@ class HybridRetriever:
         if not isinstance(query, str) or not query.strip():
             raise InvalidInputError("query is empty or only whitespace")
         check_user_id(user_id)
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise InvalidInputError(f"k must be an int >= 1, got {k!r}")
+        check_count("k", k, error=InvalidInputError)
         if mode not in ("hybrid", "dense", "lexical"):
             raise InvalidInputError(f"unknown search mode {mode!r}")
         request = RecallRequest(

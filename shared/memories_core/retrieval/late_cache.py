@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from memories_core.retrieval.cross_encoder import _positive_int
+from memories_core.errors import check_count
 from memories_core.token_vectors import TokenVectors, quantize
 
 __all__ = ["DEFAULT_CACHE_BYTES", "TokenVectorCache"]
@@ -43,7 +43,7 @@ class TokenVectorCache:
     """
 
     def __init__(self, max_bytes: int = DEFAULT_CACHE_BYTES) -> None:
-        self.max_bytes = _positive_int("max_bytes", max_bytes)
+        self.max_bytes = check_count("max_bytes", max_bytes)
         self._entries: OrderedDict[tuple[str, str], tuple[str, TokenVectors]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()

@@ -29,9 +29,8 @@ import numpy as np
 import numpy.typing as npt
 
 from memories_core.embedders.base import l2_normalise
-from memories_core.errors import ConfigurationError, InvalidInputError
+from memories_core.errors import ConfigurationError, InvalidInputError, check_count
 from memories_core.retrieval.cross_encoder import (
-    _positive_int,
     find_bundled_onnx,
     load_onnx_encoder,
 )
@@ -211,19 +210,19 @@ class OnnxLateInteractionEncoder:
         dim: int | None = None,
     ) -> None:
         for label, value in (("query_length", query_length), ("document_length", document_length)):
-            if _positive_int(label, value) < 8:
+            if check_count(label, value) < 8:
                 raise ConfigurationError(f"{label} must be >= 8, got {value}")
         if dim is not None:
             if model_dir is not None:
                 raise ConfigurationError("dim needs the bundled model: no basis fits model_dir")
-            if not 8 <= _positive_int("dim", dim) <= BUNDLED_HIDDEN_DIM:
+            if not 8 <= check_count("dim", dim) <= BUNDLED_HIDDEN_DIM:
                 raise ConfigurationError(f"dim must be 8-{BUNDLED_HIDDEN_DIM}, got {dim}")
         elif model_dir is None:
             dim = DEFAULT_LATE_DIM
         #: Width of the vectors; ``None``: a ``model_dir``'s hidden states as they are.
         self.dim = dim
         self._basis: npt.NDArray[np.float32] | None = None
-        self.threads = _positive_int("threads", threads)
+        self.threads = check_count("threads", threads)
         self.markers = bool(markers)
         self.augment = bool(augment)
         self.query_length = query_length

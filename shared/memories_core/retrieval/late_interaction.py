@@ -84,10 +84,9 @@ from datetime import timedelta
 import numpy as np
 import numpy.typing as npt
 
-from memories_core.errors import ConfigurationError, MemoriesError
+from memories_core.errors import ConfigurationError, MemoriesError, check_count
 from memories_core.retrieval.context import DEFAULT_CONTEXT_GAP
 from memories_core.retrieval.cross_encoder import (
-    _positive_int,
     blend_head,
     check_head_blend,
     context_pair_texts,
@@ -283,10 +282,8 @@ class LateInteractionReranker:
 
     def __post_init__(self) -> None:
         check_head_blend(self.candidates, self.weight)
-        if isinstance(self.depth, bool) or not isinstance(self.depth, int) or self.depth < 0:
-            raise ConfigurationError("depth must be an int >= 0")
-        if isinstance(self.pool, bool) or not isinstance(self.pool, int) or self.pool < 0:
-            raise ConfigurationError("pool must be an int >= 0")
+        check_count("depth", self.depth, minimum=0)
+        check_count("pool", self.pool, minimum=0)
         if not isinstance(self.encoder, LateInteractionEncoder):
             raise ConfigurationError("encoder needs name, encode_query and encode_document")
         prepare_maxsim()  # numpy's first calls with the model load, not in the first recall
@@ -435,7 +432,7 @@ class LateInteractionReranker:
         """
         from tqdm import tqdm
 
-        _positive_int("chunk", chunk)
+        check_count("chunk", chunk)
         request, ctx, ids = self._holding(backend, user_id, records)
         store = token_vector_store(backend)
         encoded = 0
@@ -639,8 +636,7 @@ def late_interaction_pipeline(
     """
     base = Pipeline() if base is None else base
     reranker = late_interaction_reranker() if reranker is None else reranker
-    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
-        raise ConfigurationError("depth must be an int >= 1")
+    check_count("depth", depth)
     if reranker.depth < depth:
         reranker = replace(reranker, depth=depth)  # shares the encoder and the cache
     return replace(base, rerankers=(*base.rerankers, reranker))

@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from memories_core.engine import Derivation, JobFailed, check_k, check_query, check_scope
-from memories_core.errors import ConfigurationError, LLMError, ParseError
+from memories_core.errors import ConfigurationError, LLMError, ParseError, check_count
 from memories_core.grounding import find_ungrounded, log_rejection
 from memories_core.mechanisms.base import MemoryBase
 from memories_core.mechanisms.memochat.options import MemoEntry, choose_memos
@@ -98,8 +98,7 @@ class MemoChatMemory(MemoryBase):
             raise ConfigurationError(f"mode must be 'llm' or 'llm_free', got {mode!r}")
         if not (isinstance(max_lines, int) and max_lines >= 2 and 0 <= keep_lines < max_lines):
             raise ConfigurationError("need max_lines >= 2 and 0 <= keep_lines < max_lines")
-        if not (isinstance(max_words, int) and max_words >= 1):
-            raise ConfigurationError("max_words must be a positive int")
+        check_count("max_words", max_words)
         super().__init__(k=k, llm=llm, **kwargs)
         if mode is None:
             mode = "llm" if (llm is not None or self.engine.llm is not None) else "llm_free"
