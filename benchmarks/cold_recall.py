@@ -49,12 +49,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from latency import (
     add_output_options,
     command_line,
-    machine,
     make_queries,
     real_embedder,
     save_results,
 )
-from machine_info import repo_state, save_figure
+from machine_info import machine, repo_state, save_figure
 
 TARGET = "target-user"
 CONDITIONS = ("disk", "disk + prefetch", "reopen", "new process")

@@ -40,12 +40,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from latency import (
     add_output_options,
     command_line,
-    machine,
     make_queries,
     real_embedder,
     run_or_redraw,
 )
-from machine_info import folder_bytes, repo_state, save_figure
+from machine_info import folder_bytes, machine, repo_state, save_figure
 
 TARGET = "target-user"
 

@@ -49,14 +49,13 @@ from latency import (
     VectorBank,
     add_output_options,
     command_line,
-    machine,
     make_queries,
     make_turns,
     real_embedder,
     render,
     save_results,
 )
-from machine_info import save_figure
+from machine_info import machine, save_figure
 
 TARGET = "target-user"
 #: Time between two turns: a conversation of turns 30 s apart.

@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import re
 import resource
@@ -56,6 +55,7 @@ from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
+from machine_info import machine
 
 from memories_core.embedders.base import BaseEmbedder
 from memories_core.interfaces import Embedder
@@ -947,32 +947,6 @@ def run_worker(args: argparse.Namespace) -> None:
 
 
 # --------------------------------------------------------------------------- orchestration
-
-
-def machine() -> dict[str, Any]:
-    cpu = "unknown"
-    with open("/proc/cpuinfo") as handle:
-        for line in handle:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    with open("/proc/meminfo") as handle:
-        mem_kib = int(handle.readline().split()[1])
-    nproc = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
-    versions: dict[str, str] = {}
-    for module in ("torch", "sentence_transformers", "chromadb", "langchain_core", "numpy"):
-        try:
-            versions[module] = __import__(module).__version__
-        except Exception:  # pragma: no cover - report what is there
-            versions[module] = "n/a"
-    return {
-        "nproc": nproc,
-        "cpu": cpu,
-        "ram_gib": round(mem_kib / 2**20, 1),
-        "python": platform.python_version(),
-        "sqlite": __import__("sqlite3").sqlite_version,
-        "versions": versions,
-    }
 
 
 def save_results(

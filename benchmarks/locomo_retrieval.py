@@ -33,7 +33,6 @@ import hashlib
 import itertools
 import json
 import os
-import platform
 import random
 import shutil
 import statistics
@@ -74,7 +73,7 @@ from memories_core.retrieval.temporal import TemporalBoost
 from memories_core.types import MemoryRecord, new_id
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine_info import command_line, datasets_dir, save_figure
+from machine_info import command_line, datasets_dir, machine_line, save_figure
 
 # First-stage figures (HistoryMemory reranks by default where the rerank extra is).
 os.environ.setdefault("LLM_MEMORIES_LATE_INTERACTION", "off")
@@ -97,13 +96,18 @@ MODES = tuple(VARIANTS)
 
 
 class CachedEmbedder(BaseEmbedder):
-    """Memoises another embedder's vectors in memory and in an ``.npz`` file per model."""
+    """Memoises another embedder's vectors in memory and in an ``.npz`` file.
 
-    def __init__(self, inner: Embedder, cache_dir: Path) -> None:
+    The file is ``cache_dir/<model name>.npz`` unless ``file`` names another one (a script
+    that keeps its texts' vectors apart). Query and document vectors are keyed apart, by
+    the text's SHA-1; :meth:`save` writes the file when something was added.
+    """
+
+    def __init__(self, inner: Embedder, cache_dir: Path, *, file: Path | None = None) -> None:
         super().__init__()
         self.inner = inner
         safe = "".join(c if c.isalnum() else "_" for c in inner.name)
-        self.file = cache_dir / f"{safe}.npz"
+        self.file = cache_dir / f"{safe}.npz" if file is None else file
         self.vectors: dict[str, npt.NDArray[np.float32]] = {}
         if self.file.exists():
             data = np.load(self.file)
@@ -1129,19 +1133,6 @@ def plot(results: dict[str, Any], path: Path) -> None:
     save_figure(fig, path)
 
 
-def machine() -> str:
-    import os
-
-    cpu = platform.processor() or platform.machine()
-    # The load average tells a reader how much the wall-clock timings were shared.
-    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    return (
-        f"{platform.system()} {platform.release()}, {cpu}, {os.cpu_count()} logical CPUs "
-        f"(shared; load average {load} at start), Python {platform.python_version()}, "
-        f"SQLite {__import__('sqlite3').sqlite_version}"
-    )
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -1184,7 +1175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if not args.data.is_file():
         parser.error(f"no LoCoMo file at {args.data}; pass --data")
-    host = machine()
+    host = machine_line()
     conversations = load_locomo(args.data)
     keys = observation_keys(args.data)
     inner: Embedder

@@ -8,9 +8,22 @@ import platform
 from pathlib import Path
 from typing import Any
 
+#: Packages whose versions a benchmark's machine record names (read from their metadata,
+#: so nothing heavy is imported to name them).
+VERSIONED = ("torch", "sentence-transformers", "chromadb", "langchain-core", "numpy", "onnxruntime")
+
 
 def machine() -> dict[str, Any]:
-    """nproc, CPU model, RAM and load, for the Markdown snippet."""
+    """The machine a benchmark ran on, for its JSON and the Markdown beside its figures.
+
+    Keys: ``nproc`` (the CPUs this process may use, as ``nproc`` counts them), ``cpu``,
+    ``ram`` (text) and ``ram_gib``, ``load_avg_1min_at_start``, ``code`` (:func:`repo_state`),
+    ``python``, ``sqlite``, ``os`` and ``versions`` (of :data:`VERSIONED`, ``n/a`` where
+    one is not installed).
+    """
+    from importlib import metadata
+    from sqlite3 import sqlite_version
+
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -19,24 +32,44 @@ def machine() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    ram = "?"
+    ram_gib = float("nan")
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemTotal"):
-                ram = f"{int(line.split()[1]) / 1024 / 1024:.1f} GiB"
+                ram_gib = round(int(line.split()[1]) / 2**20, 1)
                 break
     except OSError:
         pass
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    versions = {}
+    for name in VERSIONED:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "n/a"
+    usable = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     return {
-        "nproc": os.cpu_count(),
+        "nproc": len(usable) if usable is not None else os.cpu_count(),
         "cpu": cpu,
-        "ram": ram,
+        "ram": f"{ram_gib:.1f} GiB" if ram_gib == ram_gib else "?",
+        "ram_gib": ram_gib,
         "load_avg_1min_at_start": round(load, 2),
         "code": repo_state(),
         "python": platform.python_version(),
+        "sqlite": sqlite_version,
         "os": f"{platform.system()} {platform.release()}",
+        "versions": versions,
     }
+
+
+def machine_line(info: dict[str, Any] | None = None) -> str:
+    """One sentence naming the machine of ``info`` (default: :func:`machine` now)."""
+    m = machine() if info is None else info
+    return (
+        f"{m['os']}, {m['cpu']}, {m['nproc']} CPUs (shared; 1-minute load average "
+        f"{m['load_avg_1min_at_start']} at start), {m['ram']} RAM, Python {m['python']}, "
+        f"SQLite {m['sqlite']}"
+    )
 
 
 def datasets_dir() -> Path:

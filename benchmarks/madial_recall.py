@@ -33,8 +33,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from locomo_retrieval import CachedEmbedder, machine
-from machine_info import command_line, datasets_dir, save_figure
+from locomo_retrieval import CachedEmbedder
+from machine_info import command_line, datasets_dir, machine_line, save_figure
 from tqdm import tqdm
 
 from memories_core.evaluation import recall_at_k
@@ -225,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not (args.data / "MADial-Bench-en-memory.json").is_file():
         parser.error(f"no MADial-Bench files in {args.data}; pass --data")
-    host = machine()
+    host = machine_line()
     memories, dialogues = load(args.data)
     owned = owners(memories, dialogues)
     from memories_core.embedders import SentenceTransformerEmbedder

@@ -41,7 +41,6 @@ documented defaults (no tuning on the file).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import re
 import statistics
@@ -69,6 +68,7 @@ from memories_core.prompts.memochat import build_retrieval_messages, build_writi
 from memories_core.usage import estimate_tokens
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from locomo_retrieval import CachedEmbedder
 from machine_info import datasets_dir, portable_path
 
 DEFAULT_ITEMS = datasets_dir() / "memochat" / "test.jsonl"
@@ -84,53 +84,6 @@ SEGMENTER_GRID = [
 ]
 _OPTION = re.compile(r"^\((\d+)\) ?(.*)$", re.M)
 _LINE = re.compile(r"^\(line \d+\) (.*)$", re.M)
-
-
-class CachedEmbedder:
-    """Wraps an embedder with a text -> vector cache (the sweeps embed the same texts).
-
-    With ``file`` set, vectors persist in that ``.npz`` (keyed by the text's SHA-1) between
-    runs; :meth:`save` writes it.
-    """
-
-    def __init__(self, inner: Any, file: Path | None = None) -> None:
-        self.inner = inner
-        self.file = file
-        self.cache: dict[str, np.ndarray] = {}
-        self.stored: dict[str, np.ndarray] = {}
-        if file is not None and file.exists():
-            data = np.load(file)
-            self.stored = {key: data[key] for key in data.files}
-        self.dirty = False
-
-    @staticmethod
-    def key(text: str) -> str:
-        return hashlib.sha1(text.encode("utf-8")).hexdigest()
-
-    def save(self) -> None:
-        if self.file is not None and self.dirty:
-            self.file.parent.mkdir(parents=True, exist_ok=True)
-            np.savez(self.file, **self.stored)  # type: ignore[arg-type]
-            self.dirty = False
-
-    @property
-    def usage(self) -> Any:
-        return self.inner.usage
-
-    def embed_documents(self, texts: Sequence[str]) -> np.ndarray:
-        for text in texts:
-            if text not in self.cache and self.key(text) in self.stored:
-                self.cache[text] = self.stored[self.key(text)]
-        missing = list(dict.fromkeys(t for t in texts if t not in self.cache))
-        if missing:
-            self.dirty = True
-            for text, vector in zip(missing, self.inner.embed_documents(missing), strict=True):
-                self.cache[text] = vector
-                self.stored[self.key(text)] = np.asarray(vector)
-        return np.array([self.cache[t] for t in texts])
-
-    def embed_query(self, text: str) -> np.ndarray:
-        return self.embed_documents([text])[0]
 
 
 def retrieval_items(items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -486,7 +439,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     retrieval = retrieval_items(rows)
     writing = writing_items(rows)
     cache = Path(__file__).resolve().parent / "out" / "cache" / "memochat_minilm.npz"
-    embedder = CachedEmbedder(SentenceTransformerEmbedder(), cache)
+    embedder = CachedEmbedder(SentenceTransformerEmbedder(), cache.parent, file=cache)
     scorer = Scorer(embedder)
     out: dict[str, Any] = {
         "items": portable_path(args.items),
@@ -634,7 +587,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.bge:
         from memories_core.embedders import OnnxEmbedder
 
-        bge = CachedEmbedder(OnnxEmbedder(), cache.with_name("memochat_bge.npz"))
+        bge_file = cache.with_name("memochat_bge.npz")
+        bge = CachedEmbedder(OnnxEmbedder(), bge_file.parent, file=bge_file)
         bge_scorer = Scorer(bge)
         print("\nbge-small-en-v1.5 (OnnxEmbedder) in place of MiniLM, default settings")
         out["bge"] = {}

@@ -644,7 +644,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     data = [json.loads(x) for x in Path(args.items).read_text().splitlines() if x.strip()]
     retrieval = retrieval_items(data)
     cache = Path(__file__).resolve().parent / "out" / "cache" / "memochat_minilm.npz"
-    embedder = CachedEmbedder(SentenceTransformerEmbedder(), cache)
+    embedder = CachedEmbedder(SentenceTransformerEmbedder(), cache.parent, file=cache)
     colbert = ColbertStates() if args.colbert else None
     cross_encoder = None
     if args.cross_encoder:

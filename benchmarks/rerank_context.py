@@ -39,7 +39,7 @@ import numpy.typing as npt
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import locomo_retrieval as lr
-from machine_info import command_line
+from machine_info import command_line, machine_line
 from tqdm import tqdm
 
 from memories_core.evaluation import load_locomo
@@ -198,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(timing[-1], flush=True)
 
     report = {
-        "machine": lr.machine(),
+        "machine": machine_line(),
         "questions": len(rows),
         "max_length": args.max_length,
         "scoring_seconds": round(score_s, 1),

@@ -43,9 +43,8 @@ from locomo_retrieval import (
     DEFAULT_DATA,
     CachedEmbedder,
     build_backend,
-    machine,
 )
-from machine_info import command_line, save_figure
+from machine_info import command_line, machine_line, save_figure
 from tqdm import tqdm
 
 from memories_core.evaluation import CATEGORY_NAMES, load_locomo, recall_at_k
@@ -324,7 +323,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.data.is_file():
         parser.error(f"no LoCoMo file at {args.data}; pass --data")
-    host = machine()
+    host = machine_line()
     conversations = load_locomo(args.data)
     convs = [c.sample_id for c in conversations]
     from memories_core.embedders import SentenceTransformerEmbedder

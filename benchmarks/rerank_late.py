@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -58,7 +59,7 @@ import numpy.typing as npt
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import locomo_retrieval as lr
-from machine_info import command_line
+from machine_info import command_line, machine_line
 from tqdm import tqdm
 
 from memories_core.evaluation import CATEGORY_NAMES, load_locomo
@@ -459,7 +460,7 @@ def timing(
                 "prefetch_ms_per_record": round(1000 * prefetch_s / encoded, 1)
                 if encoded
                 else None,
-                "load": lr.machine().split("load average ")[-1].split(")")[0],
+                "load": ", ".join(f"{x:.1f}" for x in os.getloadavg()),
             }
         )
         print(results[-1], flush=True)
@@ -651,7 +652,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     stage = first_stage(args, conversations)
     rows = stage["rows"]
     report: dict[str, Any] = {
-        "machine": lr.machine(),
+        "machine": machine_line(),
         "first_stage": stage["config"],
         "first_stage_name": args.first_stage,
     }

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import locomo_retrieval as lr
 import rerank_late as rl
-from machine_info import command_line
+from machine_info import command_line, machine_line
 from tqdm import tqdm
 
 from memories_core.evaluation import load_locomo
@@ -186,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = summarise(rows, scores, tokens, cell)
     report = {
         "command": command_line("token_vector_precision.py", list(argv or sys.argv[1:])),
-        "machine": lr.machine(),
+        "machine": machine_line(),
         "questions": len(rows),
         "records_encoded": len(tokens),
         "tokens_per_record_mean": statistics.fmean(tokens),

@@ -141,6 +141,26 @@ def test_portable_path_is_relative_to_the_repository(
     ) == ("python benchmarks/x.py --dsn <dsn> --postgres-dsn=<dsn>")
 
 
+def test_every_benchmark_records_one_machine_description() -> None:
+    """One ``machine()`` for every script: the keys the reports read, no heavy import."""
+    import sys
+
+    info = _machine_info()
+    heavy = {"torch", "chromadb", "sentence_transformers"} - set(sys.modules)
+    m = info.machine()
+    assert {"nproc", "cpu", "ram", "ram_gib", "python", "sqlite", "os", "versions", "code"} <= set(
+        m
+    )
+    assert isinstance(m["nproc"], int) and m["nproc"] >= 1
+    assert set(m["versions"]) == set(info.VERSIONED)
+    assert not heavy & set(sys.modules)  # versions come from metadata, not imports
+    line = info.machine_line(m)
+    assert m["cpu"] in line and f"{m['nproc']} CPUs" in line and m["sqlite"] in line
+    scripts = ROOT / "benchmarks"
+    defining = [p.name for p in scripts.glob("*.py") if "\ndef machine(" in p.read_text()]
+    assert defining == ["machine_info.py"], defining
+
+
 def test_the_recorded_code_is_the_imported_packages(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
