@@ -95,6 +95,11 @@ class Question:
         self._unit: npt.NDArray[np.float32] | None = None
         self.query = query
 
+    def vectors(self, ids: Sequence[str]) -> npt.NDArray[np.float32]:
+        """MiniLM vectors of any turns of the question's conversation (cached)."""
+        assert self._vectors is not None
+        return self._vectors(ids)
+
     def unit_vectors(self, depth: int) -> npt.NDArray[np.float32]:
         """Unit MiniLM vectors of the first ``depth`` of :attr:`default` (kept for reuse)."""
         assert self._vectors is not None
