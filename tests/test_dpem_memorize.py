@@ -63,3 +63,31 @@ def test_bad_rounds_and_items_are_refused_before_anything_is_written(
     assert not memory.stm("ann")
     with pytest.raises(InvalidInputError):
         memory.memorize("", 1, [("Ann likes tea.", USER)])
+
+
+def test_the_flag_table_rules_alone() -> None:
+    """The near-duplicate lookup and the STM refresh, as the executive process applies them."""
+    from memories_core.mechanisms.dpem_items import LTM, STM, matching_item, refreshed_stm
+
+    texts = {"a": "The user likes green tea.", "b": "The user has 2 cats."}
+    assert matching_item("the user likes green tea", texts, 88.0) == "a"
+    assert matching_item("The user has 3 cats.", texts, 88.0) is None  # numbers differ
+    assert matching_item("anything", {}, 88.0) is None
+
+    tiers = {"old": STM, "seen": STM, "kept": LTM}
+    rounds = {"old": {1}, "seen": {3, 4}, "kept": {1}}
+    log: dict[str, int] = {}
+    # Round 3 ends no period of 4: nothing is dropped, no refresh is counted.
+    assert refreshed_stm(3, tiers, rounds, log, period=4, capacity=10) == []
+    assert log == {"dropped": 0}
+    # Round 4 ends the period of rounds 1-4, and every STM item was seen in it.
+    assert refreshed_stm(4, tiers, rounds, log, period=4, capacity=10) == []
+    assert log["refreshes"] == 1 and log["last_refresh"] == 4
+    # A second call for the same round refreshes nothing again.
+    assert refreshed_stm(4, tiers, rounds, log, period=4, capacity=10) == []
+    assert log["refreshes"] == 1
+    # Round 8 ends rounds 5-8, where no STM item was seen; the LTM item stays.
+    assert refreshed_stm(8, tiers, rounds, log, period=4, capacity=10) == ["old", "seen"]
+    assert log["refreshes"] == 2 and log["dropped"] == 2
+    # The capacity drops the least frequent, then least recent, short-term items.
+    assert refreshed_stm(9, tiers, rounds, log, period=4, capacity=1) == ["old"]

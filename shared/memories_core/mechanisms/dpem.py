@@ -65,14 +65,19 @@ from memories_core.errors import ConfigurationError, LLMError, ParseError, check
 from memories_core.grounding import find_ungrounded, log_rejection
 from memories_core.mechanisms.base import MemoryBase, fit_recent
 from memories_core.mechanisms.dpem_items import (
+    LTM,
     MERGE_THRESHOLD,
+    STM,
+    WORKING,
     DPeMStats,
     KnowledgeItem,
     check_typed,
     knowledge_item,
+    matching_item,
     near_duplicate,
     padded,
     processed_text,
+    refreshed_stm,
     similarity,
 )
 from memories_core.mechanisms.dpem_rounds import (
@@ -125,8 +130,6 @@ __all__ = [
 KNOWLEDGE_KIND = "dpem_knowledge"
 #: Record kind of working-memory notes.
 NOTE_KIND = "dpem_note"
-#: Tiers (record state ``tier``).
-WORKING, STM, LTM = "working", "stm", "ltm"
 #: Relevance cut of the STM lookup per scorer (0-1) chosen by leave-one-conversation-out
 #: cross-validation on LoCoMo (observations as STM items, questions as queries; the same cut
 #: in every fold; BENCHMARKS.md, "DPeM: rounds by exchange, STM relevance cut"): held-out
@@ -681,7 +684,7 @@ class DualProcessMemory(MemoryBase):
             fresh: dict[str, MemoryRecord] = {}
             touched: set[str] = set()
             for text, kind in typed:
-                match = self._match(text, texts)
+                match = matching_item(text, texts, self.merge_threshold)
                 if match is None:
                     record = MemoryRecord(
                         new_id(),
@@ -706,7 +709,14 @@ class DualProcessMemory(MemoryBase):
                 if tiers[item] == STM and len(rounds[item]) >= self.theta:
                     tiers[item] = LTM
                     log["promotions"] = log.get("promotions", 0) + 1
-            dropped = self._refresh(round_no, tiers, rounds, log)
+            dropped = refreshed_stm(
+                round_no,
+                tiers,
+                rounds,
+                log,
+                period=self.stm_refresh_rounds,
+                capacity=self.stm_capacity,
+            )
             for item in dropped:
                 touched.discard(item)
                 fresh.pop(item, None)
@@ -742,50 +752,6 @@ class DualProcessMemory(MemoryBase):
             self.engine.set_user_state(user_id, self._log_key, log)
         if fresh:
             self.engine.index_pending()
-
-    def _match(self, text: str, texts: dict[str, str]) -> str | None:
-        """The stored item ``text`` is a near-duplicate of (the most similar one), if any."""
-        if not texts:
-            return None
-        from rapidfuzz import process
-
-        ids = list(texts)
-        candidates = process.extract(
-            text,
-            [texts[i] for i in ids],
-            scorer=lambda a, b, **kw: similarity(a, b),
-            limit=5,
-            score_cutoff=self.merge_threshold,
-        )
-        for _, _, index in candidates:
-            if near_duplicate(text, texts[ids[index]], self.merge_threshold):
-                return ids[index]
-        return None
-
-    def _refresh(
-        self,
-        round_no: int,
-        tiers: dict[str, str],
-        rounds: dict[str, set[int]],
-        log: dict[str, Any],
-    ) -> list[str]:
-        """STM refresh at the end of a period and the capacity limit; returns dropped ids."""
-        dropped: list[str] = []
-        period = self.stm_refresh_rounds
-        if round_no % period == 0 and log.get("last_refresh", 0) < round_no:
-            dropped = [
-                item
-                for item, tier in tiers.items()
-                if tier == STM and max(rounds[item]) <= round_no - period
-            ]
-            log["refreshes"] = log.get("refreshes", 0) + 1
-            log["last_refresh"] = round_no
-        live = [item for item, tier in tiers.items() if tier == STM and item not in dropped]
-        if len(live) > self.stm_capacity:
-            live.sort(key=lambda item: (len(rounds[item]), max(rounds[item])))
-            dropped += live[: len(live) - self.stm_capacity]
-        log["dropped"] = log.get("dropped", 0) + len(dropped)
-        return dropped
 
 
 #: Each model step's name in ``usage.failures``.

@@ -1,7 +1,8 @@
-"""DPeM's items: the flag table's near-duplicate rule and the views of a user's memories.
+"""DPeM's items: the flag table's rules and the views of a user's memories.
 
 Part of :mod:`memories_core.mechanisms.dpem` (Zhang et al., 2023, "DPeM Mechanism"): what
-counts as a recurrence of a stored item (executive process, memorizing), and the
+counts as a recurrence of a stored item and which short-term items a refresh drops
+(executive process, memorizing), and the
 :class:`KnowledgeItem` / :class:`DPeMStats` views that :class:`~memories_core.mechanisms.dpem.
 DualProcessMemory` shows.
 """
@@ -12,6 +13,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from memories_core.errors import InvalidInputError, check_count
 from memories_core.prompts.dpem import COMMON_SENSE, USER_SPECIFIC
@@ -23,8 +25,10 @@ __all__ = [
     "KnowledgeItem",
     "check_typed",
     "duplicate_score",
+    "matching_item",
     "near_duplicate",
     "padded",
+    "refreshed_stm",
     "similarity",
 ]
 
@@ -33,6 +37,8 @@ __all__ = [
 #: order) score 89-100; different facts that share most words (another token, another
 #: condition) score at most 84.
 MERGE_THRESHOLD = 88.0
+#: Tiers (a record's state ``tier``): working memory, short-term and long-term memory.
+WORKING, STM, LTM = "working", "stm", "ltm"
 
 _DIGITS = re.compile(r"\d+")
 
@@ -71,6 +77,72 @@ def near_duplicate(a: str, b: str, threshold: float = MERGE_THRESHOLD) -> bool:
     ``duplicate_score(a, b) >= threshold``: alike enough, and the same numbers in both.
     """
     return duplicate_score(a, b) >= threshold
+
+
+def matching_item(text: str, texts: dict[str, str], threshold: float) -> str | None:
+    """The id of the stored item ``text`` recurs as (its most similar near-duplicate), if any.
+
+    Zhang et al., 2023, "Executive Process": an item met again counts in the flag table
+    instead of being stored twice. ``texts`` maps the stored STM and LTM items' ids to their
+    text; the five most similar at ``threshold`` or above are checked with
+    :func:`near_duplicate` (their numbers must agree).
+    """
+    if not texts:
+        return None
+    from rapidfuzz import process
+
+    ids = list(texts)
+    candidates = process.extract(
+        text,
+        [texts[i] for i in ids],
+        scorer=lambda a, b, **kw: similarity(a, b),
+        limit=5,
+        score_cutoff=threshold,
+    )
+    for _, _, index in candidates:
+        if near_duplicate(text, texts[ids[index]], threshold):
+            return ids[index]
+    return None
+
+
+def refreshed_stm(
+    round_no: int,
+    tiers: dict[str, str],
+    rounds: dict[str, set[int]],
+    log: dict[str, Any],
+    *,
+    period: int,
+    capacity: int,
+) -> list[str]:
+    """The short-term items to drop after ``round_no``; counts the refresh in ``log``.
+
+    Zhang et al., 2023, Table 1: short-term memory is refreshed at the end of every period
+    of ``period`` rounds (items not seen during it go, with their flag-table counts), and
+    holds at most ``capacity`` items (the least frequent, then least recent, go first).
+
+    Args:
+        round_no: The round just memorized.
+        tiers: Item id -> ``"stm"`` or ``"ltm"`` (long-term items are never dropped).
+        rounds: Item id -> the rounds it was seen in.
+        log: The user's DPeM counters (``last_refresh``, ``refreshes``, ``dropped``), updated.
+        period: ``stm_refresh_rounds``.
+        capacity: ``stm_capacity``.
+    """
+    dropped: list[str] = []
+    if round_no % period == 0 and log.get("last_refresh", 0) < round_no:
+        dropped = [
+            item
+            for item, tier in tiers.items()
+            if tier == STM and max(rounds[item]) <= round_no - period
+        ]
+        log["refreshes"] = log.get("refreshes", 0) + 1
+        log["last_refresh"] = round_no
+    live = [item for item, tier in tiers.items() if tier == STM and item not in dropped]
+    if len(live) > capacity:
+        live.sort(key=lambda item: (len(rounds[item]), max(rounds[item])))
+        dropped += live[: len(live) - capacity]
+    log["dropped"] = log.get("dropped", 0) + len(dropped)
+    return dropped
 
 
 @dataclass(frozen=True)
