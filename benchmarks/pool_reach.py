@@ -331,17 +331,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
     left.set_xlim(0.95, 1.0)
     left.set_xlabel("evidence turns inside the pool")
     left.invert_yaxis()
-    names = list(result["families"])
-    held = [result["families"][n]["held_out"]["S@10"] for n in names]
-    best = [result["families"][n]["best_in_sample_s10"]["S@10"] for n in names]
-    x = np.arange(len(names))
-    right.bar(x - 0.2, held, 0.4, label="held-out (LOCO CV)")
-    right.bar(x + 0.2, best, 0.4, label="best setting, in-sample")
+    so.session_bars(right, result)
     right.axhline(result["default"]["S@10"], color="tab:blue", linewidth=1, label="library")
-    right.axhline(0.97, color="black", linestyle="--", linewidth=1, label="goal 0.97")
-    right.set_xticks(x, names, rotation=10)
-    right.set_ylim(min(held + best) - 0.01, 0.975)
-    right.set_ylabel("session R@10 (first 50 results)")
     right.legend(fontsize=8, loc="lower right")
     fig.suptitle("A wider reach for the late-interaction pool, LoCoMo dev")
     save_figure(fig, path)

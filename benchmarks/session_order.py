@@ -348,16 +348,11 @@ def report(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def session_bars(ax: Any, result: dict[str, Any]) -> None:
+    """Each family's held-out and best in-sample session R@10 as bars, the goal as a line."""
     names = list(result["families"])
     held = [result["families"][n]["held_out"]["S@10"] for n in names]
     best = [result["families"][n]["best_in_sample_s10"]["S@10"] for n in names]
-    fig, ax = plt.subplots(figsize=(8, 4))
     x = np.arange(len(names))
     ax.bar(x - 0.2, held, 0.4, label="held-out (LOCO CV)")
     ax.bar(x + 0.2, best, 0.4, label="best setting, in-sample")
@@ -365,6 +360,16 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax.set_xticks(x, names, rotation=20, ha="right")
     ax.set_ylim(min(held + best) - 0.01, 0.978)
     ax.set_ylabel("session R@10 (first 50 results)")
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    session_bars(ax, result)
     ax.set_title("Ways to order a recall, LoCoMo dev")
     ax.legend(loc="upper center", ncol=3, fontsize=8)
     save_figure(fig, path)
