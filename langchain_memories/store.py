@@ -361,6 +361,12 @@ class MemoryStore(BaseStore):
             owner = self._owner(op.namespace)  # validate every op before writing any
             if not isinstance(op.key, str):
                 raise InvalidInputError(f"a store key is a str, got {type(op.key).__name__}")
+            try:
+                op.key.encode("utf-8")
+            except UnicodeEncodeError:  # as a namespace label's (no store can keep it)
+                raise InvalidInputError(
+                    f"store key {op.key!r} holds a lone surrogate (not valid Unicode)"
+                ) from None
             if op.value is not None:
                 encoded[id(op)] = to_json_value(op.value)
             latest[(op.namespace, op.key)] = (op, owner)

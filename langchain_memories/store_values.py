@@ -83,7 +83,8 @@ def to_json_value(value: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
 
     Raises:
         InvalidInputError: if ``value`` is not a mapping or holds something with no JSON
-            form (bytes, an object, a non-text key that JSON cannot convert).
+            form (bytes, an object, a non-text key that JSON cannot convert, a string with
+            a lone surrogate).
     """
     if not isinstance(value, Mapping):
         raise InvalidInputError(f"a store value is a dict, got {type(value).__name__}")
@@ -91,6 +92,12 @@ def to_json_value(value: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
         text = json.dumps(dict(value), ensure_ascii=False, default=_json_default)
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidInputError(f"store value cannot be stored as JSON: {exc}") from exc
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # as LangGraph's PostgresStore, which cannot store it either
+        raise InvalidInputError(
+            "store value holds a lone surrogate (not valid Unicode) in a key or a string"
+        ) from None
     return json.loads(text), text
 
 

@@ -203,4 +203,7 @@ def test_the_real_default_encodes_at_save_time(monkeypatch: pytest.MonkeyPatch) 
     assert memory.prefetch("ana", progress=False) == 0  # the save jobs stored them all
     hits = memory.recall(CAT_QUESTION, Scope("ana"), k=2).records
     assert len(hits) == 2 and any("Pixel" in h.record.text for h in hits)
+    # A lone surrogate reaches the encoder's tokenizer as U+FFFD (it raised a TypeError).
+    odd = memory.recall(CAT_QUESTION + " \udc80", Scope("ana"), k=2).records
+    assert [h.record.id for h in odd] == [h.record.id for h in hits]
     memory.close()

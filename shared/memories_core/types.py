@@ -36,6 +36,7 @@ __all__ = [
     "is_reserved_user_id",
     "new_id",
     "utcnow",
+    "without_surrogates",
 ]
 
 #: Largest turn accepted, in characters. A 1 MB message fits; larger input raises.
@@ -107,6 +108,11 @@ def clean_text(text: str, *, what: str = "text") -> str:
         raise InvalidInputError(f"{what} is empty or only whitespace")
     if len(text) > MAX_TURN_CHARS:
         raise InvalidInputError(f"{what} has {len(text)} characters; the limit is {MAX_TURN_CHARS}")
+    return without_surrogates(text)
+
+
+def without_surrogates(text: str) -> str:
+    """``text`` with each lone UTF-16 surrogate (not storable as UTF-8) replaced by U+FFFD."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -305,6 +311,10 @@ class Turn:
             raise InvalidInputError("Turn.role must be a non-empty string")
         if self.speaker is not None and (not isinstance(self.speaker, str) or not self.speaker):
             raise InvalidInputError("Turn.speaker must be a non-empty string or None")
+        # The same fallback as the content's: a lone surrogate could not be stored.
+        object.__setattr__(self, "role", without_surrogates(self.role))
+        if self.speaker is not None:
+            object.__setattr__(self, "speaker", without_surrogates(self.speaker))
         object.__setattr__(self, "content", clean_text(self.content, what="Turn.content"))
         object.__setattr__(
             self, "timestamp", check_timestamp(self.timestamp, what="Turn.timestamp")

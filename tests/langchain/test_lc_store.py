@@ -284,6 +284,24 @@ def test_every_user_label_langgraph_accepts_is_a_user_of_its_own(label: str) -> 
         store.put(("users", "bad\ud800half"), "k", {"v": 1})
 
 
+def test_a_lone_surrogate_in_a_key_or_a_value_refuses_the_batch() -> None:
+    store = MemoryStore(HistoryMemory(embedder=HashingEmbedder(), path=None, clock=FixedClock(T0)))
+    ns = ("users", "alice", "prefs")
+    bad = [
+        PutOp(ns, "k\ud800", {"text": "tea"}),
+        PutOp(ns, "k", {"text": "tea \udfff"}),
+        PutOp(ns, "k", {"te\ud800xt": "tea"}),
+        PutOp(ns, "k", {"nested": [{"deep": "\ud800"}]}),
+    ]
+    for op in bad:
+        with pytest.raises(InvalidInputError, match="lone surrogate"):
+            store.batch([PutOp(ns, "first", {"text": "kept?"}), op])
+    assert store.search(("users", "alice")) == []  # each batch was refused whole
+    store.put(ns, "k", {"text": "tea \ufffd"})  # the replacement character is fine
+    assert store.get(ns, "k").value == {"text": "tea \ufffd"}
+    store.close()
+
+
 def test_index_configuration_arguments() -> None:
     store = MemoryStore(index={"embed": "hashing:32", "fields": ["text"]}, clock=FixedClock(T0))
     assert store.index_config["dims"] == 32 and store.index_config["fields"] == ["text"]

@@ -21,6 +21,7 @@ from memories_core.types import (
     MemoryRecord,
     Scope,
     Turn,
+    without_surrogates,
 )
 
 __all__ = [
@@ -245,10 +246,14 @@ def check_k(k: Any) -> int:
 
 
 def check_query(query: Any) -> str:
-    """Validate a query: a non-empty string."""
+    """Validate a query: a non-empty string; returns it as it is searched.
+
+    The documented fallback of :func:`~memories_core.types.clean_text`: lone UTF-16
+    surrogates (which no encoder or store can take) become U+FFFD.
+    """
     if not isinstance(query, str) or not query.strip():
         raise InvalidInputError("query is empty or only whitespace")
-    return query
+    return without_surrogates(query)
 
 
 def turn_metadata(turn: Turn, batch_id: str) -> dict[str, Any]:

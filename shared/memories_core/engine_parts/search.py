@@ -63,7 +63,7 @@ class EngineSearch(EngineDeletion):
         Raises:
             InvalidInputError: on an empty query or a bad ``k``.
         """
-        check_query(query)
+        query = check_query(query)
         check_k(k)
         check_user_id(user_id)
         when = now or self.clock.now()

@@ -349,7 +349,7 @@ class DualProcessMemory(MemoryBase):
             MissingUserError: if ``scope`` has no user.
         """
         scope = check_scope(scope)
-        check_query(query)
+        query = check_query(query)
         want = check_k(self.default_k if k is None else k)
         ltm = self.engine.search(
             query,
@@ -379,7 +379,7 @@ class DualProcessMemory(MemoryBase):
         (lower-cased, punctuation-free) texts; ties keep the order of storage. Items scoring
         below ``stm_cut`` are left out, so the result may be empty.
         """
-        check_query(query)
+        query = check_query(query)
         check_k(k)
         from rapidfuzz import fuzz, process
         from rapidfuzz.distance import Levenshtein

@@ -391,6 +391,33 @@ class MechanismContract:
         finally:
             _close(memory)
 
+    def test_lone_surrogates_take_the_documented_fallback(
+        self, storage: str, tmp_path: Path
+    ) -> None:
+        """A lone surrogate in a role, speaker or query is stored and searched as U+FFFD.
+
+        No store or encoder can take one; the turn must not be lost (and the query must
+        not fail) over it.
+        """
+        memory = self._open(storage, tmp_path)
+        try:
+            scope = Scope("ursula", "s1")
+            secret = _token("sur")
+            turns = [
+                Turn("user", f"My secret code is {secret}.", speaker="Ur\udfffsula"),
+                Turn("assistant\ud800", f"Noted, your code is {secret}."),
+            ]
+            assert (turns[0].speaker, turns[1].role) == ("Ur\ufffdsula", "assistant\ufffd")
+            memory.save(turns, scope)
+            self._settle(memory, scope)
+            found = _recall_text(self._recall(memory, _SECRET_QUERY + " \udc80", scope))
+            assert secret in found, "a query with a lone surrogate lost the user's turn"
+            for listing in self.stored_turns(memory, scope) or []:
+                kept = [(t.role, t.speaker) for t in listing if secret in t.content]
+                assert kept == [("user", "Ur\ufffdsula"), ("assistant\ufffd", None)], kept
+        finally:
+            _close(memory)
+
     # ------------------------------------------------------------------ 5. async twins
     def test_async_twins_match_sync(self, storage: str, tmp_path: Path) -> None:
         """``asave``/``arecall``/``aclear``/``aend_session`` behave like their sync twins."""

@@ -436,7 +436,7 @@ class EMGMemory(MemoryBase):
         Raises:
             InvalidInputError: on an empty question.
         """
-        check_query(question)
+        question = check_query(question)
         user_id = scope.user_id if isinstance(scope, Scope) else check_user_id(scope)
         when = ensure_utc(now) if now is not None else self.clock.now()
         chosen = self.policy(user_id) if policy == "auto" else policy

@@ -171,7 +171,7 @@ class MemoChatMemory(MemoryBase):
             MissingUserError: if ``scope`` has no user.
         """
         scope = check_scope(scope)
-        check_query(query)
+        query = check_query(query)
         chosen = self._chosen(query, scope, now)
         return self._entries(scope.user_id, [(h.record, h.score) for h in chosen])
 
@@ -226,7 +226,7 @@ class MemoChatMemory(MemoryBase):
         if self.mode != "llm":
             return super().recall(query, scope, k=k, now=now)
         scope = check_scope(scope)
-        check_query(query)
+        query = check_query(query)
         want = check_k(self.default_k if k is None else k)
         hits = self._chosen(query, scope, now)[:want]
         if len(hits) < want:
