@@ -28,8 +28,10 @@ job is claimed (a lease) rather than locked.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -95,6 +97,30 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+#: Seconds an engine still open at interpreter exit waits for its worker's job in hand.
+EXIT_TIMEOUT = 30.0
+#: Engines not closed yet, for :func:`_stop_workers_at_exit`.
+_OPEN: weakref.WeakSet[MemoryEngine] = weakref.WeakSet()
+
+
+def _stop_workers_at_exit() -> None:
+    """Stop the workers of the engines left open when the interpreter exits.
+
+    A daemon worker still inside a native call (onnxruntime encoding token vectors, a local
+    model) when the interpreter finalizes makes the C++ runtime abort the process (exit code
+    134) after the caller's last line ran. Each open engine's worker finishes its job in hand
+    (at most :data:`EXIT_TIMEOUT` seconds) and leaves the rest pending, as ``close()`` does;
+    the stores themselves are left as they are.
+    """
+    for engine in list(_OPEN):
+        try:
+            engine._stop_worker(EXIT_TIMEOUT)
+        except Exception:  # exiting: report and go on with the others
+            logger.warning("stopping a derivation worker at exit failed", exc_info=True)
+
+
+atexit.register(_stop_workers_at_exit)
 
 
 class MemoryEngine(EngineWrites):
@@ -223,6 +249,7 @@ class MemoryEngine(EngineWrites):
         self._worker: DerivationWorker | None = (
             DerivationWorker(self._drain, self._seconds_to_due) if derive == "background" else None
         )
+        _OPEN.add(self)
         self._check_embedder(allow_embedder_change)
         if self.index.count() == 0:
             # A fresh or in-memory index over an existing store: rebuild it from the records.
@@ -305,17 +332,22 @@ class MemoryEngine(EngineWrites):
         """
         if self._closed:
             return
-        if self._worker is not None and not self._worker.stop(timeout):
-            logger.warning("a derivation was still running at close(); it stays pending")
-            with self._running_lock:
-                left = list(self._running)
-            self._release(left)
+        self._stop_worker(timeout)
         self._closed = True
+        _OPEN.discard(self)
         self.store.close()
         close = getattr(self.index, "close", None)
         if callable(close):
             close()
         self.artifacts.close()
+
+    def _stop_worker(self, timeout: float | None) -> None:
+        """Stop the worker after its job in hand; past ``timeout``, release that job's claim."""
+        if self._worker is not None and not self._worker.stop(timeout):
+            logger.warning("a derivation was still running at close(); it stays pending")
+            with self._running_lock:
+                left = list(self._running)
+            self._release(left)
 
     def __enter__(self) -> MemoryEngine:
         return self

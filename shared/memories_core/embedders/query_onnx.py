@@ -23,6 +23,7 @@ model is exported again. Files are written atomically (a temporary name, then a 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import copy
 import hashlib
@@ -30,6 +31,7 @@ import logging
 import os
 import tempfile
 import threading
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +56,27 @@ PROBES = (
     " ".join(["We walked along the river after dinner and talked about the new job."] * 12),
 )
 _INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+#: Seconds the interpreter's exit waits for an export or check still under way.
+EXIT_TIMEOUT = 60.0
+#: Accelerators whose preparation was started, for :func:`_wait_at_exit`.
+_STARTED: weakref.WeakSet[QueryOnnx] = weakref.WeakSet()
+
+
+def _wait_at_exit() -> None:
+    """Let a preparation under way finish before the interpreter finalizes.
+
+    The preparing thread is a daemon (a caller never waits for it), but one still inside
+    torch or onnxruntime when the interpreter finalizes makes the C++ runtime abort the
+    process (exit code 134): a script that embeds one query and ends would crash after its
+    last line. Waits at most :data:`EXIT_TIMEOUT` seconds per accelerator.
+    """
+    for fast in list(_STARTED):
+        thread = fast._thread
+        if thread is not None and thread.is_alive():
+            thread.join(EXIT_TIMEOUT)
+
+
+atexit.register(_wait_at_exit)
 
 
 def onnx_export_available() -> bool:
@@ -94,8 +117,9 @@ def _digest(folder: Path) -> str:
 def _drop_stale(folder: Path, age_s: float = 600.0) -> None:
     """Delete temporary files left by exports that were cut short.
 
-    The export thread is a daemon, so a process that exits mid-export leaves its temporary
-    file; one younger than ``age_s`` may be another process's export in progress.
+    The export thread is a daemon, so a process killed mid-export (or one whose exit waited
+    :data:`EXIT_TIMEOUT` in vain) leaves its temporary file; one younger than ``age_s`` may be
+    another process's export in progress.
     """
     import time
 
@@ -169,6 +193,7 @@ class QueryOnnx:
                 return
             self._state = "preparing"
             self._thread = threading.Thread(target=self._prepare, name="query-onnx", daemon=True)
+            _STARTED.add(self)
             self._thread.start()
 
     def wait(self, timeout: float | None = None) -> bool:

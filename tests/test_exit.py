@@ -1,0 +1,71 @@
+"""A process that uses a memory and ends without ``close()`` exits cleanly.
+
+Background threads (the engine's derivation worker, the query accelerator's export) are
+daemons; one still inside onnxruntime or torch when the interpreter finalizes made the C++
+runtime abort the process ("terminate called without an active exception", exit code 134)
+after the script's last line had run. These tests run such scripts in a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from reranker_scenarios import needs_bundled
+from test_query_onnx import needs_exporter
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_script(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=ROOT,
+        env=os.environ | env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.slow
+@needs_bundled
+def test_a_script_that_saves_and_ends_without_close_exits_cleanly(tmp_path: Path) -> None:
+    """The worker is still encoding token vectors when the script ends."""
+    done = run_script(
+        """
+        from memories_core import HistoryMemory, Scope, Turn
+        from memories_core.embedders import HashingEmbedder
+
+        memory = HistoryMemory(embedder=HashingEmbedder())
+        for n in range(20):
+            memory.save([Turn("user", f"turn {n}: the garden, the lake and the long walk home")],
+                        Scope("ana"))
+        print("saved")
+        """,
+        LLM_MEMORIES_LATE_INTERACTION="auto",
+    )
+    assert "saved" in done.stdout
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "terminate called" not in done.stderr
+
+
+@pytest.mark.slow
+@needs_exporter
+def test_a_script_that_embeds_one_query_and_ends_exits_cleanly() -> None:
+    """The first query starts the accelerator's export and check on a daemon thread."""
+    done = run_script(
+        """
+        from memories_core.embedders import SentenceTransformerEmbedder
+
+        print(SentenceTransformerEmbedder().embed_query("where is the lake?").shape)
+        """
+    )
+    assert "(384,)" in done.stdout
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "terminate called" not in done.stderr
