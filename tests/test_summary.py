@@ -148,3 +148,19 @@ def test_a_failed_jobs_unparsable_reply_is_logged_at_debug_level_only(
     assert warned and not any("not a summary" in m for m in warned)
     shown = [m for m in debug if "<<not a summary>>" in m]
     assert len(shown) == 1 and len(shown[0]) < 2200
+
+
+def test_a_reply_with_a_lone_surrogate_is_stored_with_the_replacement_character() -> None:
+    """A JSON "\\ud800" escape in a model's reply used to fail the write (UnicodeEncodeError)
+    and leave the job claimed; the summary is now stored as turns are (U+FFFD)."""
+    llm = ScriptedLLM(default=lambda messages: "The user likes jasmine tea \ud800 a lot.")
+    memory = SummaryMemory(llm=llm, embedder=HashingEmbedder())
+    scope = Scope("una", "s1")
+    memory.save([Turn("user", "I like jasmine tea"), Turn("assistant", "Noted.")], scope)
+    memory.end_session(scope)
+    memory.flush("una")
+    status = memory.status("una")
+    assert (status.pending, status.running, status.failed) == (0, 0, 0)
+    texts = [hit.record.text for hit in memory.recall("jasmine tea", Scope("una")).records]
+    assert "The user likes jasmine tea \ufffd a lot." in texts
+    memory.close()

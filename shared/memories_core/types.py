@@ -175,6 +175,16 @@ def check_user_id(user_id: Any) -> str:
     return user_id
 
 
+def _check_meta_key_text(key: str) -> None:
+    """A metadata key is a name: one with a lone surrogate is refused, not replaced."""
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInputError(
+            f"metadata key {key!r} holds a lone surrogate (not valid Unicode)"
+        ) from None
+
+
 def _check_meta_value(value: Any, path: str) -> Any:
     if value is None or isinstance(value, (str, bool)):
         if isinstance(value, str):
@@ -198,6 +208,7 @@ def _check_meta_value(value: Any, path: str) -> Any:
         for key, item in value.items():
             if not isinstance(key, str):
                 raise InvalidInputError(f"metadata {path} has a non-string key {key!r}")
+            _check_meta_key_text(key)
             out[key] = _check_meta_value(item, f"{path}.{key}")
         return out
     if isinstance(value, (list, tuple)):
@@ -213,9 +224,10 @@ def check_metadata(
 ) -> dict[str, Any]:
     """Validate caller metadata before anything is stored.
 
-    Keys must be non-empty strings without NUL, not start with ``$`` or ``chroma:`` (vector
-    backends reject or reinterpret those) and not be one of :data:`RESERVED_METADATA_KEYS`
-    (they would collide with record fields and filters). Values must be JSON-representable
+    Keys must be non-empty strings without NUL or lone surrogates, not start with ``$`` or
+    ``chroma:`` (vector backends reject or reinterpret those) and not be one of
+    :data:`RESERVED_METADATA_KEYS` (they would collide with record fields and filters).
+    String values take :func:`clean_text`'s fallback. Values must be JSON-representable
     with finite numbers and integers in the signed 64-bit range (:data:`MIN_META_INT` to
     :data:`MAX_META_INT`: a vector index refuses larger ones, and a record it refuses would
     stay unindexed); datetimes become ISO-8601 UTC strings.
@@ -240,6 +252,7 @@ def check_metadata(
             raise InvalidInputError(f"metadata keys must be non-empty strings, got {key!r}")
         if "\x00" in key or key.startswith(("$", "chroma:")) or key.startswith("attrs."):
             raise InvalidInputError(f"metadata key {key!r} is not allowed")
+        _check_meta_key_text(key)
         if key in RESERVED_METADATA_KEYS and key not in allow_reserved:
             raise InvalidInputError(
                 f"metadata key {key!r} is reserved (it names a record field or is written by "
@@ -439,7 +452,8 @@ class MemoryRecord:
         id: Unique id (the store owns ids; mechanisms create them with :func:`new_id`).
         user_id: Owner. Never empty.
         kind: What the record is (``"turn"``, ``"summary"``, ``"conditional"``, ...).
-        text: The text that is retrieved and shown to the model.
+        text: The text that is retrieved and shown to the model (a lone surrogate, which a
+            model's reply can hold, becomes U+FFFD as in :func:`clean_text`).
         created_at: When the memory was formed (for a turn, when it was said).
         session_id: Session the record came from, if any.
         metadata: Free JSON-serialisable metadata.
@@ -462,6 +476,8 @@ class MemoryRecord:
             raise MissingUserError("MemoryRecord.user_id is required")
         if not isinstance(self.kind, str) or not self.kind:
             raise InvalidInputError("MemoryRecord.kind must be a non-empty string")
+        if isinstance(self.text, str):  # a model's reply may hold one: the turns' fallback
+            object.__setattr__(self, "text", without_surrogates(self.text))
         object.__setattr__(self, "created_at", ensure_utc(self.created_at))
         object.__setattr__(self, "metadata", MappingProxyType(dict(self.metadata)))
         object.__setattr__(self, "source_ids", tuple(self.source_ids))

@@ -98,6 +98,15 @@ def test_bad_input_returns_a_tool_error_and_changes_nothing() -> None:
     assert memory.engine.history("bob") == []
 
 
+def test_a_model_argument_with_a_lone_surrogate_is_saved_as_turns_are() -> None:
+    """A tool argument decoded from a JSON "\\udfff" escape used to raise UnicodeEncodeError."""
+    memory = history_memory()
+    model = chat_model(call("save_memory", {"text": "Cara's code is 7\udfff7"}), "saved")
+    messages = run(create_agent(model=model, tools=create_memory_tools(memory)), "save", "cara")
+    assert [m.status for m in messages if isinstance(m, ToolMessage)] == ["success"]
+    assert memories(memory, "cara") == ["Cara's code is 7\ufffd7"]
+
+
 def test_two_users_in_one_process_are_isolated() -> None:
     memory = history_memory()
     tools = create_memory_tools(memory)
