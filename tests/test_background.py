@@ -255,3 +255,38 @@ def test_asave_then_aflush() -> None:
             memory.close()
 
     asyncio.run(run())
+
+
+def test_a_write_the_store_refuses_fails_the_job_instead_of_leaving_it_claimed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A derivation whose write raises a ValueError is counted as a failure and retried."""
+    from memories_core import SummaryMemory
+
+    memory = SummaryMemory(
+        llm=ScriptedLLM(default=lambda messages: "The user drinks mint tea."),
+        embedder=HashingEmbedder(),
+    )
+    store = memory.engine.store
+    real_add = store.add
+    refused: list[int] = []
+
+    def add_once(records, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if any(r.kind == "summary" for r in records) and not refused:
+            refused.append(1)
+            raise ValueError("the store cannot encode this value")
+        return real_add(records, *args, **kwargs)
+
+    monkeypatch.setattr(store, "add", add_once)
+    scope = Scope("mia", "s1")
+    memory.save([Turn("user", "I drink mint tea"), Turn("assistant", "Noted.")], scope)
+    memory.end_session(scope)
+    memory.flush("mia")
+    status = memory.status("mia")
+    assert refused and status.running == 0 and status.failed == 1  # not stuck as running
+    memory.retry_pending("mia")
+    memory.flush("mia")
+    assert memory.status("mia").failed == 0
+    kinds = [hit.record.kind for hit in memory.recall("mint tea", Scope("mia")).records]
+    assert "summary" in kinds
+    memory.close()

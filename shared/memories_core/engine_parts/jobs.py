@@ -390,9 +390,11 @@ class EngineJobs(EngineSearch):
             self._commit(job, result)
         except _JobGone:
             logger.info("job %s was finished by another worker; its result is dropped", job.id)
-        except InvalidInputError as exc:
-            # A derivation with a bad search key, or with another user's records, commits
-            # nothing; the job stays pending.
+        except (ValueError, TypeError) as exc:
+            # A derivation the store refuses for its content (a bad search key, another
+            # user's records, a value it cannot encode) commits nothing; the job stays
+            # pending, with its failure counted, instead of claimed until its lease ends.
+            # A failing store (BackendError) goes up to the worker, which leaves it claimed.
             self._fail(job, job.kind, exc)
         return True
 
