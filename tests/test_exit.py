@@ -1,9 +1,10 @@
 """A process that uses a memory and ends without ``close()`` exits cleanly.
 
-Background threads (the engine's derivation worker, the query accelerator's export) are
-daemons; one still inside onnxruntime or torch when the interpreter finalizes made the C++
-runtime abort the process ("terminate called without an active exception", exit code 134)
-after the script's last line had run. These tests run such scripts in a fresh interpreter.
+Background threads (the engine's derivation worker, the query accelerator's export,
+Chroma's open check) are daemons; one still inside onnxruntime or torch when the interpreter
+finalizes made the C++ runtime abort the process ("terminate called without an active
+exception", exit code 134), one inside Chroma crashed it (SIGSEGV), after the script's last
+line had run. These tests run such scripts in a fresh interpreter.
 """
 
 from __future__ import annotations
@@ -69,3 +70,40 @@ def test_a_script_that_embeds_one_query_and_ends_exits_cleanly() -> None:
     assert "(384,)" in done.stdout
     assert done.returncode == 0, done.stderr[-2000:]
     assert "terminate called" not in done.stderr
+
+
+@pytest.mark.slow
+def test_a_script_that_opens_a_large_index_and_ends_during_its_open_check_exits_cleanly(
+    tmp_path: Path,
+) -> None:
+    """Chroma's open check of a large collection runs on a daemon thread (8.5 s at 100k
+    records); a script ending during it crashed with SIGSEGV (exit code -11)."""
+    import numpy as np
+
+    from memories_core.backends.chroma_index import ChromaIndex
+
+    folder = tmp_path / "chroma"
+    vectors = np.random.default_rng(0).normal(size=(3000, 32)).astype(np.float32)
+    index = ChromaIndex(path=folder, exact_below=0)
+    for start in range(0, len(vectors), 500):
+        part = vectors[start : start + 500]
+        ids = [f"r{start + i}" for i in range(len(part))]
+        index.add(ids, part, [{"user_id": "u", "kind": "turn"}] * len(part))
+    index.close()
+    done = run_script(
+        f"""
+        import numpy as np
+        from memories_core.backends.chroma_index import ChromaIndex
+        from memories_core.backends.sqlite_store import SQLiteRecordStore
+        from memories_core.embedders import HashingEmbedder
+        from memories_core.engine import MemoryEngine
+
+        index = ChromaIndex(path={str(folder)!r}, exact_below=0, open_check=3000)
+        engine = MemoryEngine(
+            store=SQLiteRecordStore(None), index=index, embedder=HashingEmbedder(dimension=32)
+        )
+        print(len(index.search(np.ones(32, dtype=np.float32), user_id="u", k=3)))
+        """
+    )
+    assert done.stdout.strip() == "3"
+    assert done.returncode == 0, done.stderr[-2000:]

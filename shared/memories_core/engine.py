@@ -105,19 +105,24 @@ _OPEN: weakref.WeakSet[MemoryEngine] = weakref.WeakSet()
 
 
 def _stop_workers_at_exit() -> None:
-    """Stop the workers of the engines left open when the interpreter exits.
+    """Stop the background work of the engines left open when the interpreter exits.
 
-    A daemon worker still inside a native call (onnxruntime encoding token vectors, a local
-    model) when the interpreter finalizes makes the C++ runtime abort the process (exit code
-    134) after the caller's last line ran. Each open engine's worker finishes its job in hand
-    (at most :data:`EXIT_TIMEOUT` seconds) and leaves the rest pending, as ``close()`` does;
-    the stores themselves are left as they are.
+    A daemon thread still inside a native call when the interpreter finalizes crashes the
+    process after the caller's last line ran: the worker inside onnxruntime (token vectors)
+    or a local model aborts it (exit code 134), Chroma's open check of a large collection
+    segfaults it. Each open engine's worker finishes its job in hand (at most
+    :data:`EXIT_TIMEOUT` seconds) and leaves the rest pending, as ``close()`` does, and its
+    index's background checks stop (``stop_background``, where the index has one); the
+    stores themselves are left as they are.
     """
     for engine in list(_OPEN):
         try:
             engine._stop_worker(EXIT_TIMEOUT)
+            stop = getattr(engine.index, "stop_background", None)
+            if callable(stop):  # e.g. Chroma's open check of a large collection
+                stop(EXIT_TIMEOUT)
         except Exception:  # exiting: report and go on with the others
-            logger.warning("stopping a derivation worker at exit failed", exc_info=True)
+            logger.warning("stopping background work at exit failed", exc_info=True)
 
 
 atexit.register(_stop_workers_at_exit)

@@ -663,6 +663,19 @@ class ChromaIndex(ChromaFiltering, ChromaReachability, ChromaVerification, Chrom
         if lock is not None:
             lock.release()
 
+    def stop_background(self, timeout: float | None = 60.0) -> bool:
+        """Stop the background open checks at their next step and wait for them.
+
+        ``close()`` calls it, and so does the engine's exit hook for an index left open: a
+        check still inside Chroma when the interpreter finalizes crashed the process
+        (SIGSEGV) after the caller's last line. Searches work on; no new check starts.
+
+        Returns:
+            Whether no check is left running after ``timeout`` seconds.
+        """
+        self._closing = True
+        return self.wait_checks(timeout=timeout)
+
     def close(self) -> None:
         """Release the index; an ephemeral index also drops its collections.
 
@@ -673,8 +686,7 @@ class ChromaIndex(ChromaFiltering, ChromaReachability, ChromaVerification, Chrom
         their buffer zeroed (it is uninitialised memory of this process). An embedded folder's
         process lock is released last (another process may open the folder after that).
         """
-        self._closing = True  # background open checks stop at their next step
-        self.wait_checks(timeout=60.0)
+        self.stop_background(timeout=60.0)
         try:
             self._close()
         finally:
