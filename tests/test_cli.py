@@ -306,6 +306,28 @@ def test_a_bad_embedder_value_is_a_usage_error(
     assert "argument --embedder: unknown embedder" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize(
+    ("argv", "option"),
+    [
+        (["show", "alice", "--limit", "-1"], "--limit"),
+        (["show", "alice", "--limit", "0"], "--limit"),
+        (["show", "alice", "--width", "0"], "--width"),
+        (["search", "alice", "vegan", "-k", "0"], "-k"),
+        (["search", "alice", "vegan", "-k", "five"], "-k"),
+        (["search", "alice", "vegan", "--width", "-3"], "--width"),
+    ],
+)
+def test_counts_below_one_are_usage_errors(
+    memory_path: Path, argv: list[str], option: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--limit -1`` printed "(-1 of 1 records shown)"; every count is now checked."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["--path", str(memory_path), "--embedder", "hashing", "-q", *argv])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {option}:" in err and "Traceback" not in err
+
+
 def test_export_to_a_folder_is_refused_and_leaves_nothing(
     memory_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -36,6 +36,17 @@ _EPILOG = """examples:
 Options before the command (--path, --embedder, -q, ...) may also follow it."""
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (``--limit``, ``--width``, ``-k``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
+
+
 def _memory_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
     """The options that say which memory to open and how to print.
 
@@ -77,7 +88,7 @@ def _memory_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
     )
     group.add_argument(
         "--chroma-port",
-        type=int,
+        type=positive_int,
         default=default(8000),
         help="with --chroma-host: its port (default: 8000)",
     )
@@ -131,9 +142,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--kind", help="only records of this kind (turn, summary, memory, conditional, ...)"
     )
     show.add_argument(
-        "--limit", type=int, default=50, help="at most this many records (default: 50)"
+        "--limit", type=positive_int, default=50, help="at most this many records (default: 50)"
     )
-    show.add_argument("--width", type=int, default=80, help="text column width (default: 80)")
+    show.add_argument(
+        "--width", type=positive_int, default=80, help="text column width (default: 80)"
+    )
     show.add_argument("--full-ids", action="store_true", help="print whole record ids")
 
     search = _command(
@@ -145,9 +158,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     search.add_argument("user", help="whose memory to search")
     search.add_argument("query", help="the text to search for (quote it)")
-    search.add_argument("-k", type=int, default=5, help="number of results (default: 5)")
+    search.add_argument("-k", type=positive_int, default=5, help="number of results (default: 5)")
     search.add_argument("--kind", help="only records of this kind")
-    search.add_argument("--width", type=int, default=80, help="text column width (default: 80)")
+    search.add_argument(
+        "--width", type=positive_int, default=80, help="text column width (default: 80)"
+    )
     search.add_argument("--full-ids", action="store_true", help="print whole record ids")
 
     export = _command(
