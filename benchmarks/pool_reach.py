@@ -50,10 +50,12 @@ import session_order as so
 from latency import OUT, add_output_options, command_line, run_or_redraw
 from machine_info import machine, save_figure
 
+from memories_core.embedders.base import l2_normalise
 from memories_core.retrieval.late_interaction import (
     DEFAULT_LATE_CANDIDATES,
     DEFAULT_LATE_POOL,
     DEFAULT_LATE_WEIGHT,
+    maxsim,
 )
 
 #: The late encoder's width in the library's default.
@@ -210,39 +212,41 @@ def load(out: Path) -> list[Scored]:
     bge.warm([t for sid in turns for t in stage["text"][sid].values()], query=False)
     bge.warm([q.row["q"] for q in questions], query=True)
     bge.save()
+    questions_of: dict[str, list[so.Question]] = {}
+    for q in questions:
+        questions_of.setdefault(q.sid, []).append(q)
 
     def unit(matrix: npt.NDArray[Any]) -> npt.NDArray[np.float32]:
-        m = np.asarray(matrix, dtype=np.float32)
-        return m / np.linalg.norm(m, axis=-1, keepdims=True)
+        return l2_normalise(np.asarray(matrix, dtype=np.float32))
 
-    docs = {
+    # Each conversation's matrices once, not once per question.
+    second_docs = {
         sid: unit(np.stack([bge.vectors[bge.key("d", stage["text"][sid][i])] for i in ids]))
         for sid, ids in turns.items()
     }
+    dense_docs = {sid: unit(questions_of[sid][0].vectors(ids)) for sid, ids in turns.items()}
+    late_docs = {key: vectors[_sha(text)].astype(np.float32) for key, text in pair.items()}
     scored = []
     for q in questions:
         ids = turns[q.sid]
         query = np.asarray(encoder.encode_query(q.row["q"]), dtype=np.float32)
-        late = {
-            i: float((query @ vectors[_sha(pair[(q.sid, i)])].astype(np.float32).T).max(1).sum())
-            for i in ids
-        }
-        dense = dict(zip(ids, _dense(q, ids), strict=True))
-        second = docs[q.sid] @ unit(bge.embed_query(q.row["q"]))
-        scored.append(Scored(q, dense, dict(zip(ids, second.tolist(), strict=True)), late))
+        late = {i: maxsim(query, late_docs[(q.sid, i)]) for i in ids}
+        assert q.query is not None
+        dense = dense_docs[q.sid] @ unit(q.query[None])[0]
+        second = second_docs[q.sid] @ unit(bge.embed_query(q.row["q"])[None])[0]
+        scored.append(
+            Scored(
+                q,
+                dict(zip(ids, dense.tolist(), strict=True)),
+                dict(zip(ids, second.tolist(), strict=True)),
+                late,
+            )
+        )
     return scored
 
 
 def _sha(text: str) -> str:
     return hashlib.sha1(text.encode("utf-8")).hexdigest()
-
-
-def _dense(q: so.Question, ids: Sequence[str]) -> list[float]:
-    """MiniLM cosine of every turn of ``ids`` with the question (its cached vectors)."""
-    assert q.query is not None
-    matrix = q.vectors(ids)
-    matrix = matrix / np.linalg.norm(matrix, axis=1, keepdims=True)
-    return (matrix @ (q.query / np.linalg.norm(q.query))).tolist()
 
 
 def _alone(q: Scored, signal: str) -> list[str]:
