@@ -102,14 +102,9 @@ class OnnxEmbedder(BaseEmbedder):
         name: str | None = None,
     ) -> None:
         super().__init__()
-        for label, value in (
-            ("max_length", max_length),
-            ("batch_size", batch_size),
-            ("threads", threads),
-        ):
-            check_count(label, value)
-        if max_length < 4:
-            raise ConfigurationError(f"max_length must be >= 4, got {max_length}")
+        check_count("max_length", max_length, minimum=4)
+        check_count("batch_size", batch_size)
+        check_count("threads", threads)
         if pooling not in ("cls", "mean"):
             raise ConfigurationError(f"pooling must be 'cls' or 'mean', got {pooling!r}")
         if query_prefix is not None and not isinstance(query_prefix, str):

@@ -173,9 +173,7 @@ class OnnxCrossEncoder:
         threads: int = 1,
         cache_size: int = 20_000,
     ) -> None:
-        self.max_length = check_count("max_length", max_length)
-        if max_length < 8:
-            raise ConfigurationError(f"max_length must be >= 8, got {max_length}")
+        self.max_length = check_count("max_length", max_length, minimum=8)
         self.batch_size = check_count("batch_size", batch_size)
         self.threads = check_count("threads", threads)
         self.cache_size = check_count("cache_size", cache_size)

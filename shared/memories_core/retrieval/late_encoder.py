@@ -209,9 +209,8 @@ class OnnxLateInteractionEncoder:
         threads: int = 1,
         dim: int | None = None,
     ) -> None:
-        for label, value in (("query_length", query_length), ("document_length", document_length)):
-            if check_count(label, value) < 8:
-                raise ConfigurationError(f"{label} must be >= 8, got {value}")
+        check_count("query_length", query_length, minimum=8)
+        check_count("document_length", document_length, minimum=8)
         if dim is not None:
             if model_dir is not None:
                 raise ConfigurationError("dim needs the bundled model: no basis fits model_dir")
