@@ -47,7 +47,7 @@ from memories_core.interfaces import Clock
 from memories_core.retrieval import KEY_FOR, SEARCH_KEY_KIND
 from memories_core.retrieval.keys import key_filter
 from memories_core.retrieval.pipeline import DenseSource, Pipeline
-from memories_core.types import MemoryRecord, check_user_id, new_id
+from memories_core.types import MemoryRecord, check_user_id, holds_lone_surrogate, new_id
 
 __all__ = [
     "MAPPED_USER_PREFIX",
@@ -95,12 +95,10 @@ def _check_labels(namespace: Sequence[Any], *, allow_wildcard: bool = False) -> 
                 f"namespace labels are non-empty strings without '.' or NUL, got {label!r} in "
                 f"{tuple(namespace)!r}"
             )
-        try:
-            label.encode("utf-8")
-        except UnicodeEncodeError:  # as LangGraph's PostgresStore, which cannot store it
+        if holds_lone_surrogate(label):  # as LangGraph's PostgresStore, which cannot store it
             raise StoreNamespaceError(
                 f"namespace label {label!r} holds a lone surrogate (not valid Unicode)"
-            ) from None
+            )
 
 
 #: Start of the user id that a user label maps to when it cannot be one as it is.
@@ -361,12 +359,10 @@ class MemoryStore(BaseStore):
             owner = self._owner(op.namespace)  # validate every op before writing any
             if not isinstance(op.key, str):
                 raise InvalidInputError(f"a store key is a str, got {type(op.key).__name__}")
-            try:
-                op.key.encode("utf-8")
-            except UnicodeEncodeError:  # as a namespace label's (no store can keep it)
+            if holds_lone_surrogate(op.key):  # as a namespace label's (no store can keep it)
                 raise InvalidInputError(
                     f"store key {op.key!r} holds a lone surrogate (not valid Unicode)"
-                ) from None
+                )
             if op.value is not None:
                 encoded[id(op)] = to_json_value(op.value)
             latest[(op.namespace, op.key)] = (op, owner)

@@ -38,6 +38,7 @@ from langgraph.store.base import ensure_embeddings, get_text_at_path, tokenize_p
 
 from memories_core.errors import ConfigurationError, InvalidInputError, check_count
 from memories_core.interfaces import Embedder
+from memories_core.types import holds_lone_surrogate
 
 __all__ = [
     "OPERATORS",
@@ -92,12 +93,10 @@ def to_json_value(value: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
         text = json.dumps(dict(value), ensure_ascii=False, default=_json_default)
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidInputError(f"store value cannot be stored as JSON: {exc}") from exc
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:  # as LangGraph's PostgresStore, which cannot store it either
+    if holds_lone_surrogate(text):  # as LangGraph's PostgresStore, which cannot store it
         raise InvalidInputError(
             "store value holds a lone surrogate (not valid Unicode) in a key or a string"
-        ) from None
+        )
     return json.loads(text), text
 
 

@@ -33,6 +33,7 @@ __all__ = [
     "check_owner_id",
     "check_user_id",
     "ensure_utc",
+    "holds_lone_surrogate",
     "is_reserved_user_id",
     "new_id",
     "utcnow",
@@ -111,11 +112,21 @@ def clean_text(text: str, *, what: str = "text") -> str:
     return without_surrogates(text)
 
 
-def without_surrogates(text: str) -> str:
-    """``text`` with each lone UTF-16 surrogate (not storable as UTF-8) replaced by U+FFFD."""
+def holds_lone_surrogate(text: str) -> bool:
+    """Whether ``text`` holds a lone UTF-16 surrogate: no UTF-8 store can keep it.
+
+    Names (user ids, keys) that hold one are refused; texts take :func:`without_surrogates`.
+    """
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
+        return True
+    return False
+
+
+def without_surrogates(text: str) -> str:
+    """``text`` with each lone UTF-16 surrogate (not storable as UTF-8) replaced by U+FFFD."""
+    if holds_lone_surrogate(text):
         text = "".join("\ufffd" if 0xD800 <= ord(c) <= 0xDFFF else c for c in text)
     return text
 
@@ -144,10 +155,8 @@ def check_owner_id(owner: Any) -> str:
         raise MissingUserError("user_id is required and must be a non-empty string")
     if len(owner) > MAX_USER_ID_CHARS:
         raise InvalidInputError(f"user_id is longer than {MAX_USER_ID_CHARS} characters")
-    try:
-        owner.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidInputError("user_id holds a lone surrogate and is not valid Unicode") from exc
+    if holds_lone_surrogate(owner):
+        raise InvalidInputError("user_id holds a lone surrogate and is not valid Unicode")
     if "\x00" in owner:
         raise InvalidInputError("user_id may not contain NUL characters")
     return owner
@@ -177,12 +186,8 @@ def check_user_id(user_id: Any) -> str:
 
 def _check_meta_key_text(key: str) -> None:
     """A metadata key is a name: one with a lone surrogate is refused, not replaced."""
-    try:
-        key.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidInputError(
-            f"metadata key {key!r} holds a lone surrogate (not valid Unicode)"
-        ) from None
+    if holds_lone_surrogate(key):
+        raise InvalidInputError(f"metadata key {key!r} holds a lone surrogate (not valid Unicode)")
 
 
 def _check_meta_value(value: Any, path: str) -> Any:

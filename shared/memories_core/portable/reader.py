@@ -49,6 +49,7 @@ from memories_core.types import (
     check_user_id,
     clean_text,
     ensure_utc,
+    holds_lone_surrogate,
 )
 
 __all__ = ["read_manifest"]
@@ -207,10 +208,8 @@ def _str(value: Any, where: str, *, limit: int, empty: bool = False) -> str:
         raise _fail(where, f"longer than {limit} characters")
     if "\x00" in value:
         raise _fail(where, "holds a NUL character")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise _fail(where, "holds a lone surrogate") from exc
+    if holds_lone_surrogate(value):
+        raise _fail(where, "holds a lone surrogate")
     return value
 
 
