@@ -98,8 +98,11 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Seconds an engine still open at interpreter exit waits for its worker's job in hand.
-EXIT_TIMEOUT = 30.0
+#: Seconds ``close()`` waits by default for the worker's job in hand.
+CLOSE_TIMEOUT = 60.0
+#: Seconds an engine still open at interpreter exit waits for it: as long as ``close()``
+#: (an exit is a close the caller did not write).
+EXIT_TIMEOUT = CLOSE_TIMEOUT
 #: Engines not closed yet, for :func:`_stop_workers_at_exit`.
 _OPEN: weakref.WeakSet[MemoryEngine] = weakref.WeakSet()
 
@@ -324,7 +327,7 @@ class MemoryEngine(EngineWrites):
         return self.store.transaction()
 
     # ------------------------------------------------------------------ lifecycle
-    def close(self, *, timeout: float | None = 60.0) -> None:
+    def close(self, *, timeout: float | None = CLOSE_TIMEOUT) -> None:
         """Stop the background worker, then close the store, the index and the artifact store.
 
         The worker finishes the job in hand (every model call has a timeout) and leaves the

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from memories_core.clock import dated_line
 from memories_core.engine import (
+    CLOSE_TIMEOUT,
     Derivation,
     DeriveMode,
     MechanismHooks,
@@ -376,7 +377,7 @@ class MemoryBase:
             finished_after=self.engine.finished_after,
         )
 
-    def close(self, *, timeout: float | None = 60.0) -> None:
+    def close(self, *, timeout: float | None = CLOSE_TIMEOUT) -> None:
         """Close the engine (if this memory built it); see :meth:`MemoryEngine.close`.
 
         Args:
