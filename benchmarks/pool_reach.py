@@ -159,11 +159,6 @@ def _label(cell: rl.Cell) -> str:
     return f"pool {pool if pool < 10_000 else 'all'}, {candidates} candidates, weight {weight}"
 
 
-def scored(questions: Sequence[Scored], order: Order) -> list[Any]:
-    """Per question: (conversation, metrics of the first 50 results), as ``session_order``."""
-    return [(q.sid, lr.score_question(order(q)[: lr.DEPTH_K], q.evidence)) for q in questions]
-
-
 def reach(
     questions: Sequence[Scored], pool_order: Callable[[Scored], list[str]], pool: int
 ) -> float:
@@ -275,8 +270,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "command": command_line(),
         "machine": machine(),
         "questions": len(questions),
-        "default": so.means(scored(questions, library)),
-        "first stage": so.means(scored(questions, lambda q: q.first)),
+        "default": so.means(so.scored(questions, library)),
+        "first stage": so.means(so.scored(questions, lambda q: q.first)),
         "families": {},
         "reach": {},
     }
@@ -286,7 +281,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for w in RRF_WEIGHTS:
         pools[f"with bge-small, w {w}, k 10"] = (partial(_with_second, weight=w), DEFAULT_LATE_POOL)
     result["alone"] = {
-        name: so.means(scored(questions, partial(_alone, signal=signal)))
+        name: so.means(so.scored(questions, partial(_alone, signal=signal)))
         for name, signal in (
             ("MaxSim", "late"),
             ("MiniLM cosine", "dense"),
@@ -297,7 +292,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result["reach"][label] = reach(questions, order, pool)
     for name, settings in families().items():
         per_setting = {
-            label: scored(questions, order) for label, order in tqdm(settings, desc=name)
+            label: so.scored(questions, order) for label, order in tqdm(settings, desc=name)
         }
         result["families"][name] = so.cross_validated(per_setting)
     return result

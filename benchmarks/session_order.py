@@ -46,7 +46,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -240,7 +240,17 @@ def families() -> dict[str, list[Setting]]:
     }
 
 
-def scored(questions: Sequence[Question], order: Callable[[Question], list[str]]) -> list[Any]:
+class Asked(Protocol):
+    """What :func:`scored` reads of a question: its conversation and evidence turns."""
+
+    sid: str
+    evidence: list[str]
+
+
+AskedT = TypeVar("AskedT", bound=Asked)
+
+
+def scored(questions: Sequence[AskedT], order: Callable[[AskedT], list[str]]) -> list[Any]:
     """Per question: (conversation, metrics of the first 50 results)."""
     return [(q.sid, lr.score_question(order(q)[: lr.DEPTH_K], q.evidence)) for q in questions]
 
