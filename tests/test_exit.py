@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from memories_core import Scope
 from reranker_scenarios import needs_bundled
 from test_query_onnx import needs_exporter
 
@@ -107,3 +108,48 @@ def test_a_script_that_opens_a_large_index_and_ends_during_its_open_check_exits_
     )
     assert done.stdout.strip() == "3"
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_a_script_that_ends_while_a_local_model_derives_exits_cleanly(tmp_path: Path) -> None:
+    """Past the exit wait the job's generation is cancelled: no thread is left in torch, and
+    the job stays pending for the next run, with no failure counted."""
+    pytest.importorskip("torch")
+    done = run_script(
+        f"""
+        import time
+        import memories_core.engine
+        from memories_core import Scope, SummaryMemory, Turn
+        from memories_core.embedders import HashingEmbedder
+        from memories_core.llms import LocalLLM
+
+        memories_core.engine.EXIT_TIMEOUT = 0.5  # the job in hand outlives the exit wait
+        llm = LocalLLM(backend="transformers", n_threads=1, timeout=None)
+        llm.load()  # so that the worker is generating, not loading, when the script ends
+        memory = SummaryMemory(llm=llm, embedder=HashingEmbedder(), path={str(tmp_path)!r})
+        scope = Scope("ana", session_id="s1")
+        story = " ".join(f"On day {{n}} we walked to the lake and fed ducks." for n in range(60))
+        memory.save([Turn("user", story), Turn("assistant", "What a lovely habit.")], scope)
+        memory.end_session(scope)
+        while memory.status("ana").running == 0:
+            time.sleep(0.05)
+        print("deriving")
+        """
+    )
+    assert "deriving" in done.stdout
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "terminate called" not in done.stderr
+    from memories_core import SummaryMemory
+    from memories_core.embedders import HashingEmbedder
+    from memories_core.llms import ScriptedLLM
+
+    again = SummaryMemory(
+        llm=ScriptedLLM(default="Ana feeds ducks."), embedder=HashingEmbedder(), path=tmp_path
+    )
+    try:
+        (job,) = again.pending("ana")
+        assert job.attempts == 0
+        assert again.flush("ana") == 0
+        assert [r.kind for r in again.records(Scope("ana"))] == ["summary"]
+    finally:
+        again.close()

@@ -18,7 +18,9 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["DerivationWorker", "JobCounts", "WorkStatus"]
+from memories_core.llms.cancel import cancellable
+
+__all__ = ["CANCEL_GRACE", "DerivationWorker", "JobCounts", "WorkStatus"]
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +28,10 @@ logger = logging.getLogger(__name__)
 _MAX_POLL = 30.0
 #: Shortest sleep, so that a job due "now" on a frozen clock cannot spin the CPU.
 _MIN_POLL = 0.5
+#: Seconds a job whose model call :meth:`DerivationWorker.stop` cancelled gets to end. The
+#: local models check the cancel between layers: measured on 2 CPU cores, the 1.5B model
+#: ended 1.9 s after a cancel in the middle of reading a 74 s prompt (0.2 s for SmolLM2).
+CANCEL_GRACE = 10.0
 
 
 @dataclass(frozen=True)
@@ -121,7 +127,9 @@ class DerivationWorker:
     The engine wakes it after a save or a session end (:meth:`wake`); it runs every due job of
     those users, then sleeps until woken or until a job in backoff is due again. A failing job
     never stops it (the engine keeps the failure in the job row); :meth:`stop` lets the job
-    in hand finish and leaves the rest pending.
+    in hand finish and leaves the rest pending. Its passes run inside
+    :func:`memories_core.llms.cancel.cancellable`, so that a stop past its timeout can end a
+    local model's generation instead of leaving the thread in native code.
 
     Args:
         drain: Runs the due jobs of one user (``None``: every user) and returns
@@ -151,6 +159,7 @@ class DerivationWorker:
         self._seq = 0
         self._stalled: dict[str | None, int] = {}
         self._busy: str | bool | None = False
+        self._cancel = threading.Event()
 
     @property
     def alive(self) -> bool:
@@ -195,8 +204,18 @@ class DerivationWorker:
         with self._cond:
             self._cond.wait(timeout)
 
-    def stop(self, timeout: float | None) -> bool:
-        """Stop after the job in hand; returns whether the thread ended within ``timeout``."""
+    @property
+    def cancelled(self) -> bool:
+        """Whether :meth:`stop` had to cancel the job in hand's model call."""
+        return self._cancel.is_set()
+
+    def stop(self, timeout: float | None, *, grace: float = CANCEL_GRACE) -> bool:
+        """Stop after the job in hand; returns whether the thread ended.
+
+        Past ``timeout`` (``None``: wait for the job however long it takes) the job in
+        hand's model call is cancelled (a local model stops at its next token; the engine
+        gives the job back, pending) and the thread gets ``grace`` more seconds to end.
+        """
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
@@ -204,6 +223,9 @@ class DerivationWorker:
         if thread is None or thread is threading.current_thread():
             return True
         thread.join(timeout)
+        if thread.is_alive() and timeout is not None:
+            self._cancel.set()
+            thread.join(grace)
         return not thread.is_alive()
 
     def _loop(self) -> None:
@@ -233,7 +255,8 @@ class DerivationWorker:
             self._busy = user
         remaining, model_ok = 0, True
         try:
-            remaining, model_ok = self._drain(user)
+            with cancellable(self._cancel):
+                remaining, model_ok = self._drain(user)
         except Exception:
             # The store itself failed (e.g. closed under us): the jobs stay in their rows.
             logger.warning("background derivation pass failed; jobs stay pending", exc_info=True)

@@ -116,7 +116,8 @@ def _stop_workers_at_exit() -> None:
     segfaults it. Each open engine's worker finishes its job in hand (at most
     :data:`EXIT_TIMEOUT` seconds) and leaves the rest pending, as ``close()`` does, and its
     index's background checks stop (``stop_background``, where the index has one); the
-    stores themselves are left as they are.
+    stores themselves are left as they are. A job still running past the wait has its model
+    call cancelled, as in ``close()``, so no thread is left inside a local model.
     """
     for engine in list(_OPEN):
         try:
@@ -335,8 +336,12 @@ class MemoryEngine(EngineWrites):
 
         Args:
             timeout: Seconds to wait for the job in hand (``None``: as long as it takes).
-                Past it, its claim is released so that a reopen runs it again, and what it
-                derives afterwards is dropped.
+                Past it, the job's model call is cancelled where the model checks for it
+                (the local models do, at every decoded token:
+                :mod:`memories_core.llms.cancel`) and the job stays pending, with no failure
+                counted. A call that does not stop within the worker's grace
+                (:data:`~memories_core.background.CANCEL_GRACE`) has its claim released, so
+                that a reopen runs the job again, and what it derives afterwards is dropped.
         """
         if self._closed:
             return
@@ -350,8 +355,22 @@ class MemoryEngine(EngineWrites):
         self.artifacts.close()
 
     def _stop_worker(self, timeout: float | None) -> None:
-        """Stop the worker after its job in hand; past ``timeout``, release that job's claim."""
-        if self._worker is not None and not self._worker.stop(timeout):
+        """Stop the worker after its job in hand.
+
+        Past ``timeout`` a local model's generation is cancelled (the job is given back,
+        pending); if the thread is still busy after the worker's grace, its job's claim is
+        released here.
+        """
+        if self._worker is None:
+            return
+        ended = self._worker.stop(timeout)
+        if self._worker.cancelled:
+            logger.warning(
+                "a derivation was still running after %s s; its model call was stopped "
+                "and the job stays pending",
+                timeout,
+            )
+        if not ended:
             logger.warning("a derivation was still running at close(); it stays pending")
             with self._running_lock:
                 left = list(self._running)

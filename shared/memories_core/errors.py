@@ -11,6 +11,7 @@ __all__ = [
     "ConfigurationError",
     "EmbedderMismatchError",
     "InvalidInputError",
+    "LLMCancelledError",
     "LLMError",
     "LLMTimeoutError",
     "MemoriesError",
@@ -120,6 +121,16 @@ class LLMTimeoutError(LLMError, TimeoutError):
     def __init__(self, message: str, *, timeout: float) -> None:
         super().__init__(message)
         self.timeout = timeout
+
+
+class LLMCancelledError(LLMError):
+    """A model call stopped before its answer because its caller asked it to.
+
+    Raised by the local backends when the engine stops its worker (``close()`` past its
+    timeout, or the interpreter exiting) during a generation
+    (:mod:`memories_core.llms.cancel`). The job it served is given back, pending, with no
+    failure counted: nothing was wrong with the model or its reply.
+    """
 
 
 class ParseError(MemoriesError, ValueError):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from memories_core.background import JobCounts, WorkStatus
@@ -20,6 +20,7 @@ from memories_core.engine_parts.rules import (
 from memories_core.engine_parts.search import EngineSearch
 from memories_core.errors import (
     InvalidInputError,
+    LLMCancelledError,
     LLMError,
     LLMTimeoutError,
     ParseError,
@@ -488,6 +489,15 @@ class EngineJobs(EngineSearch):
         return replaced
 
     def _fail(self, job: Job, label: str, exc: BaseException) -> None:
+        if _cancelled(exc) or (self._worker is not None and self._worker.stopping):
+            # The engine is stopping: its model call was cancelled (close() past its timeout,
+            # or exit), or the job failed while the interpreter exits (it refuses new threads
+            # then, e.g. a model's first load). Neither says anything about the job.
+            logger.info(
+                "%s job %s stopped with its engine; it stays pending", job.mechanism, job.id
+            )
+            self._release([job.id])
+            return
         self.count_failure(label)
         retry_at = self.policy.retry_at(self.clock.now(), job.attempts)
         if not _model_failure(exc) and self.policy.parks(job.attempts):
@@ -533,13 +543,24 @@ def _model_failure(exc: BaseException) -> bool:
     )
 
 
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and the exceptions it was raised from, nearest first.
+
+    At most eight: a cause chain is short, and a cycle must not hang the worker.
+    """
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return
+        yield seen
+        seen = seen.__cause__ or seen.__context__
+
+
+def _cancelled(exc: BaseException) -> bool:
+    """Whether ``exc`` is, or was raised from, a model call its engine cancelled."""
+    return any(isinstance(seen, LLMCancelledError) for seen in _chain(exc))
+
+
 def _unparsable_reply(exc: BaseException) -> str | None:
     """The raw reply of the :class:`ParseError` that ``exc`` is or was raised from."""
-    seen: BaseException | None = exc
-    for _ in range(8):  # a cause chain is short; a cycle must not hang the worker
-        if seen is None:
-            return None
-        if isinstance(seen, ParseError) and seen.raw:
-            return seen.raw
-        seen = seen.__cause__ or seen.__context__
-    return None
+    return next((e.raw for e in _chain(exc) if isinstance(e, ParseError) and e.raw), None)

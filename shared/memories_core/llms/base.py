@@ -25,7 +25,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypeVar
 
-from memories_core.errors import ConfigurationError, InvalidInputError, LLMError, LLMTimeoutError
+from memories_core.errors import (
+    ConfigurationError,
+    InvalidInputError,
+    LLMCancelledError,
+    LLMError,
+    LLMTimeoutError,
+)
+from memories_core.llms import cancel
 from memories_core.types import ChatMessage
 from memories_core.usage import Usage, UsageCounter, estimate_tokens
 
@@ -70,13 +77,14 @@ def run_with_timeout(call: Callable[[], _T], timeout: float | None, *, label: st
     """Return ``call()``, or raise ``LLMTimeoutError`` if it takes more than ``timeout`` s.
 
     The call runs in a daemon helper thread (with the caller's context variables) that the
-    caller stops waiting for at the timeout; its late result is dropped. ``None`` or a
-    model that enforces its own limit: the call runs here, unbounded by this function.
+    caller stops waiting for at the timeout, or as soon as the caller's scope is cancelled
+    (:mod:`memories_core.llms.cancel`: ``LLMCancelledError``); its late result is dropped.
+    ``None`` outside a cancellable scope: the call runs here, unbounded by this function.
     Exceptions of ``call`` are raised in the caller.
     """
-    if timeout is None:
+    if timeout is None and cancel.current() is None:
         return call()
-    if timeout <= 0:
+    if timeout is not None and timeout <= 0:
         raise LLMTimeoutError(f"{label}: no time left", timeout=0.0)
     outcome: list[Any] = []
     done = threading.Event()
@@ -91,7 +99,8 @@ def run_with_timeout(call: Callable[[], _T], timeout: float | None, *, label: st
             done.set()
 
     threading.Thread(target=run, name=f"timed:{label}", daemon=True).start()
-    if not done.wait(timeout):
+    if not cancel.wait(done.wait, timeout, name=label):
+        assert timeout is not None
         raise LLMTimeoutError(f"{label} gave no answer within {timeout:g} s", timeout=timeout)
     if isinstance(outcome[0], BaseException):
         raise outcome[0]
@@ -644,7 +653,7 @@ class BaseLLM(ABC):
         """Run the hook ``call`` under ``limit`` seconds (see the class docstring)."""
         token = _CALL_TIMEOUT.set(limit)
         try:
-            if limit is None or self.enforces_timeout:
+            if self.enforces_timeout:
                 return call()
             return run_with_timeout(call, limit, label=self.name)
         finally:
@@ -741,8 +750,13 @@ class BaseLLM(ABC):
             raise wrapped from exc
 
     def _failure(self, exc: BaseException) -> BaseException:
-        """Count a failed call and return the exception to raise."""
-        self._usage.record(failures=1)
+        """Count a failed call and return the exception to raise.
+
+        A call its caller cancelled (:class:`~memories_core.errors.LLMCancelledError`) is not
+        counted: the model did not fail.
+        """
+        if not isinstance(exc, LLMCancelledError):
+            self._usage.record(failures=1)
         if isinstance(exc, LLMError) or not isinstance(exc, Exception):
             # LLMError is already the public type; KeyboardInterrupt, SystemExit and
             # cancellation must propagate untouched.

@@ -41,6 +41,7 @@ from memories_core.errors import (
     MissingExtraError,
     check_count,
 )
+from memories_core.llms import cancel
 from memories_core.llms.base import (
     BaseLLM,
     JsonSchema,
@@ -580,14 +581,18 @@ class LocalLLM(BaseLLM):
         """``run(deadline)`` while holding the model, within the call's timeout.
 
         Waiting for another thread's generation counts against the timeout; ``run`` returns
-        ``None`` when the deadline passed before it finished.
+        ``None`` when the deadline passed before it finished, or when the calling scope was
+        cancelled (:mod:`memories_core.llms.cancel`: checked while waiting for the model, and
+        by ``run`` between the model's layers on transformers, at every decoded token on
+        llama.cpp).
 
         Raises:
+            LLMCancelledError: if the calling scope was cancelled before the answer ended.
             LLMTimeoutError: if the model stayed busy, or ``run`` missed the deadline.
         """
         timeout = self.call_timeout()
         deadline = None if timeout is None else time.monotonic() + timeout
-        if not self._run_lock.acquire(timeout=-1 if timeout is None else max(0.0, _left(deadline))):
+        if not cancel.wait(self._take, timeout, name=self.name):
             assert timeout is not None
             raise LLMTimeoutError(
                 f"{self.name}: the model was busy for the whole timeout ({timeout:g} s)",
@@ -598,11 +603,16 @@ class LocalLLM(BaseLLM):
         finally:
             self._run_lock.release()
         if result is None:
+            cancel.check(self.name)
             assert timeout is not None
             raise LLMTimeoutError(
                 f"{self.name} gave no complete answer within {timeout:g} s", timeout=timeout
             )
         return result
+
+    def _take(self, timeout: float | None) -> bool:
+        """Take the model within ``timeout`` seconds (``None``: however long it takes)."""
+        return self._run_lock.acquire(timeout=-1 if timeout is None else timeout)
 
     def _run(
         self,
@@ -658,10 +668,13 @@ class LocalLLM(BaseLLM):
         bounded = strings_bounded(getattr(fmt, "schema", None))
         loop = _LlamaLoopStop(runtime.model.detokenize if bounded else None)
         criteria: list[Callable[[Any, Any], bool]] = []
-        if deadline is not None:
+        event = cancel.current()
+        if deadline is not None or event is not None:
 
             def past_deadline(input_ids: Any, logits: Any) -> bool:
-                if time.monotonic() >= deadline:
+                if (deadline is not None and time.monotonic() >= deadline) or (
+                    event is not None and event.is_set()
+                ):
                     fired.append(True)
                 return bool(fired)
 

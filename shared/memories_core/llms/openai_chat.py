@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from memories_core.errors import ConfigurationError, LLMError, LLMTimeoutError, MissingExtraError
+from memories_core.llms import cancel
 from memories_core.llms.base import (
     DEFAULT_MAX_TOKENS,
     BaseLLM,
@@ -409,6 +410,7 @@ class OpenAIChatLLM(BaseLLM):
         reply = _StreamedReply()
         try:
             for chunk in stream:
+                cancel.check(self.name)  # the engine is stopping: close the stream
                 if reply.take(chunk):
                     break
         except Exception as exc:

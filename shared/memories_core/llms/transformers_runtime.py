@@ -9,10 +9,12 @@ one ``generate`` (left padding).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from memories_core.llms import cancel
 from memories_core.llms.base import LLMResult, ResponseFormat, truncate_at_stop
 from memories_core.llms.loops import (
     LOOP_REPEATS,
@@ -126,6 +128,45 @@ class _Deadline:
                 return torch.full((input_ids.shape[0],), outer.fired, dtype=torch.bool)
 
         self.criterion = StopAtDeadline()
+
+
+class _Interrupted(Exception):
+    """Raised inside the model's forward pass once the calling scope is cancelled."""
+
+
+@contextmanager
+def _interruptible(model: Any) -> Iterator[None]:
+    """Let a cancelled scope (:mod:`memories_core.llms.cancel`) stop ``model`` between layers.
+
+    A stopping criterion runs only between decoded tokens, while reading a long prompt is
+    one forward pass (seconds on a CPU, a minute for a batch of long prompts). A pre-hook on
+    each decoder layer raises :class:`_Interrupted` once the scope's event is set, so a call
+    ends within one layer's work. Outside a cancellable scope nothing is hooked.
+    """
+    event = cancel.current()
+    if event is None:
+        yield
+        return
+
+    def check(module: Any, args: Any) -> None:
+        if event.is_set():
+            raise _Interrupted
+
+    handles = [layer.register_forward_pre_hook(check) for layer in _layers(model)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _layers(model: Any) -> list[Any]:
+    """The decoder's layers (the model's longest ``ModuleList``), else the model itself."""
+    import torch
+
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
+    longest = max(lists, key=len, default=None)
+    return list(longest) if longest else [model]
 
 
 @dataclass
@@ -362,16 +403,22 @@ def run_one(
     cache = _reusable_cache(runtime, ids)
     if cache is not None:
         options[_CACHE_ARGUMENT] = cache
-    with torch.inference_mode():
-        try:
-            result = model.generate(**inputs, **options, return_dict_in_generate=True)
-        except Exception:
-            if cache is None:
+    try:
+        with torch.inference_mode(), _interruptible(model):
+            try:
+                result = model.generate(**inputs, **options, return_dict_in_generate=True)
+            except _Interrupted:
                 raise
-            # A cache this transformers version cannot continue: compute from scratch.
-            options.pop(_CACHE_ARGUMENT, None)
-            runtime.cache = runtime.cached_ids = None
-            result = model.generate(**inputs, **options, return_dict_in_generate=True)
+            except Exception:
+                if cache is None:
+                    raise
+                # A cache this transformers version cannot continue: compute from scratch.
+                options.pop(_CACHE_ARGUMENT, None)
+                runtime.cache = runtime.cached_ids = None
+                result = model.generate(**inputs, **options, return_dict_in_generate=True)
+    except _Interrupted:
+        runtime.cache = runtime.cached_ids = None  # cut in the middle of a pass
+        return None
     output = result.sequences
     kept = getattr(result, "cache", None) or getattr(result, "past_key_values", None)
     if kept is not None and hasattr(kept, "get_seq_length") and hasattr(kept, "crop"):
@@ -389,6 +436,25 @@ def run_one(
         completion_tokens=int(new_tokens.shape[0]),
         looped=end is not None,
     )
+
+
+def _generate_rows(
+    runtime: Runtime, inputs: dict[str, Any], options: dict[str, Any], cache: Any, rows: int
+) -> Any:
+    """``generate`` over a batch's rows, from the shared start's ``cache`` if there is one.
+
+    ``None`` if this transformers version cannot continue that cache (the caller then reads
+    every prompt whole).
+    """
+    if cache is None:
+        return runtime.model.generate(**inputs, **options)
+    cache.batch_repeat_interleave(rows)
+    try:
+        return runtime.model.generate(**inputs, **options, **{_CACHE_ARGUMENT: cache})
+    except _Interrupted:
+        raise
+    except Exception:
+        return None
 
 
 def run_batch(
@@ -443,27 +509,26 @@ def run_batch(
     ends = set(tokenizer.all_special_ids) | {pad}
     if fmt is not None:
         options["prefix_allowed_tokens_fn"] = _row_allowed_fn(runtime, fmt, width, ends, pad)
-    with torch.inference_mode():
-        if cache is not None:
-            cache.batch_repeat_interleave(len(prompts))
-            try:
-                output = runtime.model.generate(**inputs, **options, **{_CACHE_ARGUMENT: cache})
-            except Exception:
-                # A cache this transformers version cannot continue: read every prompt whole.
-                runtime.cache = runtime.cached_ids = None
-                return run_batch(
-                    runtime,
-                    conversations,
-                    limit,
-                    temperature,
-                    stop,
-                    fmt,
-                    deadline,
-                    reuse=False,
-                    stop_loops=stop_loops,
-                )
-        else:
-            output = runtime.model.generate(**inputs, **options)
+    try:
+        with torch.inference_mode(), _interruptible(runtime.model):
+            output = _generate_rows(runtime, inputs, options, cache, len(prompts))
+    except _Interrupted:
+        runtime.cache = runtime.cached_ids = None  # cut in the middle of a pass
+        return None
+    if output is None:
+        # A cache this transformers version cannot continue: read every prompt whole.
+        runtime.cache = runtime.cached_ids = None
+        return run_batch(
+            runtime,
+            conversations,
+            limit,
+            temperature,
+            stop,
+            fmt,
+            deadline,
+            reuse=False,
+            stop_loops=stop_loops,
+        )
     if timer is not None and timer.fired:
         return None
     results = []
