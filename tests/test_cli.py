@@ -81,6 +81,16 @@ def test_export_import_forget(memory_path: Path, tmp_path: Path) -> None:
     assert cli(memory_path, "users")[1].splitlines()[2:] == ["bob   1"]
 
 
+@pytest.mark.parametrize("user", ["", "   ", "a\x00b"])
+def test_forget_refuses_a_bad_user_id_before_asking_for_confirmation(
+    memory_path: Path, user: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli(memory_path, "forget", user)[0] == 2
+    error = capsys.readouterr().err
+    assert "user" in error and "--yes" not in error
+    assert cli(memory_path, "users")[1].splitlines()[2:] == ["alice  3", "bob    1"]
+
+
 def test_reindex_stats_and_errors(memory_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out = cli(memory_path, "reindex")
     assert code == 0 and "reindexed" in out

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from memories_core.cli.opening import CLIError
+from memories_core.types import check_user_id
 
 if TYPE_CHECKING:
     from memories_core.engine import MemoryEngine
@@ -188,6 +189,7 @@ def _forget(engine: MemoryEngine, args: argparse.Namespace, out: TextIO) -> int:
         engine.delete_records(args.user, ids, reason=args.reason or "llm-memories forget")
         print(f"deleted {len(ids)} record(s) of {args.user}", file=out)
         return 0
+    check_user_id(args.user)  # a bad id is refused before confirmation is asked for
     if not args.yes:
         raise CLIError(f"this erases everything of {args.user!r}; add --yes to confirm")
     engine.delete_user(args.user, vacuum=True)
