@@ -12,7 +12,7 @@ from pydantic import ConfigDict, Field, field_validator
 from memories_core.background import WorkStatus
 from memories_core.interfaces import Mechanism
 from memories_core.mechanisms.base import flush_memory, memory_status
-from memories_core.types import Recall, Scope, Turn
+from memories_core.types import Recall, Scope, Turn, turns_from_texts
 
 __all__ = ["LegacyChainMemory"]
 
@@ -128,7 +128,7 @@ class LegacyChainMemory(BaseMemory):
 
     def _turns(self, inputs: dict[str, Any], outputs: dict[str, Any]) -> list[Turn]:
         texts = [("user", self._input_text(inputs)), ("assistant", self._output_text(outputs))]
-        return [Turn(role, text) for role, text in texts if text.strip()]
+        return turns_from_texts(texts)
 
     def _variables(self, recall: Recall | None) -> dict[str, Any]:
         context = recall.context if recall is not None else ""

@@ -23,7 +23,7 @@ from langchain_memories.bridges import _to_langchain
 from langchain_memories.retriever import MemoryRetriever
 from memories_core.errors import InvalidInputError
 from memories_core.mechanisms.memochat import MemoChatMemory
-from memories_core.types import Scope, Turn
+from memories_core.types import Scope, turns_from_texts
 
 __all__ = ["create_memochat_chain", "memochat_retriever"]
 
@@ -67,7 +67,7 @@ def create_memochat_chain(
         reply = str(inputs["reply"])
         if save:
             scope = _scope(inputs)
-            memory.save([Turn("user", inputs["input"]), Turn("assistant", reply)], scope)
+            memory.save(turns_from_texts([("user", inputs["input"]), ("assistant", reply)]), scope)
         return reply
 
     answer = RunnableLambda(prompt) | chat_model | StrOutputParser()

@@ -20,7 +20,7 @@ from memories_core.background import WorkStatus
 from memories_core.errors import ConfigurationError, MissingUserError
 from memories_core.interfaces import Mechanism
 from memories_core.mechanisms.base import flush_memory, memory_status
-from memories_core.types import Recall, Scope, Turn
+from memories_core.types import Recall, Scope, Turn, turns_from_texts
 
 __all__ = ["MemoryMiddleware"]
 
@@ -198,7 +198,7 @@ class MemoryMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
             m for m in messages[index + 1 :] if isinstance(m, AIMessage) and not m.tool_calls
         ]
         texts = [("user", messages[index].text), ("assistant", answers[-1].text if answers else "")]
-        return [Turn(role, text) for role, text in texts if text.strip()]
+        return turns_from_texts(texts)
 
     def _with_recall(self, request: ModelRequest[Any], recall: Recall) -> ModelRequest[Any]:
         """A new request whose system message carries the recall (the input is not changed)."""

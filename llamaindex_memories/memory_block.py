@@ -17,7 +17,7 @@ from llamaindex_memories.observability import dispatcher, recall_event, save_eve
 from memories_core.background import WorkStatus
 from memories_core.interfaces import Mechanism
 from memories_core.mechanisms.base import flush_memory, memory_status
-from memories_core.types import Scope, Turn
+from memories_core.types import Scope, Turn, turns_from_texts
 
 __all__ = ["MemoryBlock"]
 
@@ -35,13 +35,12 @@ def messages_to_turns(messages: Sequence[ChatMessage]) -> list[Turn]:
     Only user and assistant text is kept: system, developer, tool and function messages, and
     messages without text (an assistant message that only calls tools), are skipped.
     """
-    turns = []
+    texts = []
     for message in messages:
         role = _TURN_ROLES.get(message.role)
-        text = message.content
-        if role is not None and text and text.strip():
-            turns.append(Turn(role, text))
-    return turns
+        if role is not None and message.content:
+            texts.append((role, message.content))
+    return turns_from_texts(texts)
 
 
 def _token_counter() -> Callable[[str], int]:

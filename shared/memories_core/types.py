@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from types import MappingProxyType
@@ -36,6 +36,7 @@ __all__ = [
     "holds_lone_surrogate",
     "is_reserved_user_id",
     "new_id",
+    "turns_from_texts",
     "utcnow",
     "without_surrogates",
 ]
@@ -347,6 +348,55 @@ class Turn:
     def render(self) -> str:
         """Render as ``"label: content"`` (Yuan et al. §3.1, history-based memory)."""
         return f"{self.label}: {self.content}"
+
+
+def turns_from_texts(texts: Iterable[tuple[str, str]]) -> list[Turn]:
+    """Turns for the ``(role, text)`` pairs a framework's run produced, ready to save.
+
+    For the adapters that save a run after the model answered (LangChain's middleware and
+    legacy memory, LlamaIndex's memory block, the MemoChat chat loops), where refusing a
+    text would fail the user's run and lose the turns with it. Documented fallbacks:
+
+    * a text that is empty or only whitespace (a model's empty reply) is skipped, and the
+      other texts are kept;
+    * a text over :data:`MAX_TURN_CHARS` is kept whole, as consecutive turns of at most that
+      many characters, cut after a whitespace character where one falls in the last tenth of
+      a part; each part's metadata says ``part`` (from 1) and ``parts``. Parts that are
+      only whitespace are dropped.
+
+    Raises:
+        InvalidInputError: if a role or a text is not a string.
+    """
+    turns: list[Turn] = []
+    for role, text in texts:
+        if not isinstance(text, str):
+            raise InvalidInputError(f"a {role!r} text must be a str, got {type(text).__name__}")
+        if not text.strip():
+            continue
+        if len(text) <= MAX_TURN_CHARS:
+            turns.append(Turn(role, text))
+            continue
+        parts = [part for part in _cut(text, MAX_TURN_CHARS) if part.strip()]
+        turns += [
+            Turn(role, part, metadata={"part": n, "parts": len(parts)})
+            for n, part in enumerate(parts, start=1)
+        ]
+    return turns
+
+
+def _cut(text: str, size: int) -> list[str]:
+    """``text`` in pieces of at most ``size`` characters, cut after whitespace if it is near."""
+    pieces = []
+    start = 0
+    while len(text) - start > size:
+        end = start + size
+        space = max(text.rfind(" ", end - size // 10, end), text.rfind("\n", end - size // 10, end))
+        if space > start:
+            end = space + 1
+        pieces.append(text[start:end])
+        start = end
+    pieces.append(text[start:])
+    return pieces
 
 
 @dataclass(frozen=True)

@@ -114,3 +114,14 @@ def test_retriever_in_an_lcel_chain_recalls_nothing_when_the_model_says_noto() -
     _retriever_chain(memory, model).invoke("zebras gallop across savannahs")
     assert model.prompts[-1][0].content == "Memo:\n(nothing)"
     assert memochat_retriever(memory, "ann", k=5).invoke("zebras gallop") == []
+
+
+def test_chain_keeps_the_users_turn_when_the_model_answers_nothing() -> None:
+    memory = _memory()
+    before = len(memory.turns(Scope("ann")))
+    out = create_memochat_chain(memory, chat_model(" ")).invoke(
+        {"input": "Which country was it again?", "user_id": "ann"}
+    )
+    assert out == " "
+    turns = memory.turns(Scope("ann"))
+    assert len(turns) == before + 1 and turns[-1].content == "Which country was it again?"

@@ -174,3 +174,33 @@ def test_content_block_system_prompt_is_extended_not_replaced() -> None:
     }
     assert "Thai curry" in sent.text
     assert system.content == [{"type": "text", "text": "Be brief."}]  # the caller's is unchanged
+
+
+def test_an_empty_answer_does_not_lose_the_users_turn() -> None:
+    """A model that answers nothing: the run succeeds and the question is kept."""
+    memory = history_memory()
+    agent = make_agent(chat_model("   "), MemoryMiddleware(memory, user_id="alice"))
+    agent.invoke(ask(FACT))
+    assert [t.content for t in memory.turns(Scope("alice"))] == [FACT]
+
+
+def test_a_message_over_the_turn_limit_is_kept_whole_in_parts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Refusing it after the model answered would fail the user's run: it is kept in parts."""
+    import memories_core.types
+
+    monkeypatch.setattr(memories_core.types, "MAX_TURN_CHARS", 200)
+    memory = history_memory()
+    long = " ".join(f"word{n}" for n in range(100))  # 589 characters
+    agent = make_agent(chat_model("Noted."), MemoryMiddleware(memory, user_id="alice"))
+    agent.invoke(ask(long))
+    turns = memory.turns(Scope("alice"))
+    parts = [t for t in turns if t.role == "user"]
+    assert "".join(t.content for t in parts) == long
+    assert all(len(t.content) <= 200 for t in parts)
+    assert len(parts) >= 3
+    assert [(t.metadata["part"], t.metadata["parts"]) for t in parts] == [
+        (n, len(parts)) for n in range(1, len(parts) + 1)
+    ]
+    assert turns[-1].content == "Noted."

@@ -95,3 +95,16 @@ async def test_memory_block_in_memory_adds_nothing_when_the_model_says_noto() ->
     await memory.aput(LIChatMessage(role="user", content="zebras gallop across savannahs"))
     messages = await memory.aget()
     assert [m.content for m in messages] == ["zebras gallop across savannahs"]
+
+
+def test_chat_engine_keeps_the_users_turn_when_the_model_answers_nothing(
+    recording_llm: RecordingLLM,
+) -> None:
+    memory = _memory()
+    before = len(memory.turns(Scope("ann")))
+    recording_llm.replies = ["  "]
+    engine = MemoChatEngine(memory, llm=recording_llm, user_id="ann")
+    engine.chat("Which country was it again?")
+    turns = memory.turns(Scope("ann"))
+    assert len(turns) == before + 1
+    assert turns[-1].content == "Which country was it again?"

@@ -1,0 +1,58 @@
+"""``turns_from_texts``: the adapters' fallbacks for what a framework's run produced."""
+
+from __future__ import annotations
+
+import pytest
+
+import memories_core.types
+from memories_core.errors import InvalidInputError
+from memories_core.types import MAX_TURN_CHARS, Turn, turns_from_texts
+
+
+def test_short_texts_become_one_turn_each_and_empty_ones_are_skipped() -> None:
+    turns = turns_from_texts([("user", "hello"), ("assistant", "  \n"), ("assistant", "hi")])
+    assert turns == [Turn("user", "hello"), Turn("assistant", "hi")]
+    assert turns_from_texts([]) == []
+
+
+def test_a_text_at_the_limit_is_one_turn() -> None:
+    text = "a" * MAX_TURN_CHARS
+    (turn,) = turns_from_texts([("user", text)])
+    assert turn.content == text and dict(turn.metadata) == {}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "x" * 2_500,  # no whitespace: hard cuts
+        " ".join(["word"] * 600),  # cut after a space
+        "line\n" * 500,  # cut after a newline
+        "y" * 950 + " " * 1_200 + "z" * 300,  # a part of only whitespace is dropped
+    ],
+)
+def test_a_long_text_is_kept_whole_in_parts(monkeypatch: pytest.MonkeyPatch, text: str) -> None:
+    monkeypatch.setattr(memories_core.types, "MAX_TURN_CHARS", 1_000)
+    turns = turns_from_texts([("user", text), ("assistant", "ok")])
+    *parts, answer = turns
+    assert answer == Turn("assistant", "ok")
+    assert len(parts) >= 2
+    assert all(t.role == "user" and len(t.content) <= 1_000 for t in parts)
+    # Every character is kept, but for a part of only whitespace.
+    assert "".join(t.content for t in parts).split() == text.split()
+    assert [t.metadata["part"] for t in parts] == list(range(1, len(parts) + 1))
+    assert {t.metadata["parts"] for t in parts} == {len(parts)}
+
+
+def test_a_cut_falls_after_whitespace_near_the_end_of_a_part(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(memories_core.types, "MAX_TURN_CHARS", 1_000)
+    text = " ".join(f"w{n:03d}" for n in range(400))
+    parts = turns_from_texts([("user", text)])
+    assert all(p.content.endswith(" ") for p in parts[:-1])  # no word is split
+    assert all(len(p.content) > 900 for p in parts[:-1])
+
+
+def test_a_text_that_is_not_a_string_is_refused() -> None:
+    with pytest.raises(InvalidInputError, match="must be a str"):
+        turns_from_texts([("user", None)])  # type: ignore[list-item]
