@@ -17,13 +17,13 @@ from typing import Any
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.output_parsers import StrOutputParser
-from langchain_core.runnables import Runnable, RunnableLambda, RunnablePassthrough
+from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
 
 from langchain_memories.bridges import _to_langchain
 from langchain_memories.retriever import MemoryRetriever
 from memories_core.errors import InvalidInputError
 from memories_core.mechanisms.memochat import MemoChatMemory
-from memories_core.types import Scope, turns_from_texts
+from memories_core.types import Scope
 
 __all__ = ["create_memochat_chain", "memochat_retriever"]
 
@@ -63,17 +63,24 @@ def create_memochat_chain(
         messages = memory.chat_messages(inputs["input"], _scope(inputs), recent=recent)
         return [_to_langchain(m) for m in messages]
 
-    def remember(inputs: dict[str, Any]) -> str:
-        reply = str(inputs["reply"])
-        if save:
-            scope = _scope(inputs)
-            memory.save(turns_from_texts([("user", inputs["input"]), ("assistant", reply)]), scope)
-        return reply
-
     answer = RunnableLambda(prompt) | chat_model | StrOutputParser()
-    return (RunnablePassthrough.assign(reply=answer) | RunnableLambda(remember)).with_config(
-        run_name="MemoChat"
-    )
+
+    def respond(inputs: dict[str, Any], config: RunnableConfig) -> str:
+        if not save:
+            return answer.invoke(inputs, config)
+        # The user's turn is saved even when the model fails or answers nothing.
+        return memory.answer_and_save(
+            inputs["input"], _scope(inputs), lambda: answer.invoke(inputs, config)
+        )
+
+    async def arespond(inputs: dict[str, Any], config: RunnableConfig) -> str:
+        if not save:
+            return await answer.ainvoke(inputs, config)
+        return await memory.aanswer_and_save(
+            inputs["input"], _scope(inputs), lambda: answer.ainvoke(inputs, config)
+        )
+
+    return RunnableLambda(respond, afunc=arespond).with_config(run_name="MemoChat")
 
 
 def memochat_retriever(

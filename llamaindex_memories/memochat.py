@@ -25,7 +25,7 @@ from llama_index.core.llms import LLM
 
 from llamaindex_memories.retriever import MemoryRetriever
 from memories_core.mechanisms.memochat import MemoChatMemory
-from memories_core.types import Scope, turns_from_texts
+from memories_core.types import Scope
 
 __all__ = ["MemoChatEngine", "memochat_retriever"]
 
@@ -65,8 +65,9 @@ class MemoChatEngine(BaseChatEngine):
     def _reply(self, message: str) -> AgentChatResponse:
         prompt = self.memory.chat_messages(message, self.scope, recent=self.recent)
         li = [ChatMessage(role=MessageRole(m.role), content=m.content) for m in prompt]
-        reply = str(self.llm.chat(li).message.content or "").strip()
-        self.memory.save(turns_from_texts([("user", message), ("assistant", reply)]), self.scope)
+        reply = self.memory.answer_and_save(
+            message, self.scope, lambda: str(self.llm.chat(li).message.content or "")
+        )
         self._history += [
             ChatMessage(role=MessageRole.USER, content=message),
             ChatMessage(role=MessageRole.ASSISTANT, content=reply),

@@ -13,7 +13,7 @@ from memochat_scenario import CHAT
 from memories_core import FixedClock, MemoChatMemory, MemoEntry, ParseError, Scope, Turn
 from memories_core.embedders import HashingEmbedder
 from memories_core.engine import MemoryEngine
-from memories_core.errors import ConfigurationError
+from memories_core.errors import ConfigurationError, LLMError
 from memories_core.llms import ScriptedLLM
 from memories_core.llms.base import LLMResult
 from memories_core.mechanisms.memochat import (
@@ -434,6 +434,24 @@ def test_chat_with_memo_respond_saves_the_exchange() -> None:
     )
     assert reply.startswith("From our memo on business")
     assert memory.turns(Scope("ann"))[-1].content == reply
+
+
+@pytest.mark.parametrize("reply", [ConnectionError("the server is down"), "", "  \n"])
+def test_respond_keeps_the_users_turn_when_the_model_fails_or_answers_nothing(
+    reply: object,
+) -> None:
+    """The user's turn is never lost to the model (an error still goes up)."""
+    memory = _filled(_llm())
+    before = len(memory.turns(Scope("ann")))
+    question = "Was it Korea or Japan?"
+    answerer = ScriptedLLM([reply])
+    if isinstance(reply, Exception):
+        with pytest.raises(LLMError):
+            memory.respond(question, Scope("ann"), llm=answerer)
+    else:
+        assert memory.respond(question, Scope("ann"), llm=answerer) == ""
+    turns = memory.turns(Scope("ann"))
+    assert len(turns) == before + 1 and turns[-1].content == question
 
 
 def test_mode_validation() -> None:

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 from langchain_core.documents import Document
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import RunnableLambda, RunnablePassthrough
@@ -122,6 +123,28 @@ def test_chain_keeps_the_users_turn_when_the_model_answers_nothing() -> None:
     out = create_memochat_chain(memory, chat_model(" ")).invoke(
         {"input": "Which country was it again?", "user_id": "ann"}
     )
-    assert out == " "
+    assert out == ""
     turns = memory.turns(Scope("ann"))
     assert len(turns) == before + 1 and turns[-1].content == "Which country was it again?"
+
+
+class FailingChatModel(GenericFakeChatModel):
+    """A chat model whose server is down."""
+
+    def _generate(self, *args: Any, **kwargs: Any) -> Any:
+        raise ConnectionError("the server is down")
+
+    async def _agenerate(self, *args: Any, **kwargs: Any) -> Any:
+        raise ConnectionError("the server is down")
+
+
+async def test_chain_keeps_the_users_turn_when_the_model_fails() -> None:
+    memory = _memory()
+    before = len(memory.turns(Scope("ann")))
+    chain = create_memochat_chain(memory, FailingChatModel(messages=iter([])))
+    with pytest.raises(ConnectionError):
+        chain.invoke({"input": "Which country was it?", "user_id": "ann"})
+    with pytest.raises(ConnectionError):
+        await chain.ainvoke({"input": "Was it Japan?", "user_id": "ann"})
+    texts = [t.content for t in memory.turns(Scope("ann"))]
+    assert texts[before:] == ["Which country was it?", "Was it Japan?"]

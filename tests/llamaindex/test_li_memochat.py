@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from li_fakes import RecordingLLM
 from llama_index.core.base.llms.types import ChatMessage as LIChatMessage
 from llama_index.core.chat_engine import SimpleChatEngine
@@ -108,3 +109,16 @@ def test_chat_engine_keeps_the_users_turn_when_the_model_answers_nothing(
     turns = memory.turns(Scope("ann"))
     assert len(turns) == before + 1
     assert turns[-1].content == "Which country was it again?"
+
+
+def test_chat_engine_keeps_the_users_turn_when_the_model_fails() -> None:
+    class DownLLM(RecordingLLM):
+        def _next(self, prompt: str) -> str:
+            raise ConnectionError("the server is down")
+
+    memory = _memory()
+    engine = MemoChatEngine(memory, llm=DownLLM(), user_id="ann")
+    with pytest.raises(ConnectionError):
+        engine.chat("Which country was it again?")
+    assert memory.turns(Scope("ann"))[-1].content == "Which country was it again?"
+    assert engine.chat_history == []
