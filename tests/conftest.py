@@ -138,3 +138,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "postgres_dsn" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.postgres)
+
+
+@pytest.fixture
+def one_torch_thread() -> Any:
+    """One torch thread for a real local model's test, the process-wide setting restored.
+
+    The test machine is small and shared; two torch threads fighting another process for
+    two cores are slower than one.
+    """
+    torch = pytest.importorskip("torch")
+    before = torch.get_num_threads()
+    yield 1
+    torch.set_num_threads(before)

@@ -140,19 +140,33 @@ def token_by_token(monkeypatch: pytest.MonkeyPatch) -> type[TokenByTokenLlama]:
     return TokenByTokenLlama
 
 
-def test_a_local_model_stops_generating_at_its_next_token_when_cancelled(
-    token_by_token: type[TokenByTokenLlama],
-) -> None:
+@pytest.fixture
+def token_llm(token_by_token: type[TokenByTokenLlama]) -> tuple[LocalLLM, TokenByTokenLlama]:
+    """A loaded ``LocalLLM`` on the token-by-token fake, and the fake model."""
     llm = LocalLLM(backend="llama_cpp", timeout=None)
     llm.load()
     (model,) = token_by_token.instances
-    event = threading.Event()
+    return llm, model
+
+
+def generate_in_scope(
+    llm: LocalLLM, event: threading.Event, max_tokens: int
+) -> tuple[threading.Thread, list[Any]]:
+    """``llm.generate`` in a thread, inside a scope that ``event`` cancels."""
 
     def call() -> str:
         with cancel.cancellable(event):
-            return llm.generate(QUESTION, max_tokens=100_000)
+            return llm.generate(QUESTION, max_tokens=max_tokens)
 
-    thread, outcome = in_thread(call)
+    return in_thread(call)
+
+
+def test_a_local_model_stops_generating_at_its_next_token_when_cancelled(
+    token_llm: tuple[LocalLLM, TokenByTokenLlama],
+) -> None:
+    llm, model = token_llm
+    event = threading.Event()
+    thread, outcome = generate_in_scope(llm, event, 100_000)
     assert model.started.wait(10)
     time.sleep(0.05)
     event.set()
@@ -160,33 +174,20 @@ def test_a_local_model_stops_generating_at_its_next_token_when_cancelled(
     assert isinstance(outcome[0], LLMCancelledError)
     assert model.tokens < 100_000
     assert llm.usage.failures == 0 and llm.usage.calls == 0
-    # Outside a cancelled scope the model answers again (the lock was released).
-    done, result = in_thread(lambda: llm.generate(QUESTION, max_tokens=10, timeout=0.2))
-    done.join(10)
-    assert isinstance(result[0], LLMTimeoutError)  # the fake runs on until the deadline
+    # The lock was released: a call outside the scope runs (the fake runs on to its deadline).
+    with pytest.raises(LLMTimeoutError, match="no complete answer"):
+        llm.generate(QUESTION, max_tokens=10, timeout=0.2)
 
 
 def test_a_call_waiting_for_a_busy_local_model_is_cancelled_while_it_waits(
-    token_by_token: type[TokenByTokenLlama],
+    token_llm: tuple[LocalLLM, TokenByTokenLlama],
 ) -> None:
-    llm = LocalLLM(backend="llama_cpp", timeout=None)
-    llm.load()
-    (model,) = token_by_token.instances
+    llm, model = token_llm
     stop_first = threading.Event()
-
-    def first() -> str:
-        with cancel.cancellable(stop_first):
-            return llm.generate(QUESTION, max_tokens=100_000)
-
-    busy, _ = in_thread(first)
+    busy, _ = generate_in_scope(llm, stop_first, 100_000)
     assert model.started.wait(10)
     event = threading.Event()
-
-    def second() -> str:
-        with cancel.cancellable(event):
-            return llm.generate(QUESTION, max_tokens=10)
-
-    waiting, outcome = in_thread(second)
+    waiting, outcome = generate_in_scope(llm, event, 10)
     time.sleep(0.3)
     assert outcome == []  # still waiting for the model
     event.set()
@@ -224,14 +225,6 @@ def test_close_past_its_timeout_cancels_the_model_call_and_keeps_the_job(tmp_pat
     finally:
         llm.gate.set()
         again.close()
-
-
-@pytest.fixture
-def one_torch_thread() -> Any:
-    torch = pytest.importorskip("torch")
-    before = torch.get_num_threads()
-    yield 1
-    torch.set_num_threads(before)
 
 
 @pytest.mark.slow

@@ -135,16 +135,6 @@ def test_llama_cpp_requested_but_missing(monkeypatch: pytest.MonkeyPatch) -> Non
         llm.generate(QUESTION)
 
 
-@pytest.fixture
-def one_torch_thread() -> Any:
-    # The test machine is small and shared; two torch threads fighting another process for
-    # two cores are slower than one. Restore the process-wide setting afterwards.
-    torch = pytest.importorskip("torch")
-    before = torch.get_num_threads()
-    yield 1
-    torch.set_num_threads(before)
-
-
 @pytest.mark.slow
 def test_real_local_model_generates_offline(one_torch_thread: int) -> None:
     llm = LocalLLM(backend="transformers", n_threads=one_torch_thread, max_new_tokens=12)
