@@ -213,7 +213,7 @@ class DerivationWorker:
         """Stop after the job in hand; returns whether the thread ended.
 
         Past ``timeout`` (``None``: wait for the job however long it takes) the job in
-        hand's model call is cancelled (a local model stops at its next token; the engine
+        hand's model call is cancelled (a local model stops between its layers; the engine
         gives the job back, pending) and the thread gets ``grace`` more seconds to end.
         """
         with self._cond:

@@ -4,9 +4,13 @@ A local model on a CPU writes one to two tokens a second, so a derivation can ru
 minutes. When the engine stops its worker (``close()`` past its timeout, or the interpreter
 exiting) it must not leave that thread inside torch or llama.cpp: a thread still in native
 code when the interpreter finalizes aborts the process. The worker runs its jobs inside
-:func:`cancellable` with an event of its own; the local backends check :func:`current` at
-every decoded token (a stopping criterion, beside the call's deadline) and, once the event is
-set, end the generation and raise :class:`~memories_core.errors.LLMCancelledError`.
+:func:`cancellable` with an event of its own. Once the event is set, a model call in the
+scope ends and raises :class:`~memories_core.errors.LLMCancelledError`:
+:class:`~memories_core.llms.LocalLLM` checks between its layers on transformers (reading a
+long prompt is one forward pass of up to a minute) and at every decoded token on llama.cpp,
+the OpenAI-compatible client at every streamed piece, and a call that runs in a helper thread
+(:func:`~memories_core.llms.base.run_with_timeout`) stops being waited for. A backend of
+one's own can call :func:`check` while it generates.
 
 The scope is the calling thread's context (a :class:`contextvars.ContextVar`), so closing
 one engine never stops another engine's generation, and a call made outside any scope (an
@@ -35,7 +39,7 @@ _EVENT: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar(
 
 @contextmanager
 def cancellable(event: threading.Event) -> Iterator[None]:
-    """Run the block's model calls so that setting ``event`` stops them at the next token."""
+    """Run the block's model calls so that setting ``event`` stops them at their next check."""
     token = _EVENT.set(event)
     try:
         yield
