@@ -338,9 +338,10 @@ class MemoryEngine(EngineWrites):
             timeout: Seconds to wait for the job in hand (``None``: as long as it takes).
                 Past it, the job's model call is cancelled where the model checks for it
                 (the local models do, between their layers: :mod:`memories_core.llms.cancel`)
-                and the job stays pending, with no failure counted. A call that does not stop within the worker's grace
-                (:data:`~memories_core.background.CANCEL_GRACE`) has its claim released, so
-                that a reopen runs the job again, and what it derives afterwards is dropped.
+                and the job stays pending, with no failure counted. A call that does not
+                stop within the worker's grace (:data:`~memories_core.background.CANCEL_GRACE`)
+                has its claim released, so that a reopen runs the job again, and what it
+                derives afterwards is dropped.
         """
         if self._closed:
             return
