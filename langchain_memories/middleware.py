@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -26,6 +28,8 @@ __all__ = ["MemoryMiddleware"]
 
 #: How the recalled context is introduced in the system message; ``{context}`` is replaced.
 DEFAULT_TEMPLATE = "Relevant long-term memories of this user:\n{context}"
+#: Human message ids a middleware remembers as saved after a failed model call.
+_KEPT_IDS = 1024
 
 
 def _run_value(runtime: Runtime[Any] | None, key: str) -> str | None:
@@ -66,7 +70,10 @@ class MemoryMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
     that model request only: the agent state and the caller's messages are left untouched,
     so memories never pile up in the conversation. After the agent finishes a run it saves
     the last human message and the final AI answer as two turns. Empty or whitespace-only
-    messages are skipped rather than raised on, so a memory never breaks a running agent.
+    messages are skipped rather than raised on, so a memory never breaks a running agent;
+    a message over the turn limit is kept in parts (``turns_from_texts``). A model call that
+    fails does not lose the user's message: it is saved alone, once per message, and the
+    error goes up (a retry that then succeeds saves only the answer).
 
     The user is fixed at construction (``user_id=``) or read per run from the runtime
     context (``context={"user_id": ...}`` or any object with a ``user_id`` attribute) or from
@@ -155,6 +162,9 @@ class MemoryMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         self.user_id = user_id
         self.session_id = session_id
         self.k = k
+        # Ids of human messages saved alone after a failed model call (bounded, oldest out).
+        self._kept: OrderedDict[str, None] = OrderedDict()
+        self._kept_lock = threading.Lock()
 
     def flush(self, user_id: str | None = None, *, timeout: float | None = None) -> int:
         """Wait for the memory's pending derivations.
@@ -187,8 +197,7 @@ class MemoryMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         text = request.messages[index].text if index is not None else ""
         return text if text.strip() else None
 
-    @staticmethod
-    def _turns(state: AgentState[Any]) -> list[Turn]:
+    def _turns(self, state: AgentState[Any]) -> list[Turn]:
         messages = state["messages"]
         index = _last_human_index(messages)
         if index is None:
@@ -198,6 +207,8 @@ class MemoryMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
             m for m in messages[index + 1 :] if isinstance(m, AIMessage) and not m.tool_calls
         ]
         texts = [("user", messages[index].text), ("assistant", answers[-1].text if answers else "")]
+        if self._already_kept(messages):
+            texts = texts[1:]  # saved when a model call failed; a retry then answered
         return turns_from_texts(texts)
 
     def _with_recall(self, request: ModelRequest[Any], recall: Recall) -> ModelRequest[Any]:
@@ -220,7 +231,14 @@ class MemoryMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         recall = traced_recall(
             "MemoryMiddleware", query, lambda: self.memory.recall(query, scope, k=self.k)
         )
-        return handler(self._with_recall(request, recall))
+        try:
+            return handler(self._with_recall(request, recall))
+        except Exception as exc:
+            turns = self._question_to_keep(request.messages, exc)
+            if turns:
+                self.memory.save(turns, scope)
+                self._saved(scope, turns)
+            raise
 
     async def awrap_model_call(
         self,
@@ -235,7 +253,48 @@ class MemoryMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         recall = await atraced_recall(
             "MemoryMiddleware", query, lambda: self.memory.arecall(query, scope, k=self.k)
         )
-        return await handler(self._with_recall(request, recall))
+        try:
+            return await handler(self._with_recall(request, recall))
+        except Exception as exc:
+            turns = self._question_to_keep(request.messages, exc)
+            if turns:
+                await self.memory.asave(turns, scope)
+                self._saved(scope, turns)
+            raise
+
+    def _question_to_keep(self, messages: Sequence[AnyMessage], exc: Exception) -> list[Turn]:
+        """The latest human message's turns to save after a failed model call, once.
+
+        Nothing for a graph's own control flow (an interrupt), or for a message already kept
+        (a retry middleware outside this one calls it again). The message's id is
+        remembered, so that :meth:`after_agent` then saves the answer alone.
+        """
+        from langgraph.errors import GraphBubbleUp
+
+        index = _last_human_index(messages)
+        if index is None or isinstance(exc, GraphBubbleUp):
+            return []
+        key = messages[index].id
+        if key is not None:
+            with self._kept_lock:
+                if key in self._kept:
+                    return []
+                self._kept[key] = None
+                while len(self._kept) > _KEPT_IDS:
+                    self._kept.popitem(last=False)
+        return turns_from_texts([("user", messages[index].text)])
+
+    def _already_kept(self, messages: Sequence[AnyMessage]) -> bool:
+        """Whether the latest human message was saved after a failed model call (forgets it)."""
+        index = _last_human_index(messages)
+        key = messages[index].id if index is not None else None
+        if key is None:
+            return False
+        with self._kept_lock:
+            if key not in self._kept:
+                return False
+            del self._kept[key]
+            return True
 
     def after_agent(self, state: AgentState[Any], runtime: Runtime[Any]) -> dict[str, Any] | None:
         """Save the run's last human message and final answer."""

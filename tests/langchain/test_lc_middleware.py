@@ -204,3 +204,56 @@ def test_a_message_over_the_turn_limit_is_kept_whole_in_parts(
         (n, len(parts)) for n in range(1, len(parts) + 1)
     ]
     assert turns[-1].content == "Noted."
+
+
+class FlakyModel(RecordingChatModel):
+    """A recording model whose first ``failures`` calls fail (a server that is down)."""
+
+    failures: int = 1
+
+    def _generate(self, *args: Any, **kwargs: Any) -> Any:
+        if self.failures > 0:
+            self.failures -= 1
+            raise ConnectionError("the model server is down")
+        return super()._generate(*args, **kwargs)
+
+
+def flaky(failures: int, *replies: str) -> FlakyModel:
+    return FlakyModel(messages=iter([*replies, *["ok"] * 10]), failures=failures)
+
+
+def test_a_failed_model_call_does_not_lose_the_users_message() -> None:
+    memory = history_memory()
+    agent = make_agent(flaky(5), MemoryMiddleware(memory, user_id="alice"))
+    with pytest.raises(ConnectionError):
+        agent.invoke(ask(FACT))
+    assert [t.content for t in memory.turns(Scope("alice"))] == [FACT]
+
+
+async def test_a_failed_async_model_call_does_not_lose_the_users_message() -> None:
+    memory = history_memory()
+    agent = make_agent(flaky(5), MemoryMiddleware(memory, user_id="alice"))
+    with pytest.raises(ConnectionError):
+        await agent.ainvoke(ask(FACT))
+    assert [t.content for t in memory.turns(Scope("alice"))] == [FACT]
+
+
+def test_a_retry_around_the_memory_saves_the_message_once_and_then_the_answer() -> None:
+    """A retry middleware outside this one calls it again after the failure."""
+    from langchain.agents.middleware import ModelRetryMiddleware
+
+    memory = history_memory()
+    middleware = MemoryMiddleware(memory, user_id="alice")
+    calls: list[int] = []
+    original = middleware.wrap_model_call
+
+    def counted(request: Any, handler: Any) -> Any:
+        calls.append(1)
+        return original(request, handler)
+
+    middleware.wrap_model_call = counted  # type: ignore[method-assign]
+    retry = ModelRetryMiddleware(max_retries=2, initial_delay=0.0, jitter=False)
+    agent = create_agent(model=flaky(2, "Noted."), tools=[], middleware=[retry, middleware])
+    agent.invoke(ask(FACT))
+    assert len(calls) == 3  # two failures, then the answer
+    assert [t.content for t in memory.turns(Scope("alice"))] == [FACT, "Noted."]
