@@ -30,7 +30,8 @@ _MAX_POLL = 30.0
 _MIN_POLL = 0.5
 #: Seconds a job whose model call :meth:`DerivationWorker.stop` cancelled gets to end. The
 #: local models check the cancel between layers: measured on 2 CPU cores, the 1.5B model
-#: ended 1.9 s after a cancel in the middle of reading a 74 s prompt (0.2 s for SmolLM2).
+#: ended 1.0 s and 1.9 s (two runs) after a cancel in the middle of reading a 74-76 s
+#: prompt, SmolLM2 0.2 s (BENCHMARKS.md, "Stopping a generation when the engine stops").
 CANCEL_GRACE = 10.0
 
 
