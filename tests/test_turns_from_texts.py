@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import memories_core.types
 from memories_core.errors import InvalidInputError
@@ -56,3 +58,25 @@ def test_a_cut_falls_after_whitespace_near_the_end_of_a_part(
 def test_a_text_that_is_not_a_string_is_refused() -> None:
     with pytest.raises(InvalidInputError, match="must be a str"):
         turns_from_texts([("user", None)])  # type: ignore[list-item]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    text=st.text(alphabet=st.sampled_from("ab \n\t\u00e9\U0001f600"), min_size=0, max_size=400),
+    limit=st.integers(min_value=10, max_value=60),
+)
+def test_parts_never_exceed_the_limit_and_keep_every_non_blank_character(
+    text: str, limit: int
+) -> None:
+    import memories_core.types as types_module
+
+    before = types_module.MAX_TURN_CHARS
+    types_module.MAX_TURN_CHARS = limit
+    try:
+        turns = turns_from_texts([("user", text)])
+    finally:
+        types_module.MAX_TURN_CHARS = before
+    assert all(0 < len(t.content) <= limit and t.content.strip() for t in turns)
+    assert "".join(t.content for t in turns).split() == text.split()
+    if len(text) <= limit:
+        assert len(turns) == (1 if text.strip() else 0)
