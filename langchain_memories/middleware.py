@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -25,6 +26,8 @@ from memories_core.mechanisms.base import flush_memory, memory_status
 from memories_core.types import Recall, Scope, Turn, turns_from_texts
 
 __all__ = ["MemoryMiddleware"]
+
+logger = logging.getLogger(__name__)
 
 #: How the recalled context is introduced in the system message; ``{context}`` is replaced.
 DEFAULT_TEMPLATE = "Relevant long-term memories of this user:\n{context}"
@@ -236,8 +239,11 @@ class MemoryMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         except Exception as exc:
             turns = self._question_to_keep(request.messages, exc)
             if turns:
-                self.memory.save(turns, scope)
-                self._saved(scope, turns)
+                try:
+                    self.memory.save(turns, scope)
+                    self._saved(scope, turns)
+                except Exception:  # the model's error is the one the caller must see
+                    logger.warning("could not keep the message of a failed run", exc_info=True)
             raise
 
     async def awrap_model_call(
@@ -258,8 +264,11 @@ class MemoryMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         except Exception as exc:
             turns = self._question_to_keep(request.messages, exc)
             if turns:
-                await self.memory.asave(turns, scope)
-                self._saved(scope, turns)
+                try:
+                    await self.memory.asave(turns, scope)
+                    self._saved(scope, turns)
+                except Exception:  # the model's error is the one the caller must see
+                    logger.warning("could not keep the message of a failed run", exc_info=True)
             raise
 
     def _question_to_keep(self, messages: Sequence[AnyMessage], exc: Exception) -> list[Turn]:

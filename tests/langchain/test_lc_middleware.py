@@ -11,6 +11,7 @@ from lc_fakes import RecordingChatModel, chat_model, history_memory
 
 from langchain_memories import MemoryMiddleware
 from memories_core import ConfigurationError, HistoryMemory, MissingUserError, Scope
+from memories_core.errors import BackendError
 
 FACT = "My favourite food is spicy Thai curry"
 
@@ -257,3 +258,18 @@ def test_a_retry_around_the_memory_saves_the_message_once_and_then_the_answer() 
     agent.invoke(ask(FACT))
     assert len(calls) == 3  # two failures, then the answer
     assert [t.content for t in memory.turns(Scope("alice"))] == [FACT, "Noted."]
+
+
+def test_a_failing_save_after_a_failed_model_call_raises_the_models_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    memory = history_memory()
+
+    def failing_save(*args: Any, **kwargs: Any) -> None:
+        raise BackendError("the disk is full")
+
+    memory.save = failing_save  # type: ignore[method-assign]
+    agent = make_agent(flaky(5), MemoryMiddleware(memory, user_id="alice"))
+    with pytest.raises(ConnectionError):
+        agent.invoke(ask(FACT))
+    assert "could not keep the message of a failed run" in caplog.text
