@@ -360,7 +360,7 @@ def turns_from_texts(texts: Iterable[tuple[str, str]]) -> list[Turn]:
     * a text that is empty or only whitespace (a model's empty reply) is skipped, and the
       other texts are kept;
     * a text over :data:`MAX_TURN_CHARS` is kept whole, as consecutive turns of at most that
-      many characters, cut after a whitespace character where one falls in the last tenth of
+      many characters, cut after a space or a newline where one falls in the last tenth of
       a part; each part's metadata says ``part`` (from 1) and ``parts``. Parts that are
       only whitespace are dropped.
 
@@ -385,7 +385,7 @@ def turns_from_texts(texts: Iterable[tuple[str, str]]) -> list[Turn]:
 
 
 def _cut(text: str, size: int) -> list[str]:
-    """``text`` in pieces of at most ``size`` characters, cut after whitespace if it is near."""
+    """``text`` in pieces of at most ``size`` characters, cut after a space or newline if near."""
     pieces = []
     start = 0
     while len(text) - start > size:

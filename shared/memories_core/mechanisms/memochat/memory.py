@@ -290,14 +290,15 @@ class MemoChatMemory(MemoryBase):
         The chat loops' rule (:meth:`respond` and the adapters' chat engines): the user's turn
         is never lost to the model. If ``answer`` raises, the input is saved alone and the
         error goes up; an empty answer is not saved, the input is; an input or answer over the
-        turn limit is kept in parts (:func:`~memories_core.types.turns_from_texts`).
+        turn limit is kept in parts (:func:`~memories_core.types.turns_from_texts`). An
+        interrupt (``KeyboardInterrupt``, a cancelled task) saves nothing.
 
         Returns:
             The answer, stripped.
         """
         try:
             reply = answer().strip()
-        except BaseException:
+        except Exception:
             self.save(turns_from_texts([("user", user_input)]), scope)
             raise
         self.save(turns_from_texts([("user", user_input), ("assistant", reply)]), scope)
@@ -309,7 +310,7 @@ class MemoChatMemory(MemoryBase):
         """Async twin of :meth:`answer_and_save` (``answer`` is awaited; saves with ``asave``)."""
         try:
             reply = (await answer()).strip()
-        except BaseException:
+        except Exception:
             await self.asave(turns_from_texts([("user", user_input)]), scope)
             raise
         await self.asave(turns_from_texts([("user", user_input), ("assistant", reply)]), scope)
