@@ -193,3 +193,29 @@ def test_wrong_dimension_embedder_on_existing_store(tmp_path: Path) -> None:
     ) as changed:
         assert "stamps" in changed.recall("stamps", ALICE).context
         assert [t.content for t in changed.turns(ALICE)] == ["I collect vintage stamps"]
+
+
+async def test_answer_and_save_keeps_the_users_turn_whatever_the_model_does() -> None:
+    """The chat loops' rule is every mechanism's: a failed or empty answer keeps the input."""
+    memory = HistoryMemory(embedder=HashingEmbedder())
+    scope = Scope("ann")
+
+    def down() -> str:
+        raise ConnectionError("the model is down")
+
+    with pytest.raises(ConnectionError):
+        memory.answer_and_save("first question", scope, down)
+    assert memory.answer_and_save("second question", scope, lambda: "  ") == ""
+    assert memory.answer_and_save("third question", scope, lambda: " An answer. ") == "An answer."
+
+    async def empty() -> str:
+        return ""
+
+    assert await memory.aanswer_and_save("fourth question", scope, empty) == ""
+    assert [t.content for t in memory.turns(scope)] == [
+        "first question",
+        "second question",
+        "third question",
+        "An answer.",
+        "fourth question",
+    ]

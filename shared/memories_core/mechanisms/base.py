@@ -14,7 +14,7 @@ the storage options (``path``, ``embedder``, ...) to let the mechanism build its
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
@@ -34,7 +34,16 @@ from memories_core.engine import (
 from memories_core.errors import ConfigurationError
 from memories_core.prompts.overrides import PromptOverrides
 from memories_core.prompts.spec import PromptSpec
-from memories_core.types import Job, JobSpec, MemoryRecord, Recall, Scope, ScoredRecord, Turn
+from memories_core.types import (
+    Job,
+    JobSpec,
+    MemoryRecord,
+    Recall,
+    Scope,
+    ScoredRecord,
+    Turn,
+    turns_from_texts,
+)
 
 if TYPE_CHECKING:
     from memories_core.background import WorkStatus
@@ -305,6 +314,38 @@ class MemoryBase:
     async def asave(self, turns: Sequence[Turn], scope: Scope) -> None:
         """Async twin of :meth:`save` (runs in a worker thread)."""
         await asyncio.to_thread(self.save, turns, scope)
+
+    def answer_and_save(self, user_input: str, scope: Scope, answer: Callable[[], str]) -> str:
+        """Call ``answer()`` for ``user_input`` and save the exchange as one save.
+
+        The chat loops' rule (MemoChat's ``respond`` and the adapters' chat engines): the
+        user's turn is never lost to the model. If ``answer`` raises, the input is saved alone
+        and the error goes up; an empty answer is not saved, the input is; an input or answer
+        over the turn limit is kept in parts (:func:`~memories_core.types.turns_from_texts`).
+        An interrupt (``KeyboardInterrupt``, a cancelled task) saves nothing.
+
+        Returns:
+            The answer, stripped.
+        """
+        try:
+            reply = answer().strip()
+        except Exception:
+            self.save(turns_from_texts([("user", user_input)]), scope)
+            raise
+        self.save(turns_from_texts([("user", user_input), ("assistant", reply)]), scope)
+        return reply
+
+    async def aanswer_and_save(
+        self, user_input: str, scope: Scope, answer: Callable[[], Awaitable[str]]
+    ) -> str:
+        """Async twin of :meth:`answer_and_save` (``answer`` is awaited; saves with ``asave``)."""
+        try:
+            reply = (await answer()).strip()
+        except Exception:
+            await self.asave(turns_from_texts([("user", user_input)]), scope)
+            raise
+        await self.asave(turns_from_texts([("user", user_input), ("assistant", reply)]), scope)
+        return reply
 
     async def arecall(
         self, query: str, scope: Scope, *, k: int | None = None, now: datetime | None = None

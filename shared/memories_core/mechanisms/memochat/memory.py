@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -33,7 +33,6 @@ from memories_core.types import (
     Scope,
     ScoredRecord,
     new_id,
-    turns_from_texts,
 )
 
 if TYPE_CHECKING:
@@ -283,38 +282,6 @@ class MemoChatMemory(MemoryBase):
         if not save:
             return model.generate(messages).strip()
         return self.answer_and_save(user_input, scope, lambda: model.generate(messages))
-
-    def answer_and_save(self, user_input: str, scope: Scope, answer: Callable[[], str]) -> str:
-        """Call ``answer()`` for ``user_input`` and save the exchange as one save.
-
-        The chat loops' rule (:meth:`respond` and the adapters' chat engines): the user's turn
-        is never lost to the model. If ``answer`` raises, the input is saved alone and the
-        error goes up; an empty answer is not saved, the input is; an input or answer over the
-        turn limit is kept in parts (:func:`~memories_core.types.turns_from_texts`). An
-        interrupt (``KeyboardInterrupt``, a cancelled task) saves nothing.
-
-        Returns:
-            The answer, stripped.
-        """
-        try:
-            reply = answer().strip()
-        except Exception:
-            self.save(turns_from_texts([("user", user_input)]), scope)
-            raise
-        self.save(turns_from_texts([("user", user_input), ("assistant", reply)]), scope)
-        return reply
-
-    async def aanswer_and_save(
-        self, user_input: str, scope: Scope, answer: Callable[[], Awaitable[str]]
-    ) -> str:
-        """Async twin of :meth:`answer_and_save` (``answer`` is awaited; saves with ``asave``)."""
-        try:
-            reply = (await answer()).strip()
-        except Exception:
-            await self.asave(turns_from_texts([("user", user_input)]), scope)
-            raise
-        await self.asave(turns_from_texts([("user", user_input), ("assistant", reply)]), scope)
-        return reply
 
     def chat_messages(self, user_input: str, scope: Scope, *, recent: int = 10) -> list[Any]:
         """The Table 8 prompt for ``user_input``: related evidences, recent dialogs, input.
