@@ -33,7 +33,8 @@ def messages_to_turns(messages: Sequence[ChatMessage]) -> list[Turn]:
     """Convert LlamaIndex messages to core turns.
 
     Only user and assistant text is kept: system, developer, tool and function messages, and
-    messages without text (an assistant message that only calls tools), are skipped.
+    messages without text (an assistant message that only calls tools), are skipped. A text
+    over the turn limit is kept in parts (:func:`~memories_core.types.turns_from_texts`).
     """
     texts = []
     for message in messages:

@@ -686,7 +686,7 @@ class ChromaIndex(ChromaFiltering, ChromaReachability, ChromaVerification, Chrom
         their buffer zeroed (it is uninitialised memory of this process). An embedded folder's
         process lock is released last (another process may open the folder after that).
         """
-        self.stop_background(timeout=60.0)
+        self.stop_background()
         try:
             self._close()
         finally:
