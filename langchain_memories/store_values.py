@@ -235,7 +235,7 @@ def resolve_embedder(embed: Any, dims: int | None) -> Embedder:
     from memories_core.embedders import HashingEmbedder
 
     if dims is not None:
-        check_count("index dims", dims)
+        dims = check_count("index dims", dims)
     if _core_embedder(embed):
         return embed
     if isinstance(embed, str):

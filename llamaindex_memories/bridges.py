@@ -134,7 +134,7 @@ class LlamaIndexEmbedder(BaseEmbedder):
     ) -> None:
         super().__init__()
         if dimension is not None:
-            check_count("dimension", dimension)
+            dimension = check_count("dimension", dimension)
         self._embed_model = embed_model
         self._known_dimension = dimension
         self._name = name

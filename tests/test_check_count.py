@@ -1,13 +1,16 @@
-"""One check for every count-like setting: ints only (never a bool), at least a minimum."""
+"""One check for every count-like setting: whole numbers only (never a bool), at least a minimum."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import numpy as np
 import pytest
 
-from memories_core import ConfigurationError, InvalidInputError
+from memories_core import ConfigurationError, HistoryMemory, InvalidInputError, Scope, Turn
 from memories_core.embedders import HashingEmbedder
+from memories_core.engine_parts.rules import check_k
 from memories_core.errors import check_count
 from memories_core.mechanisms.dpem_items import check_typed
 from memories_core.portable.format import ImportLimits
@@ -52,3 +55,41 @@ def test_check_count_names_its_minimum_and_raises_the_error_asked() -> None:
 def test_settings_and_inputs_are_checked_the_same_way(make: Any, error: type[Exception]) -> None:
     with pytest.raises(error, match="must be a"):
         make()
+
+
+@pytest.mark.parametrize("whole", [np.int64(3), np.int32(3), np.uint8(3)])
+def test_a_numpy_integer_is_a_whole_number_and_comes_back_a_plain_int(whole: Any) -> None:
+    got = check_count("size", whole)
+    assert got == 3 and type(got) is int
+    assert type(check_k(whole)) is int
+
+
+@pytest.mark.parametrize("bad", [np.bool_(True), np.float64(3.0), np.array([3])])
+def test_numpy_bools_floats_and_arrays_are_still_refused(bad: Any) -> None:
+    with pytest.raises(ConfigurationError, match="must be a positive int"):
+        check_count("size", bad)
+    with pytest.raises(InvalidInputError, match="k must be an int"):
+        check_k(bad)
+
+
+def test_settings_given_numpy_integers_store_plain_ints() -> None:
+    """What is kept is Python's int, so it serialises (JSON, SQL) like any other setting."""
+    assert type(HashingEmbedder(dimension=np.int64(64)).dimension) is int
+    assert type(Fusion(rrf_k=np.int64(60)).rrf_k) is int
+    assert type(ImportLimits(max_records=np.int64(10)).max_records) is int
+    assert type(RecallRequest(query="q", user_id="u", k=np.int64(2)).k) is int
+    json.dumps({"dimension": HashingEmbedder(dimension=np.int64(64)).dimension})
+
+
+def test_recall_and_both_frameworks_retrievers_take_a_numpy_k() -> None:
+    from langchain_memories import MemoryRetriever as LangChainRetriever
+    from llamaindex_memories import MemoryRetriever as LlamaIndexRetriever
+
+    memory = HistoryMemory(embedder=HashingEmbedder(), path=None)
+    memory.save([Turn("user", f"I like tea number {i}") for i in range(4)], Scope("ann"))
+    k = np.int64(2)
+    assert len(memory.recall("tea", Scope("ann"), k=k).records) == 2
+    assert len(LangChainRetriever(memory=memory, user_id="ann", k=k).invoke("tea")) == 2
+    found = LlamaIndexRetriever(memory, "ann", similarity_top_k=k).retrieve("tea")
+    assert len(found) == 2
+    memory.close()

@@ -27,7 +27,7 @@ import json
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from memories_core.errors import InvalidInputError
+from memories_core.errors import InvalidInputError, as_whole
 from memories_core.types import MemoryRecord, Scope, ScoredRecord, check_user_id, new_id
 
 if TYPE_CHECKING:
@@ -139,8 +139,8 @@ class MemoryToolbox:
         """
         if not isinstance(query, str) or not query.strip():
             raise ToolInputError("query is empty: say what to look for")
-        wanted = self.k if k is None else k
-        if isinstance(wanted, bool) or not isinstance(wanted, int) or not 1 <= wanted <= 50:
+        wanted = as_whole(self.k if k is None else k)
+        if wanted is None or not 1 <= wanted <= 50:
             raise ToolInputError("k must be a whole number from 1 to 50")
         hits = self._hits(check_user_id(user_id), query, wanted)
         return [

@@ -6,6 +6,8 @@ catch one class. Input errors also derive from :class:`ValueError`.
 
 from __future__ import annotations
 
+import operator
+
 __all__ = [
     "BackendError",
     "ConfigurationError",
@@ -21,6 +23,7 @@ __all__ = [
     "SchemaVersionError",
     "SearchKeyError",
     "StoreInUseError",
+    "as_whole",
     "check_count",
 ]
 
@@ -166,9 +169,12 @@ def check_count(
     minimum: int = 1,
     error: type[MemoriesError] = ConfigurationError,
 ) -> int:
-    """Return ``value`` if it is an ``int`` (not a ``bool``) of at least ``minimum``.
+    """Return ``value`` as an ``int`` if it is a whole number (not a ``bool``) >= ``minimum``.
 
     The one check behind every count-like setting (sizes, batch sizes, threads, limits).
+    A whole number is an ``int`` or any integer type (``numpy.int64`` from an array's
+    arithmetic, for example); the caller keeps the plain ``int`` returned, so such a value
+    is stored and serialised as Python's own.
 
     Args:
         label: The setting's name, as the message shows it.
@@ -180,7 +186,23 @@ def check_count(
     Raises:
         ConfigurationError: (or ``error``) naming ``label`` and the value given.
     """
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    whole = as_whole(value)
+    if whole is None or whole < minimum:
         kind = {1: "a positive int", 0: "a non-negative int"}.get(minimum, f"an int >= {minimum}")
         raise error(f"{label} must be {kind}, got {value!r}")
-    return value
+    return whole
+
+
+def as_whole(value: object) -> int | None:
+    """``value`` as a plain ``int`` if it is a whole number, else ``None``.
+
+    Whole numbers are ``int`` and every type that declares itself an integer
+    (``__index__``: numpy's integers, for one); ``bool`` (and ``numpy.bool_``) and floats,
+    even integral ones, are not.
+    """
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        return None

@@ -197,8 +197,8 @@ class PgVectorIndex:
         ef_search: int = 100,
         exact_below: int = EXACT_BELOW,
     ) -> None:
-        check_count("dimension", dimension)
-        check_count("exact_below", exact_below, minimum=0)
+        dimension = check_count("dimension", dimension)
+        exact_below = check_count("exact_below", exact_below, minimum=0)
         self.exact_below = exact_below
         if dimension > 16000:
             raise ConfigurationError("pgvector stores at most 16000 dimensions")

@@ -147,7 +147,7 @@ class HashingEmbedder(BaseEmbedder):
 
     def __init__(self, dimension: int = 256) -> None:
         super().__init__()
-        check_count("dimension", dimension, minimum=8)
+        dimension = check_count("dimension", dimension, minimum=8)
         self._dimension = dimension
         self._word_cache: dict[str, tuple[str, bool, list[int], list[float]]] = {}
         self._cache_lock = threading.Lock()

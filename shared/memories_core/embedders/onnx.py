@@ -102,9 +102,9 @@ class OnnxEmbedder(BaseEmbedder):
         name: str | None = None,
     ) -> None:
         super().__init__()
-        check_count("max_length", max_length, minimum=4)
-        check_count("batch_size", batch_size)
-        check_count("threads", threads)
+        max_length = check_count("max_length", max_length, minimum=4)
+        batch_size = check_count("batch_size", batch_size)
+        threads = check_count("threads", threads)
         if pooling not in ("cls", "mean"):
             raise ConfigurationError(f"pooling must be 'cls' or 'mean', got {pooling!r}")
         if query_prefix is not None and not isinstance(query_prefix, str):

@@ -143,8 +143,8 @@ class SentenceTransformerEmbedder(BaseEmbedder):
             raise ConfigurationError(
                 f"query_runtime must be 'auto' or 'torch', got {query_runtime!r}"
             )
-        check_count("batch_size", batch_size)
-        check_count("max_chars", max_chars)
+        batch_size = check_count("batch_size", batch_size)
+        max_chars = check_count("max_chars", max_chars)
         if model_name_or_path is not None and _is_bundled_path(model_name_or_path):
             # The bundled folder given explicitly is the default model: same name, same
             # dimension, so an index built with either spelling stays valid.

@@ -14,6 +14,7 @@ from memories_core.errors import (
     ConfigurationError,
     InvalidInputError,
     MemoriesError,
+    as_whole,
 )
 from memories_core.interfaces import MechanismHooks
 from memories_core.types import (
@@ -239,10 +240,11 @@ def check_turns(turns: Any) -> list[Turn]:
 
 
 def check_k(k: Any) -> int:
-    """Validate a result count: an int in ``1..MAX_K``."""
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
+    """Validate a result count: a whole number in ``1..MAX_K``, returned as an ``int``."""
+    whole = as_whole(k)
+    if whole is None or not 1 <= whole <= MAX_K:
         raise InvalidInputError(f"k must be an int from 1 to {MAX_K}, got {k!r}")
-    return k
+    return whole
 
 
 def check_query(query: Any) -> str:

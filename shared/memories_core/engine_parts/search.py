@@ -64,7 +64,7 @@ class EngineSearch(EngineDeletion):
             InvalidInputError: on an empty query or a bad ``k``.
         """
         query = check_query(query)
-        check_k(k)
+        k = check_k(k)
         check_user_id(user_id)
         when = now or self.clock.now()
         if self.store.is_deleting(user_id):

@@ -258,10 +258,10 @@ class LocalLLM(BaseLLM):
             raise ConfigurationError(
                 f"backend must be 'auto', 'llama_cpp' or 'transformers', got {backend!r}"
             )
-        check_count("max_new_tokens", max_new_tokens)
+        max_new_tokens = check_count("max_new_tokens", max_new_tokens)
         if n_threads is not None:
-            check_count("n_threads", n_threads)
-        check_count("batch_size", batch_size)
+            n_threads = check_count("n_threads", n_threads)
+        batch_size = check_count("batch_size", batch_size)
         super().__init__(timeout=timeout, max_tokens=max_new_tokens)
         self.batch_size = batch_size
         self._gguf: Path | None = None

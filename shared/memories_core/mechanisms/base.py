@@ -134,7 +134,7 @@ class MemoryBase:
         prompts: PromptOverrides | Mapping[str, str] | None = None,
     ) -> None:
         try:
-            check_k(k)
+            k = check_k(k)
         except Exception as exc:
             raise ConfigurationError(f"k must be a positive int, got {k!r}") from exc
         self.prompt_overrides = PromptOverrides.of(prompts).check(self.prompt_specs)

@@ -225,14 +225,11 @@ class DualProcessMemory(MemoryBase):
         retries: int = 1,
         **kwargs: Any,
     ) -> None:
-        for name, value in (
-            ("theta", theta),
-            ("stm_refresh_rounds", stm_refresh_rounds),
-            ("stm_capacity", stm_capacity),
-            ("working_capacity", working_capacity),
-            ("max_dialogue_chars", max_dialogue_chars),
-        ):
-            check_count(name, value)
+        theta = check_count("theta", theta)
+        stm_refresh_rounds = check_count("stm_refresh_rounds", stm_refresh_rounds)
+        stm_capacity = check_count("stm_capacity", stm_capacity)
+        working_capacity = check_count("working_capacity", working_capacity)
+        max_dialogue_chars = check_count("max_dialogue_chars", max_dialogue_chars)
         if not 0 < float(merge_threshold) <= 100:
             raise ConfigurationError(f"merge_threshold must be in (0, 100], got {merge_threshold}")
         if stm_scorer not in ("levenshtein", "partial"):
@@ -380,7 +377,7 @@ class DualProcessMemory(MemoryBase):
         below ``stm_cut`` are left out, so the result may be empty.
         """
         query = check_query(query)
-        check_k(k)
+        k = check_k(k)
         from rapidfuzz import fuzz, process
         from rapidfuzz.distance import Levenshtein
 

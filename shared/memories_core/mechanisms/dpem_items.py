@@ -231,7 +231,7 @@ def check_typed(user_id: str, round_no: int, typed: Sequence[tuple[str, str]]) -
         InvalidInputError: on a round that is not a positive int, or an item that is not a
             non-empty string paired with ``"user-specific"`` or ``"common-sense"``.
     """
-    check_count("round_no", round_no, error=InvalidInputError)
+    round_no = check_count("round_no", round_no, error=InvalidInputError)
     for pair in typed:
         if not isinstance(pair, tuple) or len(pair) != 2:
             raise InvalidInputError(f"{user_id}: each item is an (item, type) pair, got {pair!r}")

@@ -108,9 +108,9 @@ class LoRAConfig:
 
     def __post_init__(self) -> None:
         for name in ("rank", "alpha", "epochs", "max_input_tokens", "max_output_tokens"):
-            check_count(name, getattr(self, name))
+            object.__setattr__(self, name, check_count(name, getattr(self, name)))
         for name in ("history_turns", "memory_k", "min_examples", "checkpoint_every"):
-            check_count(name, getattr(self, name), minimum=0)
+            object.__setattr__(self, name, check_count(name, getattr(self, name), minimum=0))
         if self.max_steps is not None and (
             isinstance(self.max_steps, bool) or not isinstance(self.max_steps, int)
         ):

@@ -142,7 +142,7 @@ class Personalizer:
         self.name = name
         self.train_every = train_every
         if train_every is not None:
-            check_count("train_every", train_every)
+            train_every = check_count("train_every", train_every)
             if not callable(getattr(memory, "ltm", None)):
                 raise ConfigurationError(
                     "train_every needs a memory with a long-term memory (ltm(user_id)), "

@@ -98,7 +98,9 @@ class ImportLimits:
             "max_id_chars",
             "max_depth",
         ):
-            check_count(f"ImportLimits.{name}", getattr(self, name), error=InvalidInputError)
+            label = f"ImportLimits.{name}"
+            checked = check_count(label, getattr(self, name), error=InvalidInputError)
+            object.__setattr__(self, name, checked)
         if not isinstance(self.max_ratio, (int, float)) or not self.max_ratio >= 1:
             raise InvalidInputError("ImportLimits.max_ratio must be a number >= 1")
 

@@ -69,7 +69,7 @@ class RecallRequest:
         if not isinstance(self.query, str) or not self.query.strip():
             raise InvalidInputError("query is empty or only whitespace")
         check_user_id(self.user_id)
-        check_count("k", self.k, error=InvalidInputError)
+        object.__setattr__(self, "k", check_count("k", self.k, error=InvalidInputError))
         if self.now is not None:
             object.__setattr__(self, "now", ensure_utc(self.now))
         if self.kinds is not None:

@@ -121,15 +121,19 @@ def bundled_model_dir() -> Path:
     return find_bundled_onnx(BUNDLED_FOLDER, "cross-encoder (ms-marco-MiniLM-L-12-v2)")
 
 
-def check_head_blend(candidates: object, weight: object) -> None:
+def check_head_blend(candidates: object, weight: object) -> int:
     """Validate a second-stage reranker's head size and blend weight (see :func:`blend_head`).
+
+    Returns:
+        ``candidates`` as an ``int``.
 
     Raises:
         ConfigurationError: unless ``candidates`` is a positive int and ``weight`` in [0, 1].
     """
-    check_count("candidates", candidates)
+    head = check_count("candidates", candidates)
     if isinstance(weight, bool) or not (isinstance(weight, (int, float)) and 0 <= weight <= 1):
         raise ConfigurationError("weight must be in [0, 1]")
+    return head
 
 
 class OnnxCrossEncoder:
@@ -317,7 +321,7 @@ class SentenceTransformersCrossEncoder:
         allow_download: bool = False,
     ) -> None:
         if max_length is not None:
-            check_count("max_length", max_length)
+            max_length = check_count("max_length", max_length)
         self.batch_size = check_count("batch_size", batch_size)
         self.max_length = max_length
         self._spec = model if isinstance(model, (str, Path)) else None
@@ -485,7 +489,7 @@ class BlendedCrossEncoderReranker:
         return context_pair_texts(head, own, request, ctx, self.context, self.context_gap)
 
     def __post_init__(self) -> None:
-        check_head_blend(self.candidates, self.weight)
+        object.__setattr__(self, "candidates", check_head_blend(self.candidates, self.weight))
 
     def rerank(self, ranking: Ranking, request: RecallRequest, ctx: RecallContext) -> Ranking:
         """Return the ranking with its head re-ordered by the blend."""

@@ -158,7 +158,7 @@ class Fusion:
         for margin in (self.missing_margin, self.exhausted_margin):
             if not (isinstance(margin, (int, float)) and margin > 0):
                 raise ConfigurationError("missing_margin and exhausted_margin must be > 0")
-        check_count("rrf_k", self.rrf_k, minimum=0)
+        object.__setattr__(self, "rrf_k", check_count("rrf_k", self.rrf_k, minimum=0))
 
     def fuse(
         self, rankings: Sequence[Ranking], weights: Sequence[float], *, depth: int | None = None

@@ -385,7 +385,7 @@ class HybridRetriever:
         if not isinstance(query, str) or not query.strip():
             raise InvalidInputError("query is empty or only whitespace")
         check_user_id(user_id)
-        check_count("k", k, error=InvalidInputError)
+        k = check_count("k", k, error=InvalidInputError)
         if mode not in ("hybrid", "dense", "lexical"):
             raise InvalidInputError(f"unknown search mode {mode!r}")
         request = RecallRequest(

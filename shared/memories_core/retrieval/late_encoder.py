@@ -209,8 +209,8 @@ class OnnxLateInteractionEncoder:
         threads: int = 1,
         dim: int | None = None,
     ) -> None:
-        check_count("query_length", query_length, minimum=8)
-        check_count("document_length", document_length, minimum=8)
+        query_length = check_count("query_length", query_length, minimum=8)
+        document_length = check_count("document_length", document_length, minimum=8)
         if dim is not None:
             if model_dir is not None:
                 raise ConfigurationError("dim needs the bundled model: no basis fits model_dir")

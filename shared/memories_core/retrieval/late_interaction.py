@@ -281,9 +281,9 @@ class LateInteractionReranker:
     depth: int = 0
 
     def __post_init__(self) -> None:
-        check_head_blend(self.candidates, self.weight)
-        check_count("depth", self.depth, minimum=0)
-        check_count("pool", self.pool, minimum=0)
+        object.__setattr__(self, "candidates", check_head_blend(self.candidates, self.weight))
+        object.__setattr__(self, "depth", check_count("depth", self.depth, minimum=0))
+        object.__setattr__(self, "pool", check_count("pool", self.pool, minimum=0))
         if not isinstance(self.encoder, LateInteractionEncoder):
             raise ConfigurationError("encoder needs name, encode_query and encode_document")
         prepare_maxsim()  # numpy's first calls with the model load, not in the first recall
@@ -432,7 +432,7 @@ class LateInteractionReranker:
         """
         from tqdm import tqdm
 
-        check_count("chunk", chunk)
+        chunk = check_count("chunk", chunk)
         request, ctx, ids = self._holding(backend, user_id, records)
         store = token_vector_store(backend)
         encoded = 0
@@ -636,7 +636,7 @@ def late_interaction_pipeline(
     """
     base = Pipeline() if base is None else base
     reranker = late_interaction_reranker() if reranker is None else reranker
-    check_count("depth", depth)
+    depth = check_count("depth", depth)
     if reranker.depth < depth:
         reranker = replace(reranker, depth=depth)  # shares the encoder and the cache
     return replace(base, rerankers=(*base.rerankers, reranker))

@@ -106,7 +106,7 @@ class MemoChatMemory(MemoryBase):
             raise ConfigurationError(f"mode must be 'llm' or 'llm_free', got {mode!r}")
         if not (isinstance(max_lines, int) and max_lines >= 2 and 0 <= keep_lines < max_lines):
             raise ConfigurationError("need max_lines >= 2 and 0 <= keep_lines < max_lines")
-        check_count("max_words", max_words)
+        max_words = check_count("max_words", max_words)
         super().__init__(k=k, llm=llm, **kwargs)
         if mode is None:
             mode = "llm" if (llm is not None or self.engine.llm is not None) else "llm_free"
