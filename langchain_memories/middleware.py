@@ -76,7 +76,9 @@ class MemoryMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
     messages are skipped rather than raised on, so a memory never breaks a running agent;
     a message over the turn limit is kept in parts (``turns_from_texts``). A model call that
     fails does not lose the user's message: it is saved alone, once per message, and the
-    error goes up (a retry that then succeeds saves only the answer).
+    error goes up. A retry that then succeeds saves only the answer: a retry middleware's
+    new call (the same message), or the user's next run of the same user and session that
+    sends the same text again (a new message).
 
     The user is fixed at construction (``user_id=``) or read per run from the runtime
     context (``context={"user_id": ...}`` or any object with a ``user_id`` attribute) or from
@@ -165,8 +167,10 @@ class MemoryMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         self.user_id = user_id
         self.session_id = session_id
         self.k = k
-        # Ids of human messages saved alone after a failed model call (bounded, oldest out).
+        # Ids of human messages saved alone after a failed model call (bounded, oldest out),
+        # and per (user, session) the text of the last one, for the next run to recognise.
         self._kept: OrderedDict[str, None] = OrderedDict()
+        self._kept_texts: OrderedDict[tuple[str, str | None], str] = OrderedDict()
         self._kept_lock = threading.Lock()
 
     def flush(self, user_id: str | None = None, *, timeout: float | None = None) -> int:
@@ -200,7 +204,7 @@ class MemoryMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         text = request.messages[index].text if index is not None else ""
         return text if text.strip() else None
 
-    def _turns(self, state: AgentState[Any]) -> list[Turn]:
+    def _turns(self, state: AgentState[Any], scope: Scope) -> list[Turn]:
         messages = state["messages"]
         index = _last_human_index(messages)
         if index is None:
@@ -210,7 +214,7 @@ class MemoryMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
             m for m in messages[index + 1 :] if isinstance(m, AIMessage) and not m.tool_calls
         ]
         texts = [("user", messages[index].text), ("assistant", answers[-1].text if answers else "")]
-        if self._already_kept(messages):
+        if self._already_kept(messages, scope):
             texts = texts[1:]  # saved when a model call failed; a retry then answered
         return turns_from_texts(texts)
 
@@ -237,7 +241,7 @@ class MemoryMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         try:
             return handler(self._with_recall(request, recall))
         except Exception as exc:
-            turns = self._question_to_keep(request.messages, exc)
+            turns = self._question_to_keep(request.messages, exc, scope)
             if turns:
                 try:
                     self.memory.save(turns, scope)
@@ -262,7 +266,7 @@ class MemoryMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         try:
             return await handler(self._with_recall(request, recall))
         except Exception as exc:
-            turns = self._question_to_keep(request.messages, exc)
+            turns = self._question_to_keep(request.messages, exc, scope)
             if turns:
                 try:
                     await self.memory.asave(turns, scope)
@@ -271,12 +275,15 @@ class MemoryMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
                     logger.warning("could not keep the message of a failed run", exc_info=True)
             raise
 
-    def _question_to_keep(self, messages: Sequence[AnyMessage], exc: Exception) -> list[Turn]:
+    def _question_to_keep(
+        self, messages: Sequence[AnyMessage], exc: Exception, scope: Scope
+    ) -> list[Turn]:
         """The latest human message's turns to save after a failed model call, once.
 
         Nothing for a graph's own control flow (an interrupt), or for a message already kept
-        (a retry middleware outside this one calls it again). The message's id is
-        remembered, so that :meth:`after_agent` then saves the answer alone.
+        (a retry middleware outside this one calls it again). The message's id, and its text
+        for the user's session, are remembered, so that :meth:`after_agent` then saves the
+        answer alone.
         """
         from langgraph.errors import GraphBubbleUp
 
@@ -284,32 +291,47 @@ class MemoryMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         if index is None or isinstance(exc, GraphBubbleUp):
             return []
         key = messages[index].id
-        if key is not None:
-            with self._kept_lock:
+        text = messages[index].text
+        with self._kept_lock:
+            if key is not None:
                 if key in self._kept:
                     return []
                 self._kept[key] = None
                 while len(self._kept) > _KEPT_IDS:
                     self._kept.popitem(last=False)
-        return turns_from_texts([("user", messages[index].text)])
+            where = (scope.user_id, scope.session_id)
+            self._kept_texts.pop(where, None)
+            self._kept_texts[where] = text
+            while len(self._kept_texts) > _KEPT_IDS:
+                self._kept_texts.popitem(last=False)
+        return turns_from_texts([("user", text)])
 
-    def _already_kept(self, messages: Sequence[AnyMessage]) -> bool:
-        """Whether the latest human message was saved after a failed model call (forgets it)."""
+    def _already_kept(self, messages: Sequence[AnyMessage], scope: Scope) -> bool:
+        """Whether the latest human message was saved after a failed model call.
+
+        It was if its id was kept (a retry of the same call), or if the last message kept
+        for this user and session has its text (the user sent it again in a new run). Either
+        mark is used once: a run that ends forgets its session's kept text, so only the run
+        right after a failure can match it.
+        """
         index = _last_human_index(messages)
-        key = messages[index].id if index is not None else None
-        if key is None:
+        if index is None:
             return False
+        key = messages[index].id
         with self._kept_lock:
-            if key not in self._kept:
-                return False
-            del self._kept[key]
-            return True
+            text = self._kept_texts.pop((scope.user_id, scope.session_id), None)
+            if key is not None and key in self._kept:
+                del self._kept[key]
+                return True
+            return text is not None and text == messages[index].text
 
     def after_agent(self, state: AgentState[Any], runtime: Runtime[Any]) -> dict[str, Any] | None:
         """Save the run's last human message and final answer."""
-        turns = self._turns(state)
+        if _last_human_index(state["messages"]) is None:
+            return None
+        scope = self._scope(runtime)
+        turns = self._turns(state, scope)
         if turns:
-            scope = self._scope(runtime)
             self.memory.save(turns, scope)
             self._saved(scope, turns)
         return None
@@ -331,9 +353,11 @@ class MemoryMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         self, state: AgentState[Any], runtime: Runtime[Any]
     ) -> dict[str, Any] | None:
         """Async twin of :meth:`after_agent` (uses ``memory.asave``)."""
-        turns = self._turns(state)
+        if _last_human_index(state["messages"]) is None:
+            return None
+        scope = self._scope(runtime)
+        turns = self._turns(state, scope)
         if turns:
-            scope = self._scope(runtime)
             await self.memory.asave(turns, scope)
             self._saved(scope, turns)
         return None

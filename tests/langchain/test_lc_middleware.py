@@ -273,3 +273,37 @@ def test_a_failing_save_after_a_failed_model_call_raises_the_models_error(
     with pytest.raises(ConnectionError):
         agent.invoke(ask(FACT))
     assert "could not keep the message of a failed run" in caplog.text
+
+
+def test_the_same_text_sent_again_after_a_failed_run_is_not_stored_twice() -> None:
+    """The user's next run sends the message again (a new message): only the answer is added."""
+    memory = history_memory()
+    agent = make_agent(flaky(1, "Noted."), MemoryMiddleware(memory, user_id="alice"))
+    with pytest.raises(ConnectionError):
+        agent.invoke(ask(FACT))
+    agent.invoke(ask(FACT))
+    assert [t.content for t in memory.turns(Scope("alice"))] == [FACT, "Noted."]
+    # The mark is used once: the same text in a later run is a new exchange.
+    agent.invoke(ask(FACT))
+    assert [t.content for t in memory.turns(Scope("alice"))] == [FACT, "Noted.", FACT, "ok"]
+
+
+async def test_another_message_after_a_failed_run_keeps_both_messages() -> None:
+    memory = history_memory()
+    agent = make_agent(flaky(1, "Noted."), MemoryMiddleware(memory, user_id="alice"))
+    with pytest.raises(ConnectionError):
+        await agent.ainvoke(ask(FACT))
+    await agent.ainvoke(ask("Never mind, what is the weather?"))
+    contents = [t.content for t in memory.turns(Scope("alice"))]
+    assert contents == [FACT, "Never mind, what is the weather?", "Noted."]
+
+
+def test_a_message_kept_for_one_user_does_not_match_another_users_run() -> None:
+    memory = history_memory()
+    agent = make_agent(flaky(1, "Noted.", "Sure."), MemoryMiddleware(memory))
+    with pytest.raises(ConnectionError):
+        agent.invoke(ask(FACT), context={"user_id": "alice"})
+    agent.invoke(ask(FACT), context={"user_id": "bob"})
+    assert [t.content for t in memory.turns(Scope("bob"))] == [FACT, "Noted."]
+    agent.invoke(ask(FACT), context={"user_id": "alice"})
+    assert [t.content for t in memory.turns(Scope("alice"))] == [FACT, "Sure."]
