@@ -8,7 +8,7 @@ from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
 from llamaindex_memories.observability import recall_event
 from memories_core.background import WorkStatus
-from memories_core.errors import as_whole
+from memories_core.errors import ConfigurationError, as_whole
 from memories_core.interfaces import Mechanism
 from memories_core.mechanisms.base import flush_memory, memory_status
 from memories_core.types import Recall, Scope, ScoredRecord
@@ -96,7 +96,7 @@ class MemoryRetriever(BaseRetriever):
 
     Raises:
         MissingUserError: if ``user_id`` is empty.
-        ValueError: if ``similarity_top_k`` is not a positive int.
+        ConfigurationError: (a ``ValueError``) if ``similarity_top_k`` is not a positive int.
         InvalidInputError: from ``retrieve`` on an empty query (raised by the mechanism).
     """
 
@@ -113,7 +113,7 @@ class MemoryRetriever(BaseRetriever):
         if similarity_top_k is not None:
             top_k = as_whole(similarity_top_k)
             if top_k is None or top_k < 1:
-                raise ValueError(
+                raise ConfigurationError(
                     f"similarity_top_k must be a positive int, got {similarity_top_k!r}"
                 )
             similarity_top_k = top_k

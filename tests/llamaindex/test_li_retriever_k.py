@@ -7,7 +7,7 @@ from llama_index.core.postprocessor import SimilarityPostprocessor
 from llama_index.core.schema import QueryBundle
 
 from llamaindex_memories import MemoryRetriever
-from memories_core import Scope
+from memories_core import ConfigurationError, Scope
 from retriever_scenarios import BUILDERS, FILTERING, QUERY, USER, filled
 
 
@@ -39,3 +39,9 @@ def test_relevance_keeps_the_order_and_works_with_a_similarity_cutoff() -> None:
     )
     assert 0 < len(kept) < len(nodes)
     assert kept == nodes[: len(kept)]
+
+
+@pytest.mark.parametrize("bad", [0, -2, True, 2.0, "3"])
+def test_a_bad_similarity_top_k_is_a_configuration_error(bad: object) -> None:
+    with pytest.raises(ConfigurationError, match="similarity_top_k must be a positive int"):
+        MemoryRetriever(filled("history"), USER, similarity_top_k=bad)  # type: ignore[arg-type]
