@@ -41,10 +41,33 @@ class TestCoreEmbeddingsIntegration(_EmbeddingsSuite, EmbeddingsIntegrationTests
     pass
 
 
-class _MemoryToolSuite:
-    """One tool of ``create_memory_tools`` over a memory holding one of ``alice``'s facts."""
+class _ToolSuite:
+    """The suites' fixtures for the tool called :attr:`name` among :meth:`tools`."""
 
     name = ""
+
+    def tools(self) -> list[BaseTool]:
+        raise NotImplementedError
+
+    def examples(self) -> dict[str, dict[str, Any]]:
+        raise NotImplementedError
+
+    @property
+    def tool_constructor(self) -> BaseTool:
+        (tool,) = [t for t in self.tools() if t.name == self.name]
+        return tool
+
+    @property
+    def tool_constructor_params(self) -> dict[str, Any]:
+        return {}
+
+    @property
+    def tool_invoke_params_example(self) -> dict[str, Any]:
+        return self.examples()[self.name]
+
+
+class _MemoryToolSuite(_ToolSuite):
+    """One tool of ``create_memory_tools`` over a memory holding one of ``alice``'s facts."""
 
     @cached_property
     def _memory_and_id(self) -> tuple[Any, str]:
@@ -54,102 +77,42 @@ class _MemoryToolSuite:
         (record,) = memory.engine.records(USER, where={"kind": "memory"})
         return memory, record.id
 
-    @property
-    def tool_constructor(self) -> BaseTool:
-        memory, _ = self._memory_and_id
-        (tool,) = [t for t in create_memory_tools(memory, user_id=USER) if t.name == self.name]
-        return tool
+    def tools(self) -> list[BaseTool]:
+        return create_memory_tools(self._memory_and_id[0], user_id=USER)
 
-    @property
-    def tool_constructor_params(self) -> dict[str, Any]:
-        return {}
-
-    @property
-    def tool_invoke_params_example(self) -> dict[str, Any]:
-        _, record_id = self._memory_and_id
+    def examples(self) -> dict[str, dict[str, Any]]:
+        record_id = self._memory_and_id[1]
         return {
             "save_memory": {"text": "My sister lives in Lisbon"},
             "search_memory": {"query": "what am I allergic to?", "k": 2},
             "update_memory": {"memory_id": record_id, "text": "I am allergic to cashews"},
             "forget_memory": {"memory_id": record_id, "reason": "no longer true"},
-        }[self.name]
+        }
 
 
-class TestSaveMemoryUnit(_MemoryToolSuite, ToolsUnitTests):
-    name = "save_memory"
-
-
-class TestSaveMemoryIntegration(_MemoryToolSuite, ToolsIntegrationTests):
-    name = "save_memory"
-
-
-class TestSearchMemoryUnit(_MemoryToolSuite, ToolsUnitTests):
-    name = "search_memory"
-
-
-class TestSearchMemoryIntegration(_MemoryToolSuite, ToolsIntegrationTests):
-    name = "search_memory"
-
-
-class TestUpdateMemoryUnit(_MemoryToolSuite, ToolsUnitTests):
-    name = "update_memory"
-
-
-class TestUpdateMemoryIntegration(_MemoryToolSuite, ToolsIntegrationTests):
-    name = "update_memory"
-
-
-class TestForgetMemoryUnit(_MemoryToolSuite, ToolsUnitTests):
-    name = "forget_memory"
-
-
-class TestForgetMemoryIntegration(_MemoryToolSuite, ToolsIntegrationTests):
-    name = "forget_memory"
-
-
-class _EMGToolSuite:
+class _EMGToolSuite(_ToolSuite):
     """One tool of ``create_emg_tools`` over the secretary's story (``ann``'s memories)."""
 
-    name = ""
+    def tools(self) -> list[BaseTool]:
+        return create_emg_tools(story_memory(), user_id="ann")
 
-    @property
-    def tool_constructor(self) -> BaseTool:
-        tools = create_emg_tools(story_memory(), user_id="ann")
-        (tool,) = [t for t in tools if t.name == self.name]
-        return tool
-
-    @property
-    def tool_constructor_params(self) -> dict[str, Any]:
-        return {}
-
-    @property
-    def tool_invoke_params_example(self) -> dict[str, Any]:
+    def examples(self) -> dict[str, dict[str, Any]]:
         return {
             "answer_from_memory": {"question": QUESTION},
             "autofill_form": {"fields": ["phone number", "passport number"]},
             "upcoming_reminders": {"days": 7},
-        }[self.name]
+        }
 
 
-class TestAnswerFromMemoryUnit(_EMGToolSuite, ToolsUnitTests):
-    name = "answer_from_memory"
+def _suites(mixin: type, names: list[str]) -> None:
+    """A unit and an integration test class of ``mixin`` per tool name, for pytest to find."""
+    for name in names:
+        camel = "".join(part.title() for part in name.split("_"))
+        for suite in (ToolsUnitTests, ToolsIntegrationTests):
+            kind = "Unit" if suite is ToolsUnitTests else "Integration"
+            title = f"Test{camel}{kind}"
+            globals()[title] = type(title, (mixin, suite), {"name": name})
 
 
-class TestAnswerFromMemoryIntegration(_EMGToolSuite, ToolsIntegrationTests):
-    name = "answer_from_memory"
-
-
-class TestAutofillFormUnit(_EMGToolSuite, ToolsUnitTests):
-    name = "autofill_form"
-
-
-class TestAutofillFormIntegration(_EMGToolSuite, ToolsIntegrationTests):
-    name = "autofill_form"
-
-
-class TestUpcomingRemindersUnit(_EMGToolSuite, ToolsUnitTests):
-    name = "upcoming_reminders"
-
-
-class TestUpcomingRemindersIntegration(_EMGToolSuite, ToolsIntegrationTests):
-    name = "upcoming_reminders"
+_suites(_MemoryToolSuite, ["save_memory", "search_memory", "update_memory", "forget_memory"])
+_suites(_EMGToolSuite, ["answer_from_memory", "autofill_form", "upcoming_reminders"])
