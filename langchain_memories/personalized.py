@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from langchain_core.caches import BaseCache
 from langchain_core.callbacks import CallbackManagerForLLMRun
-from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
-from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.language_models import BaseChatModel, LangSmithParams
+from langchain_core.messages import (
+    AIMessage,
+    AIMessageChunk,
+    BaseMessage,
+    HumanMessage,
+    SystemMessage,
+)
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from pydantic import ConfigDict, Field, field_validator
 
 from langchain_memories.retriever import MemoryRetriever
@@ -52,6 +59,12 @@ class PersonalizedChatModel(BaseChatModel):
             Generate with the user's adapter (default ``True``).
         max_tokens: int | None
             Generation limit (default: the personalizer's).
+        temperature: float
+            Sampling temperature (default ``0.0``: greedy).
+
+    ``max_tokens``, ``temperature`` and ``stop`` can also be given per call
+    (``chat.invoke(..., max_tokens=64)``, ``chat.bind(stop=[...])``). The model writes a
+    whole reply, so ``stream`` yields it as one chunk, with the token counts.
 
     Instantiate / use in a chain:
         ```python
@@ -74,6 +87,7 @@ class PersonalizedChatModel(BaseChatModel):
     use_memory: bool = Field(default=True, description="Prepend the recalled DPeM memory.")
     use_adapter: bool = Field(default=True, description="Use the user's LoRA adapter.")
     max_tokens: int | None = Field(default=None, ge=1, description="Generation limit.")
+    temperature: float = Field(default=0.0, ge=0.0, description="Sampling temperature.")
     # The answer depends on the memory and the adapter, which change: never cache it.
     cache: BaseCache | bool | None = Field(default=False, exclude=True)
 
@@ -95,12 +109,56 @@ class PersonalizedChatModel(BaseChatModel):
             "use_adapter": self.use_adapter,
         }
 
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        model = kwargs.get("model")
+        params = LangSmithParams(
+            ls_provider="llm-memories",
+            ls_model_name=model if isinstance(model, str) else self.personalizer.base_identity,
+            ls_model_type="chat",
+            ls_temperature=kwargs.get("temperature", self.temperature),
+        )
+        max_tokens = kwargs.get("max_tokens", self.max_tokens)
+        if max_tokens is not None:
+            params["ls_max_tokens"] = max_tokens
+        if stop:
+            params["ls_stop"] = list(stop)
+        return params
+
     @property
     def core_llm(self) -> PersonalizedLLM:
         """The core model this chat model runs (``last_prompt`` shows what it sent)."""
         return self.personalizer.llm(
             self.user_id, use_memory=self.use_memory, use_adapter=self.use_adapter
         )
+
+    def _reply(
+        self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]
+    ) -> dict[str, Any]:
+        """One generation, as the fields of the AI message that carries it."""
+        core = [_to_core(m) for m in messages]
+        llm = self.core_llm
+        before = llm.usage
+        text = llm.generate(
+            core,
+            max_tokens=kwargs.get("max_tokens", self.max_tokens),
+            temperature=kwargs.get("temperature", self.temperature),
+            stop=stop,
+        )
+        after = llm.usage
+        return {
+            "content": text,
+            "usage_metadata": {
+                "input_tokens": after.prompt_tokens - before.prompt_tokens,
+                "output_tokens": after.completion_tokens - before.completion_tokens,
+                "total_tokens": after.total_tokens - before.total_tokens,
+            },
+            "response_metadata": {
+                "adapter": llm.trace.adapter,
+                "user_id": self.user_id,
+                "model_name": self.personalizer.base_identity,
+                "model_provider": "llm-memories",
+            },
+        }
 
     def _generate(
         self,
@@ -109,21 +167,21 @@ class PersonalizedChatModel(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        core = [_to_core(m) for m in messages]
-        llm = self.core_llm
-        before = llm.usage
-        text = llm.generate(core, max_tokens=self.max_tokens, stop=stop)
-        after = llm.usage
-        message = AIMessage(
-            content=text,
-            usage_metadata={
-                "input_tokens": after.prompt_tokens - before.prompt_tokens,
-                "output_tokens": after.completion_tokens - before.completion_tokens,
-                "total_tokens": after.total_tokens - before.total_tokens,
-            },
-            response_metadata={"adapter": llm.trace.adapter, "user_id": self.user_id},
-        )
+        message = AIMessage(**self._reply(messages, stop, kwargs))
         return ChatResult(generations=[ChatGeneration(message=message)])
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        fields = self._reply(messages, stop, kwargs)
+        chunk = ChatGenerationChunk(message=AIMessageChunk(**fields, chunk_position="last"))
+        if run_manager is not None:
+            run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+        yield chunk
 
 
 def dpem_retriever(

@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 from pathlib import Path
+from typing import Any
 
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import ConfigurableField
+from langchain_tests.integration_tests import ChatModelIntegrationTests
+from langchain_tests.unit_tests import ChatModelUnitTests
 from pydantic import ValidationError
 
 from langchain_memories import PersonalizedChatModel, dpem_retriever
@@ -63,7 +66,9 @@ def test_user_is_chosen_per_run_and_never_sees_another_users_memory(
     reply = chain.invoke(
         {"question": "My ankle hurts"}, config={"configurable": {"user_id": "bob"}}
     )
-    assert reply.response_metadata == {"adapter": False, "user_id": "bob"}
+    meta = reply.response_metadata
+    assert (meta["adapter"], meta["user_id"]) == (False, "bob")
+    assert meta["model_provider"] == "llm-memories"
     sent = personalizer.llm("bob").last_prompt[0].content
     assert "ankle" in sent and "sugar" not in sent and "diabetes" not in sent
 
@@ -106,3 +111,27 @@ def test_async_chain_and_retriever_chain(personalizer: Personalizer) -> None:
 def test_bad_user_id_fails_at_construction(personalizer: Personalizer, tmp_path: Path) -> None:
     with pytest.raises((ValidationError, ValueError)):
         PersonalizedChatModel(personalizer=personalizer, user_id="")
+
+
+class _PersonalizedSuite:
+    """LangChain's chat-model suites over ann's adapter and memory (the tiny model)."""
+
+    @pytest.fixture(autouse=True)
+    def _given(self, personalizer: Personalizer) -> None:
+        self._personalizer = personalizer
+
+    @property
+    def chat_model_class(self) -> type[PersonalizedChatModel]:
+        return PersonalizedChatModel
+
+    @property
+    def chat_model_params(self) -> dict[str, Any]:
+        return {"personalizer": self._personalizer, "user_id": "ann"}
+
+
+class TestPersonalizedChatModelUnit(_PersonalizedSuite, ChatModelUnitTests):
+    pass
+
+
+class TestPersonalizedChatModelIntegration(_PersonalizedSuite, ChatModelIntegrationTests):
+    pass
