@@ -17,6 +17,7 @@ from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import BaseModel, ConfigDict, Field
 
 from langchain_memories.bridges import to_core_message
+from langchain_memories.chat_parts import PROVIDER, ls_params
 from memories_core.errors import InvalidInputError
 from memories_core.interfaces import LLM
 from memories_core.llms.base import (
@@ -111,20 +112,14 @@ class CoreChatModel(BaseChatModel):
         }
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
-        model = kwargs.get("model")
-        params = LangSmithParams(
-            ls_provider="llm-memories",
-            ls_model_name=model if isinstance(model, str) else self.model_name,
-            ls_model_type="chat",
-            ls_temperature=kwargs.get("temperature", self.temperature),
-        )
-        max_tokens = kwargs.get("max_tokens", self.max_tokens)
-        if max_tokens is not None:
-            params["ls_max_tokens"] = max_tokens
         stops = stop if stop is not None else self.stop
-        if stops:
-            params["ls_stop"] = list(stops)
-        return params
+        return ls_params(
+            self.model_name,
+            kwargs,
+            stop=stops,
+            temperature=self.temperature,
+            max_tokens=self.max_tokens,
+        )
 
     def _options(self, stop: list[str] | None, kwargs: dict[str, Any]) -> dict[str, Any]:
         """The core call's options: the fields, overridden by this call's arguments."""
@@ -151,7 +146,7 @@ class CoreChatModel(BaseChatModel):
             },
             "response_metadata": {
                 "model_name": self.model_name,
-                "model_provider": "llm-memories",
+                "model_provider": PROVIDER,
             },
         }
 

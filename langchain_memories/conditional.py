@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from langchain_core.caches import BaseCache
 from langchain_core.callbacks import (
     CallbackManagerForLLMRun,
 )
-from langchain_core.language_models import BaseChatModel
+from langchain_core.language_models import BaseChatModel, LangSmithParams
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
-from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
+from langchain_memories.chat_parts import PROVIDER, ls_params, one_chunk
 from langchain_memories.reflective import as_core_llm
 from memories_core.errors import InvalidInputError
 from memories_core.interfaces import LLM
@@ -23,9 +24,11 @@ from memories_core.types import Scope
 __all__ = ["ConditionalMemoryChat"]
 
 
-def _result(reply: ConditionalReply) -> ChatResult:
+def _result(reply: ConditionalReply, model_name: str) -> ChatResult:
     """Only the ``<Respond>`` text is shown; the decision travels in ``response_metadata``."""
     metadata = {
+        "model_name": model_name,
+        "model_provider": PROVIDER,
         "memory_decision": reply.decision,
         "memory_record_id": reply.record.id if reply.record is not None else None,
         "memory_recalled_ids": [hit.record.id for hit in reply.recall.records],
@@ -151,9 +154,18 @@ class ConditionalMemoryChat(BaseChatModel):
         return "conditional-memory-chat"
 
     @property
-    def _identifying_params(self) -> dict[str, Any]:
+    def model_name(self) -> str:
+        """The answering model's name (the memory's own LLM when ``chat_model`` is ``None``)."""
         answerer = self._answerer or self.memory.writer
-        return {"chat_model": getattr(answerer, "name", type(answerer).__name__), "k": self.k}
+        name = getattr(answerer, "name", None)
+        return name if isinstance(name, str) else type(answerer).__name__
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {"chat_model": self.model_name, "k": self.k}
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        return ls_params(self.model_name, kwargs, stop=stop)
 
     def _scope(self) -> Scope:
         return Scope(self.user_id, session_id=self.session_id)
@@ -178,7 +190,20 @@ class ConditionalMemoryChat(BaseChatModel):
         reply = self.memory.respond(
             text, self._scope(), llm=self._answerer, k=self.k, instructions=_system(messages)
         )
-        return _result(reply)
+        return _result(reply, self.model_name)
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        # The decision must be parsed out of the reply first: the stream is the whole answer.
+        chunk = one_chunk(self._generate(messages, stop, **kwargs))
+        if run_manager is not None:
+            run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+        yield chunk
 
     # No _agenerate: BaseChatModel runs _generate in a worker thread for ainvoke, which is
     # exactly what ConditionalMemory.arespond would do (one implementation, not two).

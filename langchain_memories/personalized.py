@@ -8,16 +8,11 @@ from typing import Any
 from langchain_core.caches import BaseCache
 from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LangSmithParams
-from langchain_core.messages import (
-    AIMessage,
-    AIMessageChunk,
-    BaseMessage,
-    HumanMessage,
-    SystemMessage,
-)
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from pydantic import ConfigDict, Field, field_validator
 
+from langchain_memories.chat_parts import PROVIDER, ls_params, one_chunk
 from langchain_memories.retriever import MemoryRetriever
 from memories_core.errors import InvalidInputError
 from memories_core.mechanisms.dpem import DualProcessMemory
@@ -110,19 +105,13 @@ class PersonalizedChatModel(BaseChatModel):
         }
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
-        model = kwargs.get("model")
-        params = LangSmithParams(
-            ls_provider="llm-memories",
-            ls_model_name=model if isinstance(model, str) else self.personalizer.base_identity,
-            ls_model_type="chat",
-            ls_temperature=kwargs.get("temperature", self.temperature),
+        return ls_params(
+            self.personalizer.base_identity,
+            kwargs,
+            stop=stop,
+            temperature=self.temperature,
+            max_tokens=self.max_tokens,
         )
-        max_tokens = kwargs.get("max_tokens", self.max_tokens)
-        if max_tokens is not None:
-            params["ls_max_tokens"] = max_tokens
-        if stop:
-            params["ls_stop"] = list(stop)
-        return params
 
     @property
     def core_llm(self) -> PersonalizedLLM:
@@ -156,7 +145,7 @@ class PersonalizedChatModel(BaseChatModel):
                 "adapter": llm.trace.adapter,
                 "user_id": self.user_id,
                 "model_name": self.personalizer.base_identity,
-                "model_provider": "llm-memories",
+                "model_provider": PROVIDER,
             },
         }
 
@@ -177,8 +166,7 @@ class PersonalizedChatModel(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        fields = self._reply(messages, stop, kwargs)
-        chunk = ChatGenerationChunk(message=AIMessageChunk(**fields, chunk_position="last"))
+        chunk = one_chunk(self._generate(messages, stop, **kwargs))
         if run_manager is not None:
             run_manager.on_llm_new_token(chunk.text, chunk=chunk)
         yield chunk

@@ -9,10 +9,13 @@ import pytest
 from langchain.agents import create_agent
 from langchain_classic.chains import ConversationChain
 from langchain_core.documents import Document
+from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import ConfigurableField, Runnable, RunnablePassthrough
+from langchain_tests.integration_tests import ChatModelIntegrationTests
+from langchain_tests.unit_tests import ChatModelUnitTests
 from lc_fakes import CoreBackedChatModel, chat_model, rule_following_chat_model
 from pydantic import ValidationError
 
@@ -286,3 +289,36 @@ def test_retriever_chain_ranks_a_note_by_its_words_and_shows_the_rendered_record
     chain = {"notes": retriever | _page_contents, "question": RunnablePassthrough()} | prompt
     (chain | model).invoke("where does my sister live")
     assert model.prompts[-1][0].content == f"Context: {TRIP} Knowledge: {TRIP_NOTES[1]}"
+
+
+class _ConditionalChatSuite:
+    """LangChain's chat-model suites over the single-call mode (the rule-following model).
+
+    The model's usage is the memory's (``memory.usage``), not per message: a reply may have
+    cost a second call that writes the record, so no ``usage_metadata`` is claimed.
+    """
+
+    @property
+    def chat_model_class(self) -> type[ConditionalMemoryChat]:
+        return ConditionalMemoryChat
+
+    @property
+    def chat_model_params(self) -> dict[str, Any]:
+        memory = ConditionalMemory(
+            llm=ScriptedLLM(default=rule_following_reply), embedder=HashingEmbedder(), path=None
+        )
+        return {"memory": memory, "user_id": "alice"}
+
+    @property
+    def returns_usage_metadata(self) -> bool:
+        return False
+
+
+class TestConditionalMemoryChatUnit(_ConditionalChatSuite, ChatModelUnitTests):
+    pass
+
+
+class TestConditionalMemoryChatIntegration(_ConditionalChatSuite, ChatModelIntegrationTests):
+    @pytest.mark.xfail(raises=InvalidInputError, strict=True, reason="stop is refused (documented)")
+    def test_stop_sequence(self, model: BaseChatModel) -> None:
+        super().test_stop_sequence(model)
