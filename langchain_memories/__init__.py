@@ -3,6 +3,8 @@
 * :class:`MemoryMiddleware`: memory for ``langchain.agents.create_agent`` agents.
 * :class:`MemoryRetriever`: a retriever over one user's memories (LCEL chains, RAG).
 * :class:`LegacyChainMemory`: ``memory=`` for legacy ``ConversationChain`` / ``LLMChain``.
+* :class:`MemoryChatMessageHistory`: a stored session as the chat history of
+  ``RunnableWithMessageHistory``.
 * :class:`ConditionalMemoryChat`: conditional memory's single-call mode as a chat model.
 * :class:`SelfReflectiveRetriever`: self-reflection around any LangChain retriever.
 * :class:`LangChainLLM`, :class:`LangChainEmbedder`: LangChain models as core models.
@@ -33,6 +35,7 @@ from langchain_memories.chat_model import CoreChatModel
 from langchain_memories.conditional import ConditionalMemoryChat
 from langchain_memories.emg import create_emg_tools, emg_retriever
 from langchain_memories.forgetting import ForgettingCurveRetriever, MemoryBankRetriever
+from langchain_memories.history import MemoryChatMessageHistory
 from langchain_memories.legacy import LegacyChainMemory
 from langchain_memories.memochat import create_memochat_chain, memochat_retriever
 from langchain_memories.middleware import MemoryMiddleware
@@ -51,6 +54,7 @@ __all__ = [
     "LangChainLLM",
     "LegacyChainMemory",
     "MemoryBankRetriever",
+    "MemoryChatMessageHistory",
     "MemoryMiddleware",
     "MemoryRetriever",
     "MemoryStore",
