@@ -120,10 +120,13 @@ class PersonalizedChatModel(BaseChatModel):
             self.user_id, use_memory=self.use_memory, use_adapter=self.use_adapter
         )
 
-    def _reply(
-        self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]
-    ) -> dict[str, Any]:
-        """One generation, as the fields of the AI message that carries it."""
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
         core = [_to_core(m) for m in messages]
         llm = self.core_llm
         before = llm.usage
@@ -134,29 +137,20 @@ class PersonalizedChatModel(BaseChatModel):
             stop=stop,
         )
         after = llm.usage
-        return {
-            "content": text,
-            "usage_metadata": {
+        message = AIMessage(
+            content=text,
+            usage_metadata={
                 "input_tokens": after.prompt_tokens - before.prompt_tokens,
                 "output_tokens": after.completion_tokens - before.completion_tokens,
                 "total_tokens": after.total_tokens - before.total_tokens,
             },
-            "response_metadata": {
+            response_metadata={
                 "adapter": llm.trace.adapter,
                 "user_id": self.user_id,
                 "model_name": self.personalizer.base_identity,
                 "model_provider": PROVIDER,
             },
-        }
-
-    def _generate(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: CallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> ChatResult:
-        message = AIMessage(**self._reply(messages, stop, kwargs))
+        )
         return ChatResult(generations=[ChatGeneration(message=message)])
 
     def _stream(
