@@ -16,6 +16,7 @@ from langchain_core.callbacks import (
 )
 from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
+from langchain_core.runnables import RunnableConfig
 from pydantic import ConfigDict, Field
 
 from langchain_memories.retriever import MemoryRetriever, _to_documents
@@ -40,7 +41,8 @@ class ForgettingCurveRetriever(BaseRetriever):
     out for documents that came through ``memory.recall``, which reinforces by itself.
 
     Key init args:
-        base_retriever: Any LangChain retriever (``vectorstore.as_retriever()``, ...).
+        base_retriever: Any LangChain retriever (``vectorstore.as_retriever()``, ...); extra
+            ``invoke`` kwargs (e.g. ``k=``) are passed to it.
         unit: One unit of ``t`` (default: a day).
         scale: Curve stretch (1: the paper's curve).
         reweight: Multiply scores by ``R`` and re-sort (``False``: only drop).
@@ -103,17 +105,18 @@ class ForgettingCurveRetriever(BaseRetriever):
         return out
 
     def _get_relevant_documents(
-        self, query: str, *, run_manager: CallbackManagerForRetrieverRun
+        self, query: str, *, run_manager: CallbackManagerForRetrieverRun, **kwargs: Any
     ) -> list[Document]:
-        docs = self.base_retriever.invoke(query, config={"callbacks": run_manager.get_child()})
+        # Extra invoke kwargs (``k=``) are the wrapped retriever's.
+        config = RunnableConfig(callbacks=run_manager.get_child())
+        docs = self.base_retriever.invoke(query, config=config, **kwargs)
         return self._forget(docs)
 
     async def _aget_relevant_documents(
-        self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun
+        self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun, **kwargs: Any
     ) -> list[Document]:
-        docs = await self.base_retriever.ainvoke(
-            query, config={"callbacks": run_manager.get_child()}
-        )
+        config = RunnableConfig(callbacks=run_manager.get_child())
+        docs = await self.base_retriever.ainvoke(query, config=config, **kwargs)
         return self._forget(docs)
 
 
