@@ -17,6 +17,7 @@ EXPECTED_ALL = [
     "LangChainLLM",
     "LegacyChainMemory",
     "MemoryBankRetriever",
+    "MemoryChatMessageHistory",
     "MemoryMiddleware",
     "MemoryRetriever",
     "MemoryStore",
