@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from operator import itemgetter
 from typing import Any, Literal, cast
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
-from langchain_core.language_models import BaseChatModel, LangSmithParams, LanguageModelInput
-from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.language_models import LangSmithParams, LanguageModelInput
+from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
@@ -17,7 +17,7 @@ from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import BaseModel, ConfigDict, Field
 
 from langchain_memories.bridges import to_core_message
-from langchain_memories.chat_parts import PROVIDER, ls_params
+from langchain_memories.chat_parts import PROVIDER, WholeReplyChatModel, ls_params, one_chunk
 from memories_core.errors import InvalidInputError
 from memories_core.interfaces import LLM
 from memories_core.llms.base import (
@@ -43,7 +43,7 @@ def _offline_llm() -> LLM:
     return default_llm()
 
 
-class CoreChatModel(BaseChatModel):
+class CoreChatModel(WholeReplyChatModel):
     """Any core chat model as a LangChain chat model; by default the package's offline model.
 
     Puts the package's models (``LocalLLM``, ``OpenAIChatLLM``, a ``ScriptedLLM`` in tests) into
@@ -154,10 +154,6 @@ class CoreChatModel(BaseChatModel):
         message = AIMessage(**self._message_fields(result))
         return ChatResult(generations=[ChatGeneration(message=message)])
 
-    def _chunk(self, result: LLMResult) -> ChatGenerationChunk:
-        fields = self._message_fields(result)
-        return ChatGenerationChunk(message=AIMessageChunk(**fields, chunk_position="last"))
-
     def _generate(
         self,
         messages: list[BaseMessage],
@@ -179,20 +175,6 @@ class CoreChatModel(BaseChatModel):
         result = await counted_agenerate(self.llm, core, **self._options(stop, kwargs))
         return self._result(result)
 
-    def _stream(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: CallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> Iterator[ChatGenerationChunk]:
-        # Core models return finished replies: the stream is one chunk carrying the usage.
-        core = [to_core_message(m) for m in messages]
-        chunk = self._chunk(counted_generate(self.llm, core, **self._options(stop, kwargs)))
-        if run_manager is not None:
-            run_manager.on_llm_new_token(chunk.text, chunk=chunk)
-        yield chunk
-
     async def _astream(
         self,
         messages: list[BaseMessage],
@@ -202,7 +184,7 @@ class CoreChatModel(BaseChatModel):
     ) -> AsyncIterator[ChatGenerationChunk]:
         core = [to_core_message(m) for m in messages]
         result = await counted_agenerate(self.llm, core, **self._options(stop, kwargs))
-        chunk = self._chunk(result)
+        chunk = one_chunk(self._result(result))
         if run_manager is not None:
             await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
         yield chunk

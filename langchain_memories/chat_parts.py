@@ -7,14 +7,15 @@ its model the same way for LangSmith and for LangChain's usage callback.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-from langchain_core.language_models import LangSmithParams
-from langchain_core.messages import AIMessageChunk
+from langchain_core.callbacks import CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel, LangSmithParams
+from langchain_core.messages import AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
 
-__all__ = ["PROVIDER", "ls_params", "one_chunk"]
+__all__ = ["PROVIDER", "WholeReplyChatModel", "ls_params", "one_chunk"]
 
 #: The provider every chat model of the package reports.
 PROVIDER = "llm-memories"
@@ -60,3 +61,19 @@ def one_chunk(result: ChatResult) -> ChatGenerationChunk:
         chunk_position="last",
     )
     return ChatGenerationChunk(message=chunk)
+
+
+class WholeReplyChatModel(BaseChatModel):
+    """A chat model whose stream is its whole reply, as one chunk (see :func:`one_chunk`)."""
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        chunk = one_chunk(self._generate(messages, stop, run_manager, **kwargs))
+        if run_manager is not None:
+            run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+        yield chunk

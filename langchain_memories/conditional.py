@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from langchain_core.caches import BaseCache
@@ -11,10 +11,10 @@ from langchain_core.callbacks import (
 )
 from langchain_core.language_models import BaseChatModel, LangSmithParams
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
-from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.outputs import ChatGeneration, ChatResult
 from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from langchain_memories.chat_parts import PROVIDER, ls_params, one_chunk
+from langchain_memories.chat_parts import PROVIDER, WholeReplyChatModel, ls_params
 from langchain_memories.reflective import as_core_llm
 from memories_core.errors import InvalidInputError
 from memories_core.interfaces import LLM
@@ -37,7 +37,7 @@ def _result(reply: ConditionalReply, model_name: str) -> ChatResult:
     return ChatResult(generations=[ChatGeneration(message=message)])
 
 
-class ConditionalMemoryChat(BaseChatModel):
+class ConditionalMemoryChat(WholeReplyChatModel):
     """A chat model that answers and remembers what matters, in at most two LLM calls.
 
     The paper's single-call mode of conditional memory (Yuan et al., §3.1, Tables 17-18):
@@ -191,19 +191,6 @@ class ConditionalMemoryChat(BaseChatModel):
             text, self._scope(), llm=self._answerer, k=self.k, instructions=_system(messages)
         )
         return _result(reply, self.model_name)
-
-    def _stream(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: CallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> Iterator[ChatGenerationChunk]:
-        # The decision must be parsed out of the reply first: the stream is the whole answer.
-        chunk = one_chunk(self._generate(messages, stop, **kwargs))
-        if run_manager is not None:
-            run_manager.on_llm_new_token(chunk.text, chunk=chunk)
-        yield chunk
 
     # No _agenerate: BaseChatModel runs _generate in a worker thread for ainvoke, which is
     # exactly what ConditionalMemory.arespond would do (one implementation, not two).

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 from langchain_core.caches import BaseCache
 from langchain_core.callbacks import CallbackManagerForLLMRun
-from langchain_core.language_models import BaseChatModel, LangSmithParams
+from langchain_core.language_models import LangSmithParams
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
-from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.outputs import ChatGeneration, ChatResult
 from pydantic import ConfigDict, Field, field_validator
 
-from langchain_memories.chat_parts import PROVIDER, ls_params, one_chunk
+from langchain_memories.chat_parts import PROVIDER, WholeReplyChatModel, ls_params
 from langchain_memories.retriever import MemoryRetriever
 from memories_core.errors import InvalidInputError
 from memories_core.mechanisms.dpem import DualProcessMemory
@@ -32,7 +31,7 @@ def _to_core(message: BaseMessage) -> ChatMessage:
     raise InvalidInputError(f"PersonalizedChatModel cannot send a {type(message).__name__}")
 
 
-class PersonalizedChatModel(BaseChatModel):
+class PersonalizedChatModel(WholeReplyChatModel):
     """A user's MaLP model as a LangChain ``BaseChatModel``: their LoRA adapter + DPeM memory.
 
     Every call recalls the user's DPeM memory for the last human message, puts it in the
@@ -152,18 +151,6 @@ class PersonalizedChatModel(BaseChatModel):
             },
         )
         return ChatResult(generations=[ChatGeneration(message=message)])
-
-    def _stream(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: CallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> Iterator[ChatGenerationChunk]:
-        chunk = one_chunk(self._generate(messages, stop, **kwargs))
-        if run_manager is not None:
-            run_manager.on_llm_new_token(chunk.text, chunk=chunk)
-        yield chunk
 
 
 def dpem_retriever(
