@@ -201,18 +201,28 @@ def conditional(llm: Any, path: Path) -> ConditionalMemory:
     return ConditionalMemory(llm=llm, embedder=HashingEmbedder(), path=path)
 
 
-@pytest.mark.background
-def test_close_past_its_timeout_cancels_the_model_call_and_keeps_the_job(tmp_path: Path) -> None:
+def pending_after_close(path: Path) -> tuple[GatedLLM, float]:
+    """Save a turn and close past the timeout while its model call hangs.
+
+    The derivation's job is then in the store at ``path``, pending (see the test below).
+    Returns the model and the seconds ``close`` took.
+    """
     llm = GatedLLM(timeout=600)  # would hold the worker for ten minutes
-    before = set(threading.enumerate())
-    memory = conditional(llm, tmp_path)
+    memory = conditional(llm, path)
     memory.save([Turn("user", FACT)], ANN)
     assert llm.entered.wait(10)
-    (worker,) = [t for t in set(threading.enumerate()) - before if t.name == "memories-derivations"]
     started = time.monotonic()
     memory.close(timeout=0.2)
-    assert time.monotonic() - started < 10  # not the model's 600 s, nor the worker's grace
-    assert not worker.is_alive()  # no thread left waiting on the model
+    return llm, time.monotonic() - started
+
+
+@pytest.mark.background
+def test_close_past_its_timeout_cancels_the_model_call_and_keeps_the_job(tmp_path: Path) -> None:
+    before = set(threading.enumerate())
+    llm, took = pending_after_close(tmp_path)
+    assert took < 10  # not the model's 600 s, nor the worker's grace
+    workers = [t for t in set(threading.enumerate()) - before if t.name == "memories-derivations"]
+    assert not workers  # no thread left waiting on the model
     assert llm.usage.failures == 0
     again = conditional(ScriptedLLM(default=rule_following_reply), tmp_path)
     try:
@@ -225,6 +235,28 @@ def test_close_past_its_timeout_cancels_the_model_call_and_keeps_the_job(tmp_pat
     finally:
         llm.gate.set()
         again.close()
+
+
+@pytest.mark.background
+def test_an_inline_flush_past_its_timeout_cancels_the_model_call_and_keeps_the_job(
+    tmp_path: Path,
+) -> None:
+    """``derive="inline"`` runs the jobs in ``flush``: its timeout bounds them too."""
+    first, _ = pending_after_close(tmp_path)
+    slow = GatedLLM(timeout=600)
+    inline = ConditionalMemory(llm=slow, embedder=HashingEmbedder(), path=tmp_path, derive="inline")
+    try:
+        started = time.monotonic()
+        assert inline.flush("ann", timeout=0.3) == 1
+        assert time.monotonic() - started < 5
+        assert slow.entered.is_set() and slow.usage.failures == 0
+        (job,) = inline.pending("ann")
+        assert job.attempts == 0
+        assert inline.status("ann").failed == 0
+    finally:
+        first.gate.set()
+        slow.gate.set()
+        inline.close()
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -26,6 +27,7 @@ from memories_core.errors import (
     ParseError,
 )
 from memories_core.interfaces import MechanismHooks
+from memories_core.llms import cancel
 from memories_core.types import (
     Job,
     JobSpec,
@@ -117,8 +119,8 @@ class EngineJobs(EngineSearch):
             own = [j for j in self.store.jobs(user_id=user_id, mechanisms=names) if j.id in wanted]
         model_ok = True
         for group in self._groups([*own, *others]):
-            if self._worker is not None and self._worker.stopping:
-                break  # closing: the rest stays pending for the next run
+            if self._stopping():
+                break  # closing, or an inline flush's time is up: the rest stays pending
             # The lease starts now, not when the run started: jobs before this one may have
             # taken longer than a lease, which would hand this one to another worker at once.
             # A batch holds each of its jobs until the last one has run.
@@ -139,6 +141,29 @@ class EngineJobs(EngineSearch):
             if not model_ok:
                 break
         return len(self.store.jobs(user_id=user_id, mechanisms=names)), model_ok
+
+    def _stopping(self) -> bool:
+        """Whether to start no more jobs: the worker stops, or this scope was cancelled."""
+        if self._worker is not None and self._worker.stopping:
+            return True
+        event = cancel.current()
+        return event is not None and event.is_set()
+
+    def _run_due_within(self, user_id: str | None, timeout: float) -> int:
+        """Run the due jobs here for at most about ``timeout`` seconds; returns the jobs left.
+
+        Past ``timeout`` no job is started, and the model call in hand is cancelled at its
+        next check (:mod:`memories_core.llms.cancel`); its job is given back pending.
+        """
+        event = threading.Event()
+        timer = threading.Timer(timeout, event.set)
+        timer.daemon = True
+        timer.start()
+        try:
+            with cancel.cancellable(event):
+                return self._run_due(user_id, budget=MAX_K, inline=True)[0]
+        finally:
+            timer.cancel()
 
     def _groups(self, jobs: Sequence[Job]) -> list[list[Job]]:
         """``jobs`` in order, in runs of one, or batches where the mechanism prepares them.
@@ -199,7 +224,7 @@ class EngineJobs(EngineSearch):
         except Exception:  # its jobs make their own calls below, and fail there if they must
             logger.warning("%s: preparing a batch failed", hooks.name, exc_info=True)
         for n, job in enumerate(claimed):
-            if self._worker is not None and self._worker.stopping:
+            if self._stopping():
                 self._release([j.id for j in claimed[n:]])
                 return True
             error = failures.get(job.id)
@@ -269,12 +294,13 @@ class EngineJobs(EngineSearch):
         Returns when no job of theirs is due or running: each is done, or failed and waits
         for its retry time (backoff). A script or a test calls it after ``save`` when it
         needs the derived records at once. In ``derive="inline"`` mode the due jobs are run
-        here.
+        here; past ``timeout`` no job is started, and a model call in progress is stopped
+        at its next check (as when an engine closes) and its job stays pending.
 
         Args:
             user_id: Whose derivations (default: every user's).
             timeout: Seconds to wait at most (``None``: until done); the work continues in
-                the background after a timeout.
+                the background after a timeout (inline: at the next ``save`` or ``flush``).
             progress: Show a ``tqdm`` bar of the jobs done.
 
         Returns:
@@ -288,7 +314,9 @@ class EngineJobs(EngineSearch):
         if not names or self._closed:
             return 0
         if self._worker is None:
-            return self._run_due(user_id, budget=MAX_K, inline=True)[0]
+            if timeout is None:
+                return self._run_due(user_id, budget=MAX_K, inline=True)[0]
+            return self._run_due_within(user_id, timeout)
         import time
 
         deadline = None if timeout is None else time.monotonic() + timeout
