@@ -8,13 +8,21 @@ from typing import Any
 
 from langchain_core.chat_history import BaseChatMessageHistory
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
+from langchain_core.messages import ChatMessage as RoleMessage
 
 from memories_core.errors import ConfigurationError, check_count
 from memories_core.types import Scope, Turn, turns_from_texts
 
 __all__ = ["MemoryChatMessageHistory"]
 
-_ROLES = {"human": "user", "ai": "assistant", "system": "system"}
+#: The speakers kept, by message type or by a ``ChatMessage``'s role.
+_ROLES = {
+    "human": "user",
+    "user": "user",
+    "ai": "assistant",
+    "assistant": "assistant",
+    "system": "system",
+}
 
 
 def _message(role: str, text: str) -> BaseMessage:
@@ -51,12 +59,15 @@ class MemoryChatMessageHistory(BaseChatMessageHistory):
     stored turns back, oldest first. Long-term recall across sessions is the job of a
     :class:`~langchain_memories.MemoryRetriever` in the same chain.
 
-    Messages without text (a tool call, a tool result) are not saved; a text over the turn
-    limit is saved in parts and read back whole. ``clear()`` deletes the session's turns
-    (each deletion is kept in the memory's update history); what the mechanism derived from
-    them stays, as long-term memory does. Like any history of ``RunnableWithMessageHistory``,
-    nothing is saved for a run whose model call fails: the wrapper adds messages only after
-    the chain succeeds (``MemoryMiddleware`` keeps the message of a failed run).
+    Human, AI and system messages are saved (a ``ChatMessage`` by its role: ``user``,
+    ``assistant``, ``system``); tool calls, tool results, other roles and messages without
+    text are not. A text over the turn limit is saved in parts and read back whole.
+    ``clear()`` deletes the session's turns (each deletion is kept in the memory's update
+    history); what the mechanism derived from them stays, as long-term memory does.
+
+    Like any history of ``RunnableWithMessageHistory``, nothing is saved for a run whose
+    model call fails: the wrapper adds messages only after the chain succeeds
+    (``MemoryMiddleware`` keeps the message of a failed run).
 
     Setup:
         ```bash
@@ -122,7 +133,12 @@ class MemoryChatMessageHistory(BaseChatMessageHistory):
         return await asyncio.to_thread(lambda: self.messages)
 
     def _turns(self, messages: Sequence[BaseMessage]) -> list[Turn]:
-        texts = [(_ROLES[m.type], m.text) for m in messages if m.type in _ROLES and m.text.strip()]
+        texts: list[tuple[str, str]] = []
+        for message in messages:
+            speaker = message.role if isinstance(message, RoleMessage) else message.type
+            role = _ROLES.get(speaker)
+            if role is not None and message.text.strip():
+                texts.append((role, message.text))
         return turns_from_texts(texts)
 
     def add_messages(self, messages: Sequence[BaseMessage]) -> None:

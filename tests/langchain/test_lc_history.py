@@ -5,7 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.messages import (
+    AIMessage,
+    ChatMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+)
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
 from langchain_core.runnables import ConfigurableFieldSpec, RunnablePassthrough
@@ -125,6 +131,8 @@ def test_messages_without_text_are_skipped_and_a_long_text_reads_back_whole(
             AIMessage("", tool_calls=[{"name": "f", "args": {}, "id": "c1"}]),
             ToolMessage("42", tool_call_id="c1"),
             AIMessage("Done."),
+            ChatMessage(role="user", content="Thanks"),
+            ChatMessage(role="critic", content="not a speaker of the conversation"),
         ]
     )
     assert len(memory.turns(Scope("ann", session_id="s1"))) > 4  # the long text in parts
@@ -132,10 +140,11 @@ def test_messages_without_text_are_skipped_and_a_long_text_reads_back_whole(
         ("system", "Be brief."),
         ("human", long),
         ("ai", "Done."),
+        ("human", "Thanks"),
     ]
     assert [
         m.text for m in MemoryChatMessageHistory(memory, "ann", "s1", max_messages=1).messages
-    ] == ["Done."]
+    ] == ["Thanks"]
 
 
 def test_clear_deletes_one_sessions_turns_and_keeps_the_rest() -> None:
