@@ -25,15 +25,7 @@ from memories_core.prompts.memochat import (
     WritingInput,
 )
 from memories_core.prompts.spec import PromptSpec, run_spec
-from memories_core.types import (
-    Job,
-    JobSpec,
-    MemoryRecord,
-    Recall,
-    Scope,
-    ScoredRecord,
-    new_id,
-)
+from memories_core.types import Job, JobSpec, MemoryRecord, Recall, Scope, ScoredRecord, new_id
 
 if TYPE_CHECKING:
     from memories_core.interfaces import LLM
