@@ -8,7 +8,7 @@ from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
 from llamaindex_memories.observability import recall_event
 from memories_core.background import WorkStatus
-from memories_core.errors import ConfigurationError, as_whole
+from memories_core.errors import check_count
 from memories_core.interfaces import Mechanism
 from memories_core.mechanisms.base import flush_memory, memory_status
 from memories_core.types import Recall, Scope, ScoredRecord
@@ -111,12 +111,7 @@ class MemoryRetriever(BaseRetriever):
         verbose: bool = False,
     ) -> None:
         if similarity_top_k is not None:
-            top_k = as_whole(similarity_top_k)
-            if top_k is None or top_k < 1:
-                raise ConfigurationError(
-                    f"similarity_top_k must be a positive int, got {similarity_top_k!r}"
-                )
-            similarity_top_k = top_k
+            similarity_top_k = check_count("similarity_top_k", similarity_top_k)
         self._memory = memory
         self._scope = Scope(user_id, session_id=session_id)
         self._similarity_top_k = similarity_top_k

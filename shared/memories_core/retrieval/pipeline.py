@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from memories_core.clock import resolve_now
-from memories_core.errors import ConfigurationError, as_whole
+from memories_core.errors import ConfigurationError, check_count
 from memories_core.filters import compile_filter, record_getter
 from memories_core.retrieval.base import (
     DEFAULT_DEPTH,
@@ -154,10 +154,7 @@ class Pipeline:
                 raise ConfigurationError(f"source {source!r} needs a finite weight >= 0")
         if all(source.weight == 0 for source in self.sources):
             raise ConfigurationError("every candidate source has weight 0")
-        depth = as_whole(self.depth)
-        if depth is None or depth < 1:
-            raise ConfigurationError("depth must be an int >= 1")
-        object.__setattr__(self, "depth", depth)
+        object.__setattr__(self, "depth", check_count("depth", self.depth))
 
     def _offering(self, method: str) -> list[Callable[..., Any]]:
         """The bound ``method`` of every source and reranker that has one."""
