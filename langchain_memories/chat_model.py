@@ -17,7 +17,13 @@ from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import BaseModel, ConfigDict, Field
 
 from langchain_memories.bridges import to_core_message
-from langchain_memories.chat_parts import PROVIDER, WholeReplyChatModel, ls_params, one_chunk
+from langchain_memories.chat_parts import (
+    PROVIDER,
+    WholeReplyChatModel,
+    ls_params,
+    model_name_of,
+    one_chunk,
+)
 from memories_core.errors import InvalidInputError
 from memories_core.interfaces import LLM
 from memories_core.llms.base import (
@@ -100,8 +106,7 @@ class CoreChatModel(WholeReplyChatModel):
     @property
     def model_name(self) -> str:
         """The core model's name, e.g. ``local:SmolLM2-135M-Instruct.Q4_1``."""
-        name = getattr(self.llm, "name", None)
-        return name if isinstance(name, str) else type(self.llm).__name__
+        return model_name_of(self.llm)
 
     @property
     def _identifying_params(self) -> dict[str, Any]:

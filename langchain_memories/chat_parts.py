@@ -15,10 +15,16 @@ from langchain_core.language_models import BaseChatModel, LangSmithParams
 from langchain_core.messages import AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
 
-__all__ = ["PROVIDER", "WholeReplyChatModel", "ls_params", "one_chunk"]
+__all__ = ["PROVIDER", "WholeReplyChatModel", "ls_params", "model_name_of", "one_chunk"]
 
 #: The provider every chat model of the package reports.
 PROVIDER = "llm-memories"
+
+
+def model_name_of(llm: object) -> str:
+    """A core model's name (its ``name``), else its class name."""
+    name = getattr(llm, "name", None)
+    return name if isinstance(name, str) else type(llm).__name__
 
 
 def ls_params(

@@ -14,7 +14,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from langchain_core.outputs import ChatGeneration, ChatResult
 from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from langchain_memories.chat_parts import PROVIDER, WholeReplyChatModel, ls_params
+from langchain_memories.chat_parts import PROVIDER, WholeReplyChatModel, ls_params, model_name_of
 from langchain_memories.reflective import as_core_llm
 from memories_core.errors import InvalidInputError
 from memories_core.interfaces import LLM
@@ -156,9 +156,7 @@ class ConditionalMemoryChat(WholeReplyChatModel):
     @property
     def model_name(self) -> str:
         """The answering model's name (the memory's own LLM when ``chat_model`` is ``None``)."""
-        answerer = self._answerer or self.memory.writer
-        name = getattr(answerer, "name", None)
-        return name if isinstance(name, str) else type(answerer).__name__
+        return model_name_of(self._answerer or self.memory.writer)
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
