@@ -129,10 +129,10 @@ class LLMTimeoutError(LLMError, TimeoutError):
 class LLMCancelledError(LLMError):
     """A model call stopped before its answer because its caller asked it to.
 
-    Raised by the local backends when the engine stops its worker (``close()`` past its
-    timeout, or the interpreter exiting) during a generation
-    (:mod:`memories_core.llms.cancel`). The job it served is given back, pending, with no
-    failure counted: nothing was wrong with the model or its reply.
+    Raised by a model call when the engine stops its worker (``close()`` past its timeout,
+    or the interpreter exiting), or when an inline ``flush(timeout=...)`` runs out of time,
+    during a generation (:mod:`memories_core.llms.cancel`). The job it served is given back,
+    pending, with no failure counted: nothing was wrong with the model or its reply.
     """
 
 

@@ -518,11 +518,11 @@ class EngineJobs(EngineSearch):
 
     def _fail(self, job: Job, label: str, exc: BaseException) -> None:
         if _cancelled(exc) or (self._worker is not None and self._worker.stopping):
-            # The engine is stopping: its model call was cancelled (close() past its timeout,
-            # or exit), or the job failed while the interpreter exits (it refuses new threads
-            # then, e.g. a model's first load). Neither says anything about the job.
+            # Its model call was cancelled (close() past its timeout, exit, or an inline
+            # flush's timeout), or the job failed while the interpreter exits (it refuses new
+            # threads then, e.g. a model's first load). Neither says anything about the job.
             logger.info(
-                "%s job %s stopped with its engine; it stays pending", job.mechanism, job.id
+                "%s job %s was stopped before its end; it stays pending", job.mechanism, job.id
             )
             self._release([job.id])
             return

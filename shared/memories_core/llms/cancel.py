@@ -4,8 +4,9 @@ A local model on a CPU writes one to two tokens a second, so a derivation can ru
 minutes. When the engine stops its worker (``close()`` past its timeout, or the interpreter
 exiting) it must not leave that thread inside torch or llama.cpp: a thread still in native
 code when the interpreter finalizes aborts the process. The worker runs its jobs inside
-:func:`cancellable` with an event of its own. Once the event is set, a model call in the
-scope ends and raises :class:`~memories_core.errors.LLMCancelledError`:
+:func:`cancellable` with an event of its own, and so does an inline ``flush(timeout=...)``
+(``derive="inline"``), whose timer sets the event when its time is up. Once the event is
+set, a model call in the scope ends and raises :class:`~memories_core.errors.LLMCancelledError`:
 :class:`~memories_core.llms.LocalLLM` checks between its layers on transformers (reading a
 long prompt is one forward pass of up to a minute) and at every decoded token on llama.cpp,
 the OpenAI-compatible client at every streamed piece, and a call that runs in a helper thread
@@ -14,7 +15,8 @@ one's own can call :func:`check` while it generates.
 
 The scope is the calling thread's context (a :class:`contextvars.ContextVar`), so closing
 one engine never stops another engine's generation, and a call made outside any scope (an
-inline ``flush()``, a recall-time model step) is never cancelled this way.
+inline ``save``, a ``flush()`` without a timeout, a recall-time model step) is never
+cancelled this way.
 """
 
 from __future__ import annotations
@@ -54,7 +56,9 @@ def current() -> threading.Event | None:
 
 def cancelled(name: str) -> LLMCancelledError:
     """The error a cancelled call of the model ``name`` raises."""
-    return LLMCancelledError(f"{name}: generation stopped because its engine is stopping")
+    return LLMCancelledError(
+        f"{name}: generation stopped by its caller (the engine stopping, or a flush's time up)"
+    )
 
 
 def check(name: str) -> None:
