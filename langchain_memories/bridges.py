@@ -39,16 +39,19 @@ def _to_langchain(message: ChatMessage) -> BaseMessage:
 _CORE_ROLES = {"system": "system", "human": "user", "ai": "assistant"}
 
 
+def core_role(message: BaseMessage) -> str:
+    """The core role of a LangChain message (a ``ChatMessage`` by its own role; others kept)."""
+    role = message.role if isinstance(message, LCChatMessage) else message.type
+    return _CORE_ROLES.get(role, role)
+
+
 def to_core_message(message: BaseMessage) -> ChatMessage:
     """A LangChain message as a core one (system, user, assistant; other roles kept).
 
     Raises:
         InvalidInputError: if the message carries no text (e.g. only an image).
     """
-    if isinstance(message, LCChatMessage):
-        role = message.role
-    else:
-        role = _CORE_ROLES.get(message.type, message.type)
+    role = core_role(message)
     text = message.text
     if not text and message.content and not isinstance(message.content, str):
         raise InvalidInputError(f"a {type(message).__name__} without text cannot be sent")

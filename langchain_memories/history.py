@@ -7,45 +7,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from langchain_core.chat_history import BaseChatMessageHistory
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
-from langchain_core.messages import ChatMessage as RoleMessage
+from langchain_core.messages import BaseMessage
 
+from langchain_memories.bridges import _to_langchain, core_role
 from memories_core.errors import ConfigurationError, check_count
-from memories_core.types import Scope, Turn, turns_from_texts
+from memories_core.types import ChatMessage, Scope, Turn, texts_from_turns, turns_from_texts
 
 __all__ = ["MemoryChatMessageHistory"]
 
-#: The speakers kept, by message type or by a ``ChatMessage``'s role.
-_ROLES = {
-    "human": "user",
-    "user": "user",
-    "ai": "assistant",
-    "assistant": "assistant",
-    "system": "system",
-}
-
-
-def _message(role: str, text: str) -> BaseMessage:
-    if role == "assistant":
-        return AIMessage(content=text)
-    if role == "system":
-        return SystemMessage(content=text)
-    return HumanMessage(content=text)
-
-
-def _messages(turns: Sequence[Turn]) -> list[BaseMessage]:
-    """The turns as messages, a text kept in parts (``turns_from_texts``) joined again."""
-    out: list[BaseMessage] = []
-    pending: list[str] = []
-    for turn in turns:
-        part, parts = turn.metadata.get("part"), turn.metadata.get("parts")
-        if isinstance(part, int) and isinstance(parts, int) and parts > 1:
-            pending.append(turn.content)
-            if part < parts:
-                continue
-        out.append(_message(turn.role, "".join(pending) or turn.content))
-        pending = []
-    return out
+#: The speakers of a conversation: other roles (tools, functions, ...) are not saved.
+_SPEAKERS = frozenset({"user", "assistant", "system"})
 
 
 class MemoryChatMessageHistory(BaseChatMessageHistory):
@@ -125,7 +96,8 @@ class MemoryChatMessageHistory(BaseChatMessageHistory):
     @property
     def messages(self) -> list[BaseMessage]:  # type: ignore[override]
         """The session's stored turns as messages, oldest first (the last ``max_messages``)."""
-        found = _messages(self.memory.turns(self.scope))
+        pairs = texts_from_turns(self.memory.turns(self.scope))
+        found = [_to_langchain(ChatMessage(role, text)) for role, text in pairs]
         return found if self.max_messages is None else found[-self.max_messages :]
 
     async def aget_messages(self) -> list[BaseMessage]:
@@ -133,13 +105,8 @@ class MemoryChatMessageHistory(BaseChatMessageHistory):
         return await asyncio.to_thread(lambda: self.messages)
 
     def _turns(self, messages: Sequence[BaseMessage]) -> list[Turn]:
-        texts: list[tuple[str, str]] = []
-        for message in messages:
-            speaker = message.role if isinstance(message, RoleMessage) else message.type
-            role = _ROLES.get(speaker)
-            if role is not None and message.text.strip():
-                texts.append((role, message.text))
-        return turns_from_texts(texts)
+        pairs = [(core_role(m), m.text) for m in messages]
+        return turns_from_texts([(role, text) for role, text in pairs if role in _SPEAKERS])
 
     def add_messages(self, messages: Sequence[BaseMessage]) -> None:
         """Save the messages' texts as turns of the session, in one save."""

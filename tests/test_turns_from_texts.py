@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 import memories_core.types
 from memories_core.errors import InvalidInputError
-from memories_core.types import MAX_TURN_CHARS, Turn, turns_from_texts
+from memories_core.types import MAX_TURN_CHARS, Turn, texts_from_turns, turns_from_texts
 
 
 def test_short_texts_become_one_turn_each_and_empty_ones_are_skipped() -> None:
@@ -80,3 +80,32 @@ def test_parts_never_exceed_the_limit_and_keep_every_non_blank_character(
     assert "".join(t.content for t in turns).split() == text.split()
     if len(text) <= limit:
         assert len(turns) == (1 if text.strip() else 0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    texts=st.lists(
+        st.tuples(
+            st.sampled_from(["user", "assistant"]),
+            st.text(alphabet=st.sampled_from("ab \n\u00e9"), min_size=0, max_size=200),
+        ),
+        max_size=4,
+    ),
+    limit=st.integers(min_value=10, max_value=60),
+)
+def test_texts_from_turns_reads_back_what_turns_from_texts_kept(
+    texts: list[tuple[str, str]], limit: int
+) -> None:
+    """Every non-blank text comes back as one pair, its parts joined (blank parts dropped)."""
+    import memories_core.types as types_module
+
+    before = types_module.MAX_TURN_CHARS
+    types_module.MAX_TURN_CHARS = limit
+    try:
+        turns = turns_from_texts(texts)
+    finally:
+        types_module.MAX_TURN_CHARS = before
+    back = texts_from_turns(turns)
+    kept = [(role, text) for role, text in texts if text.strip()]
+    assert [role for role, _ in back] == [role for role, _ in kept]
+    assert [text.split() for _, text in back] == [text.split() for _, text in kept]

@@ -36,6 +36,7 @@ __all__ = [
     "holds_lone_surrogate",
     "is_reserved_user_id",
     "new_id",
+    "texts_from_turns",
     "turns_from_texts",
     "utcnow",
     "without_surrogates",
@@ -382,6 +383,25 @@ def turns_from_texts(texts: Iterable[tuple[str, str]]) -> list[Turn]:
             for n, part in enumerate(parts, start=1)
         ]
     return turns
+
+
+def texts_from_turns(turns: Iterable[Turn]) -> list[tuple[str, str]]:
+    """The ``(role, text)`` pairs of stored turns: the inverse of :func:`turns_from_texts`.
+
+    Consecutive parts of one text (metadata ``part`` 1..``parts``) are joined again; every
+    other turn is one pair.
+    """
+    pairs: list[tuple[str, str]] = []
+    pending: list[str] = []
+    for turn in turns:
+        part, parts = turn.metadata.get("part"), turn.metadata.get("parts")
+        if isinstance(part, int) and isinstance(parts, int) and parts > 1:
+            pending.append(turn.content)
+            if part < parts:
+                continue
+        pairs.append((turn.role, "".join(pending) or turn.content))
+        pending = []
+    return pairs
 
 
 def _cut(text: str, size: int) -> list[str]:
